@@ -1,0 +1,195 @@
+"""Source overlays: `patches.applied(patch_set, ...)` copies a tracked patch set into an installed package.
+
+A patch set is `files/patches/<name>/`: `patchset.yml` names the base distribution and
+version it was written for and, for each file (a path under site-packages), the sha256
+of its content and of the original it replaces (null for a new file); the files lie
+beside it at the same relative paths. Originals are backed up inside the venv before
+they are first replaced, so `present=False` restores them byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+
+import yaml
+from pyinfra import host
+from pyinfra.api import FactBase, OperationError, operation
+from pyinfra.operations import files
+
+from operations import remote
+from operations.errors import DataError
+
+PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class PatchFile:
+    path: str  # relative to site-packages
+    sha256: str
+    original: str | None  # sha256 of the file it replaces; None: the patch adds it
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    name: str
+    distribution: str
+    version: str
+    files: tuple[PatchFile, ...]
+    root: Path
+
+    def local(self, patch_file: PatchFile) -> Path:
+        return self.root / patch_file.path
+
+    @property
+    def digest(self) -> str:
+        """Identifies the set's exact content (its manifest pins every file's sha256)."""
+        text = f"{self.distribution}=={self.version}\n" + "".join(f"{f.path} {f.sha256}\n" for f in self.files)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def load_patch_set(name: str) -> PatchSet:
+    root = PATCHES_DIR / name
+    shown = f"files/patches/{name}/patchset.yml"
+    try:
+        raw = yaml.safe_load((root / "patchset.yml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise DataError(shown, "(file)", str(exc).splitlines()[0], "must exist and be valid YAML") from None
+    if not isinstance(raw, dict) or raw.get("name") != name:
+        raise DataError(shown, "name", (raw or {}).get("name") if isinstance(raw, dict) else raw, f"must be '{name}' (the directory name)")
+    base = raw.get("base")
+    if not isinstance(base, dict) or not base.get("distribution") or not base.get("version"):
+        raise DataError(shown, "base", base, 'must be {distribution: sglang, version: "0.5.23"}: the install the files were written for')
+    entries = raw.get("files")
+    if not isinstance(entries, dict) or not entries:
+        raise DataError(shown, "files", entries, "must map each file path (relative to site-packages) to {sha256, original}")
+    patch_files = []
+    for rel, spec in entries.items():
+        key = f"files.{rel}"
+        pure = PurePosixPath(str(rel))
+        if pure.is_absolute() or ".." in pure.parts:
+            raise DataError(shown, key, rel, "must be a relative path inside site-packages, without '..'")
+        if not isinstance(spec, dict) or not _SHA_RE.match(str(spec.get("sha256", ""))):
+            raise DataError(shown, f"{key}.sha256", spec, "must give the sha256 (64 hex digits) of the patched content")
+        original = spec.get("original")
+        if original is not None and not _SHA_RE.match(str(original)):
+            raise DataError(shown, f"{key}.original", original, "must be the sha256 of the replaced original, or null for a new file")
+        local = root / str(rel)
+        if not local.is_file():
+            raise DataError(shown, key, str(local), "the patched file is missing beside patchset.yml")
+        actual = hashlib.sha256(local.read_bytes()).hexdigest()
+        if actual != spec["sha256"]:
+            raise DataError(shown, f"{key}.sha256", spec["sha256"], f"{local} has sha256 {actual}: regenerate the manifest")
+        patch_files.append(PatchFile(str(rel), spec["sha256"], original))
+    return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root)
+
+
+class InstalledFiles(FactBase):
+    """Installed version of ``distribution`` and sha256 (or None) of each path under ``site_packages``."""
+
+    def command(self, site_packages: str, distribution: str, backup_dir: str, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return remote.command(
+            "installed_files", shlex.quote(site_packages), shlex.quote(distribution), shlex.quote(backup_dir), quoted
+        )
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+def _backup_dir(venv_path: str, name: str) -> str:
+    return f"{venv_path}/.sglang-deploy/patches/{name}/original"
+
+
+@operation()
+def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True):
+    """
+    Make the installed package hold the files of ``patch_set`` (or its originals).
+
+    + patch_set: a `PatchSet` (from `load_patch_set`)
+    + venv_path: the venv the package is installed in
+    + site_packages: that venv's site-packages directory
+    + present: ``False`` restores every original and removes the files the set added
+
+    Pinned base:
+        The set is refused unless the installed base distribution has exactly the
+        version the set was written for. Each replaced original is backed up once;
+        stale bytecode of a replaced file is removed.
+
+    **Example:**
+
+    .. code:: python
+
+        patches.applied(
+            name="DDTree patch set on sglang 0.5.23",
+            patch_set=load_patch_set("ddtree-sample"),
+            venv_path="/root/venv_sglang",
+            site_packages="/root/venv_sglang/lib/python3.11/site-packages",
+        )
+    """
+    paths = tuple(f.path for f in patch_set.files)
+    backups = _backup_dir(venv_path, patch_set.name)
+    state = host.get_fact(
+        InstalledFiles,
+        site_packages=site_packages,
+        distribution=patch_set.distribution,
+        backup_dir=backups,
+        paths=paths,
+    )
+    found_version = state["version"]
+    if found_version != patch_set.version:
+        raise OperationError(
+            f"patch set {patch_set.name} was written for {patch_set.distribution} {patch_set.version}, "
+            f"the venv {venv_path} has {patch_set.distribution} {found_version or '(not installed)'}: "
+            f"use a stack with {patch_set.distribution} {patch_set.version}, or port the patch set"
+        )
+    changed = 0
+    for patch_file in patch_set.files:
+        found = state["files"][patch_file.path]
+        target = f"{site_packages}/{patch_file.path}"
+        backup = f"{backups}/{patch_file.path}"
+        if present:
+            if found == patch_file.sha256:
+                continue
+            changed += 1
+            if found is None:
+                host.log(f"patch {patch_set.name}: {patch_file.path} is missing: copying it")
+            elif found == patch_file.original:
+                host.log(f"patch {patch_set.name}: {patch_file.path}: replacing the original")
+                yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || cp -p {shlex.quote(target)} {shlex.quote(backup)}"
+            elif not state["backups"][patch_file.path] and patch_file.original is not None:
+                raise OperationError(
+                    f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
+                    f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
+                    "someone else changed the installed package; reinstall the base distribution, then re-run"
+                )
+            else:
+                host.log(
+                    f"patch {patch_set.name}: {patch_file.path} was changed on the host "
+                    f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the patched file"
+                )
+            yield from files.put._inner(src=str(patch_set.local(patch_file)), dest=target)
+        else:
+            if patch_file.original is None:
+                if found is None:
+                    continue
+                changed += 1
+                yield f"rm -f {shlex.quote(target)}"
+            else:
+                if found == patch_file.original:
+                    continue
+                changed += 1
+                yield f"[ -e {shlex.quote(backup)} ] && cp -p {shlex.quote(backup)} {shlex.quote(target)}"
+        pycache = PurePosixPath(target).parent / "__pycache__"
+        stem = PurePosixPath(target).stem
+        yield f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(stem)}.*.pyc"
+    if not changed:
+        state_word = "applied" if present else "reverted"
+        host.noop(f"patch set {patch_set.name} is {state_word} ({len(patch_set.files)} files)")

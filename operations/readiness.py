@@ -1,0 +1,121 @@
+"""Readiness: `readiness.ready(unit, ...)` gates on a service really serving.
+
+SGLang opens its port only after loading and answers `/health` with 503 until warm-up
+succeeds; `/v1/models` answers earlier and proves nothing. After a (re)start the gate
+polls `/health` on the host until 200, then sends one chat completion. It fails in
+seconds, with the journal tail, when the unit dies or is restarting, rather than waiting
+out the timeout. A service that was not restarted and already answers 200 is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Callable
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api.state import BaseStateCallback
+
+from operations import remote
+
+# host name -> service name -> {"endpoint", "state", "ready"}; printed when the run ends.
+REPORT: dict[str, dict[str, dict[str, str]]] = {}
+
+
+class ServiceState(FactBase):
+    """systemd state of a unit and the HTTP status of its `/health` (None when nothing answers)."""
+
+    def command(self, unit: str, address: str, port: int) -> str:
+        return remote.command("service_state", shlex.quote(unit), shlex.quote(address), str(int(port)))
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+def probe_address(bind: str) -> str:
+    """Where to reach a server from its own host."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
+
+
+def _record(service: str, endpoint: str, state: str, ready: str) -> None:
+    REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
+
+
+def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool) -> bool:
+    command = remote.command("wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0")
+    ok, output = host.run_shell_command(command, print_output=False, timeout=timeout + 180)
+    try:
+        result = json.loads(output.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {"ok": False, "reason": f"readiness probe failed to run: {output.stderr.strip()[-500:]}", "journal": ""}
+    if not ok or not result["ok"]:
+        host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
+        journal = result.get("journal") or ""
+        if journal:
+            host.log(f"{service}: last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
+        REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "FAILED", "ready": result["reason"]}
+        return False
+    reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
+    host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
+    REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "ready", "ready": f"{result['ready_s']} s after (re)start"}
+    return True
+
+
+@operation()
+def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bool = True, restarted: Callable[[], bool] | None = None):
+    """
+    Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
+
+    + service: the service's name (for messages and the summary)
+    + unit: its systemd unit
+    + bind: the address it binds; probed from the host itself
+    + port: its port
+    + timeout: seconds a (re)started service may take to become ready
+    + smoke: send one chat completion once healthy
+    + restarted: callable, true when this run (re)started the unit: then always wait
+
+    **Example:**
+
+    .. code:: python
+
+        readiness.ready(
+            name="sglang-ddtree answers /health",
+            service="ddtree", unit="sglang-ddtree.service", bind="127.0.0.1", port=30000, timeout=1800,
+        )
+    """
+    address = probe_address(bind)
+    endpoint = f"http://{bind}:{port}"
+    just_started = bool(restarted and restarted())
+    if not just_started:
+        state = host.get_fact(ServiceState, unit=unit, address=address, port=port)
+        if state["active"] == "active" and state["health"] == 200:
+            uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"
+            _record(service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
+            host.noop(f"service {service} answers /health on port {port}")
+            return
+    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke), {})
+
+
+class SummaryPrinter(BaseStateCallback):
+    """Prints, when the run ends, one line per host and service: endpoint, state, readiness."""
+
+    def __init__(self):
+        self.disconnected: set[str] = set()
+
+    def host_disconnect(self, state, host):
+        self.disconnected.add(host.name)
+        if not {h.name for h in state.activated_hosts} <= self.disconnected or not REPORT:
+            return  # print once, after the last host
+        width = max(len(f"{h}/{s}") for h, services in REPORT.items() for s in services)
+        lines = ["--> Services:"]
+        for host_name in sorted(REPORT):
+            for name, row in sorted(REPORT[host_name].items()):
+                lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} {row['state']:<6}  {row['ready']}")
+        logger.info("\n".join(lines))
+        REPORT.clear()
+
+
+def install_summary(state) -> None:
+    if not any(isinstance(h, SummaryPrinter) for h in state.callback_handlers):
+        state.add_callback_handler(SummaryPrinter())

@@ -1,0 +1,455 @@
+"""Deploy data: loading the operators' YAML and validating it into typed objects.
+
+Operators edit `group_data/<group>.yml`; the thin `group_data/<group>.py` beside each
+calls `load_group_yaml(__file__)`, so pyinfra's own precedence applies unchanged
+(`--data` > host data > group data > all). `host_config(host)` then validates what a
+host sees into a `HostConfig` before `deploy.py` adds a single operation: a bad value
+stops the run with a `DataError` naming the file, the key path, the value and the fix.
+
+Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
+`SERVICE_KEYS` below; the README's variables table repeats them (a test checks it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from operations.errors import DataError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    doc: str
+    required: bool = False
+
+
+# Keys any group (or host) may set. Defaults mirror the hand-run deployment this replaces.
+GLOBAL_KEYS: dict[str, Key] = {
+    "stack": Key("sglang-0.5.23-cu130", "Named, pinned package set for the serving venv (a file in `files/stacks/`)."),
+    "venv_path": Key("/root/venv_sglang", "Serving virtualenv on the host."),
+    "model_store": Key("/root/models", "Directory on the host holding the models (the durable copy)."),
+    "shm_dir": Key("/dev/shm", "RAM disk the services load `shm` models from; emptied on reboot."),
+    "wheelhouse": Key("wheelhouse", "Directory on the control machine with the stack's wheel files (relative to the deploy dir)."),
+    "host_wheel_cache": Key("/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host."),
+    "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
+    "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
+    "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
+    "services": Key({}, "Map of service name -> service definition (keys below)."),
+}
+
+# Keys that belong in the inventory's host data.
+HOST_KEYS: dict[str, Key] = {
+    "run_services": Key(
+        [],
+        "Which services run on this host: a list of names, or a map name -> overrides of service keys (e.g. `gpu`, `port`).",
+    ),
+}
+
+SERVICE_KEYS: dict[str, Key] = {
+    "gpu": Key(None, "GPU index, or a list of indexes, the service uses (`CUDA_VISIBLE_DEVICES`).", required=True),
+    "port": Key(None, "TCP port the server listens on.", required=True),
+    "bind": Key("127.0.0.1", "Address the server binds (`--host`)."),
+    "model": Key(None, "Target model: a directory name in `model_store`.", required=True),
+    "model_in": Key("shm", "Where the target is loaded from: `shm` (staged into `shm_dir`) or `store`."),
+    "draft_model": Key(None, "Draft model directory name in `model_store` (speculative decoding), or null."),
+    "draft_in": Key("store", "Where the draft is loaded from: `shm` or `store`."),
+    "patch_sets": Key([], "Patch sets from `files/patches/` copied into the installed engine."),
+    "args": Key({}, "Map of sglang flag -> value, one `--flag value` line each; `true` = bare flag, `false`/null = omitted."),
+    "env": Key({}, "Map of environment variables for the unit."),
+}
+
+# Flags the tool derives from service keys; writing them in `args` would say things twice.
+DERIVED_FLAGS = {
+    "model-path": "model",
+    "speculative-draft-model-path": "draft_model",
+    "port": "port",
+    "host": "bind",
+}
+DERIVED_ENV = {"CUDA_VISIBLE_DEVICES": "gpu"}
+
+LOCATIONS = ("shm", "store")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+# (group, key) -> YAML file that set it last (for error messages). pyinfra merges the
+# group_data folders of the deploy dir and of the inventory's dir key by key, last wins.
+_KEY_SOURCES: dict[tuple[str, str], str] = {}
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def load_group_yaml(group_py_file: str) -> dict[str, Any]:
+    """Load `<group>.yml` beside a `group_data/<group>.py` file and return its keys.
+
+    Only the file's syntax and top-level key names are checked here; values are
+    validated per host by `host_config`, once all layers are merged.
+    """
+    py_path = Path(group_py_file)
+    yml_path = py_path.with_suffix(".yml")
+    shown = _display_path(yml_path)
+    group = py_path.stem
+    if not yml_path.exists():
+        raise DataError(shown, "(file)", None, f"missing: create it, or delete {py_path.name} if group '{group}' has no data")
+    try:
+        data = yaml.safe_load(yml_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise DataError(shown, where, problem, "not valid YAML: fix the syntax at that position") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise DataError(shown, "(top level)", data, "must be a mapping of key: value")
+    known = {**GLOBAL_KEYS, **HOST_KEYS}
+    for key in data:
+        if key not in known:
+            raise DataError(shown, str(key), data[key], f"unknown key; allowed: {', '.join(sorted(known))}")
+    for key in data:
+        _KEY_SOURCES[(group, key)] = shown
+    return data
+
+
+# Typed configuration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelUse:
+    """One model a service loads, and the directory it is loaded from."""
+
+    name: str
+    location: str  # "shm" or "store"
+    store_path: str
+    load_path: str
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    gpus: tuple[int, ...]
+    port: int
+    bind: str
+    target: ModelUse
+    draft: ModelUse | None
+    patch_sets: tuple[str, ...]
+    args: tuple[tuple[str, Any], ...]
+    env: tuple[tuple[str, str], ...]
+
+    @property
+    def unit_name(self) -> str:
+        return f"sglang-{self.name}.service"
+
+    @property
+    def models(self) -> tuple[ModelUse, ...]:
+        return (self.target,) + ((self.draft,) if self.draft else ())
+
+    def argv(self) -> list[str]:
+        """The server's flags, derived ones first, then `args` in the data's order."""
+        out = ["--model-path", self.target.load_path]
+        if self.draft:
+            out += ["--speculative-draft-model-path", self.draft.load_path]
+        out += ["--host", self.bind, "--port", str(self.port)]
+        for flag, value in self.args:
+            if value is True:
+                out.append(f"--{flag}")
+            elif isinstance(value, list):
+                out += [f"--{flag}", *(str(v) for v in value)]
+            else:
+                out += [f"--{flag}", str(value)]
+        return out
+
+    def environment(self) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus), **dict(self.env)}
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    host: str
+    stack: str
+    venv_path: str
+    model_store: str
+    shm_dir: str
+    wheelhouse: Path
+    host_wheel_cache: str
+    launcher: str
+    readiness_timeout_s: int
+    smoke_test: bool
+    services: tuple[Service, ...] = field(default_factory=tuple)
+
+    @property
+    def staged_models(self) -> tuple[ModelUse, ...]:
+        """Models this host must hold in `shm_dir`, each once."""
+        seen: dict[str, ModelUse] = {}
+        for service in self.services:
+            for model in service.models:
+                if model.location == "shm":
+                    seen.setdefault(model.name, model)
+        return tuple(seen.values())
+
+    @property
+    def patch_sets(self) -> tuple[str, ...]:
+        names: list[str] = []
+        for service in self.services:
+            names += [p for p in service.patch_sets if p not in names]
+        return tuple(names)
+
+
+# Validation ---------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads one host's merged data, remembering where each top-level key came from."""
+
+    def __init__(self, host):
+        self.host = host
+        self.name = host.name
+
+    def source(self, key: str) -> str:
+        inventory = self.host.inventory
+        if key in inventory.get_override_data():
+            return "--data"
+        if key in inventory.get_host_data(self.name):
+            return f"inventory (host {self.name})"
+        for group in reversed(self.host.groups):
+            if key in inventory.get_group_data(group):
+                return _KEY_SOURCES.get((group, key), f"group_data/{group}.py")
+        if key in inventory.get_data():
+            return _KEY_SOURCES.get(("all", key), "group_data/all.py")
+        return "defaults (operations/settings.py)"
+
+    def get(self, key: str, spec: Key) -> Any:
+        return self.host.data.get(key, spec.default)
+
+
+def _require(cond: bool, src: str, path: str, value: Any, fix: str) -> None:
+    if not cond:
+        raise DataError(src, path, value, fix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _abs_path(src: str, path: str, value: Any) -> str:
+    _require(
+        isinstance(value, str) and PurePosixPath(value).is_absolute() and ".." not in PurePosixPath(value).parts,
+        src, path, value, "must be an absolute path on the host, without '..'",
+    )
+    return str(PurePosixPath(value))
+
+
+def _gpus(src: str, path: str, value: Any) -> tuple[int, ...]:
+    items = value if isinstance(value, list) else [value]
+    ok = bool(items) and all(_is_int(i) and 0 <= i < 64 for i in items)
+    _require(ok, src, path, value, "must be a GPU index (0-63) or a non-empty list of them, e.g. `gpu: 1` or `gpu: [0, 1]`")
+    _require(len(set(items)) == len(items), src, path, value, "lists a GPU twice; list each index once")
+    return tuple(items)
+
+
+def _args(src: str, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    _require(isinstance(value, dict), src, path, value, "must be a map of sglang flag -> value, e.g. `attention-backend: triton`")
+    out: dict[str, Any] = {}
+    for raw_flag, flag_value in value.items():
+        flag = str(raw_flag).removeprefix("--")
+        key_path = f"{path}.{raw_flag}"
+        _require(
+            isinstance(raw_flag, str) and bool(_FLAG_RE.match(flag)), src, key_path, raw_flag,
+            "flag names are lowercase words joined by '-', as on sglang's command line (e.g. `attention-backend`)",
+        )
+        _require(flag not in out, src, key_path, raw_flag, f"`{flag}` is given twice (with and without `--`); keep one")
+        if flag in DERIVED_FLAGS:
+            raise DataError(src, key_path, flag_value, f"`--{flag}` is derived from the service key `{DERIVED_FLAGS[flag]}`; set that instead")
+        scalar = (str, int, float, bool)
+        ok = flag_value is None or isinstance(flag_value, scalar) or (
+            isinstance(flag_value, list) and flag_value and all(isinstance(v, scalar) and not isinstance(v, bool) for v in flag_value)
+        )
+        _require(ok, src, key_path, flag_value, "a flag value is a string, number, true (bare flag), false/null (omitted) or a list")
+        if isinstance(flag_value, str):
+            _require(
+                "\n" not in flag_value and flag_value.strip() == flag_value and flag_value != "",
+                src, key_path, flag_value, "must be a non-empty single line without surrounding spaces",
+            )
+        if flag_value is None or flag_value is False:
+            continue
+        out[flag] = flag_value
+    return tuple(out.items())
+
+
+def _env(src: str, path: str, value: Any) -> tuple[tuple[str, str], ...]:
+    _require(isinstance(value, dict), src, path, value, "must be a map of NAME -> value, e.g. `SGLANG_DDTREE_MAX_TOPK: 8`")
+    out = []
+    for name, env_value in value.items():
+        key_path = f"{path}.{name}"
+        _require(isinstance(name, str) and bool(_ENV_RE.match(name)), src, key_path, name, "must be a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name in DERIVED_ENV:
+            raise DataError(src, key_path, env_value, f"`{name}` is derived from the service key `{DERIVED_ENV[name]}`; set that instead")
+        _require(
+            isinstance(env_value, (str, int, float)) and not isinstance(env_value, bool) and "\n" not in str(env_value),
+            src, key_path, env_value, "must be a single-line string or number (quote booleans: \"true\")",
+        )
+        out.append((name, str(env_value)))
+    return tuple(out)
+
+
+def _model_name(src: str, path: str, value: Any) -> str:
+    _require(
+        isinstance(value, str) and bool(_MODEL_RE.match(value)) and value not in (".", ".."),
+        src, path, value, "must be a model directory name inside `model_store` (letters, digits, '.', '_', '-'), not a path",
+    )
+    return value
+
+
+def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_src: str, hc: dict[str, Any]) -> Service:
+    base_path = f"services.{name}"
+    _require(isinstance(raw, dict), src, base_path, raw, "must be a map of service keys: " + ", ".join(SERVICE_KEYS))
+    for key in raw:
+        _require(key in SERVICE_KEYS, src, f"{base_path}.{key}", raw[key], f"unknown service key; allowed: {', '.join(SERVICE_KEYS)}")
+    merged = {k: spec.default for k, spec in SERVICE_KEYS.items()}
+    origin = {k: (src, f"{base_path}.{k}") for k in SERVICE_KEYS}
+    merged.update(raw)
+    for key, value in overrides.items():
+        merged[key] = value
+        origin[key] = (override_src, f"run_services.{name}.{key}")
+    for key, spec in SERVICE_KEYS.items():
+        if spec.required and merged[key] is None:
+            raise DataError(src, f"{base_path}.{key}", None, f"required: {spec.doc}")
+
+    def at(key: str) -> tuple[str, str, Any]:
+        return origin[key][0], origin[key][1], merged[key]
+
+    gpus = _gpus(*at("gpu"))
+    s, p, port = at("port")
+    _require(_is_int(port) and 1 <= port <= 65535, s, p, port, "must be a TCP port, an integer from 1 to 65535")
+    s, p, bind = at("bind")
+    _require(isinstance(bind, str) and bool(re.match(r"^[0-9a-fA-F.:]+$|^localhost$", bind)), s, p, bind, "must be an IP address such as 127.0.0.1 or 0.0.0.0")
+    locations = {}
+    for key in ("model_in", "draft_in"):
+        s, p, loc = at(key)
+        _require(loc in LOCATIONS, s, p, loc, "must be `shm` (staged into shm_dir) or `store` (loaded from model_store)")
+        locations[key] = loc
+
+    def use(model: str, location: str) -> ModelUse:
+        store_path = f"{hc['model_store']}/{model}"
+        load = f"{hc['shm_dir']}/{model}" if location == "shm" else store_path
+        return ModelUse(model, location, store_path, load)
+
+    target = use(_model_name(*at("model")), locations["model_in"])
+    draft = None
+    s, p, draft_name = at("draft_model")
+    if draft_name is not None:
+        draft = use(_model_name(s, p, draft_name), locations["draft_in"])
+    s, p, patch_sets = at("patch_sets")
+    _require(
+        isinstance(patch_sets, list) and all(isinstance(x, str) and _NAME_RE.match(x) for x in patch_sets),
+        s, p, patch_sets, "must be a list of patch set names (directories in files/patches/)",
+    )
+    for patch_set in patch_sets:
+        _require((REPO_ROOT / "files" / "patches" / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(available_patch_sets()) or '(none)'}")
+    return Service(
+        name=name,
+        gpus=gpus,
+        port=port,
+        bind=bind,
+        target=target,
+        draft=draft,
+        patch_sets=tuple(patch_sets),
+        args=_args(*at("args")),
+        env=_env(*at("env")),
+    )
+
+
+def available_patch_sets() -> list[str]:
+    root = REPO_ROOT / "files" / "patches"
+    return sorted(p.parent.name for p in root.glob("*/patchset.yml"))
+
+
+def _placement(reader: _Reader) -> dict[str, dict[str, Any]]:
+    src = reader.source("run_services")
+    value = reader.get("run_services", HOST_KEYS["run_services"])
+    if isinstance(value, list):
+        _require(all(isinstance(v, str) for v in value), src, "run_services", value, "must list service names, e.g. `[ddtree, dflash]`")
+        _require(len(set(value)) == len(value), src, "run_services", value, "names a service twice; list each once")
+        return {name: {} for name in value}
+    _require(isinstance(value, dict), src, "run_services", value, "must be a list of service names or a map name -> overrides (e.g. {dflash: {gpu: 1, port: 30001}})")
+    out = {}
+    for name, overrides in value.items():
+        overrides = overrides or {}
+        _require(isinstance(overrides, dict), src, f"run_services.{name}", overrides, "overrides must be a map of service keys, e.g. {gpu: 1, port: 30001}")
+        for key in overrides:
+            _require(key in SERVICE_KEYS, src, f"run_services.{name}.{key}", overrides[key], f"unknown service key; allowed: {', '.join(SERVICE_KEYS)}")
+        out[name] = overrides
+    return out
+
+
+def host_config(host) -> HostConfig:
+    """Validate everything `host` sees into a `HostConfig`, or raise `DataError`."""
+    from operations.stacks import load_stack  # stacks import settings' helpers
+
+    reader = _Reader(host)
+    values: dict[str, Any] = {}
+    for key, spec in GLOBAL_KEYS.items():
+        values[key] = reader.get(key, spec)
+    src = reader.source
+    load_stack(values["stack"], source=src("stack"), key_path="stack")
+    for key in ("venv_path", "model_store", "shm_dir", "host_wheel_cache"):
+        values[key] = _abs_path(src(key), key, values[key])
+    _require(isinstance(values["wheelhouse"], str) and values["wheelhouse"] != "", src("wheelhouse"), "wheelhouse", values["wheelhouse"], "must be a directory path on the control machine")
+    _require(isinstance(values["launcher"], str) and bool(_MODULE_RE.match(values["launcher"])), src("launcher"), "launcher", values["launcher"], "must be a Python module name such as sglang.launch_server")
+    timeout = values["readiness_timeout_s"]
+    _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
+    _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+
+    services_raw = values["services"]
+    _require(isinstance(services_raw, dict), src("services"), "services", services_raw, "must be a map of service name -> service definition")
+    for name in services_raw:
+        _require(isinstance(name, str) and bool(_NAME_RE.match(name)), src("services"), f"services.{name}", name, "service names are lowercase letters, digits, '-' and '_' (they name the systemd unit)")
+
+    placement = _placement(reader)
+    services = []
+    for name, overrides in placement.items():
+        _require(name in services_raw, src("run_services"), "run_services", name, f"no such service; defined services: {', '.join(sorted(services_raw)) or '(none)'}")
+        services.append(_service(src("services"), name, services_raw[name], overrides, src("run_services"), values))
+
+    _no_clashes(services, src("run_services"), host.name)
+    return HostConfig(
+        host=host.name,
+        stack=values["stack"],
+        venv_path=values["venv_path"],
+        model_store=values["model_store"],
+        shm_dir=values["shm_dir"],
+        wheelhouse=Path(values["wheelhouse"]),
+        host_wheel_cache=values["host_wheel_cache"],
+        launcher=values["launcher"],
+        readiness_timeout_s=timeout,
+        smoke_test=values["smoke_test"],
+        services=tuple(services),
+    )
+
+
+def _no_clashes(services: list[Service], src: str, host_name: str) -> None:
+    ports: dict[int, str] = {}
+    gpus: dict[int, str] = {}
+    for service in services:
+        other = ports.setdefault(service.port, service.name)
+        if other != service.name:
+            raise DataError(src, "run_services", [other, service.name], f"both use port {service.port} on host {host_name}; give each service on a host its own port (`port` in services.<name>, or an override in run_services)")
+        for gpu in service.gpus:
+            other = gpus.setdefault(gpu, service.name)
+            if other != service.name:
+                raise DataError(src, "run_services", [other, service.name], f"both use GPU {gpu} on host {host_name}; give each service on a host its own GPUs (`gpu` in services.<name>, or an override in run_services)")

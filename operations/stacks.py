@@ -1,0 +1,114 @@
+"""Named, pinned package stacks: the only way a serving venv's contents are chosen.
+
+A stack is `files/stacks/<name>.yml`: the Python version and a closed set of
+distributions, each with an exact version (local tag included, e.g. `2.11.0+cu130`)
+and, where the file is known, its wheel filename and sha256. Closed means the venv is
+installed with `--no-deps`: nothing is resolved on the host, nothing comes from "latest".
+A distribution may instead name a `build:` script (a stand-in built on the control
+machine, such as the lab's server) that provides `build_wheel(out_dir) -> Path`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from operations.errors import DataError
+
+STACKS_DIR = Path(__file__).resolve().parent.parent / "files" / "stacks"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
+_PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalisation (`Sglang_Kernel` -> `sglang-kernel`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    file: str | None = None
+    sha256: str | None = None
+    build: str | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    python: str
+    packages: tuple[Package, ...]
+    path: Path
+
+    def wanted(self) -> dict[str, str]:
+        return {p.name: p.version for p in self.packages}
+
+    @property
+    def site_packages(self) -> str:
+        return f"lib/python{self.python}/site-packages"
+
+
+def available_stacks() -> list[str]:
+    return sorted(p.stem for p in STACKS_DIR.glob("*.yml"))
+
+
+def load_stack(name: object, source: str = "stack", key_path: str = "stack") -> Stack:
+    """Load and check a stack by name; `source`/`key_path` say where the name was given."""
+    if not isinstance(name, str) or not (STACKS_DIR / f"{name}.yml").exists():
+        raise DataError(source, key_path, name, f"unknown stack; available: {', '.join(available_stacks())} (files/stacks/<name>.yml)")
+    return _load_stack_file(STACKS_DIR / f"{name}.yml")
+
+
+@lru_cache(maxsize=None)
+def _load_stack_file(path: Path) -> Stack:
+    shown = f"files/stacks/{path.name}"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DataError(shown, "(file)", str(exc).splitlines()[0], "not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise DataError(shown, "(top level)", raw, "must be a mapping with name, python, packages")
+    for key in raw:
+        if key not in ("name", "python", "packages", "description"):
+            raise DataError(shown, key, raw[key], "unknown key; allowed: name, python, packages, description")
+    if raw.get("name") != path.stem:
+        raise DataError(shown, "name", raw.get("name"), f"must equal the file name '{path.stem}'")
+    python = str(raw.get("python", ""))
+    if not _PY_RE.match(python):
+        raise DataError(shown, "python", raw.get("python"), 'must be a quoted major.minor version such as "3.11"')
+    packages_raw = raw.get("packages")
+    if not isinstance(packages_raw, dict) or not packages_raw:
+        raise DataError(shown, "packages", packages_raw, "must be a non-empty map of distribution -> {version, file, sha256}")
+    packages = []
+    for dist, spec in packages_raw.items():
+        key = f"packages.{dist}"
+        if not isinstance(dist, str) or normalize(dist) != dist:
+            raise DataError(shown, key, dist, f"write distribution names PEP 503-normalised: '{normalize(str(dist))}'")
+        if isinstance(spec, str):
+            spec = {"version": spec}
+        if not isinstance(spec, dict):
+            raise DataError(shown, key, spec, "must be a version string or {version, file, sha256}")
+        unknown = set(spec) - {"version", "file", "sha256", "build"}
+        if unknown:
+            raise DataError(shown, key, sorted(unknown), "unknown keys; allowed: version, file, sha256, build")
+        version = str(spec.get("version", ""))
+        if not _VERSION_RE.match(version):
+            raise DataError(shown, f"{key}.version", spec.get("version"), "must be an exact version such as 2.11.0+cu130")
+        sha = spec.get("sha256")
+        if sha is not None and not _SHA256_RE.match(str(sha)):
+            raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits")
+        file = spec.get("file")
+        if file is not None and not str(file).endswith(".whl"):
+            raise DataError(shown, f"{key}.file", file, "must be a wheel file name (*.whl)")
+        packages.append(Package(dist, version, file, sha, spec.get("build")))
+    return Stack(path.stem, python, tuple(sorted(packages, key=lambda p: p.name)), path)

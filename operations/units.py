@@ -1,0 +1,73 @@
+"""Rendering of the systemd unit for one service (pure: no host access, tested without one)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import jinja2
+
+from operations.settings import HostConfig, Service
+from operations.stacks import Stack
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:=,+@-]+$")
+
+
+def systemd_quote(value: str) -> str:
+    """Quote one word for a unit file: specifiers (%) and variables ($) are escaped too."""
+    text = str(value).replace("%", "%%").replace("$", "$$")
+    if _PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def flag_lines(argv: list[str]) -> list[str]:
+    """Group argv into one `--flag value...` line per flag."""
+    lines: list[list[str]] = []
+    for word in argv:
+        if word.startswith("--") or not lines:
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return [" ".join(systemd_quote(w) for w in line) for line in lines]
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["systemd_quote"] = systemd_quote
+    return env
+
+
+def inputs_digest(stack: Stack, patch_digests: dict[str, str]) -> str:
+    """A short digest of what the process loads besides its flags: the stack file and patch sets.
+
+    It is written into the unit, so that a new stack or patch set changes the unit and
+    so restarts the service even if an earlier run died between install and restart.
+    """
+    digest = hashlib.sha256(stack.path.read_bytes())
+    for name in sorted(patch_digests):
+        digest.update(f"{name}={patch_digests[name]}".encode())
+    return f"stack {stack.name} {digest.hexdigest()[:16]}"
+
+
+def render_unit(config: HostConfig, service: Service, stack: Stack, inputs: str, after_units: tuple[str, ...] = ()) -> str:
+    template = _environment().get_template("sglang.service.j2")
+    return template.render(
+        service=service,
+        host_name=config.host,
+        stack=stack,
+        inputs=inputs,
+        environment=service.environment(),
+        venv_path=config.venv_path,
+        launcher=config.launcher,
+        flag_lines=flag_lines(service.argv()),
+        after_units=list(after_units),
+    )

@@ -1,0 +1,144 @@
+"""The control machine's wheelhouse: where a stack's wheel files come from.
+
+`locate()` finds every file a stack needs and checks its sha256 (hashes are cached by
+size and mtime, so a large wheel is hashed once); a missing or altered file fails with
+the file's name and where it was looked for. `build()` fills a wheelhouse: wheels are
+downloaded from the package index with `pip download --no-deps` (exact pins only), and
+stand-ins with a `build:` script are built locally.
+
+    python -m operations.wheelhouse STACK [DIR]     # fill DIR (default: ./wheelhouse)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pyinfra.api.exceptions import PyinfraError
+
+from operations.stacks import Package, Stack, load_stack, normalize
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_HASH_CACHE = ".sha256-cache.json"
+
+
+class WheelhouseError(PyinfraError):
+    pass
+
+
+def wheel_matches(filename: str, package: Package) -> bool:
+    """True if `filename` is a wheel of exactly this distribution and version."""
+    if not filename.endswith(".whl"):
+        return False
+    parts = filename[:-4].split("-")
+    return len(parts) >= 5 and normalize(parts[0]) == package.name and parts[1] == package.version
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a file, cached in the wheelhouse by (size, mtime) so each file is hashed once."""
+    cache_file = path.parent / _HASH_CACHE
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    stat = path.stat()
+    key = f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+    if key not in cache:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        cache = {k: v for k, v in cache.items() if not k.startswith(f"{path.name}:")}
+        cache[key] = digest.hexdigest()
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        tmp.replace(cache_file)
+    return cache[key]
+
+
+def find(package: Package, wheelhouse: Path) -> Path | None:
+    if package.file:
+        candidate = wheelhouse / package.file
+        return candidate if candidate.is_file() else None
+    matches = sorted(p for p in wheelhouse.glob("*.whl") if wheel_matches(p.name, package))
+    return matches[0] if matches else None
+
+
+def locate(stack: Stack, wheelhouse: Path, packages: list[Package] | None = None, verify: bool = True) -> dict[str, Path]:
+    """Map distribution name -> wheel file, for `packages` (default: the whole stack)."""
+    found: dict[str, Path] = {}
+    for package in packages if packages is not None else stack.packages:
+        path = find(package, wheelhouse)
+        if path is None:
+            wanted = package.file or f"a wheel of {package.spec}"
+            raise WheelhouseError(
+                f"stack {stack.name}: {wanted} not found; looked in wheelhouse {wheelhouse.resolve()}. "
+                f"Fill it with: python -m operations.wheelhouse {stack.name} {wheelhouse}"
+            )
+        if verify and package.sha256 and sha256_of(path) != package.sha256:
+            raise WheelhouseError(
+                f"stack {stack.name}: {path} has sha256 {sha256_of(path)}, the stack pins {package.sha256}; "
+                f"delete the file and rebuild the wheelhouse, or correct files/stacks/{stack.name}.yml"
+            )
+        found[package.name] = path
+    return found
+
+
+def _build_standin(package: Package, wheelhouse: Path) -> Path:
+    script = REPO_ROOT / package.build
+    spec = importlib.util.spec_from_file_location(f"_build_{package.name.replace('-', '_')}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.build_wheel(wheelhouse))
+
+
+def build(stack: Stack, wheelhouse: Path) -> list[Path]:
+    """Put every file of `stack` into `wheelhouse`; files already there and intact are kept."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    missing = []
+    for package in stack.packages:
+        path = find(package, wheelhouse)
+        if path is not None and (not package.sha256 or sha256_of(path) == package.sha256):
+            continue
+        if path is not None:
+            path.unlink()  # altered or truncated: fetch again
+        missing.append(package)
+    for package in [p for p in missing if p.build]:
+        print(f"build {package.spec} (stand-in, {package.build})", flush=True)
+        _build_standin(package, wheelhouse)
+    to_download = [p for p in missing if not p.build]
+    if to_download:
+        print(f"download {len(to_download)} wheels for stack {stack.name}", flush=True)
+        # The host's own pip constraints (e.g. a torch cap) must not bend exact pins.
+        env = {**os.environ, "PIP_CONSTRAINT": ""}
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--python-version", stack.python, "--dest", str(wheelhouse), "--quiet",
+        ] + [p.spec for p in to_download]
+        subprocess.run(cmd, check=True, env=env)
+    return list(locate(stack, wheelhouse).values())
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    stack = load_stack(argv[0])
+    wheelhouse = Path(argv[1] if len(argv) > 1 else "wheelhouse")
+    try:
+        files = build(stack, wheelhouse)
+    except (WheelhouseError, subprocess.CalledProcessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    total = sum(f.stat().st_size for f in files)
+    print(f"wheelhouse {wheelhouse}: {len(files)} files for stack {stack.name}, {total / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
