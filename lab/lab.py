@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
@@ -152,7 +153,7 @@ def pid_cmdline(pid: int | None) -> list[str]:
     if not pid:
         return []
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
     except OSError:
         return []
 
@@ -578,6 +579,24 @@ def configure_network(rec: dict, leader: int) -> str:
 
 # ---------------------------------------------------------------- supervisor (runs detached, one per host)
 
+CLONE_NEWTIME = 0x80
+
+
+def fresh_time_namespace() -> None:
+    """Before exec of nspawn: its children (the container) get clocks that start at 1 s.
+
+    A container shares the kernel's /proc/uptime, so without this the uptime never drops at a reboot and
+    pyinfra's server.reboot (which waits for a smaller uptime) would time out. A time namespace per boot fixes that.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWTIME) != 0:
+        return  # kernel without time namespaces: uptime stays the host's
+    mono = int(time.clock_gettime(time.CLOCK_MONOTONIC)) - 1
+    boot = int(time.clock_gettime(time.CLOCK_BOOTTIME)) - 1
+    with open("/proc/self/timens_offsets", "w") as f:
+        f.write(f"monotonic {-mono} 0\nboottime {-boot} 0\n")
+
+
 def supervise(name: str) -> int:
     """Run systemd-nspawn for one host; start it again when the container reboots (exit 133)."""
     rec = load_hosts()[name]
@@ -598,7 +617,8 @@ def supervise(name: str) -> int:
     while not stopping:
         boots += 1
         child = subprocess.Popen(["systemd-nspawn", "-q", "-b", "-D", rec["rootfs"], "-M", name, "--register=no",
-                                  "--keep-unit", "--network-veth"], stdin=subprocess.DEVNULL)
+                                  "--keep-unit", "--network-veth"], stdin=subprocess.DEVNULL,
+                                 preexec_fn=fresh_time_namespace)
         leader = None
         for _ in range(300):
             if child.poll() is not None:
