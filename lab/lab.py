@@ -260,11 +260,11 @@ def remove_tree(path: Path) -> None:
 
 def ensure_base() -> None:
     """Build the shared base rootfs once; an interrupted build never looks complete (temp dir, then rename)."""
+    tmp = CACHE_DIR / "rootfs-base.partial"
+    remove_tree(tmp)  # left by an interrupted build
     if BASE_ROOTFS.is_dir():
         return
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = CACHE_DIR / "rootfs-base.partial"
-    remove_tree(tmp)
     mirror = apt_mirror()
     say(f"base: debootstrap {DEBIAN_SUITE} from {mirror} into {BASE_ROOTFS} (about a minute, once)")
     t0 = time.monotonic()
@@ -847,13 +847,20 @@ def cmd_down(names: list[str], purge: bool) -> int:
         how = stop_host(n, hosts[n])
         say(f"{n}: {how} ({time.monotonic() - t0:.1f} s)")
     if purge:
-        still = [n for n, r in load_hosts().items() if host_running(n, r)]
+        targets = names or list(load_hosts())
+        still = [n for n, r in load_hosts().items() if n in targets and host_running(n, r)]
         if still:
             raise LabError(f"not purging: still running: {', '.join(still)}")
-        for n in load_hosts():
+        for n in targets:
             unmount_rootfs(n)
-        remove_tree(HOSTS_DIR)
-        say(f"purged {HOSTS_DIR} (base cache {BASE_ROOTFS} kept)")
+        if names:  # these hosts are forgotten, their address slots freed
+            for n in names:
+                remove_tree(host_dir(n))
+            update_hosts(lambda h: [h.pop(n, None) for n in names])
+            say(f"purged {', '.join(names)} (base cache kept)")
+        else:  # all hosts: fresh rootfs and keys at the next up; addresses stay as recorded
+            remove_tree(HOSTS_DIR)
+            say(f"purged {HOSTS_DIR.relative_to(LAB_DIR.parent)} (base cache {BASE_ROOTFS.relative_to(LAB_DIR.parent)} kept)")
     return 0
 
 
