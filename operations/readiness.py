@@ -44,7 +44,7 @@ def _record(service: str, endpoint: str, state: str, ready: str) -> None:
 
 def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool) -> bool:
     command = remote.command("wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0")
-    ok, output = host.run_shell_command(command, print_output=False, timeout=timeout + 180)
+    ok, output = host.run_shell_command(command, print_output=False, _timeout=timeout + 180)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -1,0 +1,61 @@
+# Common commands. `make demo` deploys to the local lab; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYINFRA := $(VENV)/bin/pyinfra
+LAB_STACK := $(shell sed -n 's/^stack: *\([^ #]*\).*/\1/p' lab/group_data/all.yml)
+LAB_WHEELHOUSE := lab/cache/wheelhouse
+
+.PHONY: help deps venv lab lab-down lab-status wheelhouse demo test test-unit test-lab bench lint clean
+
+help:
+	@echo "make demo       start the local lab and deploy the services to it"
+	@echo "make test       run the whole test suite (unit + lab)"
+	@echo "make test-unit  fast tests only (no lab)"
+	@echo "make bench      print the benchmark figures (name: value)"
+	@echo "make lab / lab-down / lab-status"
+
+# System packages the lab needs (Debian/Ubuntu; run as root). Skipped when present.
+deps:
+	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v ssh-keygen >/dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client iproute2 python3-venv)
+
+$(VENV)/.done: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.done
+
+lab: deps venv
+	$(PY) lab/lab.py up
+
+lab-down:
+	$(PYTHON) lab/lab.py down
+
+lab-status:
+	$(PYTHON) lab/lab.py status
+
+wheelhouse: venv
+	$(PY) -m operations.wheelhouse $(LAB_STACK) $(LAB_WHEELHOUSE)
+
+demo: lab wheelhouse
+	$(PYINFRA) lab/inventory.py deploy.py -y
+
+test-unit: venv
+	$(PY) -m pytest tests/unit -q
+
+test-lab: lab wheelhouse
+	$(PY) -m pytest tests/lab -q
+
+test: lab wheelhouse
+	$(PY) -m pytest tests -q
+
+bench: lab wheelhouse
+	$(PY) bench/run.py
+
+lint: venv
+	$(VENV)/bin/pip install --quiet ruff && $(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

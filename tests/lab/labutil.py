@@ -1,0 +1,104 @@
+"""Helpers for tests on the local lab: SSH to its hosts, run the deploy, read its results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = ROOT / "lab" / "state"
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+def lab_hosts() -> dict:
+    return json.loads((STATE / "hosts.json").read_text())
+
+
+def ssh(host: str, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    address = lab_hosts()[host]["address"]
+    argv = [
+        "ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        f"root@{address}", command,
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"ssh {host} {command!r} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return result
+
+
+def http_get(host: str, port: int, path: str) -> tuple[int | None, str]:
+    """GET from the host itself (services bind loopback)."""
+    script = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    r = urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=10); print(r.status); print(r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code); print(e.read().decode())\n"
+        "except OSError as e:\n"
+        "    print('None'); print(e)\n"
+    )
+    out = ssh(host, f"python3 -c {shlex.quote(script)}").stdout
+    status, _, body = out.partition("\n")
+    return (None if status == "None" else int(status)), body
+
+
+def chat(host: str, port: int, content: str) -> dict:
+    script = (
+        "import json, urllib.request\n"
+        f"body = json.dumps({{'model': 'default', 'messages': [{{'role': 'user', 'content': {content!r}}}]}}).encode()\n"
+        f"req = urllib.request.Request('http://127.0.0.1:{port}/v1/chat/completions', data=body, headers={{'Content-Type': 'application/json'}})\n"
+        "print(urllib.request.urlopen(req, timeout=30).read().decode())\n"
+    )
+    return json.loads(ssh(host, f"python3 -c {shlex.quote(script)}").stdout)
+
+
+def main_pid(host: str, unit: str) -> int:
+    return int(ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
+
+
+class DeployResult:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        try:
+            self.json = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        except ValueError:
+            self.json = {}
+
+    @property
+    def changed(self) -> list[tuple[str, list[str]]]:
+        """(operation name, hosts it changed) for every operation that changed something."""
+        ops = self.results.get("operations", [])
+        return [(op["name"], op["success"]) for op in ops if op.get("success")]
+
+    @property
+    def errors(self) -> list[tuple[str, list[str]]]:
+        return [(op["name"], op["error"]) for op in self.results.get("operations", []) if op.get("error")]
+
+    @property
+    def results(self) -> dict:
+        return self.json.get("results") or {}
+
+    def __repr__(self) -> str:
+        return f"DeployResult(rc={self.returncode}, changed={self.changed}, errors={self.errors})\n{self.stderr[-4000:]}"
+
+
+def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900) -> DeployResult:
+    argv = [PYINFRA, str(inventory), "deploy.py", "-y", "--json", *extra]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return DeployResult(proc)
+
+
+def clean_host(host: str) -> None:
+    """Remove everything the deploy puts on a host (the lab's own files stay)."""
+    ssh(host, (
+        "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
+        "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
+        "rm -rf /root/venv_sglang /root/venv_sglang.* /var/cache/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
+    ))

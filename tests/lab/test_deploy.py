@@ -1,0 +1,127 @@
+"""The whole path on the lab: deploy, converge again with zero changes, put drift back.
+
+These run against real systemd hosts over real SSH (lab/lab.py); the served process is
+the stand-in server (lab/standin). Tests in this module run in order and share the lab.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.labutil import chat, clean_host, deploy, http_get, main_pid, ssh
+
+pytestmark = pytest.mark.lab
+
+SERVICES = {"ddtree": 30000, "dflash": 30001}
+UNITS = {name: f"sglang-{name}.service" for name in SERVICES}
+
+
+@pytest.fixture(scope="module")
+def first_run():
+    for host in ("gpu-a", "gpu-b"):
+        clean_host(host)
+    result = deploy()
+    assert result.returncode == 0, result
+    return result
+
+
+def changed_names(result) -> list[str]:
+    return [name for name, _hosts in result.changed]
+
+
+def test_first_run_serves_every_placed_service(first_run):
+    for name, port in SERVICES.items():
+        status, _ = http_get("gpu-a", port, "/health")
+        assert status == 200, f"{name} /health -> {status}"
+        reply = chat("gpu-a", port, "hello")
+        assert reply["choices"][0]["message"]["content"]
+    assert "--> Services:" in first_run.stderr
+    assert "gpu-a/ddtree" in first_run.stderr and "ready" in first_run.stderr
+
+
+def test_unit_carries_the_data_flags(first_run):
+    unit = ssh("gpu-a", f"cat /etc/systemd/system/{UNITS['ddtree']}").stdout
+    assert unit.startswith("# Managed by sglang-deploy")
+    for line in ("--attention-backend triton", "--grammar-backend none", "--speculative-algorithm DFLASH",
+                 "--port 30000", "--model-path /dev/shm/Qwen3.6-27B", "Environment=CUDA_VISIBLE_DEVICES=0"):
+        assert line in unit
+    status, body = http_get("gpu-a", 30001, "/server_info")
+    assert status == 200
+    assert '"CUDA_VISIBLE_DEVICES": "1"' in body
+
+
+def test_empty_host_gets_nothing(first_run):
+    out = ssh("gpu-b", "ls /etc/systemd/system/ | grep -c sglang- || true; test -e /root/venv_sglang && echo venv || echo novenv").stdout
+    assert out.split() == ["0", "novenv"]
+
+
+def test_second_run_reports_no_changes_and_restarts_nothing(first_run):
+    pids = {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()}
+    result = deploy()
+    assert result.returncode == 0, result
+    assert result.changed == [], result
+    assert {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()} == pids
+
+
+def test_hand_edited_unit_is_put_back_and_only_its_service_restarts(first_run):
+    pids = {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()}
+    path = f"/etc/systemd/system/{UNITS['dflash']}"
+    ssh("gpu-a", f"sed -i 's/--grammar-backend none/--grammar-backend xgrammar/' {path}")
+    result = deploy()
+    assert result.returncode == 0, result
+    names = changed_names(result)
+    assert f"Unit {UNITS['dflash']}" in names
+    assert f"Unit {UNITS['ddtree']}" not in names
+    assert "--grammar-backend none" in ssh("gpu-a", f"cat {path}").stdout
+    assert main_pid("gpu-a", UNITS["ddtree"]) == pids["ddtree"]
+    assert main_pid("gpu-a", UNITS["dflash"]) != pids["dflash"]
+    assert http_get("gpu-a", 30001, "/health")[0] == 200
+    assert deploy().changed == []
+
+
+def test_deleted_staged_model_is_staged_again(first_run):
+    ssh("gpu-a", "rm -rf /dev/shm/Qwen3.6-27B")
+    result = deploy()
+    assert result.returncode == 0, result
+    names = changed_names(result)
+    assert "Model Qwen3.6-27B staged in /dev/shm" in names
+    assert not any(name.startswith("Unit ") for name in names)
+    listing = ssh("gpu-a", "ls -A /dev/shm/Qwen3.6-27B").stdout.split()
+    assert "config.json" in listing and ".sglang-deploy-staged.json" in listing
+    for port in SERVICES.values():
+        assert http_get("gpu-a", port, "/health")[0] == 200
+    assert deploy().changed == []
+
+
+def test_truncated_staged_file_is_repaired(first_run):
+    ssh("gpu-a", "truncate -s 100 /dev/shm/Qwen3.6-27B/model-00001-of-00002.safetensors")
+    result = deploy()
+    assert "Model Qwen3.6-27B staged in /dev/shm" in changed_names(result), result
+    src = ssh("gpu-a", "sha256sum < /root/models/Qwen3.6-27B/model-00001-of-00002.safetensors").stdout
+    dst = ssh("gpu-a", "sha256sum < /dev/shm/Qwen3.6-27B/model-00001-of-00002.safetensors").stdout
+    assert src == dst
+
+
+def test_overwritten_patch_file_is_put_back(first_run):
+    from operations import settings  # noqa: F401  (patch sets come from the lab's data)
+    from tests.lab.labutil import ROOT
+    import yaml
+
+    from operations.patches import load_patch_set
+
+    data = yaml.safe_load((ROOT / "group_data" / "all.yml").read_text())
+    data.update(yaml.safe_load((ROOT / "lab" / "group_data" / "all.yml").read_text()))
+    names = [p for svc in data["services"].values() for p in svc.get("patch_sets", [])]
+    if not names:
+        pytest.skip("the lab's data applies no patch set")
+    patch_set = load_patch_set(names[0])
+    target = patch_set.files[0].path
+    site = ssh("gpu-a", "ls -d /root/venv_sglang/lib/python3*/site-packages").stdout.strip()
+    ssh("gpu-a", f"echo '# edited by hand' >> {site}/{target}")
+    result = deploy()
+    assert result.returncode == 0, result
+    assert f"Patch set {patch_set.name} applied" in changed_names(result)
+    assert f"{target} was changed on the host" in result.stderr
+    digest = ssh("gpu-a", f"sha256sum {site}/{target}").stdout.split()[0]
+    assert digest == patch_set.files[0].sha256
+    assert deploy().changed == []
