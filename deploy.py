@@ -23,13 +23,17 @@ stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 readiness.install_summary(state)
 
-environment = venv.environment(
-    name=f"Venv {config.venv_path} holds stack {stack.name}",
-    path=config.venv_path,
-    stack=stack,
-    wheelhouse=config.wheelhouse,
-    host_cache=config.host_wheel_cache,
-)
+# A host with nothing placed on it gets nothing (no venv, no models): it stays ready to
+# receive a service. The loop below is empty for it too.
+environment = None
+if config.services:
+    environment = venv.environment(
+        name=f"Venv {config.venv_path} holds stack {stack.name}",
+        path=config.venv_path,
+        stack=stack,
+        wheelhouse=config.wheelhouse,
+        host_cache=config.host_wheel_cache,
+    )
 
 site_packages = f"{config.venv_path}/{stack.site_packages}"
 patch_ops = {

@@ -185,8 +185,13 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
             else:
                 if found == patch_file.original:
                     continue
+                if not state["backups"][patch_file.path]:
+                    raise OperationError(
+                        f"patch set {patch_set.name}: cannot restore {target}: no backup of its original at {backup}; "
+                        f"reinstall {patch_set.distribution} {patch_set.version} to get the pristine file back"
+                    )
                 changed += 1
-                yield f"[ -e {shlex.quote(backup)} ] && cp -p {shlex.quote(backup)} {shlex.quote(target)}"
+                yield f"cp -p {shlex.quote(backup)} {shlex.quote(target)}"
         pycache = PurePosixPath(target).parent / "__pycache__"
         stem = PurePosixPath(target).stem
         yield f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(stem)}.*.pyc"

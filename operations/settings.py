@@ -12,6 +12,7 @@ Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -242,6 +243,14 @@ def _require(cond: bool, src: str, path: str, value: Any, fix: str) -> None:
         raise DataError(src, path, value, fix)
 
 
+def _is_ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -250,6 +259,10 @@ def _abs_path(src: str, path: str, value: Any) -> str:
     _require(
         isinstance(value, str) and PurePosixPath(value).is_absolute() and ".." not in PurePosixPath(value).parts,
         src, path, value, "must be an absolute path on the host, without '..'",
+    )
+    _require(
+        bool(re.match(r"^[A-Za-z0-9_./+@:-]+$", value)), src, path, value,
+        "may hold only letters, digits and _ . / + @ : - (no spaces, quotes, % or $: it is written into unit files)",
     )
     return str(PurePosixPath(value))
 
@@ -265,6 +278,7 @@ def _gpus(src: str, path: str, value: Any) -> tuple[int, ...]:
 def _args(src: str, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
     _require(isinstance(value, dict), src, path, value, "must be a map of sglang flag -> value, e.g. `attention-backend: triton`")
     out: dict[str, Any] = {}
+    seen: set[str] = set()
     for raw_flag, flag_value in value.items():
         flag = str(raw_flag).removeprefix("--")
         key_path = f"{path}.{raw_flag}"
@@ -272,7 +286,8 @@ def _args(src: str, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
             isinstance(raw_flag, str) and bool(_FLAG_RE.match(flag)), src, key_path, raw_flag,
             "flag names are lowercase words joined by '-', as on sglang's command line (e.g. `attention-backend`)",
         )
-        _require(flag not in out, src, key_path, raw_flag, f"`{flag}` is given twice (with and without `--`); keep one")
+        _require(flag not in seen, src, key_path, raw_flag, f"`{flag}` is given twice (with and without `--`); keep one")
+        seen.add(flag)
         if flag in DERIVED_FLAGS:
             raise DataError(src, key_path, flag_value, f"`--{flag}` is derived from the service key `{DERIVED_FLAGS[flag]}`; set that instead")
         scalar = (str, int, float, bool)
@@ -280,11 +295,12 @@ def _args(src: str, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
             isinstance(flag_value, list) and flag_value and all(isinstance(v, scalar) and not isinstance(v, bool) for v in flag_value)
         )
         _require(ok, src, key_path, flag_value, "a flag value is a string, number, true (bare flag), false/null (omitted) or a list")
-        if isinstance(flag_value, str):
-            _require(
-                "\n" not in flag_value and flag_value.strip() == flag_value and flag_value != "",
-                src, key_path, flag_value, "must be a non-empty single line without surrounding spaces",
-            )
+        for word in flag_value if isinstance(flag_value, list) else [flag_value]:
+            if isinstance(word, str):
+                _require(
+                    "\n" not in word and word.strip() == word and word != "",
+                    src, key_path, flag_value, "must be a non-empty single line without surrounding spaces",
+                )
         if flag_value is None or flag_value is False:
             continue
         out[flag] = flag_value
@@ -337,7 +353,7 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
     s, p, port = at("port")
     _require(_is_int(port) and 1 <= port <= 65535, s, p, port, "must be a TCP port, an integer from 1 to 65535")
     s, p, bind = at("bind")
-    _require(isinstance(bind, str) and bool(re.match(r"^[0-9a-fA-F.:]+$|^localhost$", bind)), s, p, bind, "must be an IP address such as 127.0.0.1 or 0.0.0.0")
+    _require(_is_ip(bind), s, p, bind, "must be an IP address such as 127.0.0.1 or 0.0.0.0")
     locations = {}
     for key in ("model_in", "draft_in"):
         s, p, loc = at(key)
@@ -397,10 +413,28 @@ def _placement(reader: _Reader) -> dict[str, dict[str, Any]]:
     return out
 
 
+# Data keys that belong to pyinfra itself (connectors, global arguments), not to us.
+_PYINFRA_KEY = re.compile(r"^(_|(ssh|winrm|docker|dockerssh|chroot|podman|local|terraform|vagrant)_)")
+
+
+def _no_unknown_keys(host) -> None:
+    """Typos in the inventory or in --data would otherwise be silently ignored."""
+    known = {**GLOBAL_KEYS, **HOST_KEYS}
+    layers = (
+        ("--data", host.inventory.get_override_data()),
+        (f"inventory (host {host.name})", host.inventory.get_host_data(host.name)),
+    )
+    for source, data in layers:
+        for key in data:
+            if key not in known and not _PYINFRA_KEY.match(key):
+                raise DataError(source, key, data[key], f"unknown key; allowed: {', '.join(sorted(known))}, or pyinfra's own (ssh_*, _sudo, ...)")
+
+
 def host_config(host) -> HostConfig:
     """Validate everything `host` sees into a `HostConfig`, or raise `DataError`."""
     from operations.stacks import load_stack  # stacks import settings' helpers
 
+    _no_unknown_keys(host)
     reader = _Reader(host)
     values: dict[str, Any] = {}
     for key, spec in GLOBAL_KEYS.items():

@@ -62,9 +62,12 @@ def available_stacks() -> list[str]:
     return sorted(p.stem for p in STACKS_DIR.glob("*.yml"))
 
 
+_STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
 def load_stack(name: object, source: str = "stack", key_path: str = "stack") -> Stack:
     """Load and check a stack by name; `source`/`key_path` say where the name was given."""
-    if not isinstance(name, str) or not (STACKS_DIR / f"{name}.yml").exists():
+    if not isinstance(name, str) or not _STACK_NAME_RE.match(name) or not (STACKS_DIR / f"{name}.yml").exists():
         raise DataError(source, key_path, name, f"unknown stack; available: {', '.join(available_stacks())} (files/stacks/<name>.yml)")
     return _load_stack_file(STACKS_DIR / f"{name}.yml")
 
@@ -83,8 +86,8 @@ def _load_stack_file(path: Path) -> Stack:
             raise DataError(shown, key, raw[key], "unknown key; allowed: name, python, packages, description")
     if raw.get("name") != path.stem:
         raise DataError(shown, "name", raw.get("name"), f"must equal the file name '{path.stem}'")
-    python = str(raw.get("python", ""))
-    if not _PY_RE.match(python):
+    python = raw.get("python")
+    if not isinstance(python, str) or not _PY_RE.match(python):
         raise DataError(shown, "python", raw.get("python"), 'must be a quoted major.minor version such as "3.11"')
     packages_raw = raw.get("packages")
     if not isinstance(packages_raw, dict) or not packages_raw:
@@ -101,9 +104,9 @@ def _load_stack_file(path: Path) -> Stack:
         unknown = set(spec) - {"version", "file", "sha256", "build"}
         if unknown:
             raise DataError(shown, key, sorted(unknown), "unknown keys; allowed: version, file, sha256, build")
-        version = str(spec.get("version", ""))
-        if not _VERSION_RE.match(version):
-            raise DataError(shown, f"{key}.version", spec.get("version"), "must be an exact version such as 2.11.0+cu130")
+        version = spec.get("version")
+        if not isinstance(version, str) or not _VERSION_RE.match(version):
+            raise DataError(shown, f"{key}.version", version, 'must be an exact version, quoted, such as "2.11.0+cu130"')
         sha = spec.get("sha256")
         if sha is not None and not _SHA256_RE.match(str(sha)):
             raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits")

@@ -15,9 +15,14 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:=,+@-]+$")
 
 
-def systemd_quote(value: str) -> str:
-    """Quote one word for a unit file: specifiers (%) and variables ($) are escaped too."""
-    text = str(value).replace("%", "%%").replace("$", "$$")
+def systemd_quote(value: str, expands_variables: bool = True) -> str:
+    """Quote one word for a unit file: specifiers (%) are escaped, and variables ($) where systemd expands them.
+
+    systemd expands `$VAR` in `ExecStart=` but not in `Environment=`.
+    """
+    text = str(value).replace("%", "%%")
+    if expands_variables:
+        text = text.replace("$", "$$")
     if _PLAIN.match(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

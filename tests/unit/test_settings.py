@@ -567,7 +567,6 @@ def test_a_bad_value_hidden_by_a_higher_layer_is_not_reported(group_dir):
 # Bugs found (strict xfail: they pass once fixed, and then the marker must go) -----------
 
 
-@pytest.mark.xfail(reason="BUG: keys given with --data are never checked: a typo is silently ignored", strict=True)
 def test_override_with_unknown_key_is_rejected():
     with pytest.raises(DataError) as caught:
         config(override={"readines_timeout_s": 60})
@@ -575,7 +574,6 @@ def test_override_with_unknown_key_is_rejected():
     assert "unknown key" in caught.value.fix
 
 
-@pytest.mark.xfail(reason="BUG: bind accepts any run of hex digits, '.' and ':' (e.g. 'cafe', '999.1.1.1')", strict=True)
 @pytest.mark.parametrize("bind", ["cafe", "999.1.1.1", ":::"])
 def test_bind_must_be_an_ip_address(bind):
     with pytest.raises(DataError) as caught:
@@ -583,14 +581,12 @@ def test_bind_must_be_an_ip_address(bind):
     assert caught.value.key_path == "services.ddtree.bind"
 
 
-@pytest.mark.xfail(reason="BUG: list elements of an arg value are not checked for newlines (breaks the unit file)", strict=True)
 def test_multi_line_string_inside_a_list_arg_value_is_rejected():
     with pytest.raises(DataError) as caught:
         config(merged(base_data(), svc(args={"cuda-graph-bs": ["1", "2\n3"]})))
     assert caught.value.key_path == "services.ddtree.args.cuda-graph-bs"
 
 
-@pytest.mark.xfail(reason="BUG: a flag given twice is missed when the first one is false/null (it is skipped before the check)", strict=True)
 def test_flag_given_twice_is_rejected_even_when_one_is_false():
     with pytest.raises(DataError) as caught:
         config(merged(base_data(), svc(args={"enable-metrics": False, "--enable-metrics": True})))

@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from operations import settings, stacks, units
+from operations.errors import DataError
 from operations.settings import REPO_ROOT
 from tests.unit.hosts import make_host
 
@@ -197,24 +198,18 @@ def test_awkward_environment_values_are_quoted():
     }
 
 
-@pytest.mark.xfail(
-    reason="BUG: systemd_quote doubles '$' in Environment= lines, where systemd does no $ expansion: the process sees '$$'",
-    strict=True,
-)
 def test_dollar_in_an_environment_value_reaches_the_process_unchanged():
     config = lab_config(env={"SGLANG_TEMPLATE": "$HOME/x"})
     assert environment_lines(render(config))["SGLANG_TEMPLATE"] == "$HOME/x"
 
 
-@pytest.mark.xfail(
-    reason="BUG: venv_path is written unquoted into ExecStart=/WorkingDirectory=: a path with a space (allowed by settings) splits",
-    strict=True,
-)
-def test_venv_path_with_a_space_survives_exec_start():
+@pytest.mark.parametrize("path", ["/opt/sglang env", "/opt/sglang$x", "/opt/50%", '/opt/"q"'])
+def test_venv_path_that_a_unit_file_would_split_or_expand_is_refused(path):
     data = lab_data()
-    data["venv_path"] = "/opt/sglang env"
-    config = settings.host_config(make_host(data, {"run_services": ["ddtree"]}))
-    assert exec_start_words(render(config))[0] == "/opt/sglang env/bin/python"
+    data["venv_path"] = path
+    with pytest.raises(DataError) as caught:
+        settings.host_config(make_host(data, {"run_services": ["ddtree"]}))
+    assert "venv_path" in str(caught.value) and "it is written into unit files" in str(caught.value)
 
 
 # Inputs digest -------------------------------------------------------------------------
