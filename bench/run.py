@@ -1,0 +1,46 @@
+"""`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
+
+deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
+                      (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's
+                      converged checks add). Runs alternate, and the median of each is used.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+INVENTORY = "lab/inventory.py"
+ROUNDS = 5
+
+
+def timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def deploy_noop_vs_floor() -> None:
+    deploy = [PYINFRA, INVENTORY, "deploy.py", "-y"]
+    floor = [PYINFRA, INVENTORY, "exec", "-y", "--", "true"]
+    timed(deploy)  # converge first: the figure is about the converged re-run
+    noop, base = [], []
+    for _ in range(ROUNDS):
+        noop.append(timed(deploy))
+        base.append(timed(floor))
+    noop_s, floor_s = statistics.median(noop), statistics.median(base)
+    print(f"deploy.noop_s: {noop_s:.2f}")
+    print(f"deploy.floor_s: {floor_s:.2f}")
+    print(f"deploy.noop_vs_floor: {noop_s / floor_s:.2f}")
+
+
+if __name__ == "__main__":
+    deploy_noop_vs_floor()
