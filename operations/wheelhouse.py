@@ -102,6 +102,9 @@ def build(stack: Stack, wheelhouse: Path) -> list[Path]:
     wheelhouse.mkdir(parents=True, exist_ok=True)
     missing = []
     for package in stack.packages:
+        if package.build:
+            missing.append(package)  # cheap and deterministic: always rebuilt, then checked against the pin
+            continue
         path = find(package, wheelhouse)
         if path is not None and (not package.sha256 or sha256_of(path) == package.sha256):
             continue
@@ -109,7 +112,6 @@ def build(stack: Stack, wheelhouse: Path) -> list[Path]:
             path.unlink()  # altered or truncated: fetch again
         missing.append(package)
     for package in [p for p in missing if p.build]:
-        print(f"build {package.spec} (stand-in, {package.build})", flush=True)
         _build_standin(package, wheelhouse)
     to_download = [p for p in missing if not p.build]
     if to_download:

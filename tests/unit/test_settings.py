@@ -224,7 +224,7 @@ def test_the_repos_own_group_data_with_the_lab_overrides_is_valid():
     all_data.update(settings.load_group_yaml(str(settings.REPO_ROOT / "lab" / "group_data" / "all.py")))
     cfg = config(all_data, {"run_services": {"ddtree": {}, "dflash": None}})
 
-    assert (cfg.stack, cfg.launcher, cfg.readiness_timeout_s) == ("lab-standin", "sglang_standin.launch_server", 120)
+    assert (cfg.stack, cfg.launcher, cfg.readiness_timeout_s) == ("lab-cpu-sglang", "sglang_standin.launch_server", 120)
     assert [(s.name, s.gpus, s.port) for s in cfg.services] == [("ddtree", (0,), 30000), ("dflash", (1,), 30001)]
 
 
@@ -377,7 +377,7 @@ SERVICE_KEYS = "unknown service key; allowed: gpu, port, bind, model, model_in, 
 
 CORPUS = [
     # Top-level keys
-    Bad("unknown-stack", "stack", "'sglang-9.9'", "unknown stack; available: lab-standin", all={"stack": "sglang-9.9"}),
+    Bad("unknown-stack", "stack", "'sglang-9.9'", "unknown stack; available: lab-cpu-sglang, lab-standin", all={"stack": "sglang-9.9"}),
     Bad("stack-not-a-name", "stack", "['lab-standin']", "unknown stack; available:", all={"stack": ["lab-standin"]}),
     Bad("venv-relative", "venv_path", "'root/venv_sglang'", ABS, all={"venv_path": "root/venv_sglang"}),
     Bad("venv-dotdot", "venv_path", "'/root/../etc'", ABS, all={"venv_path": "/root/../etc"}),

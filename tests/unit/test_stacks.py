@@ -44,7 +44,7 @@ def test_lab_standin_stack():
     assert stack.python == "3.11"
     assert stack.wanted() == {"sglang-standin": "0.1.0"}
     (package,) = stack.packages
-    assert package == Package("sglang-standin", "0.1.0", "sglang_standin-0.1.0-py3-none-any.whl", None, "lab/standin/build.py")
+    assert package == Package("sglang-standin", "0.1.0", "sglang_standin-0.1.0-py3-none-any.whl", package.sha256, "lab/standin/build.py")
     assert package.spec == "sglang-standin==0.1.0"
 
 
@@ -293,3 +293,15 @@ def test_wheelhouse_cli_help_exits_zero(capsys):
     assert wheelhouse.main(["--help"]) == 0
     assert "python -m operations.wheelhouse STACK" in capsys.readouterr().out
     assert wheelhouse.main([]) == 2
+
+
+def test_stand_in_wheel_pins_match_a_fresh_build(tmp_path):
+    """A changed stand-in must come with a new pin (and, to reach hosts, a new version)."""
+    from operations import wheelhouse
+
+    for name in stacks.available_stacks():
+        stack = stacks.load_stack(name)
+        for package in stack.packages:
+            if package.build:
+                built = wheelhouse._build_standin(package, tmp_path)
+                assert wheelhouse.sha256_of(built) == package.sha256, f"{stack.name}: {package.name} pin is stale"

@@ -72,8 +72,8 @@ def test_lab_unit_layout():
     lines = text.splitlines()
 
     assert lines[0] == HEADER
-    assert lines[1] == "# Service ddtree on gpu-a: stack lab-standin."
-    assert lines[2].startswith("# Inputs: stack lab-standin ")
+    assert lines[1] == "# Service ddtree on gpu-a: stack lab-cpu-sglang."
+    assert lines[2].startswith("# Inputs: stack lab-cpu-sglang ")
     assert "Description=SGLang server ddtree (port 30000, GPU 0)" in lines
     assert "After=network-online.target" in lines
     assert "Environment=CUDA_VISIBLE_DEVICES=0" in lines
@@ -128,7 +128,7 @@ def test_several_gpus_and_patch_sets_in_the_unit():
     text = render(config, service, {"ddtree-sample": "1" * 64, "fix-2": "2" * 64}, after_units=("sglang-dflash.service",))
     lines = text.splitlines()
 
-    assert lines[1] == "# Service ddtree on gpu-a: stack lab-standin, patch sets ddtree-sample, fix-2."
+    assert lines[1] == "# Service ddtree on gpu-a: stack lab-cpu-sglang, patch sets ddtree-sample, fix-2."
     assert "Environment=CUDA_VISIBLE_DEVICES=0,1" in lines
     assert "Description=SGLang server ddtree (port 30000, GPU 0,1)" in lines
     assert "After=network-online.target sglang-dflash.service" in lines
