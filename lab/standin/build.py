@@ -20,7 +20,7 @@ from pathlib import Path
 
 NAME = "sglang-standin"
 PKG = "sglang_standin"
-VERSION = "0.1.0"
+VERSION = "0.1.1"
 TAG = "py3-none-any"
 WHEEL_NAME = "%s-%s-%s.whl" % (PKG, VERSION, TAG)
 DIST_INFO = "%s-%s.dist-info" % (PKG, VERSION)
@@ -100,7 +100,7 @@ def wheel_entries() -> list[tuple[str, bytes]]:
 
 
 def build_wheel(out_dir) -> Path:
-    """Write ``sglang_standin-0.1.0-py3-none-any.whl`` into out_dir; return its path."""
+    """Write ``sglang_standin-<VERSION>-py3-none-any.whl`` into out_dir; return its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = out / WHEEL_NAME

@@ -42,10 +42,10 @@ def test_every_stack_file_loads(path: Path):
 def test_lab_standin_stack():
     stack = stacks.load_stack("lab-standin")
     assert stack.python == "3.11"
-    assert stack.wanted() == {"sglang-standin": "0.1.0"}
+    assert stack.wanted() == {"sglang-standin": "0.1.1"}
     (package,) = stack.packages
-    assert package == Package("sglang-standin", "0.1.0", "sglang_standin-0.1.0-py3-none-any.whl", package.sha256, "lab/standin/build.py")
-    assert package.spec == "sglang-standin==0.1.0"
+    assert package == Package("sglang-standin", "0.1.1", "sglang_standin-0.1.1-py3-none-any.whl", package.sha256, "lab/standin/build.py")
+    assert package.spec == "sglang-standin==0.1.1"
 
 
 @pytest.mark.xfail(reason="BUG: group_data/all.yml and the `stack` default name sglang-0.5.23-cu130, which has no file in files/stacks/", strict=True)

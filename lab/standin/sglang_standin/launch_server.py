@@ -204,7 +204,11 @@ def _sglang_version() -> str:
 def _server_args_to_dict(server_args) -> dict:
     if dataclasses.is_dataclass(server_args) and not isinstance(server_args, type):
         return {f.name: getattr(server_args, f.name, None) for f in dataclasses.fields(server_args)}
-    return dict(vars(server_args))
+    # sglang 0.5.23's ServerArgs is a msgspec.Struct: its fields are named in __struct_fields__.
+    struct_fields = getattr(type(server_args), "__struct_fields__", None)
+    if struct_fields:
+        return {name: getattr(server_args, name, None) for name in struct_fields}
+    return {k: v for k, v in vars(server_args).items() if not k.startswith("_")}
 
 
 def _parse_sglang(argv: list[str]) -> dict:
