@@ -116,14 +116,36 @@ def build(stack: Stack, wheelhouse: Path) -> list[Path]:
     to_download = [p for p in missing if not p.build]
     if to_download:
         print(f"download {len(to_download)} wheels for stack {stack.name}", flush=True)
-        # The host's own pip constraints (e.g. a torch cap) must not bend exact pins.
-        env = {**os.environ, "PIP_CONSTRAINT": ""}
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", stack.python, "--dest", str(wheelhouse), "--quiet",
-        ] + [p.spec for p in to_download]
-        subprocess.run(cmd, check=True, env=env)
+    for tags, group in _by_wheel_tags(to_download).items():
+        _download(stack, wheelhouse, group, tags)
     return list(locate(stack, wheelhouse).values())
+
+
+def _by_wheel_tags(packages: list[Package]) -> dict[tuple, list[Package]]:
+    """Group packages by the (abi tags, platform tags) of their pinned wheel, so each group is one pip call."""
+    groups: dict[tuple, list[Package]] = {}
+    for package in packages:
+        tags: tuple = ()
+        if package.file:
+            _python, abi, platform = package.file[:-4].split("-")[-3:]
+            tags = (tuple(abi.split(".")), tuple(platform.split(".")))
+        groups.setdefault(tags, []).append(package)
+    return groups
+
+
+def _download(stack: Stack, wheelhouse: Path, packages: list[Package], tags: tuple) -> None:
+    # The machine's own pip constraints (e.g. a torch cap) must not bend exact pins; the
+    # target's Python, ABI and platform come from the pinned file names, not from this machine.
+    env = {**os.environ, "PIP_CONSTRAINT": ""}
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+        "--python-version", stack.python, "--dest", str(wheelhouse),
+    ]
+    if tags:
+        abis, platforms = tags
+        cmd += [arg for abi in abis for arg in ("--abi", abi)]
+        cmd += [arg for platform in platforms for arg in ("--platform", platform)]
+    subprocess.run(cmd + [p.spec for p in packages], check=True, env=env)
 
 
 def main(argv: list[str]) -> int:

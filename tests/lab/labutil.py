@@ -102,3 +102,18 @@ def clean_host(host: str) -> None:
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
         "rm -rf /root/venv_sglang /root/venv_sglang.* /var/cache/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
     ))
+
+
+def write_inventory(name: str, host_data: dict[str, dict]) -> Path:
+    """An inventory of lab hosts with the given host data (beside lab/inventory.py, so the lab's group data applies)."""
+    hosts = lab_hosts()
+    rows = []
+    for host, data in host_data.items():
+        row = {
+            "ssh_hostname": hosts[host]["address"], "ssh_user": "root", "ssh_key": str(STATE / "id_ed25519"),
+            "ssh_known_hosts_file": str(STATE / "known_hosts"), "ssh_strict_host_key_checking": "yes", **data,
+        }
+        rows.append(f"    ({host!r}, {row!r}),")
+    path = ROOT / "lab" / f"{name}.py"
+    path.write_text("# Written by a test.\nlab_hosts = [\n" + "\n".join(rows) + "\n]\n")
+    return path

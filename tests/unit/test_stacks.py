@@ -48,7 +48,6 @@ def test_lab_standin_stack():
     assert package.spec == "sglang-standin==0.1.1"
 
 
-@pytest.mark.xfail(reason="BUG: group_data/all.yml and the `stack` default name sglang-0.5.23-cu130, which has no file in files/stacks/", strict=True)
 def test_the_default_stack_and_the_deployments_stack_exist():
     deploy_stack = yaml.safe_load((REPO_ROOT / "group_data" / "all.yml").read_text())["stack"]
     for name in {GLOBAL_KEYS["stack"].default, deploy_stack}:
