@@ -42,12 +42,23 @@ def test_first_run_serves_every_placed_service(first_run):
 def test_unit_carries_the_data_flags(first_run):
     unit = ssh("gpu-a", f"cat /etc/systemd/system/{UNITS['ddtree']}").stdout
     assert unit.startswith("# Managed by sglang-deploy")
-    for line in ("--attention-backend triton", "--grammar-backend none", "--speculative-algorithm DFLASH",
+    for line in ("--attention-backend triton", "--grammar-backend none", "--speculative-algorithm DDTREE",
                  "--port 30000", "--model-path /dev/shm/Qwen3.6-27B", "Environment=CUDA_VISIBLE_DEVICES=0"):
         assert line in unit
     status, body = http_get("gpu-a", 30001, "/server_info")
     assert status == 200
     assert '"CUDA_VISIBLE_DEVICES": "1"' in body
+
+
+def test_the_real_sglang_parser_accepted_the_flags_with_the_patch_set(first_run):
+    """The stand-in parses its argv with the venv's own sglang; DDTREE exists only through the patch set."""
+    import json
+
+    info = json.loads(http_get("gpu-a", 30000, "/server_info")[1])
+    assert info["parser"] == "sglang 0.5.23"
+    assert (info["speculative_algorithm"], info["speculative_ddtree_budget"]) == ("DDTREE", 15)
+    assert info["attention_backend"] == "triton" and info["grammar_backend"] == "none"
+    assert info["env"]["SGLANG_DDTREE_MAX_TOPK"] == "8"
 
 
 def test_empty_host_gets_nothing(first_run):

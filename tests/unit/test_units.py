@@ -72,7 +72,7 @@ def test_lab_unit_layout():
     lines = text.splitlines()
 
     assert lines[0] == HEADER
-    assert lines[1] == "# Service ddtree on gpu-a: stack lab-cpu-sglang."
+    assert lines[1] == "# Service ddtree on gpu-a: stack lab-cpu-sglang, patch sets ddtree-sample."
     assert lines[2].startswith("# Inputs: stack lab-cpu-sglang ")
     assert "Description=SGLang server ddtree (port 30000, GPU 0)" in lines
     assert "After=network-online.target" in lines
@@ -98,8 +98,9 @@ def test_lab_unit_has_one_flag_per_line():
         "    --speculative-draft-model-path /root/models/Qwen3.6-27B-DFlash \\",
         "    --host 127.0.0.1 \\",
         "    --port 30000 \\",
-        "    --speculative-algorithm DFLASH \\",
+        "    --speculative-algorithm DDTREE \\",
         "    --speculative-dflash-block-size 16 \\",
+        "    --speculative-ddtree-budget 15 \\",
         "    --attention-backend triton \\",
         "    --grammar-backend none",
     ]
