@@ -86,7 +86,9 @@ def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bo
     """
     address = probe_address(bind)
     endpoint = f"http://{bind}:{port}"
-    just_started = bool(restarted and restarted())
+    # Whether this run (re)started the unit is known only while executing; a dry run or the
+    # change check before execution judges by the service's current answer.
+    just_started = bool(host.state.is_executing and restarted and restarted())
     if not just_started:
         state = host.get_fact(ServiceState, unit=unit, address=address, port=port)
         if state["active"] == "active" and state["health"] == 200:
