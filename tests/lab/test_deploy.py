@@ -74,6 +74,13 @@ def test_second_run_reports_no_changes_and_restarts_nothing(first_run):
     assert {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()} == pids
 
 
+def test_dry_run_on_converged_hosts_plans_nothing_unconditional(first_run):
+    result = deploy("lab/inventory.py", "--dry")
+    assert result.returncode == 0, result
+    plan = result.json["plan"]
+    assert [op["name"] for op in plan if op["hosts_with_change"]] == []
+
+
 def test_hand_edited_unit_is_put_back_and_only_its_service_restarts(first_run):
     pids = {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()}
     path = f"/etc/systemd/system/{UNITS['dflash']}"
