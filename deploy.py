@@ -46,16 +46,7 @@ patch_ops = {
     for name, patch_set in patch_sets.items()
 }
 
-if config.staged_models:
-    files.directory(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir, present=True)
-model_ops = {
-    model.name: models.staged(
-        name=f"Model {model.name} staged in {config.shm_dir}",
-        src=model.store_path,
-        dest=model.load_path,
-    )
-    for model in config.staged_models
-}
+model_ops = models.stage_for_host(config)
 
 for service in config.services:
     digests = {name: patch_sets[name].digest for name in service.patch_sets}

@@ -15,7 +15,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
+from pyinfra.operations import files
+
 from operations import remote
+from operations.settings import HostConfig
 
 MARKER = ".sglang-deploy-staged.json"
 
@@ -86,3 +89,18 @@ def staged(src: str, dest: str):
         return
     host.log(f"model {dest}: {reason}: staging from {src}")
     yield remote.command("stage_model", shlex.quote(src), shlex.quote(dest), MARKER)
+
+
+def stage_for_host(config: HostConfig) -> dict:
+    """Add the operations that stage every `shm` model of the host's services; name -> operation."""
+    if not config.staged_models:
+        return {}
+    files.directory(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir, present=True)
+    return {
+        model.name: staged(
+            name=f"Model {model.name} staged in {config.shm_dir}",
+            src=model.store_path,
+            dest=model.load_path,
+        )
+        for model in config.staged_models
+    }
