@@ -16,55 +16,63 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import models, patches, readiness, settings, stacks, units, venv
+from operations import models, patches, preflight, readiness, settings, stacks, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 readiness.install_summary(state)
 
-# A host with nothing placed on it gets nothing (no venv, no models): it stays ready to
-# receive a service. The loop below is empty for it too.
-environment = None
-if config.services:
-    environment = venv.environment(
-        name=f"Venv {config.venv_path} holds stack {stack.name}",
-        path=config.venv_path,
+# One venv per combination of stack and patch sets (settings.Environment); a host with
+# nothing placed on it gets none: it stays ready to receive a service.
+env_ops = {}
+patch_ops = {}
+for env in config.environments:
+    env_ops[env.path] = venv.environment(
+        name=f"Venv {env.path} holds stack {stack.name}",
+        path=env.path,
         stack=stack,
         wheelhouse=config.wheelhouse,
         host_cache=config.host_wheel_cache,
     )
-
-site_packages = f"{config.venv_path}/{stack.site_packages}"
-patch_ops = {
-    name: patches.applied(
-        name=f"Patch set {name} applied",
-        patch_set=patch_set,
-        venv_path=config.venv_path,
-        site_packages=site_packages,
-    )
-    for name, patch_set in patch_sets.items()
-}
+    for name in env.patch_sets:
+        patch_ops[env.path, name] = patches.applied(
+            name=f"Patch set {name} applied in {env.path}",
+            patch_set=patch_sets[name],
+            venv_path=env.path,
+            site_packages=f"{env.path}/{stack.site_packages}",
+            force=name in config.force_patch_sets,
+        )
 
 model_ops = models.stage_for_host(config)
 
 for service in config.services:
+    env = service.environment
+    unit_path = f"/etc/systemd/system/{service.unit_name}"
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
-    unit_file = files.put(
-        name=f"Unit {service.unit_name}",
-        src=StringIO(units.render_unit(config, service, stack, units.inputs_digest(stack, digests))),
-        dest=f"/etc/systemd/system/{service.unit_name}",
-        mode="644",
+    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, digests))
+
+    # What this service's process loads besides its unit: its venv, patch sets and staged models.
+    inputs = [env_ops[env.path]] + [patch_ops[env.path, name] for name in env.patch_sets]
+    inputs += [model_ops[m.name] for m in service.models if m.name in model_ops]
+
+    preflight.passed(
+        name=f"{service.unit_name} flags pass the engine's own parser",
+        service=service.name,
+        venv_path=env.path,
+        launcher=config.launcher,
+        argv=service.argv(),
+        environment=service.environment_variables(),
+        endpoint=service.endpoint,
+        unit_path=unit_path,
+        unit_text=unit_text,
+        inputs_changed=any_changed(*inputs),
     )
+    unit_file = files.put(name=f"Unit {service.unit_name}", src=StringIO(unit_text), dest=unit_path, mode="644")
     systemd.daemon_reload(name=f"systemd reloads {service.unit_name}", _if=unit_file.did_change)
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)
     started = systemd.service(name=f"{service.unit_name} running", service=service.unit_name, running=True)
-
-    # What this service's process loads: its unit, the venv, its patch sets, its staged models.
-    depends_on = [unit_file, environment]
-    depends_on += [patch_ops[name] for name in service.patch_sets]
-    depends_on += [model_ops[m.name] for m in service.models if m.name in model_ops]
-    deps_changed = any_changed(*depends_on)
+    deps_changed = any_changed(unit_file, *inputs)
     restarted = systemd.service(
         name=f"{service.unit_name} restarted (its inputs changed)",
         service=service.unit_name,

@@ -94,10 +94,11 @@ def load_patch_set(name: str) -> PatchSet:
 class InstalledFiles(FactBase):
     """Installed version of ``distribution`` and sha256 (or None) of each path under ``site_packages``."""
 
-    def command(self, site_packages: str, distribution: str, backup_dir: str, paths: tuple[str, ...]) -> str:
+    def command(self, site_packages: str, distribution: str, backup_dir: str, record: str, paths: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
         return remote.command(
-            "installed_files", shlex.quote(site_packages), shlex.quote(distribution), shlex.quote(backup_dir), quoted
+            "installed_files", shlex.quote(site_packages), shlex.quote(distribution), shlex.quote(backup_dir),
+            shlex.quote(record), quoted,
         )
 
     def process(self, output):
@@ -108,8 +109,36 @@ def _backup_dir(venv_path: str, name: str) -> str:
     return f"{venv_path}/.sglang-deploy/patches/{name}/original"
 
 
+def _record_path(venv_path: str, name: str) -> str:
+    return f"{venv_path}/.sglang-deploy/patches/{name}/applied.json"
+
+
+def applied_record(patch_set: PatchSet) -> dict:
+    """What the host records once the set is applied: enough to name what changed later."""
+    return {
+        "name": patch_set.name,
+        "digest": patch_set.digest,
+        "base": f"{patch_set.distribution}=={patch_set.version}",
+        "files": {f.path: f.sha256 for f in patch_set.files},
+    }
+
+
+def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str | None) -> None:
+    """Name, from the applied-state record, what changed since the set was last applied."""
+    if not record or record.get("corrupt"):
+        return
+    if record.get("base") != f"{patch_set.distribution}=={found_version}":
+        host.log(f"patch set {patch_set.name}: the base changed since it was applied: {record.get('base')} -> {patch_set.distribution}=={found_version}")
+    if record.get("digest") != patch_set.digest:
+        old = record.get("files", {})
+        changed = sorted(f.path for f in patch_set.files if old.get(f.path) != f.sha256)
+        dropped = sorted(set(old) - {f.path for f in patch_set.files})
+        what = ", ".join(changed + [f"{p} (dropped)" for p in dropped]) or "its manifest"
+        host.log(f"patch set {patch_set.name} changed since it was applied: {what}")
+
+
 @operation()
-def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True):
+def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True, force: bool = False):
     """
     Make the installed package hold the files of ``patch_set`` (or its originals).
 
@@ -117,11 +146,15 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     + venv_path: the venv the package is installed in
     + site_packages: that venv's site-packages directory
     + present: ``False`` restores every original and removes the files the set added
+    + force: adopt a file's current content as its original when it is neither the
+      original the set was written against nor the patched file (explicitly, per run)
 
     Pinned base:
         The set is refused unless the installed base distribution has exactly the
         version the set was written for. Each replaced original is backed up once;
-        stale bytecode of a replaced file is removed.
+        stale bytecode of a replaced file is removed. The applied state is recorded in
+        the venv, so that a changed set, a changed base or a file edited on the host
+        is named by the next run (and by ``--dry``).
 
     **Example:**
 
@@ -136,14 +169,17 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     """
     paths = tuple(f.path for f in patch_set.files)
     backups = _backup_dir(venv_path, patch_set.name)
+    record_path = _record_path(venv_path, patch_set.name)
     state = host.get_fact(
         InstalledFiles,
         site_packages=site_packages,
         distribution=patch_set.distribution,
         backup_dir=backups,
+        record=record_path,
         paths=paths,
     )
     found_version = state["version"]
+    _explain_record(patch_set, state["record"], found_version)
     if found_version != patch_set.version:
         raise OperationError(
             f"patch set {patch_set.name} was written for {patch_set.distribution} {patch_set.version}, "
@@ -164,11 +200,15 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
             elif found == patch_file.original:
                 host.log(f"patch {patch_set.name}: {patch_file.path}: replacing the original")
                 yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || cp -p {shlex.quote(target)} {shlex.quote(backup)}"
+            elif not state["backups"][patch_file.path] and patch_file.original is not None and force:
+                host.log(f"patch {patch_set.name}: {patch_file.path}: adopting its current content (sha256 {found[:12]}) as the original (force)")
+                yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && cp -p {shlex.quote(target)} {shlex.quote(backup)}"
             elif not state["backups"][patch_file.path] and patch_file.original is not None:
                 raise OperationError(
                     f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
                     f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
-                    "someone else changed the installed package; reinstall the base distribution, then re-run"
+                    "someone else changed the installed package; reinstall the base distribution and re-run, "
+                    "or re-run with force to adopt the current file as the original"
                 )
             else:
                 host.log(
@@ -195,6 +235,18 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
         pycache = PurePosixPath(target).parent / "__pycache__"
         stem = PurePosixPath(target).stem
         yield f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(stem)}.*.pyc"
+    wanted_record = applied_record(patch_set) if present else None
+    if state["record"] != wanted_record:
+        changed += 1
+        if present:
+            text = json.dumps(wanted_record, sort_keys=True)
+            yield (
+                f"mkdir -p {shlex.quote(str(PurePosixPath(record_path).parent))} && "
+                f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(record_path)}.tmp && "
+                f"mv {shlex.quote(record_path)}.tmp {shlex.quote(record_path)}"
+            )
+        else:
+            yield f"rm -f {shlex.quote(record_path)}"
     if not changed:
         state_word = "applied" if present else "reverted"
         host.noop(f"patch set {patch_set.name} is {state_word} ({len(patch_set.files)} files)")

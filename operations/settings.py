@@ -43,6 +43,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
+    "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
 }
 
@@ -141,8 +142,27 @@ class ModelUse:
 
 
 @dataclass(frozen=True)
+class Environment:
+    """A venv: the host's stack plus, in order, the patch sets applied to it.
+
+    Patch sets change the installed package, so services that want different patch sets
+    cannot share a venv; services that agree on both share one. The plain stack lives at
+    `venv_path`, each patched combination beside it (`/root/venv_sglang+ddtree-sample`),
+    so a path never depends on which other services a host runs.
+    """
+
+    path: str
+    patch_sets: tuple[str, ...]
+
+
+def environment_for(venv_path: str, patch_sets: tuple[str, ...]) -> Environment:
+    return Environment("+".join((venv_path, *patch_sets)), tuple(patch_sets))
+
+
+@dataclass(frozen=True)
 class Service:
     name: str
+    environment: Environment
     gpus: tuple[int, ...]
     port: int
     bind: str
@@ -175,8 +195,12 @@ class Service:
                 out += [f"--{flag}", str(value)]
         return out
 
-    def environment(self) -> dict[str, str]:
+    def environment_variables(self) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus), **dict(self.env)}
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.bind}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -191,6 +215,7 @@ class HostConfig:
     launcher: str
     readiness_timeout_s: int
     smoke_test: bool
+    force_patch_sets: tuple[str, ...] = ()
     services: tuple[Service, ...] = field(default_factory=tuple)
 
     @property
@@ -209,6 +234,11 @@ class HostConfig:
         for service in self.services:
             names += [p for p in service.patch_sets if p not in names]
         return tuple(names)
+
+    @property
+    def environments(self) -> tuple[Environment, ...]:
+        """The venvs this host's services need, each once, in placement order."""
+        return tuple(dict.fromkeys(service.environment for service in self.services))
 
 
 # Validation ---------------------------------------------------------------------------
@@ -379,6 +409,7 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
         _require((REPO_ROOT / "files" / "patches" / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(available_patch_sets()) or '(none)'}")
     return Service(
         name=name,
+        environment=environment_for(hc["venv_path"], tuple(patch_sets)),
         gpus=gpus,
         port=port,
         bind=bind,
@@ -448,6 +479,11 @@ def host_config(host) -> HostConfig:
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+    forced = values["force_patch_sets"]
+    _require(
+        isinstance(forced, list) and all(isinstance(x, str) and x in available_patch_sets() for x in forced),
+        src("force_patch_sets"), "force_patch_sets", forced, f"must be a list of patch set names; available: {', '.join(available_patch_sets())}",
+    )
 
     services_raw = values["services"]
     _require(isinstance(services_raw, dict), src("services"), "services", services_raw, "must be a map of service name -> service definition")
@@ -472,6 +508,7 @@ def host_config(host) -> HostConfig:
         launcher=values["launcher"],
         readiness_timeout_s=timeout,
         smoke_test=values["smoke_test"],
+        force_patch_sets=tuple(forced),
         services=tuple(services),
     )
 

@@ -1,15 +1,15 @@
 # Fact script: the installed version of a distribution (from its .dist-info directory)
 # and the sha256 of files under site-packages.
-# and whether a backup of each exists under BACKUP_DIR.
-# argv: SITE_PACKAGES DISTRIBUTION BACKUP_DIR REL_PATH...
+# whether a backup of each exists under BACKUP_DIR, and the applied-state RECORD (JSON) if any.
+# argv: SITE_PACKAGES DISTRIBUTION BACKUP_DIR RECORD REL_PATH...
 import hashlib
 import json
 import os
 import re
 import sys
 
-site, dist, backup_dir = sys.argv[1:4]
-paths = sys.argv[4:]
+site, dist, backup_dir, record_path = sys.argv[1:5]
+paths = sys.argv[5:]
 
 
 def norm(name):
@@ -32,4 +32,11 @@ for rel in paths:
     else:
         hashes[rel] = None
 backups = {rel: os.path.isfile(os.path.join(backup_dir, rel)) for rel in paths}
-print(json.dumps({"version": version, "files": hashes, "backups": backups}))
+record = None
+if os.path.isfile(record_path):
+    try:
+        with open(record_path) as handle:
+            record = json.load(handle)
+    except ValueError:
+        record = {"corrupt": True}
+print(json.dumps({"version": version, "files": hashes, "backups": backups, "record": record}))

@@ -401,13 +401,24 @@ def patch_set(tmp_path, monkeypatch) -> patches.PatchSet:
     patches.load_patch_set.cache_clear()
 
 
-def installed(version="0.5.23", replaced=sha256(PATCHED_TEXT), added=sha256(ADDED_TEXT), backups=()) -> dict:
-    """An InstalledFiles fact: by default the set is applied."""
-    return {
+_UNSET = object()
+
+
+def installed(version="0.5.23", replaced=sha256(PATCHED_TEXT), added=sha256(ADDED_TEXT), backups=(), record=_UNSET) -> dict:
+    """An InstalledFiles fact: by default the set is applied (and, see run_patches, recorded as such)."""
+    fact = {
         "version": version,
         "files": {REPLACED: replaced, ADDED: added},
         "backups": {REPLACED: REPLACED in backups, ADDED: ADDED in backups},
     }
+    if record is not _UNSET:
+        fact["record"] = record
+    return fact
+
+
+def record_written(patch_set, command) -> bool:
+    record = f"{VENV}/.sglang-deploy/patches/{patch_set.name}/applied.json"
+    return isinstance(command, str) and command.endswith(f"mv {record}.tmp {record}") and patch_set.digest in command
 
 
 def run_patches(patch_set, state, present=True) -> Result:
@@ -416,6 +427,10 @@ def run_patches(patch_set, state, present=True) -> Result:
         files={f"{SITE}/{rel}": "0" * 40 for rel, sha in state["files"].items() if sha is not None},
         dirs={f"{SITE}/sglang/srt/speculative"},
     )
+    if "record" not in state:
+        # The host records the set as applied exactly when every file holds the patched content.
+        fully = all(state["files"][f.path] == f.sha256 for f in patch_set.files)
+        state = {**state, "record": patches.applied_record(patch_set) if fully else None}
     facts = {patches.InstalledFiles: lambda **kw: copy.deepcopy(state)}
     return run(patches.applied, facts, fs, patch_set=patch_set, venv_path=VENV, site_packages=SITE, present=present)
 
@@ -447,7 +462,8 @@ def test_patch_set_applied_yields_nothing(patch_set):
 
 def test_patch_over_the_original_backs_it_up_then_puts(patch_set):
     result = run_patches(patch_set, installed(replaced=sha256(ORIGINAL_TEXT)))
-    assert result.commands == [BACKUP_REPLACED, put(patch_set, REPLACED), pycache(REPLACED)]
+    assert result.commands[:-1] == [BACKUP_REPLACED, put(patch_set, REPLACED), pycache(REPLACED)]
+    assert record_written(patch_set, result.commands[-1])
     assert result.noops == []
 
 
@@ -455,23 +471,24 @@ def test_patch_fresh_install_backs_up_and_adds(patch_set):
     result = run_patches(patch_set, installed(replaced=sha256(ORIGINAL_TEXT), added=None))
     assert result.commands == [
         BACKUP_REPLACED, put(patch_set, REPLACED), pycache(REPLACED),
-        put(patch_set, ADDED), pycache(ADDED),
+        put(patch_set, ADDED), pycache(ADDED), result.commands[-1],
     ]
+    assert record_written(patch_set, result.commands[-1])
 
 
 def test_patched_file_drifted_with_a_backup_is_put_again(patch_set):
-    result = run_patches(patch_set, installed(replaced="e" * 64, backups=(REPLACED,)))
+    result = run_patches(patch_set, installed(replaced="e" * 64, backups=(REPLACED,), record=patches.applied_record(patch_set)))
     assert result.commands == [put(patch_set, REPLACED), pycache(REPLACED)]
     assert any("was changed on the host (sha256 eeeeeeeeeeee" in line for line in result.logs)
 
 
 def test_added_file_drifted_is_put_again_without_a_backup(patch_set):
-    result = run_patches(patch_set, installed(added="e" * 64))
+    result = run_patches(patch_set, installed(added="e" * 64, record=patches.applied_record(patch_set)))
     assert result.commands == [put(patch_set, ADDED), pycache(ADDED)]
 
 
 def test_replaced_file_missing_is_copied(patch_set):
-    result = run_patches(patch_set, installed(replaced=None))
+    result = run_patches(patch_set, installed(replaced=None, record=patches.applied_record(patch_set)))
     assert result.commands == [put(patch_set, REPLACED), pycache(REPLACED)]
 
 
@@ -496,6 +513,7 @@ def test_revert_restores_the_original_and_removes_the_added_file(patch_set):
     assert result.commands == [
         f"cp -p {BACKUPS}/{REPLACED} {SITE}/{REPLACED}", pycache(REPLACED),
         f"rm -f {SITE}/{ADDED}", pycache(ADDED),
+        f"rm -f {VENV}/.sglang-deploy/patches/demo/applied.json",
     ]
 
 
@@ -595,3 +613,27 @@ def test_restarted_service_is_always_waited_for_without_reading_facts(report, mo
 @pytest.mark.parametrize(("bind", "address"), [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("localhost", "127.0.0.1"), ("10.0.0.5", "10.0.0.5")])
 def test_probe_address(bind, address):
     assert readiness.probe_address(bind) == address
+
+
+def test_changed_patch_set_is_named_from_the_applied_record(patch_set):
+    old = patches.applied_record(patch_set)
+    old["digest"], old["files"][ADDED] = "0" * 64, "1" * 64
+    result = run_patches(patch_set, installed(record=old))
+    assert any(f"patch set demo changed since it was applied: {ADDED}" in line for line in result.logs)
+    assert record_written(patch_set, result.commands[-1])
+
+
+def test_changed_base_is_named_from_the_applied_record_before_refusing(patch_set):
+    with pytest.raises(OperationError):
+        run_patches(patch_set, installed(version="0.5.24", record=patches.applied_record(patch_set)))
+
+
+def test_force_adopts_unexpected_content_as_the_original(patch_set):
+    state = installed(replaced="e" * 64)
+    fs = FakeFs(files={f"{SITE}/{rel}": "0" * 40 for rel in (REPLACED, ADDED)}, dirs={f"{SITE}/sglang/srt/speculative"})
+    state["record"] = None
+    facts = {patches.InstalledFiles: lambda **kw: copy.deepcopy(state)}
+    result = run(patches.applied, facts, fs, patch_set=patch_set, venv_path=VENV, site_packages=SITE, force=True)
+    assert result.commands[0] == f"mkdir -p {BACKUPS}/sglang/srt/speculative && cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}"
+    assert result.commands[1] == put(patch_set, REPLACED)
+    assert any("adopting its current content (sha256 eeeeeeeeeeee) as the original (force)" in line for line in result.logs)

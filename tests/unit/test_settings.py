@@ -119,6 +119,7 @@ def test_valid_data_gives_typed_host_config():
         services=(
             Service(
                 name="ddtree",
+                environment=settings.Environment("/root/venv_sglang", ()),
                 gpus=(0, 1),
                 port=30000,
                 bind="127.0.0.1",
@@ -144,7 +145,7 @@ def test_service_argv_puts_derived_flags_first_then_args_in_data_order():
         "--speculative-algorithm", "DFLASH",
         "--speculative-dflash-block-size", "16",
     ]
-    assert service.environment() == {"CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_DDTREE_MAX_TOPK": "8"}
+    assert service.environment_variables() == {"CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_DDTREE_MAX_TOPK": "8"}
 
 
 def test_model_locations_follow_model_in_and_draft_in():
@@ -261,7 +262,7 @@ def test_run_services_map_overrides_service_keys():
 
     (service,) = cfg.services
     assert (service.name, service.gpus, service.port) == ("dflash", (0,), 30000)
-    assert service.environment()["CUDA_VISIBLE_DEVICES"] == "0"
+    assert service.environment_variables()["CUDA_VISIBLE_DEVICES"] == "0"
     assert service.argv()[6:8] == ["--port", "30000"]
     # Keys the override does not name keep the service definition's values.
     assert dict(service.args) == {"attention-backend": "triton"}
@@ -321,7 +322,7 @@ def test_yaml_syntax_error_names_file_line_and_column(group_dir, text, where, pr
 @pytest.mark.parametrize(
     ("text", "key", "value", "fix"),
     [
-        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: host_wheel_cache, launcher, model_store, readiness_timeout_s, run_services, services, shm_dir, smoke_test, stack, venv_path, wheelhouse"),
+        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: force_patch_sets, host_wheel_cache, launcher, model_store, readiness_timeout_s, run_services, services, shm_dir, smoke_test, stack, venv_path, wheelhouse"),
         ("- stack\n- services\n", "(top level)", "['stack', 'services']", "must be a mapping of key: value"),
         ("just a string\n", "(top level)", "'just a string'", "must be a mapping of key: value"),
         ("gpu: 0\n", "gpu", "0", "unknown key; allowed:"),

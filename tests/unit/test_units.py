@@ -78,15 +78,15 @@ def test_lab_unit_layout():
     assert "After=network-online.target" in lines
     assert "Environment=CUDA_VISIBLE_DEVICES=0" in lines
     assert "Environment=SGLANG_DDTREE_MAX_TOPK=8" in lines
-    assert "WorkingDirectory=/root/venv_sglang" in lines
-    assert "ExecStart=/root/venv_sglang/bin/python -m sglang_standin.launch_server \\" in lines
+    assert "WorkingDirectory=/root/venv_sglang+ddtree-sample" in lines
+    assert "ExecStart=/root/venv_sglang+ddtree-sample/bin/python -m sglang_standin.launch_server \\" in lines
     assert "[Install]" in lines and lines[-1] == "WantedBy=multi-user.target"
 
 
 def test_lab_unit_has_one_flag_per_line():
     text = render(lab_config())
     lines = text.splitlines()
-    start = lines.index("ExecStart=/root/venv_sglang/bin/python -m sglang_standin.launch_server \\")
+    start = lines.index("ExecStart=/root/venv_sglang+ddtree-sample/bin/python -m sglang_standin.launch_server \\")
     flags = []
     for line in lines[start + 1:]:
         flags.append(line)
@@ -110,7 +110,7 @@ def test_lab_unit_has_one_flag_per_line():
 def test_lab_unit_exec_start_is_the_services_argv():
     config = lab_config()
     service = config.services[0]
-    assert exec_start_words(render(config)) == ["/root/venv_sglang/bin/python", "-m", "sglang_standin.launch_server", *service.argv()]
+    assert exec_start_words(render(config)) == [f"{service.environment.path}/bin/python", "-m", "sglang_standin.launch_server", *service.argv()]
 
 
 def test_each_service_gets_its_own_gpu_and_port():
@@ -185,7 +185,7 @@ def test_awkward_values_survive_the_round_trip_through_exec_start():
     service = config.services[0]
     words = exec_start_words(render(config))
 
-    assert words == ["/root/venv_sglang/bin/python", "-m", "sglang_standin.launch_server", *service.argv()]
+    assert words == [f"{service.environment.path}/bin/python", "-m", "sglang_standin.launch_server", *service.argv()]
     assert "my template.jinja" in words and "100% $HOME's model" in words and "2 4" in words
 
 

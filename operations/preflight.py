@@ -1,0 +1,101 @@
+"""Preflight: prove a service's exact flags parse, with its own engine, before any (re)start.
+
+`preflight.passed(...)` runs on the host, in the service's venv and with the unit's
+environment (GPUs hidden), the installed sglang's own `prepare_server_args` on the exact
+argv the unit will run, then imports the launcher and the server entry point. It runs
+only when the unit is about to change or the service's inputs changed; if it fails, the
+host fails with the parser's own message before the unit is written, so the running
+service keeps running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from typing import Callable
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
+from pyinfra.facts.files import Sha1File
+
+from operations import readiness, remote
+
+
+def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
+    """The remote command: a clean environment holding only the unit's variables, GPUs hidden."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **environment, "CUDA_VISIBLE_DEVICES": ""}
+    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    script = remote.script("preflight")
+    return (
+        f"env -i {assignments} {shlex.quote(venv_path + '/bin/python')} - "
+        f"{shlex.quote(json.dumps(argv))} {shlex.quote(launcher)} <<'PYEOF'\n{script}\nPYEOF"
+    )
+
+
+def verdict(result: dict) -> str | None:
+    """The one-line reason a preflight result refuses the start, or None if it passes."""
+    if result.get("parse_error"):
+        return f"{result['parser']} refuses the flags: {result['parse_error']}"
+    if result.get("import_error"):
+        return f"the server cannot start: {result['import_error']}"
+    return None
+
+
+def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
+    ok, output = host.run_shell_command(cmd, print_output=False, _timeout=300)
+    try:
+        result = json.loads(output.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {"import_error": f"preflight did not run: {(output.stderr or output.stdout).strip()[-500:]}"}
+    reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
+    if reason:
+        host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
+        readiness.REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "FAILED", "ready": f"preflight: {reason}"}
+        return False
+    host.log(f"{service}: preflight passed ({result['parser']})")
+    return True
+
+
+@operation()
+def passed(
+    service: str,
+    venv_path: str,
+    launcher: str,
+    argv: list[str],
+    environment: dict[str, str],
+    endpoint: str,
+    unit_path: str,
+    unit_text: str,
+    inputs_changed: Callable[[], bool] | None = None,
+):
+    """
+    Require the exact flags and environment of a unit to pass the engine's own parser.
+
+    + service: the service's name (messages, summary)
+    + venv_path: the venv the unit runs
+    + launcher: the module the unit runs (imported too, with ``sglang.launch_server``)
+    + argv: the flags exactly as the unit passes them
+    + environment: the unit's environment
+    + endpoint: the service's endpoint (summary)
+    + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they differ
+    + inputs_changed: callable, true when the venv, patch sets or models changed in this run
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.passed(
+            name="sglang-ddtree.service flags pass sglang's parser",
+            service="ddtree", venv_path="/root/venv_sglang", launcher="sglang.launch_server",
+            argv=["--model-path", "/dev/shm/Qwen3.6-27B", "--port", "30000"], environment={"CUDA_VISIBLE_DEVICES": "0"},
+            endpoint="http://127.0.0.1:30000", unit_path="/etc/systemd/system/sglang-ddtree.service", unit_text="...",
+        )
+    """
+    current = host.get_fact(Sha1File, path=unit_path)
+    unit_changes = current != hashlib.sha1(unit_text.encode()).hexdigest()
+    inputs_change = bool(host.state.is_executing and inputs_changed and inputs_changed())
+    if not unit_changes and not inputs_change:
+        host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
+        return
+    yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})

@@ -1,0 +1,54 @@
+# Preflight, run with the service's own venv Python and environment (GPUs hidden): parse
+# the exact flags with the installed sglang's own `prepare_server_args`, then import the
+# launcher and the server entry point. Prints one JSON line; exits 0 either way.
+# argv: ARGV_JSON LAUNCHER
+import contextlib
+import importlib
+import io
+import json
+import sys
+import traceback
+
+argv, launcher = json.loads(sys.argv[1]), sys.argv[2]
+result = {"parser": None, "parse_error": None, "import_error": None}
+
+
+def last_error_line(text, fallback):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    return (errors or lines or [fallback])[-1]
+
+
+try:
+    import sglang
+    from sglang.srt.server_args import prepare_server_args
+except ModuleNotFoundError as exc:
+    if exc.name != "sglang":
+        result["import_error"] = f"sglang.srt.server_args: {exc}"
+    else:
+        result["parser"] = "none (sglang is not installed in this venv)"
+except Exception as exc:  # an import chain that breaks (ABI, missing dependency) is the finding
+    result["import_error"] = f"sglang.srt.server_args: {type(exc).__name__}: {exc}"
+else:
+    result["parser"] = f"sglang {getattr(sglang, '__version__', '?')}"
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(io.StringIO()):
+            prepare_server_args(list(argv))
+    except SystemExit as exc:
+        result["parse_error"] = last_error_line(captured.getvalue(), f"the parser exited with {exc.code}")
+    except Exception as exc:
+        result["parse_error"] = f"{type(exc).__name__}: {exc}"
+
+modules = [launcher] + (["sglang.launch_server"] if result["parser"] and result["parser"].startswith("sglang ") and launcher != "sglang.launch_server" else [])
+for module in modules:
+    if result["import_error"]:
+        break
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            importlib.import_module(module)
+    except BaseException as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        result["import_error"] = f"import {module}: {type(exc).__name__}: {exc}{where}"
+print(json.dumps(result))
