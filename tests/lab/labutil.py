@@ -12,6 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ROOT / "lab" / "state"
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+# The host that destructive tests place their own services on (and clean): the lab's empty one.
+SPARE = os.environ.get("LAB_SPARE_HOST", "gpu-b")
 
 
 def lab_hosts() -> dict:
@@ -100,7 +102,7 @@ def clean_host(host: str) -> None:
     ssh(host, (
         "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
-        "rm -rf /root/venv_sglang /root/venv_sglang.* /var/cache/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
+        "rm -rf /root/venv_sglang /root/venv_sglang.* /root/venv_sglang+* /var/cache/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
     ))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lab.labutil import chat, clean_host, deploy, http_get, main_pid, ssh
+from tests.lab.labutil import SPARE, chat, clean_host, deploy, http_get, main_pid, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -18,7 +18,7 @@ UNITS = {name: f"sglang-{name}.service" for name in SERVICES}
 
 @pytest.fixture(scope="module")
 def first_run():
-    for host in ("gpu-a", "gpu-b"):
+    for host in ("gpu-a", SPARE):
         clean_host(host)
     result = deploy()
     assert result.returncode == 0, result
@@ -62,7 +62,7 @@ def test_the_real_sglang_parser_accepted_the_flags_with_the_patch_set(first_run)
 
 
 def test_empty_host_gets_nothing(first_run):
-    out = ssh("gpu-b", "ls /etc/systemd/system/ | grep -c sglang- || true; test -e /root/venv_sglang && echo venv || echo novenv").stdout
+    out = ssh(SPARE, "ls /etc/systemd/system/ | grep -c sglang- || true; test -e /root/venv_sglang && echo venv || echo novenv").stdout
     assert out.split() == ["0", "novenv"]
 
 
@@ -120,26 +120,22 @@ def test_truncated_staged_file_is_repaired(first_run):
     assert src == dst
 
 
-def test_overwritten_patch_file_is_put_back(first_run):
-    from operations import settings  # noqa: F401  (patch sets come from the lab's data)
-    from tests.lab.labutil import ROOT
-    import yaml
-
+def test_overwritten_patch_file_is_named_by_a_dry_run_and_put_back(first_run):
     from operations.patches import load_patch_set
 
-    data = yaml.safe_load((ROOT / "group_data" / "all.yml").read_text())
-    data.update(yaml.safe_load((ROOT / "lab" / "group_data" / "all.yml").read_text()))
-    names = [p for svc in data["services"].values() for p in svc.get("patch_sets", [])]
-    if not names:
-        pytest.skip("the lab's data applies no patch set")
-    patch_set = load_patch_set(names[0])
+    patch_set = load_patch_set("ddtree-sample")
+    env = "/root/venv_sglang+ddtree-sample"
     target = patch_set.files[0].path
-    site = ssh("gpu-a", "ls -d /root/venv_sglang/lib/python3*/site-packages").stdout.strip()
+    site = ssh("gpu-a", f"ls -d {env}/lib/python3*/site-packages").stdout.strip()
+    pid = main_pid("gpu-a", UNITS["ddtree"])
     ssh("gpu-a", f"echo '# edited by hand' >> {site}/{target}")
+    dry = deploy("lab/inventory.py", "--dry")
+    assert f"{target} was changed on the host" in dry.stderr
     result = deploy()
     assert result.returncode == 0, result
-    assert f"Patch set {patch_set.name} applied" in changed_names(result)
+    assert f"Patch set ddtree-sample applied in {env}" in changed_names(result)
     assert f"{target} was changed on the host" in result.stderr
     digest = ssh("gpu-a", f"sha256sum {site}/{target}").stdout.split()[0]
     assert digest == patch_set.files[0].sha256
+    assert main_pid("gpu-a", UNITS["ddtree"]) != pid  # its process loaded the edited file: restarted
     assert deploy().changed == []

@@ -1,0 +1,123 @@
+"""Patch sets and the preflight on the lab: revert byte for byte, wrong base, the real parser, a refused flag."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+
+import pytest
+import yaml
+
+from operations.patches import PATCHES_DIR, load_patch_set
+from tests.lab.labutil import SPARE, ROOT, PYINFRA, clean_host, deploy, http_get, main_pid, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+PATCHED_ENV = "/root/venv_sglang+ddtree-sample"
+PLAIN_ENV = "/root/venv_sglang"
+DDTREE_ARGV = [
+    "--model-path", "/dev/shm/Qwen3.6-27B", "--speculative-algorithm", "DDTREE",
+    "--speculative-draft-model-path", "/root/models/Qwen3.6-27B-DFlash", "--speculative-ddtree-budget", "15",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converged():
+    result = deploy()
+    assert result.returncode == 0, result
+
+
+def parses(host: str, venv: str, argv: list[str]) -> tuple[bool, str]:
+    script = (
+        "import json, sys\n"
+        "from sglang.srt.server_args import prepare_server_args\n"
+        "a = prepare_server_args(json.loads(sys.argv[1]))\n"
+        "print(a.speculative_algorithm, a.speculative_ddtree_budget)\n"
+    )
+    quoted_script = json.dumps(script)
+    result = ssh(host, f"{venv}/bin/python -c {quoted_script} '{json.dumps(argv)}'", check=False)
+    return result.returncode == 0, result.stdout + result.stderr
+
+
+def pristine_sha256(rel: str) -> str:
+    wheel = next((ROOT / "lab" / "cache" / "wheelhouse").glob("sglang-0.5.23-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        return hashlib.sha256(zf.read(rel)).hexdigest()
+
+
+def test_ddtree_flags_parse_with_the_sample_set_and_are_refused_without_it():
+    ok, out = parses("gpu-a", PATCHED_ENV, DDTREE_ARGV)
+    assert ok and "DDTREE 15" in out, out
+    ok, out = parses("gpu-a", PLAIN_ENV, DDTREE_ARGV)
+    assert not ok and "unrecognized arguments: --speculative-ddtree-budget 15" in out, out
+
+
+def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies():
+    import subprocess
+
+    patch_set = load_patch_set("ddtree-sample")
+    site = ssh("gpu-a", f"ls -d {PATCHED_ENV}/lib/python3*/site-packages").stdout.strip()
+    proc = subprocess.run(
+        [PYINFRA, "lab/inventory.py", "tests/lab/deploys/revert_patch.py", "-y", "--limit", "gpu-a",
+         "--data", "patch_set=ddtree-sample", "--data", f"venv={PATCHED_ENV}"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for patch_file in patch_set.files:
+        found = ssh("gpu-a", f"sha256sum {site}/{patch_file.path} 2>/dev/null || echo absent").stdout.split()[0]
+        if patch_file.original is None:
+            assert found == "absent"
+        else:
+            assert found == patch_file.original == pristine_sha256(patch_file.path)
+    assert ssh("gpu-a", f"test -e {PATCHED_ENV}/.sglang-deploy/patches/ddtree-sample/applied.json || echo gone").stdout.strip() == "gone"
+    result = deploy()
+    assert result.returncode == 0, result
+    assert f"Patch set ddtree-sample applied in {PATCHED_ENV}" in [name for name, _ in result.changed]
+    assert deploy().changed == []
+
+
+@pytest.fixture
+def wrong_base_patch_set():
+    target = PATCHES_DIR / "test-wrong-base"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(PATCHES_DIR / "ddtree-sample", target)
+    manifest = yaml.safe_load((target / "patchset.yml").read_text())
+    manifest["name"], manifest["base"]["version"] = "test-wrong-base", "0.5.22"
+    (target / "patchset.yml").write_text(yaml.safe_dump(manifest))
+    yield "test-wrong-base"
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def test_patch_set_for_another_base_is_refused_and_nothing_is_written(wrong_base_patch_set):
+    clean_host(SPARE)
+    services = {"wrong": {"gpu": 0, "port": 30103, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+                          "patch_sets": [wrong_base_patch_set]}}
+    inventory = write_inventory("test_wrong_base", {SPARE: {"services": services, "run_services": ["wrong"]}})
+    result = deploy(inventory)
+    assert result.returncode != 0
+    assert "patch set test-wrong-base was written for sglang 0.5.22, the venv /root/venv_sglang+test-wrong-base has sglang 0.5.23" in result.stderr
+    site = ssh(SPARE, "ls -d /root/venv_sglang+test-wrong-base/lib/python3*/site-packages").stdout.strip()
+    for patch_file in load_patch_set("ddtree-sample").files:
+        found = ssh(SPARE, f"sha256sum {site}/{patch_file.path} 2>/dev/null || echo absent").stdout.split()[0]
+        assert found == (patch_file.original or "absent")
+    assert ssh(SPARE, "ls /etc/systemd/system | grep -c sglang- || true").stdout.strip() == "0"
+    clean_host(SPARE)
+
+
+def test_flag_refused_by_the_preflight_leaves_the_running_service_untouched():
+    data = yaml.safe_load((ROOT / "group_data" / "all.yml").read_text())
+    args = {**data["services"]["dflash"]["args"], "mamba-scheduler-strategy": "extra_buffer"}
+    unit = "sglang-dflash.service"
+    pid = main_pid("gpu-a", unit)
+    unit_sha = ssh("gpu-a", f"sha256sum /etc/systemd/system/{unit}").stdout
+    inventory = write_inventory("test_stale_flag", {"gpu-a": {"run_services": {"ddtree": {}, "dflash": {"args": args}}}})
+    result = deploy(inventory)
+    assert result.returncode != 0
+    assert "unrecognized arguments: --mamba-scheduler-strategy extra_buffer" in result.stderr
+    assert "gpu-a/dflash" in result.stderr and "FAILED  preflight:" in result.stderr
+    assert main_pid("gpu-a", unit) == pid
+    assert ssh("gpu-a", f"sha256sum /etc/systemd/system/{unit}").stdout == unit_sha
+    assert http_get("gpu-a", 30001, "/health")[0] == 200
+    assert deploy().changed == []
