@@ -55,7 +55,7 @@ bench: lab wheelhouse
 	$(PY) bench/run.py
 
 lint: venv
-	$(VENV)/bin/pip install --quiet ruff && $(VENV)/bin/ruff check .
+	$(VENV)/bin/pip install --quiet ruff==0.17.6 && $(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from operations.patches import PATCHES_DIR, load_patch_set
-from tests.lab.labutil import SPARE, ROOT, PYINFRA, clean_host, deploy, http_get, main_pid, ssh, write_inventory
+from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, http_get, main_pid, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from unittest import mock
 
 import pytest
-from pyinfra.api import State, FunctionCommand, OperationError
+from pyinfra.api import FunctionCommand, OperationError, State
 from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File

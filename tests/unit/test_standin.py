@@ -150,14 +150,14 @@ def test_wheel_is_deterministic_and_well_formed(tmp_path, wheel):
         assert "Metadata-Version: 2.1" in head
         assert "Name: sglang-standin" in head
         assert "Version: 0.1.1" in head
-        summary = [l for l in head if l.startswith("Summary: ")]
+        summary = [line_ for line_ in head if line_.startswith("Summary: ")]
         assert summary and "stand-in" in summary[0]
 
         wheel_meta = zf.read("sglang_standin-0.1.1.dist-info/WHEEL").decode().splitlines()
         assert "Wheel-Version: 1.0" in wheel_meta
         assert "Root-Is-Purelib: true" in wheel_meta
         assert "Tag: py3-none-any" in wheel_meta
-        assert any(l.startswith("Generator: ") for l in wheel_meta)
+        assert any(line_.startswith("Generator: ") for line_ in wheel_meta)
 
         rows = list(csv.reader(io.StringIO(zf.read("sglang_standin-0.1.1.dist-info/RECORD").decode())))
         recorded = {r[0] for r in rows}
