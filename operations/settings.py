@@ -38,6 +38,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "venv_path": Key("/root/venv_sglang", "Serving virtualenv on the host."),
     "model_store": Key("/root/models", "Directory on the host holding the models (the durable copy)."),
     "shm_dir": Key("/dev/shm", "RAM disk the services load `shm` models from; emptied on reboot."),
+    "verify_models": Key("fast", "How staged models are checked: `fast` (names and sizes against the manifests) or `full` (re-hash every staged file, repair what differs)."),
     "wheelhouse": Key("wheelhouse", "Directory on the control machine with the stack's wheel files (relative to the deploy dir)."),
     "host_wheel_cache": Key("/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host."),
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
@@ -217,6 +218,7 @@ class HostConfig:
     smoke_test: bool
     force_patch_sets: tuple[str, ...] = ()
     services: tuple[Service, ...] = field(default_factory=tuple)
+    verify_models: str = "fast"
 
     @property
     def staged_models(self) -> tuple[ModelUse, ...]:
@@ -479,6 +481,7 @@ def host_config(host) -> HostConfig:
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+    _require(values["verify_models"] in ("fast", "full"), src("verify_models"), "verify_models", values["verify_models"], "must be `fast` (names and sizes) or `full` (re-hash the staged files)")
     forced = values["force_patch_sets"]
     _require(
         isinstance(forced, list) and all(isinstance(x, str) and x in available_patch_sets() for x in forced),
@@ -510,6 +513,7 @@ def host_config(host) -> HostConfig:
         smoke_test=values["smoke_test"],
         force_patch_sets=tuple(forced),
         services=tuple(services),
+        verify_models=values["verify_models"],
     )
 
 
