@@ -1,72 +1,136 @@
-"""Models in RAM: `models.staged(src, dest)` keeps a verified copy of a model in the shm dir.
+"""Models in RAM: verified, atomic, incremental copies of the model store in the shm dir.
 
-`/dev/shm` is a tmpfs: it is emptied on every reboot, and a half-finished copy there
-looks like a model. A staged copy is therefore built in a temporary sibling, verified
-file by file against the source, marked with a manifest (our ownership marker) and only
-then renamed into place. The converged check compares file names and sizes with the
-source and the manifest, without re-hashing.
+`/dev/shm` is a tmpfs: it is emptied on every reboot, and a half-finished copy there looks
+like a model. So:
+
+- `models.staged(src, dest)` keeps a verified copy of one model directory. The converged check
+  is one remote call that reads names, sizes and mtimes only: the staged copy against its
+  marker (the manifest it was staged with), the source against its cached manifest. Drift runs
+  `remote/stage_model.py`, which copies only the files that differ into a temporary sibling
+  (the rest are hard-linked), checks each against the manifest and renames the directory into
+  place. `verify="full"` re-hashes the staged copy in the check and repairs what differs.
+- `models.unused_removed(shm_dir, keep)` removes the copies we staged that no service on the
+  host uses any more; anything without our marker is never touched.
+- `models.boot_staging(...)` installs `sglang-stage-models.service`, a oneshot unit that runs
+  the same script at boot from `/etc/sglang-deploy/models.json`, so a rebooted host serves
+  again without a deploy run. The service units are ordered after it and require it
+  (`boot_unit_name(config)`).
+- `stage_for_host(config)` adds all of these for a host; deploy.py restarts a service when
+  one of its models' operations changed something.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shlex
+from pathlib import Path
 
+import jinja2
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-
 from pyinfra.operations import files
 
 from operations import remote
 from operations.settings import HostConfig
 
 MARKER = ".sglang-deploy-staged.json"
+JOURNAL = ".sglang-deploy-partial.jsonl"
+BOOT_UNIT = "sglang-stage-models.service"
+BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
+BOOT_SCRIPT = "/usr/local/lib/sglang-deploy/stage_model.py"
+BOOT_LIST = "/etc/sglang-deploy/models.json"
+VERIFY_MODES = ("fast", "full")
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+# models.staged -------------------------------------------------------------------------
 
 
 class StagedModel(FactBase):
-    """Source listing, staged listing (``{relpath: size}`` or None), manifest and free bytes at the destination."""
+    """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
+    (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
+    with ``verify="full"`` also the staged files' sha256 (``dest_hashes``)."""
 
-    def command(self, src: str, dest: str) -> str:
-        return remote.command("model_state", shlex.quote(src), shlex.quote(dest), MARKER)
+    def command(self, src: str, dest: str, verify: str = "fast") -> str:
+        extra = ("full",) if verify == "full" else ()
+        return remote.command("model_state", shlex.quote(src), shlex.quote(dest), MARKER, *extra)
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
+def _some(names, limit: int = 3) -> str:
+    names = sorted(names)
+    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
+
+
 def drift(state: dict) -> str | None:
-    """Why the staged copy is not a verified copy of the source, or None if it is."""
+    """Why the staged copy is not a verified copy of the source, or None if it is.
+
+    Decided from names and sizes, the marker and the source's cached manifest; ``dest_hashes``
+    (present only with a full verify) adds a content check of every staged file.
+    """
     src, dest, marker = state["src"], state["dest"], state["marker"]
     if dest is None:
         return "not staged"
-    if not marker or "files" not in marker:
+    if not marker or not isinstance(marker.get("files"), dict):
         return "no staging manifest (not staged by us, or interrupted)"
-    manifest_sizes = {rel: size for rel, (size, _sha) in marker["files"].items()}
-    if manifest_sizes != src:
+    staged = marker["files"]
+    if {rel: entry[0] for rel, entry in staged.items()} != src:
         return "source changed since staging"
-    missing = sorted(set(src) - set(dest))
+    if "src_hashes" in state:
+        if state["src_hashes"] is None:
+            return "source manifest missing or out of date (files touched since they were hashed)"
+        if {rel: entry[1] for rel, entry in staged.items()} != state["src_hashes"]:
+            return "source changed since staging"
+    missing = set(src) - set(dest)
     if missing:
-        return f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else "")
-    wrong = sorted(rel for rel in src if dest.get(rel) != src[rel])
+        return f"missing {_some(missing)}"
+    wrong = [rel for rel in src if dest.get(rel) != src[rel]]
     if wrong:
-        return f"size differs: {', '.join(wrong[:3])}"
-    extra = sorted(set(dest) - set(src))
+        return f"size differs: {_some(wrong)}"
+    extra = set(dest) - set(src)
     if extra:
-        return f"unexpected files: {', '.join(extra[:3])}"
+        return f"unexpected files: {_some(extra)}"
+    hashes = state.get("dest_hashes")
+    if hashes is not None:
+        differ = [rel for rel in src if hashes.get(rel) != staged[rel][1]]
+        if differ:
+            return f"content differs (full verify): {_some(differ)}"
     return None
 
 
+def stage_command(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, str], ...] = ()) -> str:
+    args = [shlex.quote(src), shlex.quote(dest), MARKER]
+    if verify == "full":
+        args += ["--verify", "full"]
+    for other_src, other_dest in others:
+        args += ["--also", shlex.quote(other_src), shlex.quote(other_dest)]
+    return remote.command("stage_model", *args)
+
+
 @operation()
-def staged(src: str, dest: str):
+def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, str], ...] = ()):
     """
     Keep a verified copy of the model directory ``src`` at ``dest``.
 
-    + src: the model's durable directory on the host (in the model store)
+    + src: the model's durable directory on the host (in the model store); only read
     + dest: where the service loads it from (in the shm dir)
+    + verify: ``fast`` (names and sizes against the manifests) or ``full`` (re-hash the staged copy)
+    + others: ``(src, dest)`` of the host's other staged models, counted in the free-space check
 
     Staging:
-        The copy is written to ``.<name>.partial`` beside ``dest``, each file's sha256 is
-        checked against the source, a manifest is written and the directory is renamed
-        into place; the source is only ever read. Free space is checked first.
+        The manifest (per file: size, mtime, sha256 and crc32) is computed once and cached
+        beside the source (``.sglang-deploy-manifest.json``, or under
+        ``/var/cache/sglang-deploy/manifests`` if the store is read-only); a file is hashed
+        again only when its size or mtime changed. The new copy is built in ``.<name>.partial``
+        beside ``dest``: unchanged files are hard-linked from the current copy, the others copied
+        and checked against the manifest; then the marker is written and the directory renamed
+        into place. An interrupted copy is resumed by the next run; ``dest`` is never half-written.
+        Free space (and available memory) is checked against everything the host still has to
+        stage, before anything is copied.
 
     **Example:**
 
@@ -78,7 +142,10 @@ def staged(src: str, dest: str):
             dest="/dev/shm/Qwen3.6-27B",
         )
     """
-    state = host.get_fact(StagedModel, src=src, dest=dest)
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, not {verify!r}")
+    full = {"verify": "full"} if verify == "full" else {}
+    state = host.get_fact(StagedModel, src=src, dest=dest, **full)
     if state["src"] is None:
         # Nothing to copy from: the stage script fails with the message that says so.
         reason = "source missing"
@@ -88,19 +155,209 @@ def staged(src: str, dest: str):
         host.noop(f"model {dest} is staged and matches {src}")
         return
     host.log(f"model {dest}: {reason}: staging from {src}")
-    yield remote.command("stage_model", shlex.quote(src), shlex.quote(dest), MARKER)
+    yield stage_command(src, dest, verify, tuple(others))
+
+
+# models.unused_removed -----------------------------------------------------------------
+
+
+class OwnedInShm(FactBase):
+    """``{entry: "staged" | "partial" | "old"}``: directories in the shm dir that carry our marker or journal."""
+
+    def command(self, shm_dir: str) -> str:
+        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL)
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+def unused(owned: dict[str, str], keep: tuple[str, ...] | list[str]) -> list[str]:
+    """Entries of the shm dir to remove: our copies of models not in ``keep``, their interrupted
+    copies, and any replaced copy (``.<name>.old``) left by an interrupted swap."""
+    out = []
+    for entry, kind in sorted(owned.items()):
+        if kind == "staged" and entry not in keep:
+            out.append(entry)
+        elif kind == "partial" and entry[1:-len(".partial")] not in keep:
+            out.append(entry)
+        elif kind == "old":
+            out.append(entry)
+    return out
+
+
+@operation()
+def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
+    """
+    Remove from ``shm_dir`` the models we staged that are not in ``keep``.
+
+    + shm_dir: the RAM disk models are staged into
+    + keep: names of the models the host's services still load from it
+
+    Ownership:
+        Only directories carrying our marker (``.sglang-deploy-staged.json``) or the journal
+        of an interrupted copy are candidates; anything else in ``shm_dir`` is never removed.
+
+    **Example:**
+
+    .. code:: python
+
+        models.unused_removed(
+            name="Unused staged models removed from /dev/shm",
+            shm_dir="/dev/shm",
+            keep=["Qwen3.6-27B"],
+        )
+    """
+    owned = host.get_fact(OwnedInShm, shm_dir=shm_dir)
+    remove = unused(owned, keep)
+    if not remove:
+        host.noop(f"no unused staged models in {shm_dir}")
+        return
+    for entry in remove:
+        host.log(f"{shm_dir}/{entry}: staged by us, used by no service on this host: removing")
+        yield f"rm -rf -- {shlex.quote(f'{shm_dir}/{entry}')}"
+
+
+# models.boot_staging -------------------------------------------------------------------
+
+
+class BootStaging(FactBase):
+    """``{"files": {path: sha256}, "enabled": bool}`` for the boot unit's files (absent ones left out)."""
+
+    def command(self, paths: tuple[str, ...] | list[str], unit: str) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (
+            f"for f in {quoted}; do if [ -f \"$f\" ]; then sha256sum \"$f\"; fi; done; "
+            f"echo \"enabled=$(systemctl is-enabled {shlex.quote(unit)} 2>/dev/null)\""
+        )
+
+    def process(self, output):
+        found, enabled = {}, False
+        for line in output:
+            if line.startswith("enabled="):
+                enabled = line.split("=", 1)[1].strip() == "enabled"
+            elif line.strip():
+                digest, path = line.split(None, 1)
+                found[path.strip()] = digest
+        return {"files": found, "enabled": enabled}
+
+
+def boot_unit_name(config: HostConfig) -> str | None:
+    """The unit that stages the host's shm models at boot (services: After= and Requires=), or None."""
+    return BOOT_UNIT if config.staged_models else None
+
+
+def boot_files(config: HostConfig) -> dict[str, tuple[str, str]]:
+    """path -> (content, mode) of what the boot unit needs on the host (pure: tested without one)."""
+    models = [{"name": m.name, "src": m.store_path, "dest": m.load_path} for m in config.staged_models]
+    listing = json.dumps({"marker": MARKER, "verify": config.verify_models, "models": models}, indent=2, sort_keys=True) + "\n"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    unit = env.get_template("sglang-stage.service.j2").render(
+        host_name=config.host,
+        shm_dir=config.shm_dir,
+        mounts=sorted({config.shm_dir, *(m.store_path for m in config.staged_models)}),
+        models=[m.name for m in config.staged_models],
+        script=BOOT_SCRIPT,
+        listing=BOOT_LIST,
+    )
+    return {
+        BOOT_SCRIPT: (remote.script("stage_model"), "755"),
+        BOOT_LIST: (listing, "644"),
+        BOOT_UNIT_PATH: (unit, "644"),
+    }
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write(path: str, content: str, mode: str) -> str:
+    encoded = base64.b64encode(content.encode()).decode()
+    tmp = shlex.quote(f"{path}.sglang-deploy.tmp")
+    return (
+        f"mkdir -p {shlex.quote(str(Path(path).parent))} && echo {encoded} | base64 -d > {tmp} "
+        f"&& chmod {mode} {tmp} && mv -f {tmp} {shlex.quote(path)}"
+    )
+
+
+@operation()
+def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, present: bool = True):
+    """
+    Install (or remove) the oneshot unit that stages the host's models at boot.
+
+    + wanted: path -> (content, mode) of the script, the model list and the unit (``boot_files(config)``)
+    + unit: the unit's name
+    + present: install and enable it, or disable it and remove its files
+
+    Boot:
+        ``/dev/shm`` is empty after a reboot; the unit runs the deploy's own stage script
+        (installed at ``/usr/local/lib/sglang-deploy/stage_model.py``) over the list in
+        ``/etc/sglang-deploy/models.json``, with the same manifests and checks. It is not
+        stopped on removal: services that still require it would be stopped with it.
+
+    **Example:**
+
+    .. code:: python
+
+        models.boot_staging(
+            name="Boot unit sglang-stage-models.service stages models into /dev/shm",
+            wanted=models.boot_files(config),
+        )
+    """
+    state = host.get_fact(BootStaging, paths=sorted(wanted), unit=unit)
+    if present:
+        stale = [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
+        for path in stale:
+            host.log(f"{path}: {'differs' if path in state['files'] else 'missing'}: writing it")
+            yield _write(path, *wanted[path])
+        if any(path.endswith(".service") for path in stale):
+            yield "systemctl daemon-reload"
+        if not state["enabled"]:
+            yield f"systemctl enable {shlex.quote(unit)}"
+        if not stale and state["enabled"]:
+            host.noop(f"unit {unit} is installed and enabled")
+        return
+    if not state["files"] and not state["enabled"]:
+        host.noop(f"unit {unit} is absent")
+        return
+    if state["enabled"]:
+        yield f"systemctl disable {shlex.quote(unit)}"
+    yield "rm -f -- " + " ".join(shlex.quote(path) for path in sorted(state["files"]))
+    yield "systemctl daemon-reload"
+
+
+# The host's models ---------------------------------------------------------------------
 
 
 def stage_for_host(config: HostConfig) -> dict:
-    """Add the operations that stage every `shm` model of the host's services; name -> operation."""
-    if not config.staged_models:
-        return {}
-    files.directory(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir, present=True)
-    return {
-        model.name: staged(
+    """Add the operations that stage every `shm` model of the host's services; name -> operation.
+
+    Unused copies go first (they free space for new ones); the boot unit comes last. A host
+    with no `shm` models gets only checks, which find nothing on a host we never staged to.
+    """
+    models = config.staged_models
+    keep = [m.name for m in models]
+    if models:
+        files.directory(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir, present=True)
+    unused_removed(name=f"Unused staged models removed from {config.shm_dir}", shm_dir=config.shm_dir, keep=keep)
+    ops = {}
+    for i, model in enumerate(models):
+        ops[model.name] = staged(
             name=f"Model {model.name} staged in {config.shm_dir}",
             src=model.store_path,
             dest=model.load_path,
+            verify=config.verify_models,
+            # Later models count in this one's free-space check: a shortfall stops before any copy.
+            others=tuple((m.store_path, m.load_path) for m in models[i + 1:]),
         )
-        for model in config.staged_models
-    }
+    boot_staging(
+        name=f"Boot unit {BOOT_UNIT} stages models into {config.shm_dir}",
+        wanted=boot_files(config) if models else {p: ("", "644") for p in (BOOT_SCRIPT, BOOT_LIST, BOOT_UNIT_PATH)},
+        present=bool(models),
+    )
+    return ops

@@ -1,13 +1,23 @@
 # Fact script: describe a model's source directory and its staged copy, as one JSON line.
-# argv: SRC DEST MARKER_NAME
+# argv: SRC DEST MARKER_NAME [full]
+# Cheap by default: names, sizes and mtimes, and the source's cached manifest (valid for a file
+# while its size and mtime are unchanged); nothing is hashed. With `full`, the staged copy's
+# files are re-hashed (sha256), for `verify_models: full`.
+import hashlib
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 src, dest, marker_name = sys.argv[1:4]
+src = src.rstrip("/") or "/"
+full = sys.argv[4:5] == ["full"]
+MANIFEST_NAME = ".sglang-deploy-manifest.json"
+MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
+PART_SUFFIX = ".sglang-part"
 
 
-def listing(root):
+def walk(root):
     if not os.path.isdir(root):
         return None
     out = {}
@@ -16,17 +26,48 @@ def listing(root):
         for name in names:
             path = os.path.join(base, name)
             rel = os.path.relpath(path, root)
-            if rel == marker_name:
+            if rel == marker_name or name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME):
                 continue
-            out[rel] = os.stat(path).st_size
+            out[rel] = os.lstat(path)
     return out
 
 
+def source_hashes(listing):
+    """{relpath: sha256} from the cached manifest if it covers every file unchanged, else None."""
+    digest = hashlib.sha256(os.path.abspath(src).encode()).hexdigest()[:12]
+    paths = (os.path.join(src, MANIFEST_NAME), os.path.join(MANIFEST_FALLBACK_DIR, f"{os.path.basename(src.rstrip('/'))}-{digest}.json"))
+    for path in paths:
+        try:
+            with open(path) as handle:
+                entries = json.load(handle)["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(entries, dict):
+            continue
+        fresh = all(
+            isinstance(entries.get(rel), dict) and (entries[rel].get("size"), entries[rel].get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+            and "sha256" in entries[rel]
+            for rel, st in listing.items()
+        )
+        if fresh:
+            return {rel: entries[rel]["sha256"] for rel in listing}
+    return None
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as reader:
+        for block in iter(lambda: reader.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+source = walk(src)
+staged = walk(dest)
 marker = None
-marker_path = os.path.join(dest, marker_name)
-if os.path.isfile(marker_path):
+if staged is not None and os.path.isfile(os.path.join(dest, marker_name)):
     try:
-        with open(marker_path) as handle:
+        with open(os.path.join(dest, marker_name)) as handle:
             marker = json.load(handle)
     except ValueError:
         marker = {"corrupt": True}
@@ -35,4 +76,15 @@ free = None
 if os.path.isdir(parent):
     st = os.statvfs(parent)
     free = st.f_bavail * st.f_frsize
-print(json.dumps({"src": listing(src), "dest": listing(dest), "marker": marker, "free": free}))
+out = {
+    "src": None if source is None else {rel: st.st_size for rel, st in source.items()},
+    "src_hashes": None if source is None else source_hashes(source),
+    "dest": None if staged is None else {rel: st.st_size for rel, st in staged.items()},
+    "marker": marker,
+    "free": free,
+}
+if full and staged:
+    names = sorted(staged)
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        out["dest_hashes"] = dict(zip(names, pool.map(lambda rel: sha256(os.path.join(dest, rel)), names)))
+print(json.dumps(out))

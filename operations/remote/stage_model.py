@@ -1,69 +1,540 @@
-# Stage a model directory: copy SRC into a temporary sibling of DEST, verify every file
-# by sha256 against the source, write the ownership marker (the manifest), then rename
-# into place. An interrupted run leaves only the temporary sibling, which the next run
-# deletes: nothing that looks complete is ever half-written.
-# argv: SRC DEST MARKER_NAME
+#!/usr/bin/env python3
+# Stage a model directory from the model store into the shm dir: verified, atomic, incremental.
+#
+#   stage_model.py SRC DEST MARKER [--verify fast|full] [--also SRC2 DEST2]... [--progress SECONDS]
+#   stage_model.py --list /etc/sglang-deploy/models.json      (the boot unit: every model in the list)
+#
+# Run by the deploy (`python3 - ARGS`, stdlib only) and, installed on the host, by the boot unit:
+# the same code, manifest and verification in both places.
+#
+# Manifest: per file of SRC its size, mtime, sha256 (identity) and crc32 (copy check), cached in
+# SRC/.sglang-deploy-manifest.json (or under /var/cache/sglang-deploy/manifests/ if SRC is read-only)
+# and reused for every file whose size and mtime are unchanged. The cache file is the only thing
+# ever written into SRC.
+#
+# Atomic: the new copy is built in DEST's sibling `.NAME.partial`. Files that are already right in
+# DEST are hard-linked (same inode, no copy); the others are copied to `<file>.sglang-part`, checked
+# against the manifest and renamed; each finished file is journaled, so an interrupted run resumes
+# where it stopped. The marker (the staged manifest, our ownership mark) is written last, then the
+# directory replaces DEST by rename. DEST is always either the previous copy or the complete new one.
+import argparse
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 
-src, dest, marker_name = sys.argv[1:4]
+MANIFEST_NAME = ".sglang-deploy-manifest.json"
+MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
+JOURNAL_NAME = ".sglang-deploy-partial.jsonl"
+PART_SUFFIX = ".sglang-part"
+LOCK_PATH = "/run/lock/sglang-deploy-stage.lock"
 BLOCK = 1 << 22
-dest = dest.rstrip("/")
-parent, name = os.path.split(dest)
-tmp = os.path.join(parent, f".{name}.partial")
-old = os.path.join(parent, f".{name}.old")
+WORKERS = max(1, min(8, os.cpu_count() or 1))
+GIB = 1 << 30
 
 
-def fail(message):
-    print(message, file=sys.stderr)
-    sys.exit(1)
+class StageError(Exception):
+    pass
 
 
-if not os.path.isdir(src):
-    fail(f"model source {src} does not exist on this host: put the model there, or fix `model`/`model_store` in the data")
-files = []
-for base, dirs, names in os.walk(src):
-    dirs.sort()
-    for entry in sorted(names):
-        files.append(os.path.relpath(os.path.join(base, entry), src))
-total = sum(os.path.getsize(os.path.join(src, rel)) for rel in files)
-os.makedirs(parent, exist_ok=True)
-for leftover in (tmp, old):
-    shutil.rmtree(leftover, ignore_errors=True)
-st = os.statvfs(parent)
-free = st.f_bavail * st.f_frsize
-# The staged copy replaces an existing one only after it is complete, so both must fit.
-if total > free:
-    gib = 2 ** 30
-    fail(f"{parent} has {free / gib:.2f} GiB free, model {name} needs {total / gib:.2f} GiB: free space there or load the model from the store")
+def human(n):
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
 
-manifest = {}
-os.makedirs(tmp)
-for rel in files:
-    source_path, target_path = os.path.join(src, rel), os.path.join(tmp, rel)
-    os.makedirs(os.path.dirname(target_path), exist_ok=True)
-    digest = hashlib.sha256()
-    with open(source_path, "rb") as reader, open(target_path, "wb") as writer:
-        for block in iter(lambda: reader.read(BLOCK), b""):
-            digest.update(block)
-            writer.write(block)
-    shutil.copystat(source_path, target_path)
-    manifest[rel] = [os.path.getsize(source_path), digest.hexdigest()]
-for rel, (size, sha) in manifest.items():
-    check = hashlib.sha256()
-    with open(os.path.join(tmp, rel), "rb") as reader:
-        for block in iter(lambda: reader.read(BLOCK), b""):
-            check.update(block)
-    if check.hexdigest() != sha:
-        shutil.rmtree(tmp, ignore_errors=True)
-        fail(f"staged copy of {rel} differs from {src}/{rel} after copying (sha256 {check.hexdigest()} != {sha}); nothing was replaced")
-with open(os.path.join(tmp, marker_name), "w") as handle:
-    json.dump({"source": src, "files": manifest}, handle, sort_keys=True)
-if os.path.exists(dest):
-    os.rename(dest, old)
-os.rename(tmp, dest)
-shutil.rmtree(old, ignore_errors=True)
-print(f"staged {name}: {len(manifest)} files, {total / 2**20:.1f} MiB, verified")
+
+# Listing and manifest ------------------------------------------------------------------
+
+
+def walk(root, skip=()):
+    """{relpath: os.stat_result} of the regular files under root, our own files left out."""
+    out = {}
+    for base, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(base, name)
+            rel = os.path.relpath(path, root)
+            if rel in skip or name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME):
+                continue
+            st = os.lstat(path)
+            if not os.path.isfile(path) or os.path.islink(path):
+                raise StageError(f"{path}: only regular files can be staged (found a link or special file)")
+            out[rel] = st
+    return out
+
+
+def manifest_paths(src):
+    digest = hashlib.sha256(os.path.abspath(src).encode()).hexdigest()[:12]
+    fallback = os.path.join(MANIFEST_FALLBACK_DIR, f"{os.path.basename(src.rstrip('/'))}-{digest}.json")
+    return os.path.join(src, MANIFEST_NAME), fallback
+
+
+def load_manifest(src):
+    """The cached manifest's file entries (the first readable of the two places), or {}."""
+    for path in manifest_paths(src):
+        try:
+            with open(path) as handle:
+                data = json.load(handle)
+            if data.get("version") == 1 and isinstance(data.get("files"), dict):
+                return data["files"]
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
+
+
+def save_manifest(src, entries):
+    body = json.dumps({"version": 1, "source": src, "files": entries}, sort_keys=True, indent=0)
+    for path in manifest_paths(src):
+        try:
+            with open(path) as handle:
+                if handle.read() == body:
+                    return path
+        except OSError:
+            pass
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as handle:
+                handle.write(body)
+            os.rename(tmp, path)
+            return path
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+                raise
+    return None
+
+
+def fresh(entry, st):
+    return bool(entry) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns and "sha256" in entry and "crc32" in entry
+
+
+def hash_file(path, want_sha=True, want_crc=True):
+    sha = hashlib.sha256() if want_sha else None
+    crc = 0
+    buf = bytearray(BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as reader:
+        while True:
+            n = reader.readinto(buf)
+            if not n:
+                break
+            if sha is not None:
+                sha.update(view[:n])
+            if want_crc:
+                crc = zlib.crc32(view[:n], crc)
+    return (sha.hexdigest() if sha is not None else None), crc
+
+
+def read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def read_journal(path):
+    entries = {}
+    try:
+        with open(path) as handle:
+            for line in handle:
+                try:
+                    rel, size, sha, crc = json.loads(line)
+                except ValueError:
+                    break  # a line cut by the interruption
+                entries[rel] = (size, sha, crc)
+    except OSError:
+        return None
+    return entries
+
+
+def ours(path, marker_name):
+    return os.path.isfile(os.path.join(path, marker_name)) or os.path.isfile(os.path.join(path, JOURNAL_NAME))
+
+
+# Progress ------------------------------------------------------------------------------
+
+
+class Progress:
+    def __init__(self, name, total, interval):
+        self.name, self.total, self.interval = name, total, interval
+        self.done = 0
+        self.lock = threading.Lock()
+        self.start = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = None
+        if interval > 0 and total > 0:
+            self.thread = threading.Thread(target=self.run, daemon=True)
+            self.thread.start()
+
+    def add(self, n):
+        with self.lock:
+            self.done += n
+
+    def line(self):
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        pct = 100 * self.done / self.total if self.total else 100
+        eta_text = f"{eta:.0f} s" if eta != float("inf") else "?"
+        return f"staging {self.name}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), {human(rate)}/s, ETA {eta_text}"
+
+    def run(self):
+        while not self.stop.wait(self.interval):
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def close(self):
+        self.stop.set()
+        if self.thread:
+            self.thread.join()
+
+
+# Copy ----------------------------------------------------------------------------------
+
+
+def copy_file(src_path, target, st, entry, want_sha, progress):
+    """Copy src_path to target's temp name, checking it against the manifest entry; then rename to target."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = target + PART_SUFFIX
+    sha = hashlib.sha256() if want_sha else None
+    crc = 0
+    buf = bytearray(BLOCK)
+    view = memoryview(buf)
+    written = 0
+    with open(src_path, "rb", buffering=0) as reader, open(tmp, "wb", buffering=0) as writer:
+        try:
+            os.posix_fadvise(reader.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        while True:
+            n = reader.readinto(buf)
+            if not n:
+                break
+            chunk = view[:n]
+            if sha is not None:
+                sha.update(chunk)
+            crc = zlib.crc32(chunk, crc)
+            while chunk:
+                chunk = chunk[writer.write(chunk):]
+            written += n
+            progress.add(n)
+    if written != st.st_size:
+        os.unlink(tmp)
+        raise StageError(f"{src_path} changed while it was copied ({st.st_size} bytes listed, {written} read): run again")
+    if entry is not None and entry["crc32"] != crc:
+        os.unlink(tmp)
+        raise StageError(
+            f"{src_path} does not match its manifest (crc32 {crc:08x}, manifest {entry['crc32']:08x}) although its size and "
+            f"mtime are unchanged: the source is damaged or was edited in place; check it, then delete its manifest "
+            f"({' or '.join(manifest_paths(os.path.dirname(src_path)))}) to hash it again"
+        )
+    os.chmod(tmp, st.st_mode & 0o7777)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(tmp, target)
+    if entry is None:
+        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha.hexdigest(), "crc32": crc}
+    elif sha is not None and sha.hexdigest() != entry["sha256"]:
+        raise StageError(f"{src_path} does not match its manifest (sha256): the source is damaged or was edited in place")
+    return entry
+
+
+_renameat2 = None
+
+
+def exchange(a, b):
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE), so that b is never missing."""
+    global _renameat2
+    try:
+        if _renameat2 is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _renameat2 = libc.renameat2
+        at_fdcwd, rename_exchange = -100, 2
+        if _renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange) == 0:
+            return True
+    except (AttributeError, OSError):
+        pass
+    return False
+
+
+# Staging -------------------------------------------------------------------------------
+
+
+def pending_bytes(src, dest, marker_name):
+    """Bytes still to copy for a model, from names and sizes only (for the free-space check)."""
+    if not os.path.isdir(src):
+        return 0
+    listing = walk(src)
+    marker = read_json(os.path.join(dest, marker_name)) if os.path.isdir(dest) else None
+    staged = (marker or {}).get("files") or {}
+    partial = os.path.join(os.path.dirname(dest.rstrip("/")), f".{os.path.basename(dest.rstrip('/'))}.partial")
+    journal = read_journal(os.path.join(partial, JOURNAL_NAME)) or {}
+    need = 0
+    for rel, st in listing.items():
+        present = (rel in staged and _size(os.path.join(dest, rel)) == st.st_size) or (
+            rel in journal and _size(os.path.join(partial, rel)) == st.st_size
+        )
+        if not present:
+            need += st.st_size
+    return need
+
+
+def _size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def mem_available():
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def hash_many(paths, want_crc=True):
+    if not paths:
+        return {}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return dict(zip(paths, pool.map(lambda p: hash_file(p, True, want_crc), paths)))
+
+
+def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
+    src = src.rstrip("/") or "/"
+    dest = dest.rstrip("/")
+    parent, name = os.path.split(dest)
+    partial = os.path.join(parent, f".{name}.partial")
+    old = os.path.join(parent, f".{name}.old")
+    started = time.monotonic()
+    if not os.path.isdir(src):
+        raise StageError(f"model source {src} does not exist on this host: put the model there, or fix `model`/`model_store` in the data")
+    listing = walk(src, skip={marker_name})
+    cache = load_manifest(src)
+    known = {rel: cache[rel] for rel, st in listing.items() if fresh(cache.get(rel), st)}
+
+    os.makedirs(parent, exist_ok=True)
+    for leftover in (old,):
+        if os.path.isdir(leftover) and ours(leftover, marker_name):
+            shutil.rmtree(leftover)
+    if os.path.isdir(partial):
+        if not os.path.isfile(os.path.join(partial, JOURNAL_NAME)):
+            if ours(partial, marker_name) or not os.listdir(partial):
+                shutil.rmtree(partial)  # a previous copy parked by an interrupted swap, or an empty start
+            else:
+                raise StageError(f"{partial} exists and was not made by sglang-deploy: move it away, then run again")
+
+    staged = None  # marker of DEST: {rel: [size, sha256, crc32]}
+    if os.path.isdir(dest):
+        marker = read_json(os.path.join(dest, marker_name))
+        if marker is not None and isinstance(marker.get("files"), dict):
+            staged = marker["files"]
+        else:
+            return adopt(src, dest, marker_name, listing, known)
+    journal = read_journal(os.path.join(partial, JOURNAL_NAME)) or {}
+
+    # Files that may be reused need the source's hash first (the cache usually has it).
+    def reusable_size(rel, st):
+        return (staged and rel in staged and _size(os.path.join(dest, rel)) == st.st_size) or (
+            rel in journal and _size(os.path.join(partial, rel)) == st.st_size
+        )
+
+    unknown = [rel for rel, st in listing.items() if rel not in known and reusable_size(rel, st)]
+    hashed = hash_many([os.path.join(src, rel) for rel in unknown])
+    for rel in unknown:
+        sha, crc = hashed[os.path.join(src, rel)]
+        known[rel] = {"size": listing[rel].st_size, "mtime_ns": listing[rel].st_mtime_ns, "sha256": sha, "crc32": crc}
+    dest_sha = {}
+    if verify == "full" and staged:
+        candidates = [r for r in listing if r in staged and r in known and staged[r][1] == known[r]["sha256"]]
+        hashed = hash_many([os.path.join(dest, r) for r in candidates], want_crc=False)
+        dest_sha = {os.path.relpath(p, dest): v[0] for p, v in hashed.items()}
+
+    keep, link, copy = [], [], []
+    for rel, st in listing.items():
+        entry = known.get(rel)
+        if entry and rel in journal and tuple(journal[rel][:2]) == (st.st_size, entry["sha256"]) and _size(os.path.join(partial, rel)) == st.st_size:
+            keep.append(rel)
+        elif (
+            entry and staged and rel in staged and list(staged[rel][:2]) == [st.st_size, entry["sha256"]]
+            and _size(os.path.join(dest, rel)) == st.st_size
+            and (verify != "full" or dest_sha.get(rel) == entry["sha256"])
+        ):
+            link.append(rel)
+        else:
+            copy.append(rel)
+
+    dest_files = walk(dest, skip={marker_name}) if staged is not None else {}
+    if staged is not None and not copy and not keep and set(dest_files) == set(listing) and set(staged) == set(listing):
+        save_manifest(src, {rel: known[rel] for rel in listing})
+        if os.path.isdir(partial):
+            shutil.rmtree(partial)
+        print(f"{name}: already staged, {len(listing)} files verified against the manifest ({verify})")
+        return {"copied": 0, "bytes": 0}
+
+    # Free space: everything this host must still stage, this model and the others, before copying anything.
+    need_here = sum(listing[rel].st_size for rel in copy)
+    need_others = {os.path.basename(d.rstrip("/")): pending_bytes(s, d, marker_name) for s, d in others}
+    need = need_here + sum(need_others.values())
+    st = os.statvfs(parent)
+    free = st.f_bavail * st.f_frsize
+    memory = mem_available()
+    short = [f"{parent} has {human(free)} free"] if need > free else []
+    if memory is not None and need > memory:
+        short.append(f"the host has {human(memory)} of memory available")
+    if short:
+        parts = [f"{name} {human(need_here)}"] + [f"{n} {human(b)}" for n, b in need_others.items() if b]
+        raise StageError(
+            f"not enough space to stage: {' and '.join(short)}, this host must stage {human(need)} more "
+            f"({', '.join(parts)}): free space there, give {parent} more room, or load a model from the store (`model_in: store`)"
+        )
+
+    os.makedirs(partial, exist_ok=True)
+    journal_path = os.path.join(partial, JOURNAL_NAME)
+    with open(journal_path, "a"):
+        pass
+    for dirpath, _dirs, names in os.walk(partial):
+        for entry_name in names:
+            if entry_name.endswith(PART_SUFFIX):
+                os.unlink(os.path.join(dirpath, entry_name))
+    journal_lock = threading.Lock()
+    journal_file = open(journal_path, "a")
+
+    def journaled(rel, entry):
+        with journal_lock:
+            journal_file.write(json.dumps([rel, entry["size"], entry["sha256"], entry["crc32"]]) + "\n")
+            journal_file.flush()
+
+    for rel in link:
+        target = os.path.join(partial, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.lexists(target):
+            os.unlink(target)
+        os.link(os.path.join(dest, rel), target)
+        journaled(rel, known[rel])
+
+    progress = Progress(name, need_here, interval)
+
+    def one(rel):
+        entry = copy_file(os.path.join(src, rel), os.path.join(partial, rel), listing[rel], known.get(rel), verify == "full" or rel not in known, progress)
+        known[rel] = entry
+        journaled(rel, entry)
+
+    try:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            for future in [pool.submit(one, rel) for rel in sorted(copy, key=lambda r: -listing[r].st_size)]:
+                future.result()
+    finally:
+        progress.close()
+        journal_file.close()
+        save_manifest(src, {rel: known[rel] for rel in listing if rel in known})
+
+    # Anything in the partial copy that the source no longer has goes before the marker is written.
+    for rel in set(walk(partial, skip={JOURNAL_NAME, marker_name})) - set(listing):
+        os.unlink(os.path.join(partial, rel))
+    built = walk(partial, skip={JOURNAL_NAME, marker_name})
+    wrong = sorted(rel for rel, st in listing.items() if rel not in built or built[rel].st_size != st.st_size)
+    if wrong:
+        raise StageError(f"{partial}: {', '.join(wrong[:3])} missing or of the wrong size after copying; nothing was replaced")
+    files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
+    tmp_marker = os.path.join(partial, marker_name + ".tmp")
+    with open(tmp_marker, "w") as handle:
+        json.dump({"source": src, "files": files}, handle, sort_keys=True)
+    os.rename(tmp_marker, os.path.join(partial, marker_name))
+    os.unlink(journal_path)
+    if os.path.isdir(dest):
+        if exchange(partial, dest):
+            os.rename(partial, old)
+        else:
+            os.rename(dest, old)
+            os.rename(partial, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(partial, dest)
+    elapsed = time.monotonic() - started
+    rate = f", {human(need_here / elapsed)}/s" if need_here and elapsed > 0 else ""
+    print(
+        f"{name}: staged {len(listing)} files: {len(copy)} copied ({human(need_here)}), {len(link) + len(keep)} kept; "
+        f"checked against the manifest in {elapsed:.1f} s{rate}"
+    )
+    return {"copied": len(copy), "bytes": need_here}
+
+
+def adopt(src, dest, marker_name, listing, known):
+    """DEST exists without our marker: take it over only if it is an exact copy; never delete it."""
+    dest_files = walk(dest, skip={marker_name})
+    same_names = set(dest_files) == set(listing) and all(dest_files[r].st_size == listing[r].st_size for r in listing)
+    if same_names:
+        for rel in [r for r in listing if r not in known]:
+            sha, crc = hash_file(os.path.join(src, rel))
+            st = listing[rel]
+            known[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha, "crc32": crc}
+        hashed = hash_many([os.path.join(dest, r) for r in listing], want_crc=False)
+        if all(hashed[os.path.join(dest, r)][0] == known[r]["sha256"] for r in listing):
+            save_manifest(src, known)
+            files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
+            tmp_marker = os.path.join(dest, marker_name + ".tmp")
+            with open(tmp_marker, "w") as handle:
+                json.dump({"source": src, "files": files, "adopted": True}, handle, sort_keys=True)
+            os.rename(tmp_marker, os.path.join(dest, marker_name))
+            print(f"{os.path.basename(dest)}: an exact copy was already there; marked as staged")
+            return {"copied": 0, "bytes": 0}
+    raise StageError(
+        f"{dest} exists but was not staged by sglang-deploy (no {marker_name}) and differs from {src}: "
+        f"it is never removed by the deploy; move it away (or delete it), then run again"
+    )
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="stage_model.py")
+    parser.add_argument("src", nargs="?")
+    parser.add_argument("dest", nargs="?")
+    parser.add_argument("marker", nargs="?")
+    parser.add_argument("--verify", choices=("fast", "full"), default="fast")
+    parser.add_argument("--also", nargs=2, action="append", default=[], metavar=("SRC", "DEST"))
+    parser.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines on stderr (0: none)")
+    parser.add_argument("--list", help="stage every model of this JSON list (the boot unit)")
+    args = parser.parse_args(argv)
+    if args.list:
+        spec = read_json(args.list)
+        if not spec:
+            raise StageError(f"{args.list} is missing or not valid JSON: run the deploy")
+        jobs = [(m["src"], m["dest"]) for m in spec["models"]]
+        marker, verify = spec["marker"], spec.get("verify", "fast")
+    else:
+        if not (args.src and args.dest and args.marker):
+            parser.error("SRC DEST MARKER, or --list FILE")
+        jobs = [(args.src, args.dest)] + [tuple(a) for a in args.also]
+        jobs_to_run = jobs[:1]
+        marker, verify = args.marker, args.verify
+    lock_path = LOCK_PATH if os.path.isdir(os.path.dirname(LOCK_PATH)) else os.path.join(os.path.dirname(jobs[0][1].rstrip("/")), ".sglang-deploy-stage.lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for i, (src, dest) in enumerate(jobs if args.list else jobs_to_run):
+            # The first model checks free space for all of them, so a shortfall stops before any copy.
+            others = [j for j in jobs[i + 1:]] if args.list else jobs[1:]
+            stage(src, dest, marker, verify, others, args.progress)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except StageError as exc:
+        print(f"stage_model: {exc}", file=sys.stderr)
+        sys.exit(1)
