@@ -91,8 +91,9 @@ class DeployResult:
         return f"DeployResult(rc={self.returncode}, changed={self.changed}, errors={self.errors})\n{self.stderr[-4000:]}"
 
 
-def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900) -> DeployResult:
-    argv = [PYINFRA, str(inventory), "deploy.py", "-y", "--json", *extra]
+def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900, as_json: bool = True) -> DeployResult:
+    """Run the deploy; with `as_json`, results are parsed from --json (which keeps operations' own log lines quiet)."""
+    argv = [PYINFRA, str(inventory), "deploy.py", "-y", *(["--json"] if as_json else []), *extra]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     return DeployResult(proc)
 

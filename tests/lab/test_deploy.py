@@ -129,8 +129,8 @@ def test_overwritten_patch_file_is_named_by_a_dry_run_and_put_back(first_run):
     site = ssh("gpu-a", f"ls -d {env}/lib/python3*/site-packages").stdout.strip()
     pid = main_pid("gpu-a", UNITS["ddtree"])
     ssh("gpu-a", f"echo '# edited by hand' >> {site}/{target}")
-    dry = deploy("lab/inventory.py", "--dry")
-    assert f"{target} was changed on the host" in dry.stderr
+    dry = deploy("lab/inventory.py", "--dry", as_json=False)
+    assert f"{target} was changed on the host" in dry.stdout + dry.stderr
     result = deploy()
     assert result.returncode == 0, result
     assert f"Patch set ddtree-sample applied in {env}" in changed_names(result)
