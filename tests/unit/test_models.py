@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import models, remote
-from operations import settings
+from operations import models, remote, settings
 from operations.settings import HostConfig
 from tests.unit.hosts import make_host
 from tests.unit.test_operations import run
