@@ -249,7 +249,9 @@ def boot_unit_name(config: HostConfig) -> str | None:
 def boot_files(config: HostConfig) -> dict[str, tuple[str, str]]:
     """path -> (content, mode) of what the boot unit needs on the host (pure: tested without one)."""
     models = [{"name": m.name, "src": m.store_path, "dest": m.load_path} for m in config.staged_models]
-    listing = json.dumps({"marker": MARKER, "verify": config.verify_models, "models": models}, indent=2, sort_keys=True) + "\n"
+    # No verify mode here: at boot the shm dir is empty and every file is copied and checked anyway,
+    # and a one-off `--data verify_models=full` run must not rewrite the list.
+    listing = json.dumps({"marker": MARKER, "models": models}, indent=2, sort_keys=True) + "\n"
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,

@@ -135,7 +135,7 @@ def test_boot_unit_name_only_when_the_host_stages_something():
 
 def test_boot_files_are_deterministic_and_name_the_script_and_list():
     wanted = models.boot_files(config(("shm", "shm")))
-    assert wanted == models.boot_files(config(("shm", "shm")))
+    assert wanted == models.boot_files(config(("shm", "shm"), verify="full"))
     unit, mode = wanted[models.BOOT_UNIT_PATH]
     assert mode == "644" and unit.startswith("# Managed by sglang-deploy")
     for line in ("Type=oneshot", "RemainAfterExit=yes", "WantedBy=multi-user.target",
@@ -143,7 +143,7 @@ def test_boot_files_are_deterministic_and_name_the_script_and_list():
                  "RequiresMountsFor=/dev/shm /root/models/Draft /root/models/Qwen3.6-27B"):
         assert line in unit
     listing = json.loads(wanted[models.BOOT_LIST][0])
-    assert listing == {"marker": MARKER, "verify": "fast", "models": [
+    assert listing == {"marker": MARKER, "models": [
         {"name": "Qwen3.6-27B", "src": "/root/models/Qwen3.6-27B", "dest": "/dev/shm/Qwen3.6-27B"},
         {"name": "Draft", "src": "/root/models/Draft", "dest": "/dev/shm/Draft"},
     ]}
