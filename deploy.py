@@ -50,7 +50,10 @@ for service in config.services:
     env = service.environment
     unit_path = f"/etc/systemd/system/{service.unit_name}"
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
-    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, digests))
+    staging = models.boot_unit_name(config) if any(m.location == "shm" for m in service.models) else None
+    unit_text = units.render_unit(
+        config, service, stack, units.inputs_digest(stack, digests), after_units=(staging,) if staging else ()
+    )
 
     # What this service's process loads besides its unit: its venv, patch sets and staged models.
     inputs = [env_ops[env.path]] + [patch_ops[env.path, name] for name in env.patch_sets]

@@ -27,12 +27,11 @@ import json
 import shlex
 from pathlib import Path
 
-import jinja2
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
-from operations import remote
+from operations import remote, units
 from operations.settings import HostConfig
 
 MARKER = ".sglang-deploy-staged.json"
@@ -42,7 +41,6 @@ BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
 BOOT_SCRIPT = "/usr/local/lib/sglang-deploy/stage_model.py"
 BOOT_LIST = "/etc/sglang-deploy/models.json"
 VERIFY_MODES = ("fast", "full")
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 # models.staged -------------------------------------------------------------------------
@@ -252,14 +250,7 @@ def boot_files(config: HostConfig) -> dict[str, tuple[str, str]]:
     # No verify mode here: at boot the shm dir is empty and every file is copied and checked anyway,
     # and a one-off `--data verify_models=full` run must not rewrite the list.
     listing = json.dumps({"marker": MARKER, "models": models}, indent=2, sort_keys=True) + "\n"
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    unit = env.get_template("sglang-stage.service.j2").render(
+    unit = units.template("sglang-stage.service.j2").render(
         host_name=config.host,
         shm_dir=config.shm_dir,
         mounts=sorted({config.shm_dir, *(m.store_path for m in config.staged_models)}),

@@ -39,6 +39,11 @@ def flag_lines(argv: list[str]) -> list[str]:
     return [" ".join(systemd_quote(w) for w in line) for line in lines]
 
 
+def template(name: str) -> jinja2.Template:
+    """A template from `templates/`, rendered strictly (an unknown variable is an error) and deterministically."""
+    return _environment().get_template(name)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -64,8 +69,7 @@ def inputs_digest(stack: Stack, patch_digests: dict[str, str]) -> str:
 
 
 def render_unit(config: HostConfig, service: Service, stack: Stack, inputs: str, after_units: tuple[str, ...] = ()) -> str:
-    template = _environment().get_template("sglang.service.j2")
-    return template.render(
+    return template("sglang.service.j2").render(
         service=service,
         host_name=config.host,
         stack=stack,

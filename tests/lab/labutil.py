@@ -103,7 +103,8 @@ def clean_host(host: str) -> None:
     ssh(host, (
         "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
-        "rm -rf /root/venv_sglang /root/venv_sglang.* /root/venv_sglang+* /var/cache/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
+        "rm -rf /root/venv_sglang /root/venv_sglang.* /root/venv_sglang+* /var/cache/sglang-deploy /etc/sglang-deploy /usr/local/lib/sglang-deploy "
+        "/dev/shm/* /dev/shm/.[!.]*; true"
     ))
 
 
