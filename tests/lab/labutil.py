@@ -93,7 +93,9 @@ class DeployResult:
 
 def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900, as_json: bool = True) -> DeployResult:
     """Run the deploy; with `as_json`, results are parsed from --json (which keeps operations' own log lines quiet)."""
-    argv = [PYINFRA, str(inventory), "deploy.py", "-y", *(["--json"] if as_json else []), *extra]
+    # -y skips change detection, which is all a --dry run does.
+    yes = [] if "--dry" in extra else ["-y"]
+    argv = [PYINFRA, str(inventory), "deploy.py", *yes, *(["--json"] if as_json else []), *extra]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     return DeployResult(proc)
 

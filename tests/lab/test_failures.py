@@ -16,7 +16,7 @@ def test_bad_data_stops_the_run_before_any_host_is_touched():
     inventory = write_inventory("test_bad_data", {SPARE: {"run_services": {"dflash": {"port": 70000}}}})
     result = deploy(inventory)
     assert result.returncode != 0
-    assert "inventory (host gpu-b): run_services.dflash.port: 70000: must be a TCP port" in result.stderr
+    assert f"inventory (host {SPARE}): run_services.dflash.port: 70000: must be a TCP port" in result.stderr
     assert "Starting operation" not in result.stderr
     assert ssh(SPARE, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
 

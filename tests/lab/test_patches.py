@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import zipfile
 
@@ -36,8 +37,7 @@ def parses(host: str, venv: str, argv: list[str]) -> tuple[bool, str]:
         "a = prepare_server_args(json.loads(sys.argv[1]))\n"
         "print(a.speculative_algorithm, a.speculative_ddtree_budget)\n"
     )
-    quoted_script = json.dumps(script)
-    result = ssh(host, f"{venv}/bin/python -c {quoted_script} '{json.dumps(argv)}'", check=False)
+    result = ssh(host, f"{venv}/bin/python -c {shlex.quote(script)} {shlex.quote(json.dumps(argv))}", check=False)
     return result.returncode == 0, result.stdout + result.stderr
 
 
