@@ -16,7 +16,7 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import models, patches, preflight, readiness, settings, stacks, units, venv
+from operations import models, patches, preflight, readiness, secrets, settings, stacks, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
@@ -59,6 +59,15 @@ for service in config.services:
     inputs = [env_ops[env.path]] + [patch_ops[env.path, name] for name in env.patch_sets]
     inputs += [model_ops[m.name] for m in service.models if m.name in model_ops]
 
+    key_file = secrets.config_file(
+        name=f"API keys of {service.name} in a root-only file",
+        service=service.name,
+        api_key=service.api_key,
+        admin_api_key=service.admin_api_key,
+        present=bool(service.config_file),
+    )
+    inputs.append(key_file)
+
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
@@ -91,5 +100,7 @@ for service in config.services:
         port=service.port,
         timeout=config.readiness_timeout_s,
         smoke=config.smoke_test,
+        config_file=service.config_file,
+        open_to_all=service.exposed_without_key,
         restarted=any_changed(started, restarted),
     )

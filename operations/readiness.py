@@ -42,8 +42,10 @@ def _record(service: str, endpoint: str, state: str, ready: str) -> None:
     REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
 
 
-def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool) -> bool:
-    command = remote.command("wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0")
+def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> bool:
+    command = remote.command(
+        "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0", shlex.quote(config_file)
+    )
     ok, output = host.run_shell_command(command, print_output=False, _timeout=timeout + 180)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
@@ -63,7 +65,17 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
 
 
 @operation()
-def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bool = True, restarted: Callable[[], bool] | None = None):
+def ready(
+    service: str,
+    unit: str,
+    bind: str,
+    port: int,
+    timeout: int,
+    smoke: bool = True,
+    config_file: str | None = None,
+    open_to_all: bool = False,
+    restarted: Callable[[], bool] | None = None,
+):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
 
@@ -73,6 +85,8 @@ def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bo
     + port: its port
     + timeout: seconds a (re)started service may take to become ready
     + smoke: send one chat completion once healthy
+    + config_file: the service's root-only `--config` file: the smoke request reads its API key there, on the host
+    + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
 
     **Example:**
@@ -85,7 +99,7 @@ def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bo
         )
     """
     address = probe_address(bind)
-    endpoint = f"http://{bind}:{port}"
+    endpoint = f"http://{bind}:{port}" + (" (NO API KEY)" if open_to_all else "")
     # Whether this run (re)started the unit is known only while executing; a dry run or the
     # change check before execution judges by the service's current answer.
     just_started = bool(host.state.is_executing and restarted and restarted())
@@ -96,7 +110,7 @@ def ready(service: str, unit: str, bind: str, port: int, timeout: int, smoke: bo
             _record(service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
             host.noop(f"service {service} answers /health on port {port}")
             return
-    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke), {})
+    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-"), {})
 
 
 class SummaryPrinter(BaseStateCallback):

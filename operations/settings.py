@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from operations.errors import DataError
+from operations.secrets import Secret, config_path, resolve
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,6 +46,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
     "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
+    "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
 }
 
@@ -67,6 +69,9 @@ SERVICE_KEYS: dict[str, Key] = {
     "patch_sets": Key([], "Patch sets from `files/patches/` copied into the installed engine."),
     "args": Key({}, "Map of sglang flag -> value, one `--flag value` line each; `true` = bare flag, `false`/null = omitted."),
     "env": Key({}, "Map of environment variables for the unit."),
+    "api_key_secret": Key(None, "Name of the secret holding the service's API key (`--api-key`, passed in a root-only `--config` file)."),
+    "admin_api_key_secret": Key(None, "Name of the secret holding the service's admin API key (`--admin-api-key`)."),
+    "allow_unauthenticated": Key(False, "Allow binding beyond loopback without an API key (anyone who reaches the port can use it)."),
 }
 
 # Flags the tool derives from service keys; writing them in `args` would say things twice.
@@ -75,6 +80,9 @@ DERIVED_FLAGS = {
     "speculative-draft-model-path": "draft_model",
     "port": "port",
     "host": "bind",
+    "config": "api_key_secret",
+    "api-key": "api_key_secret",
+    "admin-api-key": "admin_api_key_secret",
 }
 DERIVED_ENV = {"CUDA_VISIBLE_DEVICES": "gpu"}
 
@@ -172,6 +180,18 @@ class Service:
     patch_sets: tuple[str, ...]
     args: tuple[tuple[str, Any], ...]
     env: tuple[tuple[str, str], ...]
+    api_key: Secret | None = None
+    admin_api_key: Secret | None = None
+    allow_unauthenticated: bool = False
+
+    @property
+    def config_file(self) -> str | None:
+        """The root-only `--config` file that carries the API keys, if the service has any."""
+        return config_path(self.name) if (self.api_key or self.admin_api_key) else None
+
+    @property
+    def exposed_without_key(self) -> bool:
+        return not self.api_key and not _is_loopback(self.bind)
 
     @property
     def unit_name(self) -> str:
@@ -187,6 +207,8 @@ class Service:
         if self.draft:
             out += ["--speculative-draft-model-path", self.draft.load_path]
         out += ["--host", self.bind, "--port", str(self.port)]
+        if self.config_file:
+            out += ["--config", self.config_file]
         for flag, value in self.args:
             if value is True:
                 out.append(f"--{flag}")
@@ -281,6 +303,10 @@ def _is_ip(value: Any) -> bool:
     except ValueError:
         return False
     return isinstance(value, str)
+
+
+def _is_loopback(address: str) -> bool:
+    return address == "localhost" or ipaddress.ip_address(address).is_loopback
 
 
 def _is_int(value: Any) -> bool:
@@ -402,6 +428,23 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
     s, p, draft_name = at("draft_model")
     if draft_name is not None:
         draft = use(_model_name(s, p, draft_name), locations["draft_in"])
+    secrets: dict[str, Secret | None] = {}
+    for key in ("api_key_secret", "admin_api_key_secret"):
+        s, p, secret_name = at(key)
+        if secret_name is None:
+            secrets[key] = None
+            continue
+        _require(isinstance(secret_name, str) and bool(_NAME_RE.match(secret_name)), s, p, secret_name, "must be the name of a secret (lowercase letters, digits, '-', '_'), not the key itself")
+        secrets[key] = resolve(secret_name, hc["secrets_file"], s, p)
+    s, p, allow_open = at("allow_unauthenticated")
+    _require(isinstance(allow_open, bool), s, p, allow_open, "must be true or false")
+    if not secrets["api_key_secret"] and not _is_loopback(bind) and not allow_open:
+        s, p, _ = at("bind")
+        raise DataError(
+            s, p, bind,
+            "binding beyond loopback without an API key lets anyone who reaches the port use the model: "
+            "set `api_key_secret` (a secret on the control machine), or `allow_unauthenticated: true` to accept that",
+        )
     s, p, patch_sets = at("patch_sets")
     _require(
         isinstance(patch_sets, list) and all(isinstance(x, str) and _NAME_RE.match(x) for x in patch_sets),
@@ -420,6 +463,9 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
         patch_sets=tuple(patch_sets),
         args=_args(*at("args")),
         env=_env(*at("env")),
+        api_key=secrets["api_key_secret"],
+        admin_api_key=secrets["admin_api_key_secret"],
+        allow_unauthenticated=allow_open,
     )
 
 
@@ -481,6 +527,8 @@ def host_config(host) -> HostConfig:
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+    _require(isinstance(values["secrets_file"], str) and values["secrets_file"] != "", src("secrets_file"), "secrets_file", values["secrets_file"], "must be a file path on the control machine")
+    values["secrets_file"] = Path(values["secrets_file"])
     _require(values["verify_models"] in ("fast", "full"), src("verify_models"), "verify_models", values["verify_models"], "must be `fast` (names and sizes) or `full` (re-hash the staged files)")
     forced = values["force_patch_sets"]
     _require(

@@ -1,6 +1,8 @@
 # Wait until a just-(re)started service answers GET /health with 200, then send one chat
 # completion. Fails fast, with the journal tail, as soon as the unit is dead or restarting.
-# argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1)
+# The API key, if any, is read here from the service's root-only --config file (CONFIG_FILE,
+# or "-"), so that it never travels in a command line.
+# argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE
 import json
 import subprocess
 import sys
@@ -9,6 +11,14 @@ import urllib.error
 import urllib.request
 
 unit, address, port, timeout, smoke = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+config_file = sys.argv[6] if len(sys.argv) > 6 else "-"
+headers = {"Content-Type": "application/json"}
+if config_file != "-":
+    with open(config_file) as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key.strip() == "api-key":
+                headers["Authorization"] = "Bearer " + json.loads(value.strip())
 base = f"http://{address}:{port}"
 start = time.monotonic()
 
@@ -50,7 +60,7 @@ ready_s = round(time.monotonic() - start, 1)
 reply = None
 if smoke:
     body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "Reply with OK."}], "max_tokens": 8, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             reply = json.load(response)["choices"][0]["message"]["content"]

@@ -35,7 +35,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -68,6 +67,14 @@ class _Terminate(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+SECRET_ARGS = ("api_key", "admin_api_key")
+
+
+def masked(args: dict) -> dict:
+    """The args with API keys replaced: they must reach no log line and no endpoint."""
+    return {k: ("<set>" if k in SECRET_ARGS and v else v) for k, v in args.items()}
 
 
 def log(msg: str) -> None:
@@ -396,7 +403,7 @@ class StandinState:
         return time.monotonic() >= self.ready_at
 
     def server_info(self) -> dict:
-        info = dict(self.args)
+        info = masked(self.args)
         info.update(
             {
                 "version": STANDIN_VERSION,
@@ -591,7 +598,7 @@ def _main(argv: list[str]) -> int:
         log("error: %s" % exc)
         return 1
 
-    log("%s; parser: %s; args: %s" % (BANNER, parser_label, json.dumps(args, default=_json_default, sort_keys=True)))
+    log("%s; parser: %s; args: %s" % (BANNER, parser_label, json.dumps(masked(args), default=_json_default, sort_keys=True)))
 
     if _env_flag("STANDIN_CRASH_AT_START"):
         log("error: simulated crash at start (STANDIN_CRASH_AT_START is set)")

@@ -1,0 +1,155 @@
+"""Secrets: a service's API keys, from the control machine to a root-only file on the host.
+
+Keys never live in the repo's YAML: the data names a secret (`api_key_secret: ddtree-key`)
+and its value comes from a git-ignored file on the control machine (`secrets_file`, a YAML
+map name -> value) or from the environment (`SGLANG_DEPLOY_SECRET_DDTREE_KEY`), which wins.
+On the host the value lives only in `/etc/sglang-deploy/secrets/<service>.yml` (mode 0600,
+in a 0700 directory), which sglang reads through `--config`: so it is in no unit file, no
+process argv, no journal line, and - because the value is never an operation argument and
+the file is never diffed - in no pyinfra output, `-vvv` and `--diff` included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from io import BytesIO
+from pathlib import Path
+
+import yaml
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.command import FileUploadCommand
+
+from operations.errors import DataError
+
+SECRETS_DIR = "/etc/sglang-deploy/secrets"
+_ENV_PREFIX = "SGLANG_DEPLOY_SECRET_"
+
+
+class Secret:
+    """A secret value that never shows itself (repr, str, logs, operation arguments)."""
+
+    __slots__ = ("name", "_value")
+
+    def __init__(self, name: str, value: str):
+        self.name = name
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<secret {self.name}>"
+
+    __str__ = __repr__
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Secret) and (self.name, self._value) == (other.name, other._value)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def env_name(secret_name: str) -> str:
+    return _ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", secret_name).upper()
+
+
+def load_secrets_file(path: Path) -> dict[str, str]:
+    """name -> value from the control machine's secrets file ({} when there is none)."""
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        # Never echo the file: its content is secret. Say where and what to fix.
+        raise DataError(str(path), "(file)", "<not shown>", "not valid YAML: it must be a map of secret name -> value") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in data.items()):
+        raise DataError(str(path), "(top level)", "<not shown>", "must be a map of secret name -> string value")
+    return {k: str(v) for k, v in data.items()}
+
+
+def resolve(name: str, secrets_file: Path, source: str, key_path: str) -> Secret:
+    """The secret called `name`, from the environment or the secrets file, or a DataError saying where to put it."""
+    value = os.environ.get(env_name(name))
+    if value is None:
+        value = load_secrets_file(secrets_file).get(name)
+    if not value:
+        raise DataError(
+            source, key_path, name,
+            f"no such secret: set ${env_name(name)}, or add `{name}: <value>` to {secrets_file} (git-ignored, on the control machine)",
+        )
+    if "\n" in value or len(value) < 16:
+        raise DataError(source, key_path, name, "the secret must be a single line of at least 16 characters")
+    return Secret(name, value)
+
+
+def config_path(service: str) -> str:
+    return f"{SECRETS_DIR}/{service}.yml"
+
+
+def config_text(api_key: Secret | None, admin_api_key: Secret | None) -> str:
+    """The `--config` YAML for sglang: JSON strings are valid YAML and need no escaping rules of our own."""
+    lines = []
+    if api_key:
+        lines.append(f"api-key: {json.dumps(api_key.reveal())}")
+    if admin_api_key:
+        lines.append(f"admin-api-key: {json.dumps(admin_api_key.reveal())}")
+    return "\n".join(lines) + "\n"
+
+
+class SecretFileState(FactBase):
+    """sha256 and mode of a secret file (never its content), or None if absent."""
+
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        return f"if [ -f {quoted} ]; then stat -c '%a %U' {quoted} && sha256sum < {quoted}; fi"
+
+    def process(self, output):
+        lines = [line for line in output if line.strip()]
+        if len(lines) < 2:
+            return None
+        mode, owner = lines[0].split()
+        return {"mode": mode, "owner": owner, "sha256": lines[1].split()[0]}
+
+
+@operation()
+def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | None, present: bool = True):
+    """
+    Keep the root-only `--config` file holding a service's API keys.
+
+    + service: the service's name (the file is ``/etc/sglang-deploy/secrets/<service>.yml``)
+    + api_key, admin_api_key: `Secret` objects (never plain strings: operation arguments are printed)
+    + present: ``False`` removes the file
+
+    Secrecy:
+        The file is uploaded into a 0700 directory, made 0600, then renamed into place;
+        only its sha256 is read back. Nothing prints its content.
+
+    **Example:**
+
+    .. code:: python
+
+        secrets.config_file(name="API key file of ddtree", service="ddtree", api_key=secret, admin_api_key=None)
+    """
+    path = config_path(service)
+    state = host.get_fact(SecretFileState, path=path)
+    if not present:
+        if state is None:
+            host.noop(f"secret file of {service} is absent")
+        else:
+            yield f"rm -f {shlex.quote(path)}"
+        return
+    content = config_text(api_key, admin_api_key).encode()
+    digest = hashlib.sha256(content).hexdigest()
+    if state and state["sha256"] == digest and state["mode"] == "600" and state["owner"] == "root":
+        host.noop(f"secret file of {service} is current (0600)")
+        return
+    host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
+    tmp = f"{path}.tmp"
+    yield f"install -d -m 700 -o root -g root {shlex.quote(SECRETS_DIR)} && rm -f {shlex.quote(tmp)}"
+    yield FileUploadCommand(BytesIO(content), tmp)
+    yield f"chown root:root {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}"

@@ -1,0 +1,73 @@
+"""Secrets and exposure on the lab: an API key reaches the server through a root-only file and nowhere else."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from tests.lab.labutil import SPARE, clean_host, deploy, lab_hosts, main_pid, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+KEY = "lab-test-key-7f3a9c2e51d04b8a"  # a test value: never a real key
+SERVICE = {
+    "gpu": 0, "port": 30110, "bind": "0.0.0.0", "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+    "api_key_secret": "exposed-key",
+}
+
+
+@pytest.fixture(scope="module")
+def exposed():
+    clean_host(SPARE)
+    inventory = write_inventory("test_exposed", {SPARE: {"services": {"exposed": SERVICE}, "run_services": ["exposed"]}})
+    # -vvv and --diff print commands, facts and file diffs: the key must be in none of them.
+    result = deploy(inventory, "-vvv", "--diff", env={"SGLANG_DEPLOY_SECRET_EXPOSED_KEY": KEY}, as_json=False)
+    assert result.returncode == 0, result
+    yield inventory, result
+    clean_host(SPARE)
+
+
+def test_the_key_is_in_no_pyinfra_output(exposed):
+    _, result = exposed
+    assert KEY not in result.stdout + result.stderr
+    assert "(NO API KEY)" not in result.stderr
+
+
+def test_the_key_is_in_no_unit_argv_or_journal_only_in_a_root_only_file(exposed):
+    unit = ssh(SPARE, "cat /etc/systemd/system/sglang-exposed.service").stdout
+    assert KEY not in unit and "--config /etc/sglang-deploy/secrets/exposed.yml" in unit
+    pid = main_pid(SPARE, "sglang-exposed.service")
+    assert KEY not in ssh(SPARE, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+    assert KEY not in ssh(SPARE, "journalctl -u sglang-exposed.service --no-pager -o cat").stdout
+    assert ssh(SPARE, "stat -c '%a %U' /etc/sglang-deploy/secrets /etc/sglang-deploy/secrets/exposed.yml").stdout.split() == ["700", "root", "600", "root"]
+    assert KEY in ssh(SPARE, "cat /etc/sglang-deploy/secrets/exposed.yml").stdout
+
+
+def test_the_server_demands_the_key_from_other_machines(exposed):
+    base = f"http://{lab_hosts()[SPARE]['address']}:30110"
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+    assert requests.post(f"{base}/v1/chat/completions", json=body, timeout=10).status_code == 401
+    ok = requests.post(f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+
+
+def test_a_second_run_changes_nothing(exposed):
+    inventory, _ = exposed
+    result = deploy(inventory, env={"SGLANG_DEPLOY_SECRET_EXPOSED_KEY": KEY})
+    assert result.returncode == 0 and result.changed == [], result
+
+
+def test_a_missing_secret_is_refused_before_any_host_is_touched(exposed):
+    inventory, _ = exposed
+    result = deploy(inventory, env={"SGLANG_DEPLOY_SECRET_EXPOSED_KEY": ""})
+    assert result.returncode != 0
+    assert "services.exposed.api_key_secret: 'exposed-key': no such secret: set $SGLANG_DEPLOY_SECRET_EXPOSED_KEY" in result.stderr
+    assert "Starting operation" not in result.stderr
+
+
+def test_binding_beyond_loopback_without_a_key_is_refused_unless_allowed():
+    open_service = {k: v for k, v in SERVICE.items() if k != "api_key_secret"}
+    inventory = write_inventory("test_open", {SPARE: {"services": {"open": open_service}, "run_services": ["open"]}})
+    result = deploy(inventory)
+    assert result.returncode != 0
+    assert "services.open.bind: '0.0.0.0': binding beyond loopback without an API key" in result.stderr

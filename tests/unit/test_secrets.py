@@ -1,0 +1,77 @@
+"""Secrets and exposure: validation before any host is touched, and a value that never shows itself."""
+
+import pytest
+import yaml
+
+from operations import secrets, settings
+from operations.errors import DataError
+from operations.settings import REPO_ROOT
+from tests.unit.hosts import make_host
+
+KEY = "unit-test-key-0123456789abcdef"
+
+
+def data(**service_keys) -> dict:
+    d = yaml.safe_load((REPO_ROOT / "group_data" / "all.yml").read_text())
+    d.update(yaml.safe_load((REPO_ROOT / "lab" / "group_data" / "all.yml").read_text()))
+    d["services"]["dflash"].update(service_keys)
+    return d
+
+
+def host_config(d, monkeypatch, env=None, secrets_file=None):
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    if secrets_file:
+        d["secrets_file"] = str(secrets_file)
+    return settings.host_config(make_host(d, {"run_services": ["dflash"]}))
+
+
+def test_key_from_the_environment_reaches_a_config_flag_not_the_argv(monkeypatch):
+    config = host_config(data(bind="0.0.0.0", api_key_secret="dflash-key"), monkeypatch, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY})
+    service = config.services[0]
+    assert service.api_key.reveal() == KEY
+    assert KEY not in repr(service) and KEY not in " ".join(service.argv())
+    assert service.argv()[service.argv().index("--config") + 1] == "/etc/sglang-deploy/secrets/dflash.yml"
+    assert secrets.config_text(service.api_key, None) == f'api-key: "{KEY}"\n'
+
+
+def test_key_from_the_secrets_file(monkeypatch, tmp_path):
+    path = tmp_path / "secrets.yml"
+    path.write_text(f"dflash-key: {KEY}\n")
+    config = host_config(data(api_key_secret="dflash-key"), monkeypatch, secrets_file=path)
+    assert config.services[0].api_key.reveal() == KEY
+
+
+@pytest.mark.parametrize(("keys", "env", "path", "fix"), [
+    ({"api_key_secret": "dflash-key"}, {}, "services.dflash.api_key_secret", "no such secret: set $SGLANG_DEPLOY_SECRET_DFLASH_KEY"),
+    ({"api_key_secret": "dflash-key"}, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": "short"}, "services.dflash.api_key_secret", "at least 16 characters"),
+    ({"api_key_secret": "sk-Real Key!"}, {}, "services.dflash.api_key_secret", "must be the name of a secret"),
+    ({"bind": "0.0.0.0"}, {}, "services.dflash.bind", "binding beyond loopback without an API key"),
+    ({"bind": "10.0.0.5", "allow_unauthenticated": "yes"}, {}, "services.dflash.allow_unauthenticated", "must be true or false"),
+    ({"args": {"api-key": "x"}}, {}, "services.dflash.args.api-key", "derived from the service key `api_key_secret`"),
+    ({"args": {"config": "/tmp/x.yml"}}, {}, "services.dflash.args.config", "derived from the service key `api_key_secret`"),
+])
+def test_bad_secret_and_exposure_input(monkeypatch, keys, env, path, fix):
+    monkeypatch.delenv("SGLANG_DEPLOY_SECRET_DFLASH_KEY", raising=False)
+    with pytest.raises(DataError) as caught:
+        host_config(data(**keys), monkeypatch, env)
+    assert f"group_data/all.py: {path}: " in str(caught.value) and fix in str(caught.value)
+    assert KEY not in str(caught.value)
+
+
+def test_open_bind_is_allowed_when_said_explicitly(monkeypatch):
+    service = host_config(data(bind="0.0.0.0", allow_unauthenticated=True), monkeypatch).services[0]
+    assert service.exposed_without_key and service.config_file is None
+
+
+def test_a_secret_never_shows_itself():
+    secret = secrets.Secret("k", KEY)
+    assert KEY not in repr(secret) and KEY not in str(secret) and KEY not in f"{secret}"
+
+
+def test_an_unreadable_secrets_file_is_named_without_its_content(tmp_path):
+    path = tmp_path / "secrets.yml"
+    path.write_text(f"k: [{KEY}\n")
+    with pytest.raises(DataError) as caught:
+        secrets.load_secrets_file(path)
+    assert str(path) in str(caught.value) and KEY not in str(caught.value)
