@@ -16,12 +16,13 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import models, patches, preflight, readiness, secrets, settings, stacks, units, venv
+from operations import lock, models, patches, preflight, readiness, secrets, settings, stacks, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 readiness.install_summary(state)
+lock.acquire(host, state, config.lock_wait_s)
 
 # One venv per combination of stack and patch sets (settings.Environment); a host with
 # nothing placed on it gets none: it stays ready to receive a service.

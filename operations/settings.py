@@ -45,6 +45,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
+    "lock_wait_s": Key(300, "Seconds a deploy waits for another deploy's lock on a host before it stops."),
     "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
     "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
@@ -56,10 +57,11 @@ HOST_KEYS: dict[str, Key] = {
         [],
         "Which services run on this host: a list of names, or a map name -> overrides of service keys (e.g. `gpu`, `port`).",
     ),
+    "failed_gpus": Key([], "GPU indexes on this host that no service may use, whatever `nvidia-smi` says (an operator's mark after a failure)."),
 }
 
 SERVICE_KEYS: dict[str, Key] = {
-    "gpu": Key(None, "GPU index, or a list of indexes, the service uses (`CUDA_VISIBLE_DEVICES`).", required=True),
+    "gpu": Key(None, "GPU index, or a list of indexes, the service uses (`CUDA_VISIBLE_DEVICES`); `auto`: a healthy free GPU, kept across runs.", required=True),
     "port": Key(None, "TCP port the server listens on.", required=True),
     "bind": Key("127.0.0.1", "Address the server binds (`--host`)."),
     "model": Key(None, "Target model: a directory name in `model_store`.", required=True),
@@ -238,9 +240,11 @@ class HostConfig:
     launcher: str
     readiness_timeout_s: int
     smoke_test: bool
+    lock_wait_s: int = 300
     force_patch_sets: tuple[str, ...] = ()
     services: tuple[Service, ...] = field(default_factory=tuple)
     verify_models: str = "fast"
+    failed_gpus: tuple[int, ...] = ()
 
     @property
     def staged_models(self) -> tuple[ModelUse, ...]:
@@ -326,9 +330,12 @@ def _abs_path(src: str, path: str, value: Any) -> str:
 
 
 def _gpus(src: str, path: str, value: Any) -> tuple[int, ...]:
+    """The GPU indexes; `()` for `auto` (chosen per host from nvidia-smi, see operations/gpus.py)."""
+    if value == "auto":
+        return ()
     items = value if isinstance(value, list) else [value]
     ok = bool(items) and all(_is_int(i) and 0 <= i < 64 for i in items)
-    _require(ok, src, path, value, "must be a GPU index (0-63) or a non-empty list of them, e.g. `gpu: 1` or `gpu: [0, 1]`")
+    _require(ok, src, path, value, "must be a GPU index (0-63) or a non-empty list of them, e.g. `gpu: 1` or `gpu: [0, 1]`, or `auto`")
     _require(len(set(items)) == len(items), src, path, value, "lists a GPU twice; list each index once")
     return tuple(items)
 
@@ -527,6 +534,8 @@ def host_config(host) -> HostConfig:
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+    wait = values["lock_wait_s"]
+    _require(_is_int(wait) and 0 <= wait <= 86400, src("lock_wait_s"), "lock_wait_s", wait, "must be whole seconds from 0 to 86400")
     _require(isinstance(values["secrets_file"], str) and values["secrets_file"] != "", src("secrets_file"), "secrets_file", values["secrets_file"], "must be a file path on the control machine")
     values["secrets_file"] = Path(values["secrets_file"])
     _require(values["verify_models"] in ("fast", "full"), src("verify_models"), "verify_models", values["verify_models"], "must be `fast` (names and sizes) or `full` (re-hash the staged files)")
@@ -541,6 +550,11 @@ def host_config(host) -> HostConfig:
     for name in services_raw:
         _require(isinstance(name, str) and bool(_NAME_RE.match(name)), src("services"), f"services.{name}", name, "service names are lowercase letters, digits, '-' and '_' (they name the systemd unit)")
 
+    failed_gpus = reader.get("failed_gpus", HOST_KEYS["failed_gpus"])
+    _require(
+        isinstance(failed_gpus, list) and all(_is_int(i) and 0 <= i < 64 for i in failed_gpus),
+        reader.source("failed_gpus"), "failed_gpus", failed_gpus, "must be a list of GPU indexes (0-63), e.g. `[1]`",
+    )
     placement = _placement(reader)
     services = []
     for name, overrides in placement.items():
@@ -559,9 +573,11 @@ def host_config(host) -> HostConfig:
         launcher=values["launcher"],
         readiness_timeout_s=timeout,
         smoke_test=values["smoke_test"],
+        lock_wait_s=wait,
         force_patch_sets=tuple(forced),
         services=tuple(services),
         verify_models=values["verify_models"],
+        failed_gpus=tuple(failed_gpus),
     )
 
 
