@@ -16,13 +16,22 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import lock, models, patches, preflight, readiness, secrets, settings, stacks, units, venv
+from operations import gpus, lock, models, patches, placement, preflight, readiness, secrets, settings, stacks, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 readiness.install_summary(state)
 lock.acquire(host, state, config.lock_wait_s)
+placement.install_timer(state)
+
+# GPUs: one nvidia-smi fact per host, read now (before this deploy changes anything), resolves
+# `gpu: auto` and `attention-backend: auto` for the units below. The check shows every decision
+# (also with --dry) and fails the host, before any change, if a service's GPU is missing,
+# unhealthy, busy or too small for its models.
+gpu_plan = gpus.plan_for_host(config)
+config = gpu_plan.config
+gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
 # One venv per combination of stack and patch sets (settings.Environment); a host with
 # nothing placed on it gets none: it stays ready to receive a service.
@@ -105,3 +114,8 @@ for service in config.services:
         open_to_all=service.exposed_without_key,
         restarted=any_changed(started, restarted),
     )
+
+# Services no longer placed here go after the readiness gates: pyinfra runs each operation on
+# every host before the next, so a service moved to another host stops here only once it
+# answers /health there.
+placement.remove_unplaced(config)

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from operations import settings, stacks, units
+from operations import gpus, settings, stacks, units
 from operations.errors import DataError
 from operations.settings import REPO_ROOT
 from tests.unit.hosts import make_host
@@ -27,11 +27,20 @@ def lab_data() -> dict:
     return data
 
 
+# The lab's stand-in GPUs (sm 12.0): the deploy renders units from the GPU plan, where
+# `attention-backend: auto` becomes triton.
+LAB_GPUS = gpus.GpuFacts(
+    "/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
+    tuple(gpus.Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 97887, 0, f"00000000:{i}:00.0") for i in range(2)),
+    (), (),
+)
+
+
 def lab_config(run_services=("ddtree",), **service_patch):
     data = lab_data()
     if service_patch:
         data["services"] = {**data["services"], "ddtree": {**data["services"]["ddtree"], **service_patch}}
-    return settings.host_config(make_host(data, {"run_services": list(run_services)}))
+    return gpus.decide(settings.host_config(make_host(data, {"run_services": list(run_services)})), LAB_GPUS).config
 
 
 def render(config, service=None, patch_digests=None, after_units=()):

@@ -1,0 +1,135 @@
+"""Placement: which of a host's units go, and when (facts in, commands or a no-op out)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+from unittest import mock
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.context import ctx_host, ctx_state
+
+from operations import placement, readiness, remote
+
+HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy.\n"
+
+
+def unit(managed=True, active="active"):
+    return {"path": "/etc/systemd/system/x", "managed": managed, "active": active, "enabled": "enabled", "pid": 10}
+
+
+def test_leftovers_are_our_units_that_no_placed_service_owns():
+    units = {
+        "sglang-ddtree.service": unit(),
+        "sglang-dflash.service": unit(),
+        "sglang-stage-models.service": unit(),  # the models' boot unit: theirs
+        "sglang-handmade.service": unit(managed=False),  # no header: not ours
+    }
+    assert placement.leftovers(units, ["sglang-ddtree.service"]) == ["sglang-dflash.service"]
+    assert placement.leftovers(units, ["sglang-ddtree.service", "sglang-dflash.service"]) == []
+
+
+def test_placed_elsewhere_reads_every_other_hosts_run_services():
+    inventory = Inventory((
+        [("gpu-d", {"run_services": []}), ("gpu-e", {"run_services": {"dflash": {"gpu": 1}, "tmp": None}}), ("gpu-f", {"run_services": ["dflash"]})],
+        {},
+    ))
+    State(inventory, Config())
+    assert placement.placed_elsewhere(inventory, "gpu-d") == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e"]}
+    assert placement.placed_elsewhere(inventory, "gpu-e") == {"dflash": ["gpu-f"]}
+
+
+def test_ready_elsewhere_needs_a_ready_row_in_this_runs_report():
+    report = {"gpu-e": {"dflash": {"state": "ready"}}, "gpu-f": {"dflash": {"state": "FAILED"}}}
+    assert placement.ready_elsewhere("dflash", ["gpu-e", "gpu-f", "gpu-g"], report) == (["gpu-e"], ["gpu-f", "gpu-g"])
+
+
+def test_removal_commands_stop_disable_remove_reload():
+    assert placement.removal_commands("sglang-dflash.service", "/etc/systemd/system/sglang-dflash.service") == [
+        "systemctl disable --now sglang-dflash.service",
+        "rm -f -- /etc/systemd/system/sglang-dflash.service",
+        "systemctl daemon-reload",
+        "systemctl reset-failed sglang-dflash.service 2>/dev/null || true",
+    ]
+
+
+def run_op(units, keep, elsewhere=None):
+    inventory = Inventory(([("gpu-d", {})], {}))
+    State(inventory, Config())
+    host = inventory.get_host("gpu-d")
+    with (
+        mock.patch.object(host, "get_fact", return_value=units), mock.patch.object(host, "noop") as noop, mock.patch.object(host, "log") as log,
+        ctx_state.use(host.state), ctx_host.use(host),
+    ):
+        commands = list(placement.unplaced_removed._inner(keep=keep, elsewhere=elsewhere))
+    return commands, [c.args[0] for c in noop.call_args_list], [c.args[0] for c in log.call_args_list]
+
+
+def test_nothing_unplaced_is_a_noop():
+    commands, noops, _ = run_op({"sglang-ddtree.service": unit()}, ["sglang-ddtree.service"])
+    assert commands == [] and noops == ["no unit of an unplaced service on this host"]
+
+
+def test_an_unplaced_unit_is_removed_once_ready_elsewhere():
+    commands, _, logs = run_op({"sglang-dflash.service": unit()}, [], {"dflash": ["gpu-e"]})
+    assert [(c.function, c.args[1:]) for c in commands] == [(placement._remove, ("/etc/systemd/system/x", "dflash", ("gpu-e",)))]
+    assert logs == ["sglang-dflash.service: service dflash is no longer placed on this host: stop, disable and remove it once it answers /health on gpu-e"]
+
+
+class FakeHost:
+    def __init__(self, ok=True):
+        self.name = "gpu-d"
+        self.ok = ok
+        self.commands = []
+        self.logs = []
+
+    def run_shell_command(self, command, print_output=False):
+        self.commands.append(command)
+        return self.ok, SimpleNamespace(stdout="", stderr="boom")
+
+    def log(self, text, **_):
+        self.logs.append(text)
+
+    log_styled = log
+
+
+def test_remove_keeps_the_unit_when_the_new_host_is_not_ready(monkeypatch):
+    monkeypatch.setattr(readiness, "REPORT", {"gpu-e": {"dflash": {"state": "FAILED"}}})
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
+    assert host.commands == []
+    assert host.logs[0].startswith("sglang-dflash.service KEPT running here: service dflash is placed on gpu-e but did not answer /health")
+    assert readiness.REPORT["gpu-d"]["dflash"]["state"] == "kept"
+
+
+def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
+    monkeypatch.setattr(readiness, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
+    assert host.commands == [" && ".join(placement.removal_commands("sglang-dflash.service", "/p"))]
+    assert host.logs == ["sglang-dflash.service: stopped, disabled and removed (no longer placed here; it answers on gpu-e)"]
+    assert readiness.REPORT["gpu-d"]["dflash"]["state"] == "removed"
+
+
+def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
+    monkeypatch.setattr(readiness, "REPORT", {})
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-tmp.service", "/p", "tmp", ()) is True
+    assert len(host.commands) == 1
+
+
+def test_a_failed_removal_fails_the_host(monkeypatch):
+    monkeypatch.setattr(readiness, "REPORT", {})
+    assert placement._remove(None, FakeHost(ok=False), "sglang-tmp.service", "/p", "tmp", ()) is False
+
+
+def test_units_fact_script_reads_the_header(tmp_path):
+    (tmp_path / "sglang-a.service").write_text(HEADER + "[Unit]\n")
+    (tmp_path / "sglang-b.service").write_text("[Unit]\n")
+    (tmp_path / "other.service").write_text(HEADER)
+    proc = subprocess.run([sys.executable, "-", str(tmp_path)], input=remote.script("placement_units"), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert {name: u["managed"] for name, u in found.items()} == {"sglang-a.service": True, "sglang-b.service": False}
