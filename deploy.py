@@ -16,7 +16,7 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import gpus, lock, models, patches, placement, preflight, readiness, secrets, settings, stacks, units, venv
+from operations import gpus, lock, models, patches, placement, preflight, readiness, secrets, settings, stacks, transfer, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
@@ -54,6 +54,17 @@ for env in config.environments:
             force=name in config.force_patch_sets,
         )
 
+# The store holds each model's durable copy; a host that lacks one (a host moved to)
+# gets it streamed from the host that `model_sources` names.
+store_ops = {
+    model.name: transfer.in_store(
+        name=f"Model {model.name} in the store",
+        model=model.name,
+        path=model.store_path,
+        source=config.model_sources.get(model.name),
+    )
+    for model in config.store_models
+}
 model_ops = models.stage_for_host(config)
 
 for service in config.services:

@@ -47,6 +47,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
     "lock_wait_s": Key(300, "Seconds a deploy waits for another deploy's lock on a host before it stops."),
     "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
+    "model_sources": Key({}, "Map model name -> inventory host to stream it from when a host's store lacks it (e.g. the host a service moves away from)."),
     "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
 }
@@ -241,6 +242,7 @@ class HostConfig:
     readiness_timeout_s: int
     smoke_test: bool
     lock_wait_s: int = 300
+    model_sources: dict = field(default_factory=dict)
     force_patch_sets: tuple[str, ...] = ()
     services: tuple[Service, ...] = field(default_factory=tuple)
     verify_models: str = "fast"
@@ -262,6 +264,11 @@ class HostConfig:
         for service in self.services:
             names += [p for p in service.patch_sets if p not in names]
         return tuple(names)
+
+    @property
+    def store_models(self) -> tuple[ModelUse, ...]:
+        """Every model this host's services need in its store (the durable copy), each once."""
+        return tuple({m.name: m for s in self.services for m in s.models}.values())
 
     @property
     def environments(self) -> tuple[Environment, ...]:
@@ -534,6 +541,14 @@ def host_config(host) -> HostConfig:
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
+    sources = values["model_sources"]
+    _require(isinstance(sources, dict), src("model_sources"), "model_sources", sources, "must be a map of model name -> inventory host name")
+    for model_name, source_host in sources.items():
+        _require(
+            isinstance(source_host, str) and host.inventory.get_host(source_host, None) is not None,
+            src("model_sources"), f"model_sources.{model_name}", source_host,
+            f"must name a host of the inventory ({', '.join(h.name for h in host.inventory)})",
+        )
     wait = values["lock_wait_s"]
     _require(_is_int(wait) and 0 <= wait <= 86400, src("lock_wait_s"), "lock_wait_s", wait, "must be whole seconds from 0 to 86400")
     _require(isinstance(values["secrets_file"], str) and values["secrets_file"] != "", src("secrets_file"), "secrets_file", values["secrets_file"], "must be a file path on the control machine")
@@ -574,6 +589,7 @@ def host_config(host) -> HostConfig:
         readiness_timeout_s=timeout,
         smoke_test=values["smoke_test"],
         lock_wait_s=wait,
+        model_sources=dict(sources),
         force_patch_sets=tuple(forced),
         services=tuple(services),
         verify_models=values["verify_models"],

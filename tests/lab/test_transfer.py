@@ -1,0 +1,46 @@
+"""A model the host's store lacks is streamed from the host that `model_sources` names."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.labutil import SPARE, clean_host, deploy, http_get, lab_hosts, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+MODEL = "Qwen3.6-27B-DFlash"
+SERVICE = {"moved": {"gpu": 0, "port": 30130, "model": MODEL, "model_in": "store"}}
+
+
+def digests(host: str) -> str:
+    return ssh(host, f"cd /root/models/{MODEL} && find . -type f ! -name '.sglang-deploy-*' | sort | xargs sha256sum").stdout
+
+
+def test_missing_model_is_streamed_from_the_source_host_then_served():
+    clean_host(SPARE)
+    ssh(SPARE, f"rm -rf /root/models/{MODEL} /root/models/.{MODEL}.partial")
+    placement = {"ddtree": {}, "dflash": {}} if "gpu-a" in lab_hosts() else {}
+    inventory = write_inventory("test_transfer", {
+        "gpu-a": {"run_services": placement},
+        SPARE: {"services": SERVICE, "run_services": ["moved"], "model_sources": {MODEL: "gpu-a"}},
+    })
+    result = deploy(inventory, as_json=False)
+    assert result.returncode == 0, result
+    assert f"streamed {MODEL} from gpu-a" in result.stdout + result.stderr
+    assert digests(SPARE) == digests("gpu-a")
+    assert http_get(SPARE, 30130, "/health")[0] == 200
+    again = deploy(inventory)
+    assert again.returncode == 0 and again.changed == [], again
+    clean_host(SPARE)
+
+
+def test_missing_model_without_a_source_is_a_clear_error():
+    clean_host(SPARE)
+    ssh(SPARE, "mkdir -p /root/models/tmp-empty-test && rm -rf /root/models/tmp-empty-test")
+    service = {"lost": {"gpu": 0, "port": 30131, "model": "No-Such-Model", "model_in": "store"}}
+    inventory = write_inventory("test_no_source", {SPARE: {"services": service, "run_services": ["lost"]}})
+    result = deploy(inventory, as_json=False)
+    assert result.returncode != 0
+    assert "model No-Such-Model is not in /root/models/No-Such-Model on" in result.stdout + result.stderr
+    assert "set model_sources: {No-Such-Model: <a host that has it>}" in result.stdout + result.stderr
+    clean_host(SPARE)
