@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 PYINFRA := $(VENV)/bin/pyinfra
 LAB_STACK := $(shell sed -n 's/^stack: *\([^ #]*\).*/\1/p' lab/group_data/all.yml)
 LAB_WHEELHOUSE := lab/cache/wheelhouse
+# The demo's two hosts; the tests add spare hosts for placement and migration (old -> new).
+LAB_HOSTS ?= gpu-a,gpu-b
+TEST_LAB_HOSTS ?= gpu-a,gpu-b,gpu-c,gpu-d,gpu-e
 
-.PHONY: help deps venv lab lab-down lab-status wheelhouse demo test test-unit test-lab bench lint clean
+.PHONY: help deps venv lab test-lab-hosts lab-down lab-status wheelhouse demo test test-unit test-lab bench lint clean
 
 help:
 	@echo "make demo       start the local lab and deploy the services to it"
@@ -28,7 +31,10 @@ $(VENV)/.done: requirements.txt
 venv: $(VENV)/.done
 
 lab: deps venv
-	$(PY) lab/lab.py up
+	$(PY) lab/lab.py up --hosts $(LAB_HOSTS)
+
+test-lab-hosts: deps venv
+	$(PY) lab/lab.py up --hosts $(TEST_LAB_HOSTS)
 
 lab-down:
 	$(PYTHON) lab/lab.py down
@@ -45,10 +51,10 @@ demo: lab wheelhouse
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test-lab: lab wheelhouse
+test-lab: test-lab-hosts wheelhouse
 	$(PY) -m pytest tests/lab -q
 
-test: lab wheelhouse
+test: test-lab-hosts wheelhouse
 	$(PY) -m pytest tests -q
 
 bench: lab wheelhouse
