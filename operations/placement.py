@@ -176,6 +176,7 @@ class HealthTimer(BaseStateCallback):
     def __init__(self):
         self.started = _process_started()
         self.seen: set[tuple[str, str]] = set()
+        self.disconnected: set[str] = set()
 
     def operation_host_success(self, state, host, op_hash, retry_count: int = 0):
         for service, row in readiness.REPORT.get(host.name, {}).items():
@@ -185,6 +186,16 @@ class HealthTimer(BaseStateCallback):
             self.seen.add(key)
             elapsed = time.monotonic() - self.started
             logger.info(f"--> {host.name}/{service} answers /health {elapsed:.1f} s after the deploy started")
+
+    def host_disconnect(self, state, host):
+        self.disconnected.add(host.name)
+        if not {h.name for h in state.activated_hosts} <= self.disconnected:
+            return  # once, after the last host
+        for name in sorted(h.name for h in state.failed_hosts if h not in state.activated_hosts):
+            logger.warning(
+                f"--> {name}: not reached (connection failed): nothing there changed; the other hosts were deployed. "
+                "Services no longer placed on it are removed by the next deploy that reaches it"
+            )
 
 
 def install_timer(state) -> None:
