@@ -3,11 +3,14 @@
     pyinfra inventory.py deploy.py          # real hosts
     pyinfra lab/inventory.py deploy.py -y   # the local lab (make demo)
 
-The whole path, each step an idempotent operation: the venv holds the pinned stack;
-patch sets are copied into the installed engine; models are staged into the shm dir;
-one systemd unit per service; a service is (re)started only when something it depends
-on changed; then readiness is gated on /health and a smoke completion. The data is
-validated first: a bad value stops the run before any operation is added.
+The whole path, each step an idempotent operation: the data is validated (a bad value
+stops the run before any operation is added) and the host's deploy lock taken; GPU facts
+decide and check the placement; a venv per stack and patch sets holds the pinned stack
+with its patch sets; models are in the store (streamed from another host if need be) and
+staged into the shm dir; per service, its API keys go to a root-only file, its exact
+flags pass the engine's own parser (preflight), its unit is written, and it is
+(re)started only when something it depends on changed; readiness is gated on /health
+and a smoke completion; services no longer placed on the host are removed last.
 """
 
 from io import StringIO
@@ -79,6 +82,7 @@ for service in config.services:
     # What this service's process loads besides its unit: its venv, patch sets and staged models.
     inputs = [env_ops[env.path]] + [patch_ops[env.path, name] for name in env.patch_sets]
     inputs += [model_ops[m.name] for m in service.models if m.name in model_ops]
+    inputs += [store_ops[m.name] for m in service.models if m.location == "store"]
 
     key_file = secrets.config_file(
         name=f"API keys of {service.name} in a root-only file",
