@@ -93,6 +93,16 @@ def test_missing_gpu_message_is_parsed_once_per_bus_id():
     assert gpus.parse_missing(err) == ["0000:2A:00.0"]
 
 
+def test_h200_busy_with_a_real_process():
+    # Real output on the H200 while a torch process held 8 GiB (driver 580.159.04).
+    fields = "index,uuid,name,compute_cap,memory.total,memory.used,driver_version,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure"
+    query = "0, GPU-51421db1-6b43-fafe-5aba-44453c3b6da5, NVIDIA H200, 9.0, 143771, 8719, 580.159.04, 00000000:00:06.0, 0, [N/A], No, No\n"
+    apps = "452, GPU-51421db1-6b43-fafe-5aba-44453c3b6da5, 8710\n"
+    (h200,) = gpus.parse_query_gpu(query, fields)
+    assert (h200.memory_used_mib, h200.bus_id, h200.healthy) == (8719, "00000000:00:06.0", True)
+    assert gpus.parse_compute_apps(apps) == [gpus.App(452, "GPU-51421db1-6b43-fafe-5aba-44453c3b6da5", 8710)]
+
+
 def test_compute_apps_rows():
     assert gpus.parse_compute_apps("4242, GPU-a, 81234\n17, GPU-b, [N/A]\n") == [gpus.App(4242, "GPU-a", 81234), gpus.App(17, "GPU-b", None)]
 
