@@ -134,3 +134,4 @@ for service in config.services:
 # every host before the next, so a service moved to another host stops here only once it
 # answers /health there.
 placement.remove_unplaced(config)
+models.release_unused(config)

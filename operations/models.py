@@ -160,10 +160,11 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
 
 
 class OwnedInShm(FactBase):
-    """``{entry: "staged" | "partial" | "old"}``: directories in the shm dir that carry our marker or journal."""
+    """``{"owned": {entry: "staged" | "partial" | "old"}, "in_units": [model, ...]}``: directories in the
+    shm dir that carry our marker or journal, and the models there that an installed unit loads."""
 
     def command(self, shm_dir: str) -> str:
-        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL)
+        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL, "/etc/systemd/system")
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -189,7 +190,8 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
     Remove from ``shm_dir`` the models we staged that are not in ``keep``.
 
     + shm_dir: the RAM disk models are staged into
-    + keep: names of the models the host's services still load from it
+    + keep: names of the models the host's services still load from it (models that an
+      installed ``sglang-*`` unit loads are kept too)
 
     Ownership:
         Only directories carrying our marker (``.sglang-deploy-staged.json``) or the journal
@@ -205,8 +207,10 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
             keep=["Qwen3.6-27B"],
         )
     """
-    owned = host.get_fact(OwnedInShm, shm_dir=shm_dir)
-    remove = unused(owned, keep)
+    state = host.get_fact(OwnedInShm, shm_dir=shm_dir)
+    # A model an installed unit still loads stays: a service moved away keeps its models until
+    # its unit is removed (after its new host answers), then the last pass releases them.
+    remove = unused(state["owned"], [*keep, *state["in_units"]])
     if not remove:
         host.noop(f"no unused staged models in {shm_dir}")
         return
@@ -354,3 +358,12 @@ def stage_for_host(config: HostConfig) -> dict:
         present=bool(models),
     )
     return ops
+
+
+def release_unused(config: HostConfig) -> None:
+    """The last pass, after services no longer placed here are removed: release their models."""
+    unused_removed(
+        name=f"Staged models of removed services released from {config.shm_dir}",
+        shm_dir=config.shm_dir,
+        keep=[m.name for m in config.staged_models],
+    )

@@ -1,5 +1,7 @@
 # Fact script: the directories in the shm dir that sglang-deploy made, as one JSON line.
-# argv: SHM_DIR MARKER_NAME JOURNAL_NAME
+# Also lists the models in the shm dir that an installed sglang-* unit still loads: a service
+# being moved away keeps its staged models until its unit is removed (after the new host is ready).
+# argv: SHM_DIR MARKER_NAME JOURNAL_NAME UNITS_DIR
 # {"<entry>": "staged" | "partial" | "old"}: a staged model carries the marker; an interrupted
 # copy (`.NAME.partial`) the journal; `.NAME.old` is a replaced copy not yet deleted. Anything
 # without our marker or journal is not listed, so it is never removed.
@@ -8,6 +10,7 @@ import os
 import sys
 
 shm_dir, marker_name, journal_name = sys.argv[1:4]
+units_dir = sys.argv[4] if len(sys.argv) > 4 else "/etc/systemd/system"
 out = {}
 try:
     entries = sorted(os.listdir(shm_dir))
@@ -27,4 +30,19 @@ for entry in entries:
         out[entry] = "old"
     elif marked:
         out[entry] = "staged"
-print(json.dumps(out))
+in_units = set()
+prefix = shm_dir.rstrip("/") + "/"
+try:
+    unit_names = sorted(n for n in os.listdir(units_dir) if n.startswith("sglang-") and n.endswith(".service"))
+except OSError:
+    unit_names = []
+for unit_name in unit_names:
+    try:
+        with open(os.path.join(units_dir, unit_name)) as handle:
+            words = handle.read().replace("\\\n", " ").split()
+    except OSError:
+        continue
+    for flag, value in zip(words, words[1:]):
+        if flag in ("--model-path", "--speculative-draft-model-path") and value.startswith(prefix):
+            in_units.add(value[len(prefix):].split("/")[0])
+print(json.dumps({"owned": out, "in_units": sorted(in_units)}))

@@ -113,9 +113,9 @@ def test_unused_keeps_models_in_use_and_their_interrupted_copies():
 
 
 def test_unused_removed_yields_one_rm_per_unused_copy_and_nothing_when_clean():
-    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: dict(OWNED)}, shm_dir="/dev/shm", keep=["Qwen3.6-27B", "Old-Model"])
+    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: {"owned": dict(OWNED), "in_units": []}}, shm_dir="/dev/shm", keep=["Qwen3.6-27B", "Old-Model"])
     assert result.commands == ["rm -rf -- /dev/shm/.Qwen3.6-27B.old"]
-    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: {"Qwen3.6-27B": "staged"}}, shm_dir="/dev/shm", keep=["Qwen3.6-27B"])
+    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: {"owned": {"Qwen3.6-27B": "staged"}, "in_units": []}}, shm_dir="/dev/shm", keep=["Qwen3.6-27B"])
     assert result.commands == [] and result.noops == ["no unused staged models in /dev/shm"]
 
 
@@ -324,7 +324,7 @@ def test_interrupted_copy_leaves_no_staged_dir_and_is_resumed(model, tmp_path):
     (partial / "model-2.safetensors.sglang-part").write_bytes(b"x" * 10)
     kept = tree(partial)["model-1.safetensors"]
     assert models.drift(state(src, dest)) == "not staged"
-    owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)
+    owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)["owned"]
     assert owned == {".M.partial": "partial"}
     out = stage(src, dest).stdout
     assert "3 copied" in out and "1 kept" in out
@@ -377,7 +377,7 @@ def test_a_directory_we_did_not_stage_is_adopted_if_identical_and_never_removed_
     proc = stage(src, other, check=False)
     assert proc.returncode == 1 and "was not staged by sglang-deploy" in proc.stderr
     assert (other / "config.json").read_text() == "edited"
-    owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)
+    owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)["owned"]
     assert owned == {"M": "staged"}
 
 
@@ -416,3 +416,27 @@ def test_progress_line_says_bytes_rate_and_eta():
     progress.add(2 * 2**30)
     line = progress.line()
     assert line.startswith("staging M: 2.00 GiB of 10.00 GiB (20%), ") and "/s, ETA " in line
+
+
+def test_a_model_an_installed_unit_still_loads_is_kept_until_the_unit_goes():
+    fact = {"owned": {"Qwen3.6-27B": "staged", "Moved-Away": "staged"}, "in_units": ["Moved-Away"]}
+    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: fact}, shm_dir="/dev/shm", keep=["Qwen3.6-27B"])
+    assert result.commands == []
+    fact["in_units"] = []
+    result = run(models.unused_removed, {models.OwnedInShm: lambda shm_dir: fact}, shm_dir="/dev/shm", keep=["Qwen3.6-27B"])
+    assert result.commands == ["rm -rf -- /dev/shm/Moved-Away"]
+
+
+def test_owned_fact_names_the_shm_models_installed_units_load(tmp_path):
+    shm, units = tmp_path / "shm", tmp_path / "units"
+    shm.mkdir()
+    units.mkdir()
+    (units / "sglang-moved.service").write_text(
+        "ExecStart=/v/bin/python -m sglang.launch_server \\\n"
+        f"    --model-path {shm}/Target-Model \\\n"
+        f"    --speculative-draft-model-path {shm}/Draft-Model \\\n    --port 30001\n"
+    )
+    (units / "other.service").write_text(f"ExecStart=/bin/x --model-path {shm}/Not-Ours\n")
+    (units / "sglang-store.service").write_text("ExecStart=/v/bin/python -m x --model-path /root/models/In-Store\n")
+    fact = json.loads(script("model_owned", str(shm), MARKER, models.JOURNAL, str(units)).stdout)
+    assert fact == {"owned": {}, "in_units": ["Draft-Model", "Target-Model"]}
