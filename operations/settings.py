@@ -47,7 +47,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
     "lock_wait_s": Key(300, "Seconds a deploy waits for another deploy's lock on a host before it stops."),
     "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
-    "model_sources": Key({}, "Map model name -> inventory host to stream it from when a host's store lacks it (e.g. the host a service moves away from)."),
+    "model_sources": Key({}, "Map model name -> where to stream it from when a host's store lacks it: an inventory host (e.g. the one a service moves away from) or a directory on the control machine."),
     "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
 }
@@ -543,11 +543,13 @@ def host_config(host) -> HostConfig:
     _require(isinstance(values["smoke_test"], bool), src("smoke_test"), "smoke_test", values["smoke_test"], "must be true or false")
     sources = values["model_sources"]
     _require(isinstance(sources, dict), src("model_sources"), "model_sources", sources, "must be a map of model name -> inventory host name")
-    for model_name, source_host in sources.items():
+    for model_name, source in sources.items():
+        is_path = isinstance(source, str) and ("/" in source or source.startswith("."))
         _require(
-            isinstance(source_host, str) and host.inventory.get_host(source_host, None) is not None,
-            src("model_sources"), f"model_sources.{model_name}", source_host,
-            f"must name a host of the inventory ({', '.join(h.name for h in host.inventory)})",
+            isinstance(source, str) and (Path(source).is_dir() if is_path else host.inventory.get_host(source, None) is not None),
+            src("model_sources"), f"model_sources.{model_name}", source,
+            f"must name a host of the inventory ({', '.join(h.name for h in host.inventory)}) "
+            "or the model's directory on the control machine (a path that exists here)",
         )
     wait = values["lock_wait_s"]
     _require(_is_int(wait) and 0 <= wait <= 86400, src("lock_wait_s"), "lock_wait_s", wait, "must be whole seconds from 0 to 86400")

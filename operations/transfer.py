@@ -1,9 +1,11 @@
-"""Models from another host: `transfer.in_store(...)` puts a model into this host's store.
+"""Models from elsewhere: `transfer.in_store(...)` puts a model into this host's store.
 
-A host moved to after a GPU failure often has no models. When the data names a source host
-for a model (`model_sources: {Qwen3.6-27B: gpu-a}`), the model is streamed from that host's
-store into this host's store, host to host through the control machine's own SSH
-connections (a `tar` on each side, nothing written on the control machine), into a
+A host moved to after a GPU failure often has no models. When the data names a source for
+a model - another host of the inventory (`model_sources: {Qwen3.6-27B: gpu-a}`) or a
+directory on the control machine (`model_sources: {Qwen3.6-27B: /data/models/Qwen3.6-27B}`) -
+the model is streamed from there into this host's store: host to host through the control
+machine's own SSH connections (a `tar` on each side, nothing written on the control
+machine), or from a local `tar`, into a
 temporary sibling that is renamed into place only when complete and checked (every file's
 relative path and size). SSH's own integrity check covers the bytes in flight; the staged
 copy in shm is then built and verified from this store as usual. The source is only read.
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
@@ -23,6 +26,7 @@ from operations import remote
 from operations.settings import GLOBAL_KEYS
 
 CHUNK = 1 << 20
+OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 PROGRESS_EVERY_S = 5.0
 
 
@@ -42,29 +46,80 @@ def _exec(client, command: str):
     return channel
 
 
+def local_listing(path: str) -> dict[str, int] | None:
+    """What `StoreListing` says, for a model directory on the control machine."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    out = {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(OURS)
+    }
+    return out or None
+
+
+class _HostSource:
+    """A model in another host's store, read by `tar` over that host's SSH connection."""
+
+    def __init__(self, state, target, name: str, path: str):
+        self.label, self.path = f"{name}:{path}", path
+        self.host = state.inventory.get_host(name)
+        if not self.host.connected:
+            self.host.connect(reason=f"to stream a model to {target.name}", raise_exceptions=False)
+
+    def listing(self):
+        if not self.host.connected:
+            raise OSError(f"source host {self.host.name} is unreachable")
+        return self.host.get_fact(StoreListing, path=self.path)
+
+    def open(self, tar_command: str):
+        self.channel = _exec(self.host.connector.client, tar_command)
+        return self.channel.recv
+
+    def close(self) -> tuple[int, str]:
+        return self.channel.recv_exit_status(), self.channel.recv_stderr(4096).decode(errors="replace")
+
+
+class _LocalSource:
+    """A model directory on the control machine, read by a local `tar`."""
+
+    def __init__(self, state, target, path: str):
+        self.label, self.path = f"control machine:{path}", str(Path(path).resolve())
+
+    def listing(self):
+        return local_listing(self.path)
+
+    def open(self, tar_command: str):
+        self.proc = subprocess.Popen(shlex.split(tar_command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return self.proc.stdout.read
+
+    def close(self) -> tuple[int, str]:
+        return self.proc.wait(), self.proc.stderr.read().decode(errors="replace")
+
+
 def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
-    source = state.inventory.get_host(source_name)
-    if not source.connected:
-        source.connect(reason=f"to stream a model to {host.name}", raise_exceptions=False)
-    if not source.connected:
-        host.log_styled(f"cannot stream {src}: source host {source_name} is unreachable", fg="red", log_func=logger.error)
+    source = _LocalSource(state, host, src) if is_local(source_name) else _HostSource(state, host, source_name, src)
+    try:
+        src_listing = source.listing()
+    except OSError as exc:
+        host.log_styled(f"cannot stream {source.label}: {exc}", fg="red", log_func=logger.error)
         return False
-    src_listing = source.get_fact(StoreListing, path=src)
     if not src_listing:
-        host.log_styled(f"cannot stream: {source_name} has no model at {src}", fg="red", log_func=logger.error)
+        host.log_styled(f"cannot stream: no model at {source.label}", fg="red", log_func=logger.error)
         return False
     total = sum(src_listing.values())
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
-    src_parent, src_name = str(PurePosixPath(src).parent), PurePosixPath(src).name
-    reader = _exec(source.connector.client, f"tar -C {shlex.quote(src_parent)} -cf - {shlex.quote(src_name)}")
+    src_parent, src_name = str(PurePosixPath(source.path).parent), PurePosixPath(source.path).name
+    read = source.open(f"tar -C {shlex.quote(src_parent)} -cf - {shlex.quote(src_name)}")
     writer = _exec(
         host.connector.client,
         f"rm -rf {shlex.quote(partial)} && mkdir -p {shlex.quote(partial)} && tar -C {shlex.quote(partial)} --strip-components=1 -xf -",
     )
     sent, start, last = 0, time.monotonic(), time.monotonic()
     while True:
-        block = reader.recv(CHUNK)
+        block = read(CHUNK)
         if not block:
             break
         writer.sendall(block)
@@ -73,23 +128,29 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
             last = time.monotonic()
             rate = sent / max(last - start, 1e-6)
             eta = (total - sent) / rate if rate else 0
-            host.log(f"streaming {name} from {source_name}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
+            host.log(f"streaming {name} from {source.label}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
     writer.shutdown_write()
-    read_status, write_status = reader.recv_exit_status(), writer.recv_exit_status()
+    read_status, read_errors = source.close()
+    write_status = writer.recv_exit_status()
     if read_status != 0 or write_status != 0:
-        errors = (reader.recv_stderr(4096) + writer.recv_stderr(4096)).decode(errors="replace").strip()
-        host.log_styled(f"streaming {name} from {source_name} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
+        errors = (read_errors + writer.recv_stderr(4096).decode(errors="replace")).strip()
+        host.log_styled(f"streaming {name} from {source.label} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
         return False
     got = host.get_fact(StoreListing, path=partial)
     if got != src_listing:
-        host.log_styled(f"streamed copy of {name} differs from {source_name}:{src} (files or sizes); left at {partial}", fg="red", log_func=logger.error)
+        host.log_styled(f"streamed copy of {name} differs from {source.label} (files or sizes); left at {partial}", fg="red", log_func=logger.error)
         return False
     ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}", print_output=False)
     if not ok:
         return False
     elapsed = time.monotonic() - start
-    host.log(f"streamed {name} from {source_name}: {len(src_listing)} files, {sent / 2**20:.0f} MiB in {elapsed:.1f} s")
+    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {sent / 2**20:.0f} MiB in {elapsed:.1f} s")
     return True
+
+
+def is_local(source: str) -> bool:
+    """A source is a directory on the control machine when it is written as a path."""
+    return "/" in source or source.startswith(".")
 
 
 @operation()
@@ -99,7 +160,8 @@ def in_store(model: str, path: str, source: str | None = None):
 
     + model: the model's name (messages)
     + path: its directory in this host's model store
-    + source: inventory name of a host whose store has it, to stream it from when it is missing here
+    + source: where to stream it from when it is missing here: an inventory host whose store
+      has it, or the model's directory on the control machine (a path)
 
     **Example:**
 
@@ -122,8 +184,10 @@ def in_store(model: str, path: str, source: str | None = None):
         from pyinfra.api import OperationError
 
         raise OperationError(f"model_sources names {host.name} itself for {model}, which it lacks")
-    source_host = host.inventory.get_host(source)
-    source_store = source_host.data.get("model_store", GLOBAL_KEYS["model_store"].default)
-    source_path = f"{source_store}/{model}"
+    if is_local(source):
+        source_path = source
+    else:
+        source_store = host.inventory.get_host(source).data.get("model_store", GLOBAL_KEYS["model_store"].default)
+        source_path = f"{source_store}/{model}"
     host.log(f"model {model} is missing from {path}: streaming it from {source}:{source_path}")
     yield FunctionCommand(_stream, (source, source_path, path), {})

@@ -44,3 +44,27 @@ def test_missing_model_without_a_source_is_a_clear_error():
     assert "model No-Such-Model is not in /root/models/No-Such-Model on" in result.stdout + result.stderr
     assert "set model_sources: {No-Such-Model: <a host that has it>}" in result.stdout + result.stderr
     clean_host(SPARE)
+
+
+def test_missing_model_is_streamed_from_a_directory_on_the_control_machine(tmp_path):
+    import subprocess
+
+    from tests.lab.labutil import STATE
+
+    # A local copy of the model, taken from gpu-a's store.
+    address = lab_hosts()["gpu-a"]["address"]
+    ssh_argv = ["ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}", f"root@{address}"]
+    tar = subprocess.run([*ssh_argv, f"tar -C /root/models -cf - {MODEL}"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-C", str(tmp_path), "-xf", "-"], input=tar, check=True)
+
+    clean_host(SPARE)
+    ssh(SPARE, f"rm -rf /root/models/{MODEL}")
+    inventory = write_inventory("test_transfer_local", {
+        SPARE: {"services": SERVICE, "run_services": ["moved"], "model_sources": {MODEL: str(tmp_path / MODEL)}},
+    })
+    result = deploy(inventory, as_json=False)
+    assert result.returncode == 0, result
+    assert f"streamed {MODEL} from control machine:" in result.stdout + result.stderr
+    assert digests(SPARE) == digests("gpu-a")
+    assert deploy(inventory).changed == []
+    clean_host(SPARE)
