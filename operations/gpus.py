@@ -481,7 +481,7 @@ def _refuse(state, host, errors: tuple[str, ...]) -> bool:
 
     for error in errors:
         service = error.split(":", 1)[0]
-        readiness.REPORT.setdefault(host.name, {})[service] = {"endpoint": "-", "state": "FAILED", "ready": f"GPU check: {error.split(': ', 1)[-1]}"}
+        readiness.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
     return False
 
 

@@ -89,7 +89,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, 
         if not ready:
             reason = f"service {service} is placed on {', '.join(not_ready)} but did not answer /health there in this run"
             host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is ready there", fg="yellow", log_func=logger.warning)
-            readiness.REPORT.setdefault(host.name, {})[service] = {"endpoint": "-", "state": "kept", "ready": f"not placed here; {reason}"}
+            readiness.record(host.name, service, "-", "kept", f"not placed here; {reason}")
             return True
         moved = f"; it answers on {', '.join(ready)}"
     else:
@@ -99,7 +99,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, 
         host.log_styled(f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red", log_func=logger.error)
         return False
     host.log(f"{unit}: stopped, disabled and removed (no longer placed here{moved})")
-    readiness.REPORT.setdefault(host.name, {})[service] = {"endpoint": "-", "state": "removed", "ready": f"no longer placed here{moved}"}
+    readiness.record(host.name, service, "-", "removed", f"no longer placed here{moved}")
     return True
 
 

@@ -51,7 +51,7 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
     if reason:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
-        readiness.REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "FAILED", "ready": f"preflight: {reason}"}
+        readiness.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
     host.log(f"{service}: preflight passed ({result['parser']})")
     return True

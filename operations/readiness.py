@@ -38,8 +38,9 @@ def probe_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
 
 
-def _record(service: str, endpoint: str, state: str, ready: str) -> None:
-    REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
+def record(host_name: str, service: str, endpoint: str, state: str, ready: str) -> None:
+    """One row of the end-of-run summary (every step that decides a service's fate writes here)."""
+    REPORT.setdefault(host_name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
 
 
 def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> bool:
@@ -56,11 +57,11 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         journal = result.get("journal") or ""
         if journal:
             host.log(f"{service}: last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
-        REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "FAILED", "ready": result["reason"]}
+        record(host.name, service, endpoint, "FAILED", result["reason"])
         return False
     reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
     host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
-    REPORT.setdefault(host.name, {})[service] = {"endpoint": endpoint, "state": "ready", "ready": f"{result['ready_s']} s after (re)start"}
+    record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
     return True
 
 
@@ -107,7 +108,7 @@ def ready(
         state = host.get_fact(ServiceState, unit=unit, address=address, port=port)
         if state["active"] == "active" and state["health"] == 200:
             uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"
-            _record(service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
+            record(host.name, service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
             host.noop(f"service {service} answers /health on port {port}")
             return
     yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-"), {})

@@ -20,7 +20,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
 from operations import remote
 from operations.settings import GLOBAL_KEYS
@@ -174,15 +174,11 @@ def in_store(model: str, path: str, source: str | None = None):
         host.noop(f"model {model} is in the store at {path}")
         return
     if source is None:
-        from pyinfra.api import OperationError
-
         raise OperationError(
             f"model {model} is not in {path} on {host.name}, and `model_sources` names no host to stream it from: "
             f"copy it there, or set model_sources: {{{model}: <a host that has it>}}"
         )
     if source == host.name:
-        from pyinfra.api import OperationError
-
         raise OperationError(f"model_sources names {host.name} itself for {model}, which it lacks")
     if is_local(source):
         source_path = source
