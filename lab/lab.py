@@ -4,6 +4,8 @@
     python3 lab/lab.py up [--hosts gpu-a,gpu-b]     start the hosts (idempotent; reuses running ones)
     python3 lab/lab.py status                        one line per host
     python3 lab/lab.py reboot NAME                   reboot a host for real, wait for SSH
+    python3 lab/lab.py cut NAME [--kill-connections] cut the host's network (its veth down); the host runs on
+    python3 lab/lab.py restore NAME                  plug it back in, wait for SSH
     python3 lab/lab.py gpus NAME [--count N ...]     set the host's stand-in GPUs (/etc/lab/gpus.json)
     python3 lab/lab.py down [NAME ...] [--purge]     stop what up started
 
@@ -633,6 +635,8 @@ def supervise(name: str) -> int:
         if leader:
             try:
                 veth = configure_network(rec, leader)
+                if load_hosts().get(name, {}).get("cut"):  # a cut cable stays cut across a reboot
+                    run(["ip", "link", "set", veth, "down"])
             except LabError as e:
                 print(f"[lab] {name}: network setup failed: {e}", flush=True)
 
@@ -876,6 +880,7 @@ def cmd_status() -> int:
     for n in names:
         rec = hosts[n]
         extra = f"leader {rec['leader_pid']}, veth {rec['veth']}, boots {rec.get('boots')}" if running[n] else ""
+        extra += ", NETWORK CUT (lab.py restore)" if rec.get("cut") else ""
         say(f"{n:<8} {rec['address']:<12} {'running' if running[n] else 'stopped':<8} "
             f"ssh {'ok' if ssh[n] else 'failed':<6} {extra}".rstrip())
     return 0 if all(running.values()) and all(ssh.values()) else 1
@@ -912,6 +917,50 @@ def cmd_reboot(name: str, timeout: float = 120) -> int:
     cur = load_hosts()[name]
     say(f"{name}: rebooted in {time.monotonic() - t0:.1f} s (leader {old_leader} -> {cur['leader_pid']}, "
         f"boot {cur.get('boots')}), ssh ok")
+    return 0
+
+
+def running_host(name: str) -> dict:
+    rec = load_hosts().get(name)
+    if not rec or not host_running(name, rec):
+        raise LabError(f"{name} is not running; start it with: python3 lab/lab.py up --hosts ...,{name}")
+    if not rec.get("veth") or not Path(f"/sys/class/net/{rec['veth']}").exists():
+        raise LabError(f"{name} has no veth on this side (hosts.json: {rec.get('veth')!r})")
+    return rec
+
+
+def cmd_cut(name: str, kill_connections: bool) -> int:
+    """Cut one host's network: its veth on this side goes down (the host sees NO-CARRIER on host0).
+
+    The host itself runs on (its services, a command an SSH session started); nothing reaches it
+    and nothing from it reaches this machine. Open TCP connections survive a short cut, as on a real
+    network; `kill_connections` also aborts this machine's connections to the host (`ss -K`), which
+    is what a cut longer than TCP's retransmission timeout (about 15 minutes) ends in.
+    """
+    preflight()
+    rec = running_host(name)
+    update_hosts(lambda h: h[name].update(cut=True))
+    run(["ip", "link", "set", rec["veth"], "down"])
+    killed = ""
+    if kill_connections:
+        out = run(["ss", "-H", "-K", "-t", "dst", rec["address"]], check=False).stdout
+        killed = f"; {len(out.strip().splitlines())} TCP connection(s) from here aborted"
+    say(f"{name}: network cut (veth {rec['veth']} down, {rec['address']} unreachable){killed}")
+    return 0
+
+
+def cmd_restore(name: str, timeout: float = 60) -> int:
+    """Undo `cut`: the veth up again, its address and route back; wait for SSH."""
+    preflight()
+    rec = running_host(name)
+    t0 = time.monotonic()
+    run(["ip", "link", "set", rec["veth"], "up"])
+    run(["ip", "addr", "replace", f"{rec['control_address']}/30", "dev", rec["veth"]])
+    update_hosts(lambda h: h[name].update(cut=False))
+    if not wait_ssh(rec["address"], t0 + timeout):
+        raise LabError(f"{name}: network restored but SSH does not answer within {timeout:.0f} s; "
+                       f"console: {console_tail(name)}")
+    say(f"{name}: network restored (veth {rec['veth']} up), ssh ok in {time.monotonic() - t0:.1f} s")
     return 0
 
 
@@ -976,6 +1025,12 @@ def main(argv: list[str]) -> int:
     sub.add_parser("status", help="one line per host")
     rb = sub.add_parser("reboot", help="reboot a host for real and wait for SSH")
     rb.add_argument("name")
+    cut = sub.add_parser("cut", help="cut a host's network (its veth down); `restore` undoes it")
+    cut.add_argument("name")
+    cut.add_argument("--kill-connections", action="store_true",
+                     help="also abort this machine's TCP connections to the host (a cut that outlasts TCP's timeout)")
+    rs = sub.add_parser("restore", help="restore a cut host's network and wait for SSH")
+    rs.add_argument("name")
     g = sub.add_parser("gpus", help="set a host's stand-in GPUs (/etc/lab/gpus.json)")
     g.add_argument("name")
     g.add_argument("--count", type=int)
@@ -997,6 +1052,11 @@ def main(argv: list[str]) -> int:
             return supervise(args.name)
         if args.cmd == "status":
             return cmd_status()
+        # Not under the lab lock: a cut or restore must not wait for another `up` (it touches one veth).
+        if args.cmd == "cut":
+            return cmd_cut(args.name, args.kill_connections)
+        if args.cmd == "restore":
+            return cmd_restore(args.name)
         with file_lock(LOCK_FILE):
             if args.cmd == "up":
                 names = [n.strip() for n in args.hosts.split(",") if n.strip()]
