@@ -257,10 +257,19 @@ class Plan:
     decisions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    facts: GpuFacts | None = None  # what nvidia-smi said (None: not read, nothing placed here)
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def probe_args(self) -> dict:
+        """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute capabilities."""
+        if self.facts is None or self.facts.error:
+            return {"driver_cuda": None, "compute_caps": []}
+        used = {i for s in self.config.services for i in s.gpus}
+        caps = sorted({g.compute_cap for g in self.facts.gpus if g.index in used and g.compute_cap})
+        return {"driver_cuda": self.facts.cuda_version, "compute_caps": caps}
 
 
 def _gib(n_bytes: float) -> str:
@@ -468,7 +477,8 @@ def plan_for_host(config: HostConfig) -> Plan:
     if not config.services:
         return Plan(config)
     paths = sorted({m.store_path for s in config.services for m in s.models})
-    return decide(config, host.get_fact(GpuState, models=paths))
+    facts = host.get_fact(GpuState, models=paths)
+    return dataclasses.replace(decide(config, facts), facts=facts)
 
 
 # The operation ---------------------------------------------------------------------------

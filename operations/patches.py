@@ -27,6 +27,7 @@ from operations.errors import DataError
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_TMP = ".sglang-deploy-tmp"
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,10 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
                     f"patch {patch_set.name}: {patch_file.path} was changed on the host "
                     f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the patched file"
                 )
-            yield from files.put._inner(src=str(patch_set.local(patch_file)), dest=target)
+            # Written beside and renamed over: a venv generation may share the file's inode
+            # (a hard link) with the live generation, which must not change under the service.
+            yield from files.put._inner(src=str(patch_set.local(patch_file)), dest=f"{target}{_TMP}")
+            yield f"mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}"
         else:
             if patch_file.original is None:
                 if found is None:
@@ -231,7 +235,7 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
                         f"reinstall {patch_set.distribution} {patch_set.version} to get the pristine file back"
                     )
                 changed += 1
-                yield f"cp -p {shlex.quote(backup)} {shlex.quote(target)}"
+                yield f"cp -p {shlex.quote(backup)} {shlex.quote(target + _TMP)} && mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}"
         pycache = PurePosixPath(target).parent / "__pycache__"
         stem = PurePosixPath(target).stem
         yield f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(stem)}.*.pyc"

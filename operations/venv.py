@@ -1,87 +1,253 @@
-"""The serving virtualenv: `venv.environment(path, stack, ...)` makes a venv hold exactly a stack.
+"""The serving virtualenv, built beside the live one and switched in only once proven.
 
-Facts read the venv's Python version and every installed distribution (name, version
-with its local tag, installer) in one remote call; only distributions that differ from
-the stack are pushed and (re)installed, and distributions the stack does not name are
-removed. A converged venv costs that one call.
+`venv_path` (what units run: `<venv_path>/bin/python`) is a symlink to a *generation*:
+`<venv_path>.generations/<stack>-<digest>`, one directory per exact content (the stack's
+pins and the patch sets applied in it). A deploy that changes the environment:
+
+1. `venv.environment` builds the wanted generation beside the live one: a hard-linked copy
+   of the live generation (no second copy on disk, nothing the service uses is touched)
+   in which only the distributions that differ are removed and installed; or a fresh venv.
+   An interrupted build leaves a generation that is not live; the next run completes it.
+2. `patches.applied` applies the patch sets inside it.
+3. `venv.switched` runs the ABI probe (operations/remote/abi_probe.py) in it and, only if
+   the probe passes, points `venv_path` at it in one rename. The previous generation is
+   kept (one) for rollback; older ones are deleted.
+
+Facts read every installed distribution (name, version with its local tag, installer, and
+the files its RECORD names that are missing) of the wanted and the live generation in one
+remote call, so a converged environment costs that one call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, operation
 from pyinfra.operations import files
 
+from operations import installer as installer_mod
+from operations import remote
 from operations import wheelhouse as wheelhouse_mod
-from operations.stacks import Stack, normalize
+from operations.stacks import Package, Stack
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
 
-_LIST_DISTRIBUTIONS = r"""
-import importlib.metadata as m, json, sys
-out = {}
-for d in m.distributions():
-    name = d.metadata["Name"]
-    if not name:
-        continue
-    installer = (d.read_text("INSTALLER") or "").strip()
-    out[name] = {"version": d.version, "installer": installer}
-print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "dists": out}))
-"""
+
+@dataclass(frozen=True)
+class Generation:
+    """One exact environment: the stack's pins plus the patch sets applied in it."""
+
+    live: str  # venv_path, the symlink units run
+    id: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.live}.generations/{self.id}"
+
+    @property
+    def python(self) -> str:
+        return f"{self.path}/bin/python"
+
+
+def generation(live: str, stack: Stack, patch_digests: dict[str, str]) -> Generation:
+    """The generation for `stack` with these patch sets (name -> digest, in the order applied)."""
+    digest = hashlib.sha256(f"python {stack.python}\n".encode())
+    for p in stack.packages:
+        digest.update(f"{p.name}=={p.version} {p.sha256 or p.file or ''}\n".encode())
+    for name, patch_digest in patch_digests.items():
+        digest.update(f"patch {name} {patch_digest}\n".encode())
+    return Generation(live, f"{stack.name}-{digest.hexdigest()[:10]}")
+
+
+# Where a stack's files come from -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One place a stack's files can come from: `wheelhouse` (a control-machine dir) or `index` (a URL)."""
+
+    kind: str
+    location: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.location}"
+
+
+def resolve(stack: Stack, packages: list[Package], sources: tuple[Source, ...]) -> dict[str, tuple[Source, Path | None]]:
+    """Pick, per distribution, the first source that has its pinned file; fail naming the file and every source tried."""
+    chosen: dict[str, tuple[Source, Path | None]] = {}
+    for package in packages:
+        tried = []
+        for source in sources:
+            if source.kind == "wheelhouse":
+                path = wheelhouse_mod.find(package, Path(source.location))
+                if path is not None:
+                    chosen[package.name] = (source, path)
+                    break
+                tried.append(f"{source} (no such file)")
+            elif source.kind == "index":
+                # An index is asked by the host; only a pinned hash makes its file exact.
+                if package.sha256 and not package.build:
+                    chosen[package.name] = (source, None)
+                    break
+                tried.append(f"{source} (needs a sha256 pin, and no stand-in build)")
+        else:
+            wanted = package.file or f"a wheel of {package.spec}"
+            raise OperationError(
+                f"stack {stack.name}: {wanted} is in none of the sources tried: {'; '.join(tried)}. "
+                f"Fill a wheelhouse with: python -m operations.wheelhouse {stack.name} DIR"
+            )
+    for name, (source, path) in chosen.items():
+        package = next(p for p in packages if p.name == name)
+        if path is not None and package.sha256 and wheelhouse_mod.sha256_of(path) != package.sha256:
+            raise OperationError(
+                f"stack {stack.name}: {path} has sha256 {wheelhouse_mod.sha256_of(path)}, the stack pins "
+                f"{package.sha256}; delete the file and rebuild the wheelhouse, or correct files/stacks/{stack.name}.yml"
+            )
+    return chosen
+
+
+# Facts ---------------------------------------------------------------------------------
 
 
 class VenvState(FactBase):
-    """Python version and installed distributions of a venv, or None if there is no venv.
+    """The live link, the wanted and live generations' distributions, the host's wheel cache.
 
-    Returns ``{"python": "3.11.2", "dists": {"torch": {"version": "2.11.0+cu130", "installer": "pip"}}}``
-    with names PEP 503-normalised.
+    ``{"live": {"kind": "link"|"dir"|"absent", "target": ...}, "wanted": VENV|None,
+    "live_state": VENV|None, "record": {"live": id, "previous": id}, "cache": {file: size},
+    "uv": bool, "machine": "x86_64"}`` where VENV is ``{"python": "3.11.2", "dists":
+    {name: {"version", "installer", "damaged": [...], "damaged_count"}}, "shared": {top: [dists]}}``.
     """
 
-    def command(self, path: str) -> str:
-        python = shlex.quote(f"{path}/bin/python")
-        return f"if [ -x {python} ]; then {python} -c {shlex.quote(_LIST_DISTRIBUTIONS)} || true; fi"
+    def command(self, live: str, wanted: str, host_cache: str) -> str:
+        return remote.command(
+            "venv_state", shlex.quote(live), shlex.quote(wanted), shlex.quote(host_cache),
+            shlex.quote(installer_mod.uv_binary(host_cache)),
+        )
 
     def process(self, output):
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        data = json.loads(text)
-        data["dists"] = {normalize(name): info for name, info in data["dists"].items()}
-        return data
+        return json.loads("\n".join(output))
 
 
-def plan(stack: Stack, state: dict | None) -> tuple[list[str], list[str]]:
-    """Distributions to (re)install and to remove so that the venv holds exactly `stack`."""
-    installed = {name: info["version"] for name, info in (state or {}).get("dists", {}).items()}
-    install = [p.name for p in stack.packages if installed.get(p.name) != p.version]
-    remove = sorted(set(installed) - set(stack.wanted()) - BOOTSTRAP)
-    return install, remove
+def state_of(gen: Generation, host_cache: str) -> dict:
+    return host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache)
 
 
-def python_matches(stack: Stack, state: dict | None) -> bool:
-    return state is not None and state["python"].rsplit(".", 1)[0] == stack.python
+def is_live(gen: Generation, facts: dict) -> bool:
+    return facts["live"]["kind"] == "link" and facts["live"]["target"] == gen.path
+
+
+# Planning (pure) -------------------------------------------------------------------------
+
+
+def python_matches(stack: Stack, venv_state: dict | None) -> bool:
+    return venv_state is not None and venv_state["python"].rsplit(".", 1)[0] == stack.python
+
+
+@dataclass
+class Plan:
+    install: list[str]  # distributions to (re)install
+    remove: list[str]  # distributions the stack does not name
+    reasons: list[str]  # one line per decision, for the log
+
+
+def plan(stack: Stack, venv_state: dict | None) -> Plan:
+    """What to remove and (re)install so that a venv holds exactly `stack`."""
+    dists = (venv_state or {}).get("dists", {})
+    install, reasons = [], []
+    for p in stack.packages:
+        found = dists.get(p.name)
+        if found is None:
+            install.append(p.name)
+            reasons.append(f"add {p.name} {p.version}")
+        elif found["version"] != p.version:
+            install.append(p.name)
+            reasons.append(f"{p.name} {found['version']} -> {p.version}")
+        elif found.get("damaged_count"):
+            install.append(p.name)
+            shown = ", ".join(found["damaged"][:3]) + (", ..." if found["damaged_count"] > 3 else "")
+            reasons.append(f"{p.name} {p.version}: {found['damaged_count']} installed file(s) missing or altered ({shown}): reinstalling")
+    remove = sorted(set(dists) - set(stack.wanted()) - BOOTSTRAP)
+    if remove:
+        reasons.append(f"remove {', '.join(remove)} (not in stack {stack.name})")
+    return Plan(install, remove, reasons)
+
+
+def shared_after(venv_state: dict | None, stack: Stack, removed: list[str]) -> dict[str, list[str]]:
+    """Files claimed by two distributions that both stay: refused (e.g. two kernels owning `sgl_kernel/`)."""
+    out = {}
+    for top, owners in ((venv_state or {}).get("shared") or {}).items():
+        staying = [o for o in owners if o not in removed and o in stack.wanted()]
+        if len(staying) > 1:
+            out[top] = staying
+    return out
+
+
+_FIX_PATHS = r"""
+import os, sys
+where, venv, old = sys.argv[1], sys.argv[2], sys.argv[3:]
+bindir = os.path.join(where, "bin")
+for name in os.listdir(bindir):
+    path = os.path.join(bindir, name)
+    if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+        continue
+    with open(path, "rb") as handle:
+        data = handle.read()
+    new = data
+    for prefix in old:
+        new = new.replace(prefix.encode() + b"/", venv.encode() + b"/").replace(b"'" + prefix.encode() + b"'", b"'" + venv.encode() + b"'")
+    if new != data:  # a new file: the old one may be a hard link shared with the live generation
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(new)
+        os.chmod(path + ".tmp", os.stat(path).st_mode & 0o7777)
+        os.rename(path + ".tmp", path)
+"""
+
+
+def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
+    """A hard-linked copy of `source` as the new generation; scripts' paths pointed at it; renamed in when whole."""
+    partial = shlex.quote(gen.path + ".partial")
+    prefixes = " ".join(shlex.quote(p) for p in old_prefixes)
+    return (
+        f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {partial} && "
+        f"cp -a --link {shlex.quote(source)} {partial} && "
+        f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {shlex.quote(gen.path)} {prefixes} && "
+        f"sed -i '/^command *=/d' {partial}/pyvenv.cfg && "
+        f"mv -T {partial} {shlex.quote(gen.path)}"
+    )
+
+
+# Operations ------------------------------------------------------------------------------
 
 
 @operation()
-def environment(path: str, stack: Stack, wheelhouse: Path, host_cache: str, present: bool = True):
+def environment(
+    gen: Generation,
+    stack: Stack,
+    sources: tuple[Source, ...],
+    host_cache: str,
+    installer: str = "auto",
+):
     """
-    Make the venv at ``path`` hold exactly the distributions of ``stack``.
+    Make the generation ``gen`` hold exactly the distributions of ``stack``, beside the live one.
 
-    + path: venv directory on the host
+    + gen: the wanted `Generation` (from `venv.generation`)
     + stack: the `Stack` to install (from `operations.stacks.load_stack`)
-    + wheelhouse: control-machine directory holding the stack's wheels
-    + host_cache: directory on the host where pushed wheels are kept
-    + present: ``False`` removes the venv
+    + sources: where files come from, tried in order (`Source("wheelhouse", dir)`, `Source("index", url)`)
+    + host_cache: directory on the host where pushed wheels (and uv) are kept
+    + installer: ``auto`` (uv when the wheelhouse ships it for the host's architecture), ``uv`` or ``pip``
 
     Exactness:
         Every distribution is installed ``--no-deps`` from a pinned file; versions are
-        compared with their local tag (``2.11.0+cu130``), which pip's freeze-based
-        checks drop. A venv built for another Python version is rebuilt.
+        compared with their local tag (``2.11.0+cu130``), which pip's freeze-based checks
+        drop. Distributions the stack does not name are removed before anything is
+        installed, so two kernel builds never both own ``sgl_kernel/``.
 
     **Example:**
 
@@ -89,57 +255,135 @@ def environment(path: str, stack: Stack, wheelhouse: Path, host_cache: str, pres
 
         venv.environment(
             name="Serving venv holds stack sglang-0.5.23-cu130",
-            path="/root/venv_sglang",
-            stack=load_stack("sglang-0.5.23-cu130"),
-            wheelhouse=Path("wheelhouse"),
+            gen=venv.generation("/root/venv_sglang", stack, {}),
+            stack=stack,
+            sources=(venv.Source("wheelhouse", "wheelhouse"),),
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
-    state = host.get_fact(VenvState, path=path)
-    if not present:
-        if state is None:
-            host.noop(f"venv {path} is absent")
+    facts = state_of(gen, host_cache)
+    wanted, live_state = facts["wanted"], facts["live_state"]
+    kind = _installer_kind(installer, sources, facts)
+    tool = installer_mod.Installer(kind, gen.path, host_cache)
+    log = lambda text: host.log(f"venv {gen.live}: {text}")  # noqa: E731
+
+    base = wanted
+    if wanted is not None and not python_matches(stack, wanted):
+        raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} needs {stack.python}: remove it and re-run")
+    if wanted is None:
+        python = f"python{stack.python}"
+        yield (
+            f"command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}"
+        )
+        if python_matches(stack, live_state):
+            log(f"building generation {gen.id} beside the live {live_state['path']} (a hard-linked copy; only what differs is installed)")
+            yield clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live}))
+            base = live_state
         else:
-            yield f"rm -rf {shlex.quote(path)}"
-        return
+            why = "no venv yet" if live_state is None else f"the live one has Python {live_state['python']}"
+            log(f"building generation {gen.id} from scratch ({why}; stack {stack.name} needs Python {stack.python})")
+            yield f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {tool.new_venv(python)}"
+            base = {"dists": {}}
 
-    python = f"python{stack.python}"
-    if not python_matches(stack, state):
-        found = "no venv" if state is None else f"Python {state['python']}"
-        host.log(f"venv {path}: {found}, stack {stack.name} needs Python {stack.python}: building it")
-        yield (
-            f"command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}; "
-            f"rm -rf {shlex.quote(path)} && {python} -m venv {shlex.quote(path)}"
+    todo = plan(stack, base)
+    conflicts = shared_after(base, stack, todo.remove)
+    if conflicts:
+        top, owners = next(iter(conflicts.items()))
+        raise OperationError(
+            f"{gen.path}: {top}/ is installed by both {' and '.join(owners)}: a stack may name only one of them; "
+            f"drop the other from files/stacks/{stack.name}.yml"
         )
-        state = None
-
-    install, remove = plan(stack, state)
-    if not install and not remove:
-        host.noop(f"venv {path} holds stack {stack.name} ({len(stack.packages)} distributions)")
+    if not todo.install and not todo.remove:
+        host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions)")
         return
+    for line in todo.reasons:
+        log(line)
 
-    if install:
-        packages = [p for p in stack.packages if p.name in install]
-        try:
-            local_files = wheelhouse_mod.locate(stack, wheelhouse, packages)
-        except wheelhouse_mod.WheelhouseError as exc:
-            raise OperationError(str(exc)) from None
-        installed = (state or {}).get("dists", {})
-        for name in install:
-            was = installed.get(name, {}).get("version")
-            want = stack.wanted()[name]
-            host.log(f"venv {path}: {name} {was} -> {want}" if was else f"venv {path}: add {name} {want}")
+    if kind == "pip" and "pip" not in base["dists"] and base is not None and base.get("path"):
+        yield f"{shlex.quote(gen.python)} -m ensurepip --default-pip"  # a generation uv built has no pip
+    if todo.remove:
+        yield tool.uninstall(todo.remove)
+    if not todo.install:
+        return
+    packages = [p for p in stack.packages if p.name in todo.install]
+    chosen = resolve(stack, packages, sources)
+    if kind == "uv" and not facts["uv"]:
+        wheel = installer_mod.uv_wheel(Path(_wheelhouse(sources)), facts["machine"])
+        remote_wheel = f"{host_cache}/{wheel.name}"
         yield f"mkdir -p {shlex.quote(host_cache)}"
-        remote = []
-        for name, local in sorted(local_files.items()):
-            dest = f"{host_cache}/{local.name}"
-            yield from files.put._inner(src=str(local), dest=dest)
-            remote.append(dest)
-        pip = shlex.quote(f"{path}/bin/pip")
-        yield (
-            f"{pip} install --quiet --no-index --no-deps --force-reinstall --disable-pip-version-check "
-            + " ".join(shlex.quote(r) for r in remote)
+        if facts["cache"].get(wheel.name) != wheel.stat().st_size:
+            yield from files.put._inner(src=str(wheel), dest=remote_wheel)
+        yield installer_mod.unpack_uv_command(remote_wheel, host_cache)
+
+    local = {name: path for name, (source, path) in chosen.items() if path is not None}
+    if local:
+        yield f"mkdir -p {shlex.quote(host_cache)}"
+        remote_files = []
+        for name, path in sorted(local.items()):
+            dest = f"{host_cache}/{path.name}"
+            if facts["cache"].get(path.name) != path.stat().st_size:
+                yield from files.put._inner(src=str(path), dest=dest)
+            remote_files.append(dest)
+        pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in local and p.sha256]
+        if pinned:
+            # The host checks what it installs: a cached file that rotted in place is named, not installed.
+            check = "\n".join(f"{sha}  {path}" for sha, path in pinned)
+            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
+        yield tool.install_files(remote_files)
+    by_index: dict[str, list[Package]] = {}
+    for name, (source, path) in chosen.items():
+        if path is None:
+            by_index.setdefault(source.location, []).append(next(p for p in packages if p.name == name))
+    for url, group in by_index.items():
+        reqs = f"{host_cache}/requirements-{gen.id}.txt"
+        text = "\n".join(f"{p.spec} --hash=sha256:{p.sha256}" for p in group)
+        yield f"mkdir -p {shlex.quote(host_cache)} && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(reqs)}"
+        yield tool.install_from_index(url, reqs)
+
+
+def _wheelhouse(sources: tuple[Source, ...]) -> str | None:
+    return next((s.location for s in sources if s.kind == "wheelhouse"), None)
+
+
+def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> str:
+    if choice == "pip":
+        return "pip"
+    house = _wheelhouse(sources)
+    available = facts["uv"] or (house is not None and installer_mod.uv_wheel(Path(house), facts["machine"]) is not None)
+    if available:
+        return "uv"
+    if choice == "uv":
+        raise OperationError(
+            f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} is in the wheelhouse "
+            f"({house}); rebuild it with python -m operations.wheelhouse, or set installer: auto"
         )
-    if remove:
-        host.log(f"venv {path}: remove {', '.join(remove)} (not in stack {stack.name})")
-        yield f"{shlex.quote(path + '/bin/pip')} uninstall --quiet --yes " + " ".join(remove)
+    return "pip"
+
+
+@operation()
+def switched(gen: Generation, host_cache: str, probe: dict):
+    """
+    Prove the generation with the ABI probe, then make it the live one (``venv_path`` -> it).
+
+    + gen: the `Generation` built by `venv.environment`
+    + host_cache: as given to `venv.environment` (the same fact is read)
+    + probe: arguments of operations/remote/abi_probe.py (kernel distributions, entry point,
+      the driver's CUDA version and the GPUs' compute capabilities)
+
+    The previous generation stays on disk for rollback; older ones are deleted. Run it with
+    ``_if`` set to "the environment or its patch sets changed, or it is not live yet".
+    """
+    facts = state_of(gen, host_cache)
+    args = shlex.quote(json.dumps(probe, sort_keys=True))
+    # The probe prints one line and exits 1 when the environment cannot work.
+    yield f"{shlex.quote(gen.python)} - {args} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF"
+    if is_live(gen, facts):
+        return
+    was = facts["live"]["target"] or "nothing"
+    host.log(f"venv {gen.live}: switching from {was} to generation {gen.id} (the previous one is kept for rollback)")
+    yield remote.command("venv_switch", shlex.quote(gen.live), shlex.quote(gen.id))
+
+
+def needs_switch(gen: Generation, host_cache: str) -> bool:
+    """Read at deploy load: the wanted generation is not the live one (a change, or an earlier run that stopped)."""
+    return not is_live(gen, state_of(gen, host_cache))

@@ -24,7 +24,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
-from operations import models, patches, readiness, remote, venv
+from operations import models, patches, readiness, remote
 from operations.errors import DataError
 from operations.stacks import Package, Stack
 from tests.unit.hosts import make_host
@@ -91,212 +91,6 @@ def run(op, facts: dict[type, Any], fs: FakeFs | None = None, **kwargs) -> Resul
 
 def sha1(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()
-
-
-# venv.environment ----------------------------------------------------------------------
-
-VENV = "/root/venv_sglang"
-CACHE = "/var/cache/sglang-deploy/wheels"
-PIP_INSTALL = f"{VENV}/bin/pip install --quiet --no-index --no-deps --force-reinstall --disable-pip-version-check"
-WHEELS = {
-    "sglang-kernel": "sglang_kernel-0.3.1-cp310-abi3-manylinux2014_x86_64.whl",
-    "sglang-standin": "sglang_standin-0.1.0-py3-none-any.whl",
-    "torch": "torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
-}
-
-
-@pytest.fixture
-def house(tmp_path) -> Path:
-    folder = tmp_path / "wheelhouse"
-    folder.mkdir()
-    for name in WHEELS.values():
-        (folder / name).write_bytes(f"contents of {name}".encode())
-    return folder
-
-
-@pytest.fixture
-def stack(tmp_path, house) -> Stack:
-    torch = house / WHEELS["torch"]
-    return Stack(
-        "demo",
-        "3.11",
-        (
-            Package("sglang-kernel", "0.3.1"),
-            Package("sglang-standin", "0.1.0", WHEELS["sglang-standin"]),
-            Package("torch", "2.11.0+cu130", torch.name, hashlib.sha256(torch.read_bytes()).hexdigest()),
-        ),
-        tmp_path / "demo.yml",
-    )
-
-
-def venv_state(python="3.11.7", **versions) -> dict:
-    """A VenvState fact: the converged venv, with `versions` changed (None removes a distribution)."""
-    dists = {
-        "pip": {"version": "24.0", "installer": "pip"},
-        "setuptools": {"version": "65.5.0", "installer": "pip"},
-        "sglang-kernel": {"version": "0.3.1", "installer": "pip"},
-        "sglang-standin": {"version": "0.1.0", "installer": "pip"},
-        "torch": {"version": "2.11.0+cu130", "installer": "pip"},
-    }
-    for name, version in versions.items():
-        name = name.replace("_", "-")
-        if version is None:
-            dists.pop(name, None)
-        else:
-            dists[name] = {"version": version, "installer": "pip"}
-    return {"python": python, "dists": dists}
-
-
-def run_venv(state, stack, house, present=True, fs=None) -> Result:
-    return run(
-        venv.environment,
-        {venv.VenvState: lambda path: copy.deepcopy(state)},
-        fs or FakeFs(dirs={CACHE}),
-        path=VENV,
-        stack=stack,
-        wheelhouse=house,
-        host_cache=CACHE,
-        present=present,
-    )
-
-
-def pushed(house: Path, *names: str) -> list:
-    return [("put", str(house / WHEELS[n]), f"{CACHE}/{WHEELS[n]}") for n in names]
-
-
-def install(*names: str) -> str:
-    return PIP_INSTALL + "".join(f" {CACHE}/{WHEELS[n]}" for n in names)
-
-
-def test_venv_converged_yields_nothing(stack, house):
-    result = run_venv(venv_state(), stack, house)
-    assert result.commands == []
-    assert result.noops == [f"venv {VENV} holds stack demo (3 distributions)"]
-
-
-def test_venv_one_pin_changed_pushes_and_installs_only_that_wheel(stack, house):
-    # pip freeze would call this converged: the local tag is what differs.
-    result = run_venv(venv_state(torch="2.11.0"), stack, house)
-
-    assert result.commands == [f"mkdir -p {CACHE}", *pushed(house, "torch"), install("torch")]
-    assert result.noops == []
-    assert f"venv {VENV}: torch 2.11.0 -> 2.11.0+cu130" in result.logs
-
-
-def test_venv_missing_distribution_is_added(stack, house):
-    result = run_venv(venv_state(sglang_kernel=None), stack, house)
-
-    assert result.commands == [f"mkdir -p {CACHE}", *pushed(house, "sglang-kernel"), install("sglang-kernel")]
-    assert f"venv {VENV}: add sglang-kernel 0.3.1" in result.logs
-
-
-def test_venv_wheel_already_in_the_host_cache_is_not_pushed_again(stack, house):
-    fs = FakeFs(files={f"{CACHE}/{WHEELS['torch']}": sha1(house / WHEELS["torch"])}, dirs={CACHE})
-    result = run_venv(venv_state(torch="2.10.0"), stack, house, fs=fs)
-    assert result.commands == [f"mkdir -p {CACHE}", install("torch")]
-
-
-def test_venv_stale_wheel_in_the_host_cache_is_pushed(stack, house):
-    fs = FakeFs(files={f"{CACHE}/{WHEELS['torch']}": "0" * 40}, dirs={CACHE})
-    result = run_venv(venv_state(torch="2.10.0"), stack, house, fs=fs)
-    assert result.commands == [f"mkdir -p {CACHE}", *pushed(house, "torch"), install("torch")]
-
-
-def test_venv_extra_distribution_is_uninstalled_bootstrap_is_kept(stack, house):
-    result = run_venv(venv_state(flashinfer_python="0.7.1", wheel="0.43.0", extra_thing="1"), stack, house)
-
-    assert result.commands == [f"{VENV}/bin/pip uninstall --quiet --yes extra-thing flashinfer-python"]
-    assert f"venv {VENV}: remove extra-thing, flashinfer-python (not in stack demo)" in result.logs
-
-
-def test_venv_changed_and_extra_distributions_in_one_run(stack, house):
-    result = run_venv(venv_state(torch="2.10.0", sglang_standin="0.0.9", vllm="0.9"), stack, house)
-
-    assert result.commands == [
-        f"mkdir -p {CACHE}",
-        *pushed(house, "sglang-standin", "torch"),
-        install("sglang-standin", "torch"),
-        f"{VENV}/bin/pip uninstall --quiet --yes vllm",
-    ]
-
-
-@pytest.mark.parametrize("state", [venv_state(python="3.10.12", vllm="0.9"), None], ids=["python-3.10", "no-venv"])
-def test_venv_for_another_python_or_missing_is_built_then_filled(stack, house, state):
-    result = run_venv(state, stack, house)
-
-    build, *rest = result.commands
-    assert build == (
-        "command -v python3.11 >/dev/null || { echo 'python3.11 not found on the host: stack demo needs it' >&2; exit 1; }; "
-        f"rm -rf {VENV} && python3.11 -m venv {VENV}"
-    )
-    # A fresh venv: every wheel, nothing to uninstall.
-    assert rest == [f"mkdir -p {CACHE}", *pushed(house, "sglang-kernel", "sglang-standin", "torch"), install("sglang-kernel", "sglang-standin", "torch")]
-
-
-def test_venv_absent_wanted_absent_is_a_noop(stack, house):
-    result = run_venv(None, stack, house, present=False)
-    assert (result.commands, result.noops) == ([], [f"venv {VENV} is absent"])
-
-
-def test_venv_present_wanted_absent_is_removed(stack, house):
-    assert run_venv(venv_state(), stack, house, present=False).commands == [f"rm -rf {VENV}"]
-
-
-def test_venv_missing_wheel_fails_naming_the_file_and_the_wheelhouse(stack, house):
-    (house / WHEELS["torch"]).unlink()
-    with pytest.raises(OperationError) as caught:
-        run_venv(venv_state(torch="2.10.0"), stack, house)
-    assert f"{WHEELS['torch']} not found; looked in wheelhouse {house.resolve()}" in str(caught.value)
-
-
-def test_venv_altered_wheel_fails_naming_both_hashes(stack, house):
-    wheel = house / WHEELS["torch"]
-    wheel.write_bytes(b"altered")
-    with pytest.raises(OperationError) as caught:
-        run_venv(venv_state(torch="2.10.0"), stack, house)
-    message = str(caught.value)
-    assert f"{wheel} has sha256 {hashlib.sha256(b'altered').hexdigest()}, the stack pins {stack.packages[2].sha256}" in message
-
-
-def test_venv_converged_does_not_need_the_wheelhouse(stack, tmp_path):
-    assert run_venv(venv_state(), stack, tmp_path / "no-such-wheelhouse").commands == []
-
-
-@pytest.mark.parametrize(
-    ("changes", "install_names", "remove_names"),
-    [
-        ({}, [], []),
-        ({"torch": "2.11.0"}, ["torch"], []),
-        ({"torch": "2.11.0+cu128"}, ["torch"], []),
-        ({"torch": None}, ["torch"], []),
-        ({"numpy": "2.2.0"}, [], ["numpy"]),
-        ({"pip": None, "wheel": "0.43"}, [], []),
-    ],
-    ids=["converged", "local-tag-dropped", "other-local-tag", "missing", "extra", "bootstrap"],
-)
-def test_venv_plan(stack, changes, install_names, remove_names):
-    assert venv.plan(stack, venv_state(**changes)) == (install_names, remove_names)
-
-
-def test_venv_plan_for_no_venv_installs_everything(stack):
-    assert venv.plan(stack, None) == (["sglang-kernel", "sglang-standin", "torch"], [])
-
-
-@pytest.mark.parametrize(
-    ("state", "matches"),
-    [(venv_state("3.11.7"), True), (venv_state("3.11.0"), True), (venv_state("3.10.12"), False), (venv_state("3.1.11"), False), (None, False)],
-)
-def test_venv_python_matches(stack, state, matches):
-    assert venv.python_matches(stack, state) is matches
-
-
-def test_venv_state_fact_normalises_names_and_reads_no_venv_as_none():
-    fact = venv.VenvState()
-    output = json.dumps({"python": "3.11.2", "dists": {"Sglang_Standin": {"version": "0.1.0", "installer": "pip"}}})
-    assert fact.process([output]) == {"python": "3.11.2", "dists": {"sglang-standin": {"version": "0.1.0", "installer": "pip"}}}
-    assert fact.process([]) is None
-    assert fact.process(["", "  "]) is None
-    assert fact.command("/root/my venv").startswith("if [ -x '/root/my venv/bin/python' ]; then '/root/my venv/bin/python' -c ")
 
 
 # models.staged -------------------------------------------------------------------------
@@ -368,6 +162,7 @@ def test_stage_command_quotes_paths_and_carries_the_script():
 
 # patches.applied -----------------------------------------------------------------------
 
+VENV = "/root/venv_sglang"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 BACKUPS = f"{VENV}/.sglang-deploy/patches/demo/original"
 REPLACED = "sglang/srt/speculative/ddtree.py"  # the set replaces this file
@@ -435,8 +230,10 @@ def run_patches(patch_set, state, present=True) -> Result:
     return run(patches.applied, facts, fs, patch_set=patch_set, venv_path=VENV, site_packages=SITE, present=present)
 
 
-def put(patch_set, rel) -> tuple:
-    return ("put", str(patch_set.root / rel), f"{SITE}/{rel}")
+def put(patch_set, rel) -> list:
+    """The patched file is uploaded beside its target and renamed over it (a new inode)."""
+    tmp = f"{SITE}/{rel}.sglang-deploy-tmp"
+    return [("put", str(patch_set.root / rel), tmp), f"mv -f {tmp} {SITE}/{rel}"]
 
 
 def pycache(rel) -> str:
@@ -462,7 +259,7 @@ def test_patch_set_applied_yields_nothing(patch_set):
 
 def test_patch_over_the_original_backs_it_up_then_puts(patch_set):
     result = run_patches(patch_set, installed(replaced=sha256(ORIGINAL_TEXT)))
-    assert result.commands[:-1] == [BACKUP_REPLACED, put(patch_set, REPLACED), pycache(REPLACED)]
+    assert result.commands[:-1] == [BACKUP_REPLACED, *put(patch_set, REPLACED), pycache(REPLACED)]
     assert record_written(patch_set, result.commands[-1])
     assert result.noops == []
 
@@ -470,26 +267,26 @@ def test_patch_over_the_original_backs_it_up_then_puts(patch_set):
 def test_patch_fresh_install_backs_up_and_adds(patch_set):
     result = run_patches(patch_set, installed(replaced=sha256(ORIGINAL_TEXT), added=None))
     assert result.commands == [
-        BACKUP_REPLACED, put(patch_set, REPLACED), pycache(REPLACED),
-        put(patch_set, ADDED), pycache(ADDED), result.commands[-1],
+        BACKUP_REPLACED, *put(patch_set, REPLACED), pycache(REPLACED),
+        *put(patch_set, ADDED), pycache(ADDED), result.commands[-1],
     ]
     assert record_written(patch_set, result.commands[-1])
 
 
 def test_patched_file_drifted_with_a_backup_is_put_again(patch_set):
     result = run_patches(patch_set, installed(replaced="e" * 64, backups=(REPLACED,), record=patches.applied_record(patch_set)))
-    assert result.commands == [put(patch_set, REPLACED), pycache(REPLACED)]
+    assert result.commands == [*put(patch_set, REPLACED), pycache(REPLACED)]
     assert any("was changed on the host (sha256 eeeeeeeeeeee" in line for line in result.logs)
 
 
 def test_added_file_drifted_is_put_again_without_a_backup(patch_set):
     result = run_patches(patch_set, installed(added="e" * 64, record=patches.applied_record(patch_set)))
-    assert result.commands == [put(patch_set, ADDED), pycache(ADDED)]
+    assert result.commands == [*put(patch_set, ADDED), pycache(ADDED)]
 
 
 def test_replaced_file_missing_is_copied(patch_set):
     result = run_patches(patch_set, installed(replaced=None, record=patches.applied_record(patch_set)))
-    assert result.commands == [put(patch_set, REPLACED), pycache(REPLACED)]
+    assert result.commands == [*put(patch_set, REPLACED), pycache(REPLACED)]
 
 
 def test_unexpected_content_without_backup_fails_naming_the_file_and_the_hashes(patch_set):
@@ -511,7 +308,7 @@ def test_wrong_base_version_fails_naming_both_versions(patch_set, found, shown):
 def test_revert_restores_the_original_and_removes_the_added_file(patch_set):
     result = run_patches(patch_set, installed(backups=(REPLACED,)), present=False)
     assert result.commands == [
-        f"cp -p {BACKUPS}/{REPLACED} {SITE}/{REPLACED}", pycache(REPLACED),
+        f"cp -p {BACKUPS}/{REPLACED} {SITE}/{REPLACED}.sglang-deploy-tmp && mv -f {SITE}/{REPLACED}.sglang-deploy-tmp {SITE}/{REPLACED}", pycache(REPLACED),
         f"rm -f {SITE}/{ADDED}", pycache(ADDED),
         f"rm -f {VENV}/.sglang-deploy/patches/demo/applied.json",
     ]
@@ -635,5 +432,5 @@ def test_force_adopts_unexpected_content_as_the_original(patch_set):
     facts = {patches.InstalledFiles: lambda **kw: copy.deepcopy(state)}
     result = run(patches.applied, facts, fs, patch_set=patch_set, venv_path=VENV, site_packages=SITE, force=True)
     assert result.commands[0] == f"mkdir -p {BACKUPS}/sglang/srt/speculative && cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}"
-    assert result.commands[1] == put(patch_set, REPLACED)
+    assert result.commands[1:3] == put(patch_set, REPLACED)
     assert any("adopting its current content (sha256 eeeeeeeeeeee) as the original (force)" in line for line in result.logs)

@@ -1,0 +1,129 @@
+# The ABI probe, run by a generation's own python before it may become live.
+# argv: JSON {"kernels": [dist, ...], "modules": [module, ...], "driver_cuda": "13.0"|null,
+#             "compute_caps": ["9.0", ...]}
+# Imports torch, the kernel distributions' packages, flashinfer (when installed) and the server
+# entry point; compares torch's CUDA version with the kernel's CUDA tag, with the CUDA version
+# the driver supports, and torch's compiled GPU architectures with the GPUs' compute capability.
+# Success: one JSON line on stdout. Failure: exit 1 with ONE line on stderr naming the
+# mismatched distributions and versions (an `undefined symbol` included).
+import importlib
+import importlib.metadata as md
+import json
+import os
+import re
+import sys
+
+args = json.loads(sys.argv[1])
+found = {"python": "%d.%d.%d" % sys.version_info[:3]}
+
+
+def fail(message):
+    sys.stderr.write("ABI probe failed: " + message + "\n")
+    sys.exit(1)
+
+
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def owner_of(path):
+    """(distribution, version) whose RECORD lists the file at `path`."""
+    path = os.path.realpath(path)
+    for dist in md.distributions():
+        for f in dist.files or ():
+            try:
+                if os.path.realpath(str(dist.locate_file(f))) == path:
+                    return dist.metadata["Name"], dist.version
+            except OSError:
+                continue
+    return None, None
+
+
+def cuda_of(tag):
+    """`cu130` -> `13.0`; `cu128` -> `12.8`."""
+    m = re.fullmatch(r"cu(\d+)(\d)", tag or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def load(module):
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        text = " ".join(str(exc).split())
+        m = re.search(r"(/\S+?\.so[^:\s]*): undefined symbol: (\S+)", text)
+        torch_version = version("torch")
+        if m:
+            dist, dist_version = owner_of(m.group(1))
+            lib = os.path.basename(m.group(1))
+            who = f"{dist} {dist_version}" if dist else m.group(1)
+            fail(
+                f"{who} ({lib}) was built against another torch than torch {torch_version}: undefined symbol "
+                f"{m.group(2)}; install the {dist or 'kernel'} build made for torch {torch_version} (one stack, one ABI set)"
+            )
+        fail(f"import {module}: {type(exc).__name__}: {text[:300]}")
+
+
+torch = load("torch")
+found["torch"] = torch.__version__
+torch_cuda = getattr(torch.version, "cuda", None)
+found["torch_cuda"] = torch_cuda
+
+for dist in args.get("kernels", []):
+    dist_version = version(dist)
+    if dist_version is None:
+        continue
+    top = None
+    try:
+        top = (md.distribution(dist).read_text("top_level.txt") or "").split()
+    except Exception:  # noqa: BLE001
+        top = None
+    for module in top or [dist.replace("-", "_")]:
+        load(module)
+    local = dist_version.partition("+")[2]
+    kernel_cuda = cuda_of(local)
+    found[dist] = dist_version
+    if kernel_cuda and torch_cuda and kernel_cuda.split(".")[0] != torch_cuda.split(".")[0]:
+        fail(
+            f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} for CUDA {torch_cuda}: "
+            "pick the kernel and torch of one CUDA version"
+        )
+    if kernel_cuda and not torch_cuda:
+        fail(f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} is a CPU build")
+
+if version("flashinfer-python"):
+    load("flashinfer")
+    found["flashinfer-python"] = version("flashinfer-python")
+
+driver = args.get("driver_cuda")
+if torch_cuda and driver:
+    def as_tuple(v):
+        return tuple(int(x) for x in v.split(".")[:2])
+
+    if as_tuple(torch_cuda) > as_tuple(driver):
+        fail(
+            f"torch {torch.__version__} needs CUDA {torch_cuda}, the driver supports CUDA up to {driver}: "
+            "upgrade the NVIDIA driver, or use a stack built for CUDA <= " + driver
+        )
+caps = args.get("compute_caps") or []
+if torch_cuda and caps:
+    arches = torch.cuda.get_arch_list() if torch.cuda.is_available() else []
+    found["arch_list"] = arches
+    if arches:
+        for cap in caps:
+            major, minor = (int(x) for x in cap.split(".")[:2])
+            sm = major * 10 + minor
+            numbers = [(a.split("_")[0], int(re.sub(r"\D", "", a) or 0)) for a in arches]
+            # A cubin runs on its own major version (same or newer minor); PTX (compute_) is JIT-compiled upward.
+            ok = any((kind == "sm" and n // 10 == major and n <= sm) or (kind == "compute" and n <= sm) for kind, n in numbers)
+            if not ok:
+                fail(
+                    f"torch {torch.__version__} has kernels for {' '.join(arches)}, not for this GPU's compute "
+                    f"capability {cap} (sm_{sm}): use a torch build that includes sm_{sm}"
+                )
+
+for module in args.get("modules", []):
+    load(module)
+print(json.dumps(found, sort_keys=True))

@@ -1,0 +1,64 @@
+# Make generation ID the live venv: LIVE (the path units run) becomes a symlink to
+# LIVE.generations/ID in one rename, so a process starting at any moment sees either the old
+# or the new environment, whole. The generation it replaces is kept as `previous` (for
+# rollback, which is this same switch back); older generations are deleted.
+# A plain venv directory at LIVE (from before generations) is moved in as a generation.
+# argv: LIVE ID
+import ctypes
+import json
+import os
+import shutil
+import sys
+import time
+
+live, wanted = sys.argv[1:3]
+generations = live + ".generations"
+target = os.path.join(generations, wanted)
+if not os.path.isdir(target):
+    sys.exit(f"{target} does not exist: nothing to switch to")
+state_path = os.path.join(generations, "state.json")
+try:
+    with open(state_path) as handle:
+        state = json.load(handle)
+except (OSError, ValueError):
+    state = {}
+
+
+def exchange(a, b):
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), f"{a} <-> {b}")
+
+
+tmp = f"{live}.switch-{os.getpid()}"
+os.symlink(target, tmp)
+previous = None
+if os.path.islink(live):
+    previous = os.path.basename(os.path.realpath(live))
+    os.rename(tmp, live)
+elif os.path.isdir(live):
+    # The plain venv becomes a generation. It keeps working where it lies now: units run
+    # `<venv>/bin/python -m ...`, and Python finds its site-packages from pyvenv.cfg beside bin/.
+    previous = "legacy-%d" % int(time.time())
+    exchange(tmp, live)
+    os.rename(tmp, os.path.join(generations, previous))
+elif not os.path.lexists(live):
+    os.rename(tmp, live)
+else:
+    os.unlink(tmp)
+    sys.exit(f"{live} is neither a venv directory nor a symlink: move it away and re-run")
+
+if previous == wanted:
+    previous = state.get("previous")
+state = {"live": wanted, "previous": previous, "switched_at": int(time.time())}
+with open(state_path + ".tmp", "w") as handle:
+    json.dump(state, handle)
+os.rename(state_path + ".tmp", state_path)
+
+for name in os.listdir(generations):
+    if name in (wanted, previous) or name.endswith(".json") or name.endswith(".tmp"):
+        continue
+    shutil.rmtree(os.path.join(generations, name), ignore_errors=True)
+print(json.dumps(state))

@@ -1,0 +1,369 @@
+"""venv.environment / venv.switched with facts given: what a generation build yields, and why."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import OperationError
+
+from operations import installer, remote, venv
+from operations.stacks import Package, Stack
+from tests.unit.test_operations import FakeFs, Result, run
+
+LIVE = "/root/venv_sglang"
+CACHE = "/var/cache/sglang-deploy/wheels"
+UV = f"UV_CACHE_DIR={CACHE}/.uv-cache {CACHE}/.tools/uv-{installer.UV_VERSION}/uv pip --quiet --no-config --python"
+WHEELS = {
+    "sglang-kernel": "sglang_kernel-0.3.1+cu130-cp310-abi3-manylinux2014_x86_64.whl",
+    "sglang-standin": "sglang_standin-0.1.0-py3-none-any.whl",
+    "torch": "torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+}
+
+
+@pytest.fixture
+def house(tmp_path) -> Path:
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    for name in WHEELS.values():
+        (folder / name).write_bytes(f"contents of {name}".encode())
+    return folder
+
+
+def _pin(house: Path, name: str, version: str) -> Package:
+    path = house / WHEELS[name]
+    return Package(name, version, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+@pytest.fixture
+def stack(tmp_path, house) -> Stack:
+    return Stack(
+        "demo",
+        "3.11",
+        (_pin(house, "sglang-kernel", "0.3.1+cu130"), Package("sglang-standin", "0.1.0", WHEELS["sglang-standin"]), _pin(house, "torch", "2.11.0+cu130")),
+        tmp_path / "demo.yml",
+    )
+
+
+def gen_of(stack) -> venv.Generation:
+    return venv.generation(LIVE, stack, {})
+
+
+def venv_facts(path, python="3.11.7", **versions) -> dict:
+    """One venv as the fact reads it: the stack's distributions, `versions` changed (None removes one)."""
+    dists = {
+        "pip": {"version": "24.0", "installer": "pip"},
+        "sglang-kernel": {"version": "0.3.1+cu130", "installer": "uv"},
+        "sglang-standin": {"version": "0.1.0", "installer": "uv"},
+        "torch": {"version": "2.11.0+cu130", "installer": "uv"},
+    }
+    for name, version in versions.items():
+        name = name.replace("_", "-")
+        if version is None:
+            dists.pop(name, None)
+        else:
+            dists[name] = {"version": version, "installer": "uv"}
+    for info in dists.values():
+        info.update(damaged=[], damaged_count=0)
+    return {"path": path, "python": python, "dists": dists, "shared": {}}
+
+
+def facts(gen, wanted=None, live_state=None, live="link", cache=None, uv=True) -> dict:
+    target = {"link": gen.path if wanted is not None and live_state is None else (live_state or {}).get("path"), "absent": None}.get(live, LIVE)
+    return {
+        "machine": "x86_64",
+        "live": {"kind": live if live != "dir" else "dir", "target": target},
+        "record": {},
+        "generations": [],
+        "wanted": wanted,
+        "live_state": live_state,
+        "cache": cache or {},
+        "uv": uv,
+    }
+
+
+def run_env(fact, stack, house, installer_choice="auto", sources=None) -> Result:
+    gen = gen_of(stack)
+    return run(
+        venv.environment,
+        {venv.VenvState: lambda **kw: copy.deepcopy(fact)},
+        FakeFs(dirs={CACHE}),
+        gen=gen,
+        stack=stack,
+        sources=sources or (venv.Source("wheelhouse", str(house)),),
+        host_cache=CACHE,
+        installer=installer_choice,
+    )
+
+
+def uploads(result) -> list[str]:
+    return [c[2] for c in result.commands if isinstance(c, tuple) and c[0] == "put"]
+
+
+def installs(result) -> list[str]:
+    return [c for c in result.commands if isinstance(c, str) and " install " in c]
+
+
+# Generations -------------------------------------------------------------------------------
+
+
+def test_generation_id_names_the_stack_and_changes_with_any_pin_or_patch_set(stack, house):
+    gen = gen_of(stack)
+    assert gen.id.startswith("demo-") and gen.path == f"{LIVE}.generations/{gen.id}"
+    assert venv.generation(LIVE, stack, {}) == gen
+    repinned = Stack(stack.name, stack.python, (*stack.packages[:2], Package("torch", "2.11.0+cu128")), stack.path)
+    assert venv.generation(LIVE, repinned, {}).id != gen.id
+    assert venv.generation(LIVE, stack, {"ddtree": "abc"}).id != gen.id
+    assert venv.generation(LIVE, stack, {"ddtree": "abd"}).id != venv.generation(LIVE, stack, {"ddtree": "abc"}).id
+
+
+def test_converged_generation_yields_nothing(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, wanted=venv_facts(gen.path)), stack, house)
+    assert result.commands == []
+    assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions)"]
+
+
+def test_converged_generation_does_not_need_the_wheelhouse(stack, tmp_path):
+    gen = gen_of(stack)
+    assert run_env(facts(gen, wanted=venv_facts(gen.path)), stack, tmp_path / "no-such-dir").commands == []
+
+
+def test_new_generation_is_a_hard_linked_copy_of_the_live_one_with_only_the_changed_pin_installed(stack, house):
+    gen = gen_of(stack)
+    old = f"{LIVE}.generations/demo-0000000000"
+    result = run_env(facts(gen, live_state=venv_facts(old, torch="2.10.0+cu130")), stack, house)
+
+    clone = result.commands[1]
+    assert f"cp -a --link {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
+    assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
+    assert installs(result) == [f"{UV} {gen.python} install --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert f"venv {LIVE}: torch 2.10.0+cu130 -> 2.11.0+cu130" in result.logs
+
+
+def test_first_generation_is_a_fresh_venv_built_by_uv(stack, house):
+    gen = gen_of(stack)
+    (house / installer.UV_WHEELS["x86_64"].file).write_bytes(b"uv wheel")
+    result = run_env(facts(gen, live="absent", uv=False), stack, house)
+
+    assert result.commands[1] == f"mkdir -p {LIVE}.generations && rm -rf {gen.path} && python3.11 -m venv --without-pip {gen.path}"
+    assert f"{CACHE}/{installer.UV_WHEELS['x86_64'].file}" in uploads(result)
+    assert any(c.startswith("python3 -c ") and "zipfile" in c for c in result.commands if isinstance(c, str))
+    assert sorted(uploads(result)[1:]) == sorted(f"{CACHE}/{w}" for w in WHEELS.values())
+
+
+def test_without_a_uv_wheel_pip_installs(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, live="absent", uv=False), stack, house)
+    assert result.commands[1].endswith(f"python3.11 -m venv {gen.path}")
+    assert installs(result)[0].startswith(f"{gen.python} -m pip install --quiet --no-index --no-deps --force-reinstall")
+
+
+def test_installer_uv_without_a_uv_wheel_is_refused_before_any_change(stack, house):
+    gen = gen_of(stack)
+    with pytest.raises(OperationError, match="installer: uv, but no uv .* wheel for x86_64"):
+        run_env(facts(gen, wanted=venv_facts(gen.path, torch=None), uv=False), stack, house, installer_choice="uv")
+
+
+def test_host_checks_the_sha256_of_what_it_installs(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house)
+    check = next(c for c in result.commands if isinstance(c, str) and "sha256sum" in c)
+    assert f"{stack.packages[2].sha256}  {CACHE}/{WHEELS['torch']}" in check
+
+
+def test_wheel_already_cached_on_the_host_with_its_size_is_not_pushed(stack, house):
+    gen = gen_of(stack)
+    size = (house / WHEELS["torch"]).stat().st_size
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None), cache={WHEELS["torch"]: size}), stack, house)
+    assert uploads(result) == [] and len(installs(result)) == 1
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None), cache={WHEELS["torch"]: size - 1}), stack, house)
+    assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
+
+
+def test_extra_distributions_are_removed_before_anything_is_installed(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch="2.10.0", vllm="0.9")), stack, house)
+    strings = [c for c in result.commands if isinstance(c, str)]
+    assert strings[0] == f"{UV} {gen.python} uninstall vllm"
+    assert f"venv {LIVE}: remove vllm (not in stack demo)" in result.logs
+
+
+def test_a_file_missing_from_an_installed_distribution_reinstalls_it(stack, house):
+    gen = gen_of(stack)
+    state = venv_facts(gen.path)
+    state["dists"]["torch"].update(damaged=["torch/_C.so"], damaged_count=1)
+    result = run_env(facts(gen, wanted=state), stack, house)
+    assert installs(result) == [f"{UV} {gen.python} install --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert any("torch 2.11.0+cu130: 1 installed file(s) missing or altered (torch/_C.so): reinstalling" in line for line in result.logs)
+
+
+def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house):
+    gen = gen_of(stack)
+    state = venv_facts(gen.path, sgl_kernel="0.3.1")
+    state["shared"] = {"sgl_kernel": ["sgl-kernel", "sglang-kernel"]}
+    # sgl-kernel is not in the stack: it is removed first, then nothing else overlaps.
+    result = run_env(facts(gen, wanted=state), stack, house)
+    assert [c for c in result.commands if isinstance(c, str)][0].endswith("uninstall sgl-kernel")
+
+    both = Stack(stack.name, stack.python, (*stack.packages, Package("sgl-kernel", "0.3.1")), stack.path)
+    with pytest.raises(OperationError, match=r"sgl_kernel/ is installed by both sgl-kernel and sglang-kernel"):
+        run_env(facts(venv.generation(LIVE, both, {}), wanted=state), both, house)
+
+
+def test_a_file_in_no_source_fails_naming_the_file_and_every_source_tried(stack, house):
+    gen = gen_of(stack)
+    (house / WHEELS["torch"]).unlink()
+    sources = (venv.Source("wheelhouse", str(house)), venv.Source("index", "https://example.invalid/simple"))
+    no_hash = Stack(stack.name, stack.python, (*stack.packages[:2], Package("torch", "2.11.0+cu130", WHEELS["torch"])), stack.path)
+    with pytest.raises(OperationError) as caught:
+        run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), no_hash, house, sources=sources)
+    message = str(caught.value)
+    assert WHEELS["torch"] in message
+    assert f"wheelhouse {house} (no such file)" in message and "index https://example.invalid/simple (needs a sha256 pin" in message
+
+
+def test_altered_wheel_fails_naming_both_hashes(stack, house):
+    gen = gen_of(stack)
+    wheel = house / WHEELS["torch"]
+    wheel.write_bytes(b"altered")
+    with pytest.raises(OperationError) as caught:
+        run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house)
+    assert f"{wheel} has sha256 {hashlib.sha256(b'altered').hexdigest()}, the stack pins {stack.packages[2].sha256}" in str(caught.value)
+
+
+def test_index_source_installs_with_required_hashes(stack, house):
+    gen = gen_of(stack)
+    (house / WHEELS["torch"]).unlink()
+    sources = (venv.Source("wheelhouse", str(house)), venv.Source("index", "http://10.0.0.1:8080/simple"))
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house, sources=sources)
+    reqs = f"{CACHE}/requirements-{gen.id}.txt"
+    assert any(f"torch==2.11.0+cu130 --hash=sha256:{stack.packages[2].sha256}" in c and reqs in c for c in result.commands if isinstance(c, str))
+    assert installs(result) == [f"{UV} {gen.python} install --no-deps --reinstall --require-hashes --index-url http://10.0.0.1:8080/simple -r {reqs}"]
+
+
+def test_wanted_generation_with_another_python_is_refused(stack, house):
+    gen = gen_of(stack)
+    with pytest.raises(OperationError, match="holds Python 3.10.12, stack demo needs 3.11"):
+        run_env(facts(gen, wanted=venv_facts(gen.path, python="3.10.12")), stack, house)
+
+
+def test_live_venv_of_another_python_is_not_cloned(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, live_state=venv_facts(LIVE, python="3.10.12"), live="dir"), stack, house)
+    assert "python3.11 -m venv" in result.commands[1] and "cp -a" not in result.commands[1]
+    assert len(uploads(result)) == 3
+
+
+# Switching -----------------------------------------------------------------------------------
+
+
+def run_switch(fact, stack) -> Result:
+    return run(venv.switched, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, gen=gen_of(stack), host_cache=CACHE, probe={"kernels": []})
+
+
+def test_switch_probes_then_points_the_live_path_at_the_generation(stack):
+    gen = gen_of(stack)
+    result = run_switch(facts(gen, live_state=venv_facts(f"{LIVE}.generations/old")), stack)
+    probe, switch = result.commands
+    assert probe.startswith(f"{gen.python} - ") and "ABI probe failed" in probe
+    assert switch.startswith(f"python3 - {LIVE} {gen.id} <<'PYEOF'")
+    assert venv.needs_switch is not None
+
+
+def test_switch_when_already_live_only_probes(stack):
+    gen = gen_of(stack)
+    result = run_switch(facts(gen, wanted=venv_facts(gen.path)), stack)
+    assert len(result.commands) == 1 and result.commands[0].startswith(f"{gen.python} - ")
+
+
+# The host scripts, run here on real directories ------------------------------------------
+
+
+def _remote(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-", *args], input=remote.script(name), capture_output=True, text=True)
+
+
+def _fake_venv(root: Path, dists: dict[str, list[str]]) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    site = root / "lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    for name, files in dists.items():
+        info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\nbody\n")
+        (info / "INSTALLER").write_text("uv\n")
+        rows = []
+        for rel in files:
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_text(f"{name} {rel}\n")
+            rows.append(f"{rel},sha256=x,{len(f'{name} {rel}') + 1}")
+        (info / "RECORD").write_text("\n".join(rows + [f"{info.name}/RECORD,,"]) + "\n")
+    return root
+
+
+def test_state_script_finds_deleted_files_and_shared_packages(tmp_path):
+    gens = tmp_path / "venv.generations"
+    wanted = _fake_venv(gens / "g1", {"torch": ["torch/__init__.py", "torch/_C.so"], "sgl-kernel": ["sgl_kernel/__init__.py"], "sglang-kernel": ["sgl_kernel/__init__.py"]})
+    (wanted / "lib/python3.11/site-packages/torch/_C.so").unlink()
+    (tmp_path / "venv").symlink_to(wanted)
+    out = json.loads(_remote("venv_state", str(tmp_path / "venv"), str(wanted), str(tmp_path / "cache"), "/nonexistent/uv").stdout)
+
+    assert out["live"] == {"kind": "link", "target": str(wanted)}
+    assert out["live_state"] is None  # the live generation is the wanted one
+    torch = out["wanted"]["dists"]["torch"]
+    assert (torch["version"], torch["installer"], torch["damaged"]) == ("1.0", "uv", ["torch/_C.so"])
+    assert out["wanted"]["shared"] == {"sgl_kernel": ["sgl-kernel", "sglang-kernel"]}
+    assert out["uv"] is False and out["cache"] == {}
+
+
+def test_switch_script_replaces_a_plain_venv_and_keeps_one_previous_generation(tmp_path):
+    live = tmp_path / "venv"
+    _fake_venv(live, {"torch": ["torch/__init__.py"]})
+    gens = Path(f"{live}.generations")
+    for name in ("g1", "g3"):
+        _fake_venv(gens / name, {})
+
+    first = _remote("venv_switch", str(live), "g1")
+    assert first.returncode == 0, first.stderr
+    state = json.loads(first.stdout)
+    assert live.is_symlink() and live.resolve() == gens / "g1"
+    legacy = state["previous"]
+    assert legacy.startswith("legacy-") and (gens / legacy / "lib/python3.11/site-packages/torch/__init__.py").is_file()
+    assert not (gens / "g3").exists()  # neither live nor previous: pruned
+
+    _fake_venv(gens / "g2", {})
+
+    assert _remote("venv_switch", str(live), "g2").returncode == 0
+    assert live.resolve() == gens / "g2"
+    assert sorted(p.name for p in gens.iterdir()) == ["g1", "g2", "state.json"]  # the legacy venv pruned
+    assert json.loads((gens / "state.json").read_text())["previous"] == "g1"
+    # Rolling back is switching to the previous generation.
+    assert _remote("venv_switch", str(live), "g1").returncode == 0
+    assert live.resolve() == gens / "g1" and json.loads((gens / "state.json").read_text())["previous"] == "g2"
+    missing = _remote("venv_switch", str(live), "nope")
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
+    source = tmp_path / "venv.generations" / "old"
+    _fake_venv(source, {"torch": ["torch/__init__.py"]})
+    script = source / "bin" / "torchrun"
+    script.write_text(f"#!{source}/bin/python\nimport torch\n")
+    gen = venv.Generation(str(tmp_path / "venv"), "new")
+    result = subprocess.run(["bash", "-c", venv.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    clone = Path(gen.path)
+    assert (clone / "bin/torchrun").read_text().startswith(f"#!{clone}/bin/python\n")
+    assert script.read_text().startswith(f"#!{source}/bin/python\n")  # the live one is untouched
+    site = "lib/python3.11/site-packages/torch/__init__.py"
+    assert (clone / site).stat().st_ino == (source / site).stat().st_ino  # hard-linked, not copied
+    assert not Path(gen.path + ".partial").exists()
+    assert shlex.split(venv.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
