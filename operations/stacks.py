@@ -5,11 +5,17 @@ distributions, each with an exact version (local tag included, e.g. `2.11.0+cu13
 and, where the file is known, its wheel filename and sha256. Closed means the venv is
 installed with `--no-deps`: nothing is resolved on the host, nothing comes from "latest".
 A distribution may instead name a `build:` script (a stand-in built on the control
-machine, such as the lab's server) that provides `build_wheel(out_dir) -> Path`.
+machine, such as the lab's server) that provides `build_wheel(out_dir) -> Path` (or
+`build_wheel(out_dir, version) -> Path` when one script builds several versions).
+
+A stack may extend another: `extends: <stack name>`, then `packages:` replace (same name),
+add (new name) or remove (value `null`) the base's distributions, and `python:` may be
+omitted (inherited). The result is a whole `Stack` of its own name and file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,6 +63,14 @@ class Stack:
     def site_packages(self) -> str:
         return f"lib/python{self.python}/site-packages"
 
+    @property
+    def content_digest(self) -> str:
+        """sha256 of what the stack resolves to (python and every pin), base stacks included; not of its file."""
+        digest = hashlib.sha256(f"python {self.python}\n".encode())
+        for p in self.packages:
+            digest.update(f"{p.name}=={p.version} {p.file or ''} {p.sha256 or ''} {p.build or ''}\n".encode())
+        return digest.hexdigest()
+
 
 def available_stacks() -> list[str]:
     return sorted(p.stem for p in STACKS_DIR.glob("*.yml"))
@@ -72,8 +86,16 @@ def load_stack(name: object, source: str = "stack", key_path: str = "stack") -> 
     return _load_stack_file(STACKS_DIR / f"{name}.yml")
 
 
+_TOP_KEYS = ("name", "python", "packages", "description", "extends")
+
+
 @lru_cache(maxsize=None)
 def _load_stack_file(path: Path) -> Stack:
+    return _parse_stack_file(path, ())
+
+
+def _parse_stack_file(path: Path, chain: tuple[str, ...]) -> Stack:
+    """`chain`: the stacks that extend this one, outermost first (to find a cycle)."""
     shown = f"files/stacks/{path.name}"
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -82,36 +104,66 @@ def _load_stack_file(path: Path) -> Stack:
     if not isinstance(raw, dict):
         raise DataError(shown, "(top level)", raw, "must be a mapping with name, python, packages")
     for key in raw:
-        if key not in ("name", "python", "packages", "description"):
-            raise DataError(shown, key, raw[key], "unknown key; allowed: name, python, packages, description")
+        if key not in _TOP_KEYS:
+            raise DataError(shown, key, raw[key], f"unknown key; allowed: {', '.join(_TOP_KEYS)}")
     if raw.get("name") != path.stem:
         raise DataError(shown, "name", raw.get("name"), f"must equal the file name '{path.stem}'")
+    base = _base_of(path, raw, chain) if "extends" in raw else None
     python = raw.get("python")
-    if not isinstance(python, str) or not _PY_RE.match(python):
+    if python is None and base is not None:
+        python = base.python
+    elif not isinstance(python, str) or not _PY_RE.match(python):
         raise DataError(shown, "python", raw.get("python"), 'must be a quoted major.minor version such as "3.11"')
     packages_raw = raw.get("packages")
-    if not isinstance(packages_raw, dict) or not packages_raw:
+    if base is not None and packages_raw is None:
+        packages_raw = {}
+    elif not isinstance(packages_raw, dict) or (base is None and not packages_raw):
         raise DataError(shown, "packages", packages_raw, "must be a non-empty map of distribution -> {version, file, sha256}")
-    packages = []
+    packages = {p.name: p for p in base.packages} if base is not None else {}
     for dist, spec in packages_raw.items():
         key = f"packages.{dist}"
         if not isinstance(dist, str) or normalize(dist) != dist:
             raise DataError(shown, key, dist, f"write distribution names PEP 503-normalised: '{normalize(str(dist))}'")
-        if isinstance(spec, str):
-            spec = {"version": spec}
-        if not isinstance(spec, dict):
-            raise DataError(shown, key, spec, "must be a version string or {version, file, sha256}")
-        unknown = set(spec) - {"version", "file", "sha256", "build"}
-        if unknown:
-            raise DataError(shown, key, sorted(unknown), "unknown keys; allowed: version, file, sha256, build")
-        version = spec.get("version")
-        if not isinstance(version, str) or not _VERSION_RE.match(version):
-            raise DataError(shown, f"{key}.version", version, 'must be an exact version, quoted, such as "2.11.0+cu130"')
-        sha = spec.get("sha256")
-        if sha is not None and not _SHA256_RE.match(str(sha)):
-            raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits")
-        file = spec.get("file")
-        if file is not None and not str(file).endswith(".whl"):
-            raise DataError(shown, f"{key}.file", file, "must be a wheel file name (*.whl)")
-        packages.append(Package(dist, version, file, sha, spec.get("build")))
-    return Stack(path.stem, python, tuple(sorted(packages, key=lambda p: p.name)), path)
+        if spec is None and base is not None:
+            if dist not in packages:
+                raise DataError(shown, key, spec, f"the base stack {base.name} has no {dist} to remove; drop this line")
+            del packages[dist]
+            continue
+        packages[dist] = _package(shown, key, dist, spec)
+    if not packages:
+        raise DataError(shown, "packages", packages_raw, f"removes every distribution of {base.name}: a stack needs at least one")
+    return Stack(path.stem, python, tuple(sorted(packages.values(), key=lambda p: p.name)), path)
+
+
+def _base_of(path: Path, raw: dict, chain: tuple[str, ...]) -> Stack:
+    shown = f"files/stacks/{path.name}"
+    name = raw["extends"]
+    here = path.parent
+    if not isinstance(name, str) or not _STACK_NAME_RE.match(name) or not (here / f"{name}.yml").is_file():
+        available = ", ".join(sorted(p.stem for p in here.glob("*.yml") if p.stem != path.stem))
+        raise DataError(shown, "extends", name, f"unknown stack; available: {available} (files/stacks/<name>.yml)")
+    chain = (*chain, path.stem)
+    if name in chain:
+        cycle = " -> ".join((*chain[chain.index(name):], name))
+        raise DataError(shown, "extends", name, f"stacks extend each other in a cycle ({cycle}): extend a stack that does not extend this one")
+    return _parse_stack_file(here / f"{name}.yml", chain)
+
+
+def _package(shown: str, key: str, dist: str, spec: object) -> Package:
+    if isinstance(spec, str):
+        spec = {"version": spec}
+    if not isinstance(spec, dict):
+        raise DataError(shown, key, spec, "must be a version string or {version, file, sha256}")
+    unknown = set(spec) - {"version", "file", "sha256", "build"}
+    if unknown:
+        raise DataError(shown, key, sorted(unknown), "unknown keys; allowed: version, file, sha256, build")
+    version = spec.get("version")
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise DataError(shown, f"{key}.version", version, 'must be an exact version, quoted, such as "2.11.0+cu130"')
+    sha = spec.get("sha256")
+    if sha is not None and not _SHA256_RE.match(str(sha)):
+        raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits")
+    file = spec.get("file")
+    if file is not None and not str(file).endswith(".whl"):
+        raise DataError(shown, f"{key}.file", file, "must be a wheel file name (*.whl)")
+    return Package(dist, version, file, sha, spec.get("build"))

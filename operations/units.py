@@ -57,12 +57,13 @@ def _environment() -> jinja2.Environment:
 
 
 def inputs_digest(stack: Stack, patch_digests: dict[str, str]) -> str:
-    """A short digest of what the process loads besides its flags: the stack file and patch sets.
+    """A short digest of what the process loads besides its flags: the stack's pins and patch sets.
 
     It is written into the unit, so that a new stack or patch set changes the unit and
     so restarts the service even if an earlier run died between install and restart.
+    The stack's resolved content counts (a base stack's pins included), not its file's bytes.
     """
-    digest = hashlib.sha256(stack.path.read_bytes())
+    digest = hashlib.sha256(stack.content_digest.encode())
     for name in sorted(patch_digests):
         digest.update(f"{name}={patch_digests[name]}".encode())
     return f"stack {stack.name} {digest.hexdigest()[:16]}"

@@ -185,6 +185,103 @@ def test_unquoted_package_version_in_a_map_is_rejected(stack_dir):
     assert caught.value.key_path == "packages.numpy.version"
 
 
+# Stacks that extend another ---------------------------------------------------------------
+
+
+CHILD = """\
+name: child
+extends: demo
+packages:
+  torch: {version: "2.12.0+cu130", file: torch-2.12.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl, sha256: %s}
+  numpy: "2.4.6"
+  sglang: null
+""" % ("b" * 64)
+
+
+def test_an_extending_stack_overrides_adds_and_removes(stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "child.yml").write_text(CHILD)
+    child = stacks.load_stack("child")
+
+    assert child == Stack(
+        "child",
+        "3.11",
+        (
+            Package("numpy", "2.4.6"),
+            Package("torch", "2.12.0+cu130", "torch-2.12.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "b" * 64),
+        ),
+        stack_dir / "child.yml",
+    )
+    assert stacks.load_stack("demo").wanted() == {"sglang": "0.5.23", "torch": "2.11.0+cu130"}  # the base is unchanged
+
+
+def test_an_extending_stack_may_override_python_and_omit_packages(stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "alias.yml").write_text('name: alias\nextends: demo\npython: "3.12"\n')
+    alias = stacks.load_stack("alias")
+    assert alias.python == "3.12"
+    assert alias.packages == stacks.load_stack("demo").packages
+    assert alias.path == stack_dir / "alias.yml"
+
+
+def test_extends_chains(stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "child.yml").write_text(CHILD)
+    (stack_dir / "grandchild.yml").write_text('name: grandchild\nextends: child\npackages:\n  numpy: null\n  pyyaml: "6.0.4"\n')
+    assert stacks.load_stack("grandchild").wanted() == {"pyyaml": "6.0.4", "torch": "2.12.0+cu130"}
+
+
+BAD_EXTENDS = [
+    # id, files {stem: text}, the stack loaded, the message's start, fix phrase
+    ("unknown-base", {"child": "name: child\nextends: nope\n"}, "child",
+     "files/stacks/child.yml: extends: 'nope': ", "unknown stack; available: demo"),
+    ("base-not-a-name", {"child": "name: child\nextends: [demo]\n"}, "child",
+     "files/stacks/child.yml: extends: ['demo']: ", "unknown stack"),
+    ("self", {"child": "name: child\nextends: child\n"}, "child",
+     "files/stacks/child.yml: extends: 'child': ", "in a cycle (child -> child)"),
+    ("cycle", {"a": "name: a\nextends: b\n", "b": "name: b\nextends: a\n"}, "a",
+     "files/stacks/b.yml: extends: 'a': ", "in a cycle (a -> b -> a): extend a stack that does not extend this one"),
+    ("remove-missing", {"child": "name: child\nextends: demo\npackages:\n  numpy: null\n"}, "child",
+     "files/stacks/child.yml: packages.numpy: None: ", "the base stack demo has no numpy to remove; drop this line"),
+    ("remove-everything", {"child": "name: child\nextends: demo\npackages: {torch: null, sglang: null}\n"}, "child",
+     "files/stacks/child.yml: packages: ", "removes every distribution of demo"),
+    ("bad-python", {"child": 'name: child\nextends: demo\npython: "3"\n'}, "child",
+     "files/stacks/child.yml: python: '3': ", "must be a quoted major.minor version"),
+    ("bad-override", {"child": 'name: child\nextends: demo\npackages:\n  torch: ">=2"\n'}, "child",
+     "files/stacks/child.yml: packages.torch.version: '>=2': ", "must be an exact version"),
+    ("bad-base", {"child": "name: child\nextends: broken\n", "broken": 'name: broken\npython: "3.11"\npackages: {}\n'}, "child",
+     "files/stacks/broken.yml: packages: {}: ", "must be a non-empty map"),
+    ("null-without-extends", {"child": 'name: child\npython: "3.11"\npackages:\n  torch: null\n'}, "child",
+     "files/stacks/child.yml: packages.torch: None: ", "must be a version string"),
+]
+
+
+@pytest.mark.parametrize(("files", "name", "start", "fix"), [c[1:] for c in BAD_EXTENDS], ids=[c[0] for c in BAD_EXTENDS])
+def test_bad_extends_names_file_key_value_and_fix(stack_dir, files, name, start, fix):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    for stem, text in files.items():
+        (stack_dir / f"{stem}.yml").write_text(text)
+    with pytest.raises(DataError) as caught:
+        stacks.load_stack(name)
+    message = str(caught.value)
+    assert message.startswith(start)
+    assert fix in message
+
+
+def test_content_digest_follows_the_resolved_pins_and_the_base(stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "child.yml").write_text(CHILD)
+    (stack_dir / "same.yml").write_text(GOOD.replace("name: demo", "name: same") + "# only a comment differs\n")
+    demo, child = stacks.load_stack("demo"), stacks.load_stack("child")
+    assert len(demo.content_digest) == 64
+    assert demo.content_digest != child.content_digest
+    assert stacks.load_stack("same").content_digest == demo.content_digest
+
+    (stack_dir / "demo.yml").write_text(GOOD.replace('"3.11"', '"3.12"'))  # the base changes; child.yml does not
+    stacks._load_stack_file.cache_clear()
+    assert stacks.load_stack("child").content_digest != child.content_digest
+
+
 # The wheelhouse ------------------------------------------------------------------------
 
 

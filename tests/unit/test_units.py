@@ -237,12 +237,14 @@ def test_inputs_digest_changes_with_a_patch_digest_and_not_with_order():
     assert units.inputs_digest(stack, {"ddtree-sample": "a" * 64}) == one
 
 
-def test_inputs_digest_changes_with_the_stack_file(tmp_path):
+def test_inputs_digest_follows_the_stacks_pins_not_its_file(tmp_path):
     stack = stacks.load_stack("lab-standin")
+    (package,) = stack.packages
+    repinned = dataclasses.replace(stack, packages=(dataclasses.replace(package, sha256="b" * 64),))
+    assert units.inputs_digest(repinned, {}) != units.inputs_digest(stack, {})
     copy = tmp_path / "lab-standin.yml"
-    copy.write_bytes(stack.path.read_bytes() + b"# a comment changes the file\n")
-    changed = dataclasses.replace(stack, path=copy)
-    assert units.inputs_digest(changed, {}) != units.inputs_digest(stack, {})
+    copy.write_bytes(stack.path.read_bytes() + b"# a comment changes the file, not the stack\n")
+    assert units.inputs_digest(dataclasses.replace(stack, path=copy), {}) == units.inputs_digest(stack, {})
 
 
 def test_a_new_patch_digest_changes_the_unit_text():
