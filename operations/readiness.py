@@ -43,7 +43,7 @@ def record(host_name: str, service: str, endpoint: str, state: str, ready: str) 
     REPORT.setdefault(host_name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
 
 
-def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> bool:
+def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> dict:
     command = remote.command(
         "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0", shlex.quote(config_file)
     )
@@ -52,17 +52,41 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         result = {"ok": False, "reason": f"readiness probe failed to run: {output.stderr.strip()[-500:]}", "journal": ""}
-    if not ok or not result["ok"]:
-        host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
-        journal = result.get("journal") or ""
-        if journal:
-            host.log(f"{service}: last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
+    if not ok:
+        result["ok"] = False
+    return result
+
+
+def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str, plan=None) -> bool:
+    result = _wait_once(host, unit, address, port, timeout, smoke, config_file)
+    if result["ok"]:
+        reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
+        host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
+        record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
+        return True
+    host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
+    journal = result.get("journal") or ""
+    if journal:
+        host.log(f"{service}: last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
+    if plan is None:
         record(host.name, service, endpoint, "FAILED", result["reason"])
         return False
-    reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
-    host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
-    record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
-    return True
+    from operations import rollback
+
+    done, error = rollback.undo(host, plan)
+    if error:
+        host.log_styled(f"{service}: NOT ROLLED BACK: {error}", fg="red", log_func=logger.error)
+        record(host.name, service, endpoint, "FAILED", f"{result['reason']}; not rolled back: {error}")
+        return False
+    again = _wait_once(host, unit, address, port, timeout, smoke, config_file)
+    restored = "the restored service is ready" if again["ok"] else f"the restored service is NOT ready either: {again['reason']}"
+    host.log_styled(
+        f"{service}: ROLLED BACK {', '.join(done)} because the change failed readiness ({result['reason']}); {restored}",
+        fg="yellow" if again["ok"] else "red", log_func=logger.error,
+    )
+    state_word = "ROLLED BACK" if again["ok"] else "FAILED"
+    record(host.name, service, endpoint, state_word, f"change failed ({result['reason'][:80]}); {restored}")
+    return False
 
 
 @operation()
@@ -76,6 +100,7 @@ def ready(
     config_file: str | None = None,
     open_to_all: bool = False,
     restarted: Callable[[], bool] | None = None,
+    rollback_plan=None,
 ):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
@@ -89,6 +114,8 @@ def ready(
     + config_file: the service's root-only `--config` file: the smoke request reads its API key there, on the host
     + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
+    + rollback_plan: a `rollback.Plan`: when the restarted service fails, undo this run's
+      changes to it (previous unit, previous venv generations), restart, confirm readiness
 
     **Example:**
 
@@ -111,7 +138,7 @@ def ready(
             record(host.name, service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
             host.noop(f"service {service} answers /health on port {port}")
             return
-    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-"), {})
+    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})
 
 
 class SummaryPrinter(BaseStateCallback):

@@ -9,8 +9,8 @@ pins and the patch sets applied in it). A deploy that changes the environment:
    in which only the distributions that differ are removed and installed; or a fresh venv.
    An interrupted build leaves a generation that is not live; the next run completes it.
 2. `patches.applied` applies the patch sets inside it.
-3. `venv.switched` runs the ABI probe (operations/remote/abi_probe.py) in it and, only if
-   the probe passes, points `venv_path` at it in one rename. The previous generation is
+3. `venv.probed` runs the ABI probe (operations/remote/abi_probe.py) in it and, only if
+   the probe passes, `venv.switched` points `venv_path` at it in one rename. The previous generation is
    kept (one) for rollback; older ones are deleted.
 
 Facts read every installed distribution (name, version with its local tag, installer, and
@@ -93,10 +93,10 @@ def resolve(stack: Stack, packages: list[Package], sources: tuple[Source, ...]) 
                 tried.append(f"{source} (no such file)")
             elif source.kind == "index":
                 # An index is asked by the host; only a pinned hash makes its file exact.
-                if package.sha256 and not package.build:
+                if package.sha256:
                     chosen[package.name] = (source, None)
                     break
-                tried.append(f"{source} (needs a sha256 pin, and no stand-in build)")
+                tried.append(f"{source} (needs a sha256 pin in the stack)")
         else:
             wanted = package.file or f"a wheel of {package.spec}"
             raise OperationError(
@@ -361,23 +361,34 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
 
 
 @operation()
-def switched(gen: Generation, host_cache: str, probe: dict):
+def probed(gen: Generation, probe: dict):
     """
-    Prove the generation with the ABI probe, then make it the live one (``venv_path`` -> it).
+    Run the ABI probe in generation ``gen``: it prints one line and fails the host when the
+    environment cannot work (operations/remote/abi_probe.py).
+
+    + gen: the `Generation` built by `venv.environment`
+    + probe: the probe's arguments (kernel distributions, entry point modules, the driver's
+      CUDA version and the GPUs' compute capabilities)
+
+    Run it with ``_if`` set to "the generation or its patch sets changed, or it is not live yet".
+    """
+    args = shlex.quote(json.dumps(probe, sort_keys=True))
+    yield f"{shlex.quote(gen.python)} - {args} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF"
+
+
+@operation()
+def switched(gen: Generation, host_cache: str):
+    """
+    Make ``gen`` the live generation (``venv_path`` -> it, one rename), after `venv.probed`.
 
     + gen: the `Generation` built by `venv.environment`
     + host_cache: as given to `venv.environment` (the same fact is read)
-    + probe: arguments of operations/remote/abi_probe.py (kernel distributions, entry point,
-      the driver's CUDA version and the GPUs' compute capabilities)
 
-    The previous generation stays on disk for rollback; older ones are deleted. Run it with
-    ``_if`` set to "the environment or its patch sets changed, or it is not live yet".
+    The previous generation stays on disk for rollback; older ones are deleted.
     """
     facts = state_of(gen, host_cache)
-    args = shlex.quote(json.dumps(probe, sort_keys=True))
-    # The probe prints one line and exits 1 when the environment cannot work.
-    yield f"{shlex.quote(gen.python)} - {args} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF"
     if is_live(gen, facts):
+        host.noop(f"{gen.live} is generation {gen.id}")
         return
     was = facts["live"]["target"] or "nothing"
     host.log(f"venv {gen.live}: switching from {was} to generation {gen.id} (the previous one is kept for rollback)")

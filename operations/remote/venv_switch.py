@@ -3,7 +3,7 @@
 # or the new environment, whole. The generation it replaces is kept as `previous` (for
 # rollback, which is this same switch back); older generations are deleted.
 # A plain venv directory at LIVE (from before generations) is moved in as a generation.
-# argv: LIVE ID
+# argv: LIVE ID, or LIVE --previous (roll back to the kept generation)
 import ctypes
 import json
 import os
@@ -13,15 +13,19 @@ import time
 
 live, wanted = sys.argv[1:3]
 generations = live + ".generations"
-target = os.path.join(generations, wanted)
-if not os.path.isdir(target):
-    sys.exit(f"{target} does not exist: nothing to switch to")
 state_path = os.path.join(generations, "state.json")
 try:
     with open(state_path) as handle:
         state = json.load(handle)
 except (OSError, ValueError):
     state = {}
+if wanted == "--previous":
+    wanted = state.get("previous")
+    if not wanted:
+        sys.exit(f"{live}: no previous generation is recorded in {state_path}: nothing to roll back to")
+target = os.path.join(generations, wanted)
+if not os.path.isdir(target):
+    sys.exit(f"{target} does not exist: nothing to switch to")
 
 
 def exchange(a, b):

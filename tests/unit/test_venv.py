@@ -226,7 +226,7 @@ def test_a_file_in_no_source_fails_naming_the_file_and_every_source_tried(stack,
         run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), no_hash, house, sources=sources)
     message = str(caught.value)
     assert WHEELS["torch"] in message
-    assert f"wheelhouse {house} (no such file)" in message and "index https://example.invalid/simple (needs a sha256 pin" in message
+    assert f"wheelhouse {house} (no such file)" in message and "index https://example.invalid/simple (needs a sha256 pin in the stack)" in message
 
 
 def test_altered_wheel_fails_naming_both_hashes(stack, house):
@@ -265,22 +265,27 @@ def test_live_venv_of_another_python_is_not_cloned(stack, house):
 
 
 def run_switch(fact, stack) -> Result:
-    return run(venv.switched, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, gen=gen_of(stack), host_cache=CACHE, probe={"kernels": []})
+    return run(venv.switched, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, gen=gen_of(stack), host_cache=CACHE)
 
 
-def test_switch_probes_then_points_the_live_path_at_the_generation(stack):
+def test_probe_runs_the_probe_script_with_the_generation_python(stack):
+    gen = gen_of(stack)
+    (probe,) = run(venv.probed, {}, gen=gen, probe={"kernels": ["sglang-kernel"]}).commands
+    assert probe.startswith(f"{gen.python} - ") and "ABI probe failed" in probe and '"kernels": ["sglang-kernel"]' in probe
+
+
+def test_switch_points_the_live_path_at_the_generation(stack):
     gen = gen_of(stack)
     result = run_switch(facts(gen, live_state=venv_facts(f"{LIVE}.generations/old")), stack)
-    probe, switch = result.commands
-    assert probe.startswith(f"{gen.python} - ") and "ABI probe failed" in probe
+    (switch,) = result.commands
     assert switch.startswith(f"python3 - {LIVE} {gen.id} <<'PYEOF'")
-    assert venv.needs_switch is not None
+    assert any("switching from" in line and "kept for rollback" in line for line in result.logs)
 
 
-def test_switch_when_already_live_only_probes(stack):
+def test_switch_when_already_live_is_a_noop(stack):
     gen = gen_of(stack)
     result = run_switch(facts(gen, wanted=venv_facts(gen.path)), stack)
-    assert len(result.commands) == 1 and result.commands[0].startswith(f"{gen.python} - ")
+    assert result.commands == [] and result.noops == [f"{LIVE} is generation {gen.id}"]
 
 
 # The host scripts, run here on real directories ------------------------------------------

@@ -1,0 +1,85 @@
+"""Automatic rollback: a change that leaves a service failing readiness is undone.
+
+Before a deploy overwrites a service's unit, `rollback.unit_saved` copies the unit that is
+there (the one the service runs with) to `BACKUP_DIR`. If the service, restarted by this
+run, then fails its readiness gate, `readiness.ready` calls `undo()`: the saved unit is put
+back, every venv this run switched to a new generation is switched back to the previous one
+(patch sets live inside a generation, so they go back with it), the unit is restarted and
+its readiness confirmed. The host still fails, with a message that says what was rolled
+back and why; the journal tail of the failed start is logged before that.
+
+Not rolled back: staged models (a model is replaced only by its new complete copy, and a
+changed model keeps its name) and the API-key file (its content comes from the secrets
+source, which the operator changed on purpose).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import Sha1File
+
+from operations import remote
+
+BACKUP_DIR = "/var/lib/sglang-deploy/rollback"
+
+
+def backup_path(unit_name: str) -> str:
+    return f"{BACKUP_DIR}/{unit_name}"
+
+
+@operation()
+def unit_saved(unit_path: str, unit_name: str, unit_text: str):
+    """
+    Keep a copy of the unit the service runs with, before this deploy replaces it.
+
+    + unit_path: the unit file on the host
+    + unit_name: its name (names the copy)
+    + unit_text: the unit this deploy writes; nothing is saved when the file already holds it
+    """
+    current = host.get_fact(Sha1File, path=unit_path)  # the same fact files.put reads next: no extra round trip
+    if current is None or current == hashlib.sha1(unit_text.encode()).hexdigest():
+        host.noop(f"{unit_name}: nothing to save (unchanged or new)")
+        return
+    backup = backup_path(unit_name)
+    yield f"mkdir -p {BACKUP_DIR} && cp -p {shlex.quote(unit_path)} {shlex.quote(backup)}.tmp && mv -f {shlex.quote(backup)}.tmp {shlex.quote(backup)}"
+
+
+@dataclass
+class Plan:
+    """What `undo()` may restore for one service, each part known only once the run executes."""
+
+    unit_path: str
+    unit_name: str
+    unit_changed: Callable[[], bool]
+    # (venv_path, "this run switched it to a new generation")
+    venvs: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)
+
+    def parts(self) -> tuple[bool, list[str]]:
+        return self.unit_changed(), [path for path, switched in self.venvs if switched()]
+
+
+def undo(host, plan: Plan) -> tuple[list[str], str | None]:
+    """Restore the saved unit and the previous venv generations; restart. Returns (what was rolled back, error)."""
+    unit_changed, venvs = plan.parts()
+    done, commands = [], []
+    backup = backup_path(plan.unit_name)
+    if unit_changed:
+        commands.append(f"test -f {shlex.quote(backup)} && cp -p {shlex.quote(backup)} {shlex.quote(plan.unit_path)} && systemctl daemon-reload")
+        done.append(f"unit {plan.unit_name} (the previous one)")
+    for path in venvs:
+        commands.append(remote.command("venv_switch", shlex.quote(path), "--previous"))
+        done.append(f"venv {path} (the previous generation)")
+    if not commands:
+        return [], "nothing this run changed can be rolled back (a new service, or a change of models or API keys)"
+    commands.append(f"systemctl restart {shlex.quote(plan.unit_name)}")
+    for command in commands:
+        ok, output = host.run_shell_command(command, print_output=False, _timeout=300)
+        if not ok:
+            return done, f"rollback step failed: {command.splitlines()[0][:120]}: {' '.join(output.stderr.split())[-300:]}"
+    return done, None
