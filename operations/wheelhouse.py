@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -94,6 +95,9 @@ def _build_standin(package: Package, wheelhouse: Path) -> Path:
     spec = importlib.util.spec_from_file_location(f"_build_{package.name.replace('-', '_')}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # A script that builds several versions (lab/standin_kernel) takes the one pinned: build_wheel(out_dir, version).
+    if len(inspect.signature(module.build_wheel).parameters) > 1:
+        return Path(module.build_wheel(wheelhouse, package.version))
     return Path(module.build_wheel(wheelhouse))
 
 

@@ -282,6 +282,15 @@ def test_content_digest_follows_the_resolved_pins_and_the_base(stack_dir):
     assert stacks.load_stack("child").content_digest != child.content_digest
 
 
+def test_the_labs_abi_mismatch_stack_differs_from_the_lab_stack_only_in_the_kernel():
+    good, bad = stacks.load_stack("lab-cpu-sglang"), stacks.load_stack("lab-cpu-sglang-abi-mismatch")
+    assert bad.python == good.python
+    assert {p for p in bad.packages if p.name != "sglang-kernel"} == {p for p in good.packages if p.name != "sglang-kernel"}
+    assert good.wanted()["sglang-kernel"] == "0.4.10+cpu"
+    assert bad.wanted()["sglang-kernel"] == "0.4.9+cpu"
+    assert bad.path == stacks.STACKS_DIR / "lab-cpu-sglang-abi-mismatch.yml"
+
+
 # The wheelhouse ------------------------------------------------------------------------
 
 
@@ -391,13 +400,26 @@ def test_wheelhouse_cli_help_exits_zero(capsys):
     assert wheelhouse.main([]) == 2
 
 
-def test_stand_in_wheel_pins_match_a_fresh_build(tmp_path):
-    """A changed stand-in must come with a new pin (and, to reach hosts, a new version)."""
-    from operations import wheelhouse
+BUILT = [(name, p) for name in stacks.available_stacks() for p in stacks.load_stack(name).packages if p.build]
 
-    for name in stacks.available_stacks():
-        stack = stacks.load_stack(name)
-        for package in stack.packages:
-            if package.build:
-                built = wheelhouse._build_standin(package, tmp_path)
-                assert wheelhouse.sha256_of(built) == package.sha256, f"{stack.name}: {package.name} pin is stale"
+
+def test_the_stacks_have_stand_ins_of_each_build_script():
+    assert {p.build for _, p in BUILT} >= {"lab/standin/build.py", "lab/standin_kernel/build.py"}
+
+
+@pytest.mark.parametrize(("stack_name", "package"), BUILT, ids=[f"{n}:{p.name}=={p.version}" for n, p in BUILT])
+def test_stand_in_wheel_pins_match_a_fresh_build(tmp_path, stack_name, package):
+    """Every `build:` package of every stack: a changed stand-in must come with a new pin (and, to reach hosts, a new version)."""
+    built = wheelhouse._build_standin(package, tmp_path)
+    assert built.name == package.file, f"{stack_name}: {package.name} builds {built.name}, the stack names {package.file}"
+    assert wheelhouse.wheel_matches(built.name, package)
+    assert wheelhouse.sha256_of(built) == package.sha256, f"{stack_name}: {package.name} {package.version} pin is stale"
+
+
+def test_build_standin_passes_the_version_only_to_scripts_that_take_it(tmp_path):
+    one = tmp_path / "one.py"
+    one.write_text("from pathlib import Path\ndef build_wheel(out_dir):\n    return Path(out_dir) / 'one-1-py3-none-any.whl'\n")
+    two = tmp_path / "two.py"
+    two.write_text("from pathlib import Path\ndef build_wheel(out_dir, version):\n    return Path(out_dir) / f'two-{version}-py3-none-any.whl'\n")
+    assert wheelhouse._build_standin(Package("one", "1", build=str(one)), tmp_path).name == "one-1-py3-none-any.whl"
+    assert wheelhouse._build_standin(Package("two", "2+x", build=str(two)), tmp_path).name == "two-2+x-py3-none-any.whl"
