@@ -20,6 +20,7 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from operations import gpus, lock, models, patches, placement, preflight, readiness, secrets, settings, stacks, transfer, units, venv
+from operations.service_user import ensure_account, gpu_device_groups, group_of
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
@@ -70,13 +71,21 @@ store_ops = {
 }
 model_ops = models.stage_for_host(config)
 
+# The account the services run as (`service_user`, a system user; root where the data says so),
+# and the groups of this host's GPU device files, for the units' sandbox.
+device_groups: tuple[str, ...] = ()
+if config.services:
+    ensure_account(config.service_user)
+    device_groups = gpu_device_groups(config.service_user)
+
 for service in config.services:
     env = service.environment
     unit_path = f"/etc/systemd/system/{service.unit_name}"
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
     staging = models.boot_unit_name(config) if any(m.location == "shm" for m in service.models) else None
     unit_text = units.render_unit(
-        config, service, stack, units.inputs_digest(stack, digests), after_units=(staging,) if staging else ()
+        config, service, stack, units.inputs_digest(stack, digests), after_units=(staging,) if staging else (),
+        supplementary_groups=device_groups,
     )
 
     # What this service's process loads besides its unit: its venv, patch sets and staged models.
@@ -85,11 +94,12 @@ for service in config.services:
     inputs += [store_ops[m.name] for m in service.models if m.location == "store"]
 
     key_file = secrets.config_file(
-        name=f"API keys of {service.name} in a root-only file",
+        name=f"API keys of {service.name} in a file only root and its service read",
         service=service.name,
         api_key=service.api_key,
         admin_api_key=service.admin_api_key,
         present=bool(service.config_file),
+        group=group_of(config.service_user),
     )
     inputs.append(key_file)
 

@@ -3,8 +3,9 @@
 Keys never live in the repo's YAML: the data names a secret (`api_key_secret: ddtree-key`)
 and its value comes from a git-ignored file on the control machine (`secrets_file`, a YAML
 map name -> value) or from the environment (`SGLANG_DEPLOY_SECRET_DDTREE_KEY`), which wins.
-On the host the value lives only in `/etc/sglang-deploy/secrets/<service>.yml` (mode 0600,
-in a 0700 directory), which sglang reads through `--config`: so it is in no unit file, no
+On the host the value lives only in `/etc/sglang-deploy/secrets/<service>.yml`, which sglang
+reads through `--config`: owned by root, readable by the service user's group only (0640 in a
+0710 directory; 0600 in a 0700 one when the services run as root): so it is in no unit file, no
 process argv, no journal line, and - because the value is never an operation argument and
 the file is never diffed - in no pyinfra output, `-vvv` and `--diff` included.
 """
@@ -106,27 +107,33 @@ class SecretFileState(FactBase):
 
     def command(self, path: str) -> str:
         quoted = shlex.quote(path)
-        return f"if [ -f {quoted} ]; then stat -c '%a %U' {quoted} && sha256sum < {quoted}; fi"
+        return f"if [ -f {quoted} ]; then stat -c '%a %U %G' {quoted} && sha256sum < {quoted}; fi"
 
     def process(self, output):
         lines = [line for line in output if line.strip()]
         if len(lines) < 2:
             return None
-        mode, owner = lines[0].split()
-        return {"mode": mode, "owner": owner, "sha256": lines[1].split()[0]}
+        mode, owner, group = lines[0].split()
+        return {"mode": mode, "owner": owner, "group": group, "sha256": lines[1].split()[0]}
+
+
+def file_modes(group: str) -> tuple[str, str]:
+    """(directory mode, file mode) of the secrets for a service running with `group`: root-only for root."""
+    return ("700", "600") if group == "root" else ("710", "640")
 
 
 @operation()
-def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | None, present: bool = True):
+def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | None, present: bool = True, group: str = "root"):
     """
-    Keep the root-only `--config` file holding a service's API keys.
+    Keep the `--config` file holding a service's API keys: root's, readable by ``group`` only.
 
     + service: the service's name (the file is ``/etc/sglang-deploy/secrets/<service>.yml``)
     + api_key, admin_api_key: `Secret` objects (never plain strings: operation arguments are printed)
     + present: ``False`` removes the file
+    + group: the service user's group (``root``: the file is 0600 root-only; else 0640 root:group in a 0710 directory)
 
     Secrecy:
-        The file is uploaded into a 0700 directory, made 0600, then renamed into place;
+        The file is uploaded into a 0700/0710 directory, made 0600/0640, then renamed into place;
         only its sha256 is read back. Nothing prints its content.
 
     **Example:**
@@ -145,11 +152,18 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         return
     content = config_text(api_key, admin_api_key).encode()
     digest = hashlib.sha256(content).hexdigest()
-    if state and state["sha256"] == digest and state["mode"] == "600" and state["owner"] == "root":
-        host.noop(f"secret file of {service} is current (0600)")
+    dir_mode, file_mode = file_modes(group)
+    wanted = {"sha256": digest, "mode": file_mode, "owner": "root", "group": group}
+    if state and all(state.get(k) == v for k, v in wanted.items()):
+        host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
     tmp = f"{path}.tmp"
+    owner = shlex.quote(f"root:{group}")
+    # The directory first: the upload lands in it while only root may enter.
     yield f"install -d -m 700 -o root -g root {shlex.quote(SECRETS_DIR)} && rm -f {shlex.quote(tmp)}"
     yield FileUploadCommand(BytesIO(content), tmp)
-    yield f"chown root:root {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}"
+    yield (
+        f"chown {owner} {shlex.quote(tmp)} && chmod {file_mode} {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}"
+        f" && chown {owner} {shlex.quote(SECRETS_DIR)} && chmod {dir_mode} {shlex.quote(SECRETS_DIR)}"
+    )

@@ -48,6 +48,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "lock_wait_s": Key(300, "Seconds a deploy waits for another deploy's lock on a host before it stops."),
     "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
     "model_sources": Key({}, "Map model name -> where to stream it from when a host's store lacks it: an inventory host (e.g. the one a service moves away from) or a directory on the control machine."),
+    "service_user": Key("sglang", "Unix user the services run as: a system user the deploy creates (no login shell), or `root` on hosts where it must (the systemd hardening applies either way)."),
     "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
     "services": Key({}, "Map of service name -> service definition (keys below)."),
 }
@@ -94,6 +95,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 # (group, key) -> YAML file that set it last (for error messages). pyinfra merges the
@@ -247,6 +249,7 @@ class HostConfig:
     services: tuple[Service, ...] = field(default_factory=tuple)
     verify_models: str = "fast"
     failed_gpus: tuple[int, ...] = ()
+    service_user: str = "sglang"
 
     @property
     def staged_models(self) -> tuple[ModelUse, ...]:
@@ -555,6 +558,11 @@ def host_config(host) -> HostConfig:
     _require(_is_int(wait) and 0 <= wait <= 86400, src("lock_wait_s"), "lock_wait_s", wait, "must be whole seconds from 0 to 86400")
     _require(isinstance(values["secrets_file"], str) and values["secrets_file"] != "", src("secrets_file"), "secrets_file", values["secrets_file"], "must be a file path on the control machine")
     values["secrets_file"] = Path(values["secrets_file"])
+    _require(
+        isinstance(values["service_user"], str) and bool(_USER_RE.match(values["service_user"])),
+        src("service_user"), "service_user", values["service_user"],
+        "must be a user name (lowercase letters, digits, '_', '-'; up to 32 characters, not starting with a digit or '-'), e.g. `sglang`, or `root`",
+    )
     _require(values["verify_models"] in ("fast", "full"), src("verify_models"), "verify_models", values["verify_models"], "must be `fast` (names and sizes) or `full` (re-hash the staged files)")
     forced = values["force_patch_sets"]
     _require(
@@ -596,6 +604,7 @@ def host_config(host) -> HostConfig:
         services=tuple(services),
         verify_models=values["verify_models"],
         failed_gpus=tuple(failed_gpus),
+        service_user=values["service_user"],
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jinja2
 
+from operations import service_user
 from operations.settings import HostConfig, Service
 from operations.stacks import Stack
 
@@ -69,8 +70,26 @@ def inputs_digest(stack: Stack, patch_digests: dict[str, str]) -> str:
     return f"stack {stack.name} {digest.hexdigest()[:16]}"
 
 
-def render_unit(config: HostConfig, service: Service, stack: Stack, inputs: str, after_units: tuple[str, ...] = ()) -> str:
+def bind_paths(service: Service) -> list[tuple[str, bool]]:
+    """(path, required) bound read-only into the unit: what it loads from a home dir that `ProtectHome=tmpfs` hides."""
+    return service_user.hidden_paths(service.environment.path, tuple(m.load_path for m in service.models))
+
+
+def render_unit(
+    config: HostConfig,
+    service: Service,
+    stack: Stack,
+    inputs: str,
+    after_units: tuple[str, ...] = (),
+    supplementary_groups: tuple[str, ...] = (),
+) -> str:
+    """The unit; `supplementary_groups`: the groups of this host's GPU devices (service_user.gpu_device_groups)."""
     return template("sglang.service.j2").render(
+        user=config.service_user,
+        group=service_user.group_of(config.service_user),
+        supplementary_groups=list(supplementary_groups),
+        runtime_environment=service_user.runtime_environment(),
+        bind_paths=bind_paths(service),
         service=service,
         host_name=config.host,
         stack=stack,

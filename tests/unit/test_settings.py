@@ -322,7 +322,7 @@ def test_yaml_syntax_error_names_file_line_and_column(group_dir, text, where, pr
 @pytest.mark.parametrize(
     ("text", "key", "value", "fix"),
     [
-        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: failed_gpus, force_patch_sets, host_wheel_cache, launcher, lock_wait_s, model_sources, model_store, readiness_timeout_s, run_services, secrets_file, services, shm_dir, smoke_test, stack, venv_path, verify_models, wheelhouse"),
+        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: failed_gpus, force_patch_sets, host_wheel_cache, launcher, lock_wait_s, model_sources, model_store, readiness_timeout_s, run_services, secrets_file, service_user, services, shm_dir, smoke_test, stack, venv_path, verify_models, wheelhouse"),
         ("- stack\n- services\n", "(top level)", "['stack', 'services']", "must be a mapping of key: value"),
         ("just a string\n", "(top level)", "'just a string'", "must be a mapping of key: value"),
         ("gpu: 0\n", "gpu", "0", "unknown key; allowed:"),

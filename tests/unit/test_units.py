@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from operations import gpus, settings, stacks, units
+from operations import gpus, service_user, settings, stacks, units
 from operations.errors import DataError
 from operations.settings import REPO_ROOT
 from tests.unit.hosts import make_host
@@ -61,14 +61,20 @@ def exec_start_words(text: str) -> list[str]:
     return [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(logical)]
 
 
-def environment_lines(text: str) -> dict[str, str]:
-    """Environment= lines as systemd reads them: unquoted, %% unescaped, no $ expansion."""
+def environment_lines(text: str, sandbox: bool = False) -> dict[str, str]:
+    """Environment= lines as systemd reads them: unquoted, %% unescaped, no $ expansion.
+
+    Without `sandbox`, the service's own variables only (the sandbox's HOME and cache
+    variables, the same in every unit, are tested in test_unit_sandbox.py).
+    """
     out = {}
     for line in text.splitlines():
         if line.startswith("Environment="):
             (assignment,) = shlex.split(line.removeprefix("Environment="))
             name, _, value = assignment.replace("%%", "%").partition("=")
             out[name] = value
+    if not sandbox:
+        out = {k: v for k, v in out.items() if k not in service_user.runtime_environment()}
     return out
 
 

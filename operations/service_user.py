@@ -1,0 +1,163 @@
+"""The unprivileged account the services run as, and what the sandboxed unit needs to reach.
+
+`service_user` (data, default `sglang`) names the account. The deploy creates it as a system
+user and group (no login shell, home `/var/lib/sglang`, which systemd makes as the unit's
+`StateDirectory=`); `service_user: root` keeps the old behaviour for hosts where the engine
+must run as root, with the same sandbox otherwise (see templates/sglang.service.j2).
+
+What the account must reach, and how:
+
+- GPUs: `/dev/nvidia*` are 0666 on most hosts; where a device is not world-accessible, its
+  group (e.g. `video`) goes into the unit's `SupplementaryGroups=` (`GpuDevices` reads them, `gpu_device_groups`).
+  A device only root can open stops the host with the fix (`service_user: root`, or the
+  driver's `NVreg_DeviceFileMode`/`NVreg_DeviceFileGID`).
+- venv and models under a home directory (`/root/venv_sglang` and `/root/models` by default;
+  `/root` is 0700): the unit's `ProtectHome=tmpfs` hides every home, and `BindReadOnlyPaths=`
+  shows back, read-only, exactly what the service loads (`hidden_paths`): its venv path, the
+  venv's generations beside it (`<venv>.generations`, whatever is inside), and the models it
+  loads from the store. No permission on the host changes.
+- caches (triton, flashinfer JIT, torch, CUDA) and HOME: `CacheDirectory=`/`StateDirectory=`,
+  which systemd creates and hands to the user (`runtime_environment`).
+- the `--config` file with API keys: root-owned, group the service user's, 0640 in a 0710
+  directory (operations/secrets.py); 0600 root-only when the user is root.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import server
+
+STATE_DIR = "/var/lib/sglang"
+CACHE_DIR = "/var/cache/sglang"
+# ProtectHome=tmpfs mounts an empty, read-only tmpfs on each of these.
+HOME_DIRS = ("/root", "/home", "/run/user")
+NOLOGIN = "/usr/sbin/nologin"
+
+
+def group_of(user: str) -> str:
+    """The service user's primary group (created with it, same name); `root` for root."""
+    return user
+
+
+def runtime_environment() -> dict[str, str]:
+    """Where the engine's JIT caches and HOME point: directories systemd owns for the unit.
+
+    flashinfer keeps its JIT cache in `$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`
+    (flashinfer/jit/env.py), triton in `$TRITON_CACHE_DIR`, torch's inductor in
+    `$TORCHINDUCTOR_CACHE_DIR` (else a /tmp dir, private and lost at each restart), the CUDA
+    driver's PTX cache in `$CUDA_CACHE_PATH`; the rest (huggingface, outlines, torch
+    extensions, deep_gemm) under `$XDG_CACHE_HOME` or `$HOME`.
+    """
+    return {
+        "HOME": STATE_DIR,
+        "XDG_CACHE_HOME": CACHE_DIR,
+        "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+        "FLASHINFER_WORKSPACE_BASE": f"{CACHE_DIR}/flashinfer",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
+        "CUDA_CACHE_PATH": f"{CACHE_DIR}/nv",
+    }
+
+
+def is_hidden(path: str) -> bool:
+    """Whether `ProtectHome=tmpfs` hides `path` from the unit."""
+    return any(path == d or path.startswith(d + "/") for d in HOME_DIRS)
+
+
+def hidden_paths(venv_path: str, store_paths: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """(path, required) the unit binds read-only back into its namespace, because a home dir hides them.
+
+    The venv's `.generations` sibling is optional (`-` in the unit): it exists only with the
+    generation layout, where `venv_path` is a symlink into it.
+    """
+    wanted = [(venv_path, True), (f"{venv_path}.generations", False)] + [(p, False) for p in store_paths]
+    seen: dict[str, bool] = {}
+    for path, required in wanted:
+        if is_hidden(path) and path not in seen:
+            seen[path] = required
+    return list(seen.items())
+
+
+class GpuDevices(FactBase):
+    """Mode (octal), group and path of each NVIDIA character device (empty on a host without them)."""
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self) -> str:
+        return "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && stat -c '%a %G %n' \"$f\"; done; true"
+
+    def process(self, output):
+        rows = []
+        for line in output:
+            parts = line.split(None, 2)
+            if len(parts) == 3:
+                rows.append((parts[0], parts[1], parts[2]))
+        return rows
+
+
+def device_access(devices: list[tuple[str, str, str]], user: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(groups the user needs for the GPU devices, devices it cannot open at all).
+
+    A device that others may read and write (0666, the driver's default) needs nothing; one
+    that only its group may use needs that group; one that only root may use cannot be
+    reached by an unprivileged user.
+    """
+    if user == "root":
+        return (), ()
+    groups: list[str] = []
+    closed: list[str] = []
+    for mode, group, path in devices:
+        bits = int(mode, 8)
+        if bits & 0o006 == 0o006:
+            continue
+        if group != "root" and bits & 0o060 == 0o060:
+            if group not in groups:
+                groups.append(group)
+        else:
+            closed.append(path)
+    return tuple(groups), tuple(closed)
+
+
+def gpu_device_groups(user: str) -> tuple[str, ...]:
+    """The GPU device groups of the current host (a fact, read before the deploy changes anything)."""
+    groups, _ = device_access(host.get_fact(GpuDevices), user)
+    return groups
+
+
+@operation()
+def devices_reachable(user: str):
+    """
+    Fail the host, before any unit changes, if a GPU device is one the service user cannot open.
+
+    + user: the service user
+    """
+    _, closed = device_access(host.get_fact(GpuDevices), user)
+    if closed:
+        raise OperationError(
+            f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, group root): "
+            "set `service_user: root` for this host, or make the driver create its devices 0666 or for a group "
+            "(nvidia module options NVreg_DeviceFileMode/NVreg_DeviceFileGID)"
+        )
+    host.noop(f"GPU devices are reachable by {user}")
+    yield from ()
+
+
+def ensure_account(user: str) -> None:
+    """Add the operations that create the service account (nothing for root)."""
+    devices_reachable(name=f"GPU devices reachable by {user}", user=user)
+    if user == "root":
+        return
+    server.group(name=f"System group {user}", group=group_of(user), system=True)
+    server.user(
+        name=f"System user {user} (no login shell) runs the services",
+        user=user,
+        group=group_of(user),
+        home=STATE_DIR,
+        shell=NOLOGIN,
+        system=True,
+        ensure_home=False,
+        create_home=False,
+    )
