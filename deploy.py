@@ -19,7 +19,7 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import gpus, lock, models, patches, placement, preflight, readiness, secrets, settings, stacks, transfer, units, venv
+from operations import gpus, lock, models, patches, placement, preflight, readiness, rollback, secrets, settings, stacks, transfer, units, venv
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 
 config = settings.host_config(host)
@@ -38,25 +38,44 @@ config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
 # One venv per combination of stack and patch sets (settings.Environment); a host with
-# nothing placed on it gets none: it stays ready to receive a service.
-env_ops = {}
-patch_ops = {}
+# nothing placed on it gets none: it stays ready to receive a service. Each is built as a
+# generation beside the live one, patched there, proven by the ABI probe and only then
+# switched in (operations/venv.py); the previous generation stays for rollback.
+sources = tuple(venv.Source(kind, location) for kind, location in config.stack_sources)
+probe = {
+    **gpu_plan.probe_args(),
+    "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
+    "modules": list(dict.fromkeys([config.launcher, "sglang.launch_server"] if "sglang" in stack.wanted() else [config.launcher])),
+}
+env_ops, env_gens = {}, {}
 for env in config.environments:
-    env_ops[env.path] = venv.environment(
-        name=f"Venv {env.path} holds stack {stack.name}",
-        path=env.path,
+    gen = env_gens[env.path] = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    built = venv.environment(
+        name=f"Venv generation {gen.id} holds stack {stack.name}",
+        gen=gen,
         stack=stack,
-        wheelhouse=config.wheelhouse,
+        sources=sources,
         host_cache=config.host_wheel_cache,
+        installer=config.installer,
     )
-    for name in env.patch_sets:
-        patch_ops[env.path, name] = patches.applied(
-            name=f"Patch set {name} applied in {env.path}",
+    patched = [
+        patches.applied(
+            name=f"Patch set {name} applied in generation {gen.id}",
             patch_set=patch_sets[name],
-            venv_path=env.path,
-            site_packages=f"{env.path}/{stack.site_packages}",
+            venv_path=gen.path,
+            site_packages=f"{gen.path}/{stack.site_packages}",
             force=name in config.force_patch_sets,
         )
+        for name in env.patch_sets
+    ]
+    not_live = venv.needs_switch(gen, config.host_wheel_cache)
+    probed = venv.probed(
+        name=f"Generation {gen.id} passes the ABI probe",
+        gen=gen,
+        probe=probe,
+        _if=lambda not_live=not_live, changed=any_changed(built, *patched): not_live or changed(),
+    )
+    env_ops[env.path] = (probed, venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, host_cache=config.host_wheel_cache))
 
 # The store holds each model's durable copy; a host that lacks one (a host moved to)
 # gets it streamed from the host that `model_sources` names.
@@ -89,7 +108,7 @@ for service in config.services:
     )
 
     # What this service's process loads besides its unit: its venv, patch sets and staged models.
-    inputs = [env_ops[env.path]] + [patch_ops[env.path, name] for name in env.patch_sets]
+    inputs = list(env_ops[env.path])
     inputs += [model_ops[m.name] for m in service.models if m.name in model_ops]
     inputs += [store_ops[m.name] for m in service.models if m.location == "store"]
 
@@ -106,7 +125,7 @@ for service in config.services:
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
-        venv_path=env.path,
+        venv_path=env_gens[env.path].path,
         launcher=config.launcher,
         argv=service.argv(),
         environment=service.environment_variables(),
@@ -115,6 +134,7 @@ for service in config.services:
         unit_text=unit_text,
         inputs_changed=any_changed(*inputs),
     )
+    rollback.unit_saved(name=f"Unit {service.unit_name} in use saved for rollback", unit_path=unit_path, unit_name=service.unit_name, unit_text=unit_text)
     unit_file = files.put(name=f"Unit {service.unit_name}", src=StringIO(unit_text), dest=unit_path, mode="644")
     systemd.daemon_reload(name=f"systemd reloads {service.unit_name}", _if=unit_file.did_change)
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)
@@ -138,6 +158,7 @@ for service in config.services:
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
         restarted=any_changed(started, restarted),
+        rollback_plan=rollback.Plan(unit_path, service.unit_name, unit_file.did_change, [(env.path, env_ops[env.path][1].did_change)]),
     )
 
 # Services no longer placed here go after the readiness gates: pyinfra runs each operation on

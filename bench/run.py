@@ -1,6 +1,7 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
-Each figure's script says how it is measured: bench/models.py (model staging), below (the deploy).
+Each figure's script says how it is measured: bench/models.py (model staging), bench/env.py
+(the environment step), below (the deploy).
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
                       (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's
@@ -46,7 +47,8 @@ def deploy_noop_vs_floor() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    from bench import models
+    from bench import env, models
 
     deploy_noop_vs_floor()
     models.main()
+    env.main()

@@ -42,6 +42,8 @@ GLOBAL_KEYS: dict[str, Key] = {
     "verify_models": Key("fast", "How staged models are checked: `fast` (names and sizes against the manifests) or `full` (re-hash every staged file, repair what differs)."),
     "wheelhouse": Key("wheelhouse", "Directory on the control machine with the stack's wheel files (relative to the deploy dir)."),
     "host_wheel_cache": Key("/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host."),
+    "stack_sources": Key(["wheelhouse"], "Where the stack's files come from, tried in order per file: `wheelhouse` (the `wheelhouse` directory, pushed), `{index: URL}` (the host downloads from a package index, hashes required), `{donor: HOST}` (installed distributions copied from that host's live venv)."),
+    "installer": Key("auto", "What installs the stack on the host: `auto` (uv when the wheelhouse ships it, else pip), `uv` or `pip`."),
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
@@ -249,6 +251,8 @@ class HostConfig:
     services: tuple[Service, ...] = field(default_factory=tuple)
     verify_models: str = "fast"
     failed_gpus: tuple[int, ...] = ()
+    stack_sources: tuple = (("wheelhouse", "wheelhouse"),)
+    installer: str = "auto"
     service_user: str = "sglang"
 
     @property
@@ -540,6 +544,8 @@ def host_config(host) -> HostConfig:
     for key in ("venv_path", "model_store", "shm_dir", "host_wheel_cache"):
         values[key] = _abs_path(src(key), key, values[key])
     _require(isinstance(values["wheelhouse"], str) and values["wheelhouse"] != "", src("wheelhouse"), "wheelhouse", values["wheelhouse"], "must be a directory path on the control machine")
+    stack_sources = _stack_sources(src("stack_sources"), values["stack_sources"], values["wheelhouse"], [h.name for h in host.inventory], host.name)
+    _require(values["installer"] in ("auto", "uv", "pip"), src("installer"), "installer", values["installer"], "must be `auto` (uv when the wheelhouse ships it, else pip), `uv` or `pip`")
     _require(isinstance(values["launcher"], str) and bool(_MODULE_RE.match(values["launcher"])), src("launcher"), "launcher", values["launcher"], "must be a Python module name such as sglang.launch_server")
     timeout = values["readiness_timeout_s"]
     _require(_is_int(timeout) and 1 <= timeout <= 86400, src("readiness_timeout_s"), "readiness_timeout_s", timeout, "must be whole seconds from 1 to 86400")
@@ -596,6 +602,8 @@ def host_config(host) -> HostConfig:
         wheelhouse=Path(values["wheelhouse"]),
         host_wheel_cache=values["host_wheel_cache"],
         launcher=values["launcher"],
+        stack_sources=stack_sources,
+        installer=values["installer"],
         readiness_timeout_s=timeout,
         smoke_test=values["smoke_test"],
         lock_wait_s=wait,
@@ -606,6 +614,29 @@ def host_config(host) -> HostConfig:
         failed_gpus=tuple(failed_gpus),
         service_user=values["service_user"],
     )
+
+
+_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+
+
+def _stack_sources(src: str, raw: Any, wheelhouse: str, hosts: list[str], this_host: str) -> tuple[tuple[str, str], ...]:
+    """`stack_sources` as ((kind, location), ...): `wheelhouse` -> the wheelhouse dir, `{index: URL}` -> the URL, `{donor: HOST}`."""
+    fix = "must be a non-empty list of `wheelhouse`, `{index: https://...}` and `{donor: <inventory host>}` entries, tried in order"
+    _require(isinstance(raw, list) and bool(raw), src, "stack_sources", raw, fix)
+    out = []
+    for i, entry in enumerate(raw):
+        if entry == "wheelhouse":
+            out.append(("wheelhouse", wheelhouse))
+        elif isinstance(entry, dict) and list(entry) == ["index"]:
+            _require(isinstance(entry["index"], str) and bool(_URL_RE.match(entry["index"])), src, f"stack_sources[{i}].index", entry["index"], "must be a package index URL such as https://pypi.org/simple")
+            out.append(("index", entry["index"]))
+        elif isinstance(entry, dict) and list(entry) == ["donor"]:
+            donor = entry["donor"]
+            _require(donor in hosts and donor != this_host, src, f"stack_sources[{i}].donor", donor, f"must name another host of the inventory ({', '.join(h for h in hosts if h != this_host) or 'none'}) whose live venv holds the stack's pins")
+            out.append(("donor", donor))
+        else:
+            _require(False, src, f"stack_sources[{i}]", entry, fix)
+    return tuple(out)
 
 
 def _no_clashes(services: list[Service], src: str, host_name: str) -> None:

@@ -26,8 +26,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyinfra import host
-from pyinfra.api import FactBase, OperationError, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 from pyinfra.operations import files
 
 from operations import installer as installer_mod
@@ -70,7 +70,8 @@ def generation(live: str, stack: Stack, patch_digests: dict[str, str]) -> Genera
 
 @dataclass(frozen=True)
 class Source:
-    """One place a stack's files can come from: `wheelhouse` (a control-machine dir) or `index` (a URL)."""
+    """One place a stack's files can come from: `wheelhouse` (a control-machine dir), `index` (a URL),
+    or `donor` (an inventory host whose live venv holds the same pins: its installed files are copied)."""
 
     kind: str
     location: str
@@ -79,8 +80,13 @@ class Source:
         return f"{self.kind} {self.location}"
 
 
-def resolve(stack: Stack, packages: list[Package], sources: tuple[Source, ...]) -> dict[str, tuple[Source, Path | None]]:
-    """Pick, per distribution, the first source that has its pinned file; fail naming the file and every source tried."""
+def resolve(
+    stack: Stack, packages: list[Package], sources: tuple[Source, ...], donors: dict[str, dict | None] | None = None
+) -> dict[str, tuple[Source, Path | None]]:
+    """Pick, per distribution, the first source that has its pinned file; fail naming the file and every source tried.
+
+    `donors` maps a donor host's name to its live venv as `VenvState` reads it (None: no venv there).
+    """
     chosen: dict[str, tuple[Source, Path | None]] = {}
     for package in packages:
         tried = []
@@ -97,6 +103,14 @@ def resolve(stack: Stack, packages: list[Package], sources: tuple[Source, ...]) 
                     chosen[package.name] = (source, None)
                     break
                 tried.append(f"{source} (needs a sha256 pin in the stack)")
+            elif source.kind == "donor":
+                donor = (donors or {}).get(source.location)
+                have = (donor or {}).get("dists", {}).get(package.name)
+                if have and have["version"] == package.version and not have.get("damaged_count"):
+                    chosen[package.name] = (source, None)
+                    break
+                why = "no venv" if donor is None else f"has {have['version']}" if have else "lacks it"
+                tried.append(f"{source} ({why})")
         else:
             wanted = package.file or f"a wheel of {package.spec}"
             raise OperationError(
@@ -306,7 +320,8 @@ def environment(
     if not todo.install:
         return
     packages = [p for p in stack.packages if p.name in todo.install]
-    chosen = resolve(stack, packages, sources)
+    donors = {s.location: _donor_state(s.location) for s in sources if s.kind == "donor"}
+    chosen = resolve(stack, packages, sources, donors)
     if kind == "uv" and not facts["uv"]:
         wheel = installer_mod.uv_wheel(Path(_wheelhouse(sources)), facts["machine"])
         remote_wheel = f"{host_cache}/{wheel.name}"
@@ -331,14 +346,81 @@ def environment(
             yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
         yield tool.install_files(remote_files)
     by_index: dict[str, list[Package]] = {}
+    by_donor: dict[str, list[Package]] = {}
     for name, (source, path) in chosen.items():
         if path is None:
-            by_index.setdefault(source.location, []).append(next(p for p in packages if p.name == name))
+            group = by_index if source.kind == "index" else by_donor
+            group.setdefault(source.location, []).append(next(p for p in packages if p.name == name))
+    for donor, group in by_donor.items():
+        present = [p.name for p in group if p.name in base["dists"]]
+        if present:
+            yield tool.uninstall(present)  # the donor's files replace these whole
+        log(f"copying {len(group)} installed distribution(s) from {donor}:{_donor_path(donor)}: {', '.join(p.name for p in group)}")
+        yield FunctionCommand(_stream_from_donor, (donor, _donor_path(donor), gen, [p.spec for p in group]), {})
     for url, group in by_index.items():
         reqs = f"{host_cache}/requirements-{gen.id}.txt"
         text = "\n".join(f"{p.spec} --hash=sha256:{p.sha256}" for p in group)
         yield f"mkdir -p {shlex.quote(host_cache)} && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(reqs)}"
         yield tool.install_from_index(url, reqs)
+
+
+def _donor_path(name: str) -> str:
+    from operations.settings import GLOBAL_KEYS
+
+    return host.inventory.get_host(name).data.get("venv_path", GLOBAL_KEYS["venv_path"].default)
+
+
+def _donor_host(name: str):
+    donor = host.inventory.get_host(name)
+    if not donor.connected:
+        donor.connect(reason=f"to copy installed distributions to {host.name}", raise_exceptions=False)
+    return donor
+
+
+def _donor_state(name: str) -> dict | None:
+    """The donor's live venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent."""
+    donor = _donor_host(name)
+    if not donor.connected:
+        return None
+    path = _donor_path(name)
+    return donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent")["wanted"]
+
+
+def _channel(client, command: str):
+    channel = client.get_transport().open_session()
+    channel.exec_command(command)
+    return channel
+
+
+def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation, specs: list[str]) -> bool:
+    """tar on the donor -> this machine's two SSH connections -> tar into the generation; nothing lands on disk twice."""
+    donor = _donor_host(donor_name)
+    if not donor.connected:
+        host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
+        return False
+    lister = remote.command("donor_files", shlex.quote(donor_live), *(shlex.quote(s) for s in specs))
+    reader = _channel(donor.connector.client, f"{lister} | tar -C {shlex.quote(donor_live)}/ -cf - -T -")
+    writer = _channel(host.connector.client, f"tar -C {shlex.quote(gen.path)} -xf -")
+    sent = 0
+    while True:
+        block = reader.recv(1 << 20)
+        if not block:
+            break
+        writer.sendall(block)
+        sent += len(block)
+    writer.shutdown_write()
+    read_status, write_status = reader.recv_exit_status(), writer.recv_exit_status()
+    if read_status != 0 or write_status != 0:
+        errors = (reader.recv_stderr(4096) + writer.recv_stderr(4096)).decode(errors="replace").strip()
+        host.log_styled(f"copy from donor {donor_name} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
+        return False
+    # Console scripts name the donor's interpreter; point them at this generation's.
+    donor_root = donor.get_fact(VenvState, live=donor_live, wanted=donor_live, host_cache="/nonexistent")["wanted"]["path"]
+    resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
+    prefixes = " ".join(shlex.quote(p) for p in sorted({donor_root, resolved, donor_live}) if p)
+    ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
+    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {sent / 2**20:.0f} MiB")
+    return ok
 
 
 def _wheelhouse(sources: tuple[Source, ...]) -> str | None:

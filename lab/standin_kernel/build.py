@@ -28,7 +28,7 @@ PKG = "sgl_kernel"
 DIST = "sglang_kernel"
 TAG = "py3-none-any"
 # version -> the torch release it is "built against"
-VERSIONS = {"0.4.10+cpu": "2.13.0", "0.4.9+cpu": "2.12.0"}
+VERSIONS = {"0.4.10+cpu": "2.13.0", "0.4.11+cpu": "2.13.0", "0.4.9+cpu": "2.12.0"}
 DEFAULT_VERSION = "0.4.10+cpu"
 HERE = Path(__file__).resolve().parent
 SRC = HERE / PKG

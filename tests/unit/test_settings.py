@@ -322,7 +322,7 @@ def test_yaml_syntax_error_names_file_line_and_column(group_dir, text, where, pr
 @pytest.mark.parametrize(
     ("text", "key", "value", "fix"),
     [
-        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: failed_gpus, force_patch_sets, host_wheel_cache, launcher, lock_wait_s, model_sources, model_store, readiness_timeout_s, run_services, secrets_file, service_user, services, shm_dir, smoke_test, stack, venv_path, verify_models, wheelhouse"),
+        ("stak: lab-standin\n", "stak", "'lab-standin'", "unknown key; allowed: " + ", ".join(sorted({*settings.GLOBAL_KEYS, *settings.HOST_KEYS}))),
         ("- stack\n- services\n", "(top level)", "['stack', 'services']", "must be a mapping of key: value"),
         ("just a string\n", "(top level)", "'just a string'", "must be a mapping of key: value"),
         ("gpu: 0\n", "gpu", "0", "unknown key; allowed:"),
@@ -378,7 +378,12 @@ SERVICE_KEYS = "unknown service key; allowed: gpu, port, bind, model, model_in, 
 
 CORPUS = [
     # Top-level keys
-    Bad("unknown-stack", "stack", "'sglang-9.9'", "unknown stack; available: lab-cpu-sglang, lab-standin", all={"stack": "sglang-9.9"}),
+    Bad("sources-not-list", "stack_sources", "'wheelhouse'", "must be a non-empty list of `wheelhouse`", all={"stack_sources": "wheelhouse"}),
+    Bad("sources-bad-url", "stack_sources[0].index", "'pypi.org/simple'", "must be a package index URL", all={"stack_sources": [{"index": "pypi.org/simple"}]}),
+    Bad("sources-unknown-donor", "stack_sources[1].donor", "'gpu-z'", "must name another host of the inventory", all={"stack_sources": ["wheelhouse", {"donor": "gpu-z"}]}),
+    Bad("sources-unknown-kind", "stack_sources[0]", "{'mirror': 'x'}", "must be a non-empty list of", all={"stack_sources": [{"mirror": "x"}]}),
+    Bad("installer-unknown", "installer", "'conda'", "must be `auto`", all={"installer": "conda"}),
+    Bad("unknown-stack", "stack", "'sglang-9.9'", "unknown stack; available: lab-cpu-sglang, lab-cpu-sglang-abi-mismatch, lab-cpu-sglang-kernel-update, lab-standin", all={"stack": "sglang-9.9"}),
     Bad("stack-not-a-name", "stack", "['lab-standin']", "unknown stack; available:", all={"stack": ["lab-standin"]}),
     Bad("venv-relative", "venv_path", "'root/venv_sglang'", ABS, all={"venv_path": "root/venv_sglang"}),
     Bad("venv-dotdot", "venv_path", "'/root/../etc'", ABS, all={"venv_path": "/root/../etc"}),

@@ -1,0 +1,92 @@
+"""Environment figures, measured side by side on one lab host (gpu-a), in one run.
+
+env.fresh_vs_plain_uv  a fresh environment built by our environment step (a pyinfra run of
+                       bench/env_deploy.py: start-up, SSH, the venv fact, a new venv, the
+                       sha256 check and the uv install, the switch) over a plain
+                       `python -m venv --without-pip` + `uv pip install --no-deps` of the same
+                       wheel files into an empty venv on the same host, over SSH. Both use the
+                       same uv binary and the same warm uv cache; the wheels are already in the
+                       host's cache for both (pushing them is a one-time cost, not measured).
+env.noop_s             the converged environment step: the same pyinfra run once the venv holds
+                       the stack, minus a `pyinfra ... exec -- true` run (start-up + SSH).
+Runs alternate, and the median of each is used.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+INVENTORY = "lab/inventory.py"
+HOST = "gpu-a"
+ROUNDS = 3
+BENCH_VENV = "/root/bench_venv"
+PLAIN_VENV = "/root/bench_plain_venv"
+
+
+def _run(argv: list[str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def _ssh(command: str) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.lab.labutil import STATE, lab_hosts
+
+    address = lab_hosts()[HOST]["address"]
+    return [
+        "ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", command,
+    ]
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    import yaml
+
+    from operations import installer, settings, stacks
+
+    lab_data = yaml.safe_load((ROOT / "lab" / "group_data" / "all.yml").read_text())
+    stack = stacks.load_stack(lab_data["stack"])
+    cache = settings.GLOBAL_KEYS["host_wheel_cache"].default
+    uv = installer.uv_binary(cache)
+    files = " ".join(shlex.quote(f"{cache}/{p.file}") for p in stack.packages)
+    deploy = [PYINFRA, INVENTORY, "bench/env_deploy.py", "-y", "--limit", HOST]
+    floor = [PYINFRA, INVENTORY, "exec", "-y", "--limit", HOST, "--", "true"]
+    wipe = _ssh(f"rm -rf {BENCH_VENV} {BENCH_VENV}.generations {PLAIN_VENV}")
+    plain = _ssh(
+        f"python{stack.python} -m venv --without-pip {PLAIN_VENV} && "
+        f"UV_CACHE_DIR={cache}/.uv-cache {uv} pip --quiet --no-config --python {PLAIN_VENV}/bin/python "
+        f"install --no-deps --no-index --offline {files}"
+    )
+    _run(wipe)
+    _run(deploy)  # wheels and uv onto the host, the uv cache warm: both sides start from there
+    ours, theirs, noop, base = [], [], [], []
+    for _ in range(ROUNDS):
+        _run(wipe)
+        ours.append(_run(deploy))
+        noop.append(_run(deploy))
+        base.append(_run(floor))
+        _run(wipe)
+        theirs.append(_run(plain))
+    _run(wipe)
+    fresh, plain_s = statistics.median(ours), statistics.median(theirs)
+    print(f"env.fresh_s: {fresh:.2f}")
+    print(f"env.plain_uv_s: {plain_s:.2f}")
+    print(f"env.fresh_vs_plain_uv: {fresh / plain_s:.2f}")
+    print(f"env.noop_s: {max(statistics.median(noop) - statistics.median(base), 0):.2f}")
+    print(f"env.noop_run_s: {statistics.median(noop):.2f}")
+
+
+if __name__ == "__main__":
+    main()
