@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYINFRA := $(VENV)/bin/pyinfra
-LAB_STACK := $(shell sed -n 's/^stack: *\([^ #]*\).*/\1/p' lab/group_data/all.yml)
+# Every lab stack (files/stacks/lab-*.yml: the lab's own, and the deliberately broken pair the tests deploy), comma-separated.
+LAB_STACKS := $(shell ls files/stacks | sed -n 's/^\(lab-.*\)\.yml$$/\1/p' | paste -sd, -)
 LAB_WHEELHOUSE := lab/cache/wheelhouse
 # The demo's two hosts; the tests add spare hosts for placement and migration (old -> new).
 LAB_HOSTS ?= gpu-a,gpu-b
@@ -43,7 +44,7 @@ lab-status:
 	$(PYTHON) lab/lab.py status
 
 wheelhouse: venv
-	$(PY) -m operations.wheelhouse $(LAB_STACK) $(LAB_WHEELHOUSE)
+	$(PY) -m operations.wheelhouse $(LAB_STACKS) $(LAB_WHEELHOUSE)
 
 demo: lab wheelhouse
 	$(PYINFRA) lab/inventory.py deploy.py -y

@@ -4,9 +4,11 @@
 size and mtime, so a large wheel is hashed once); a missing or altered file fails with
 the file's name and where it was looked for. `build()` fills a wheelhouse: wheels are
 downloaded from the package index with `pip download --no-deps` (exact pins only), and
-stand-ins with a `build:` script are built locally.
+stand-ins with a `build:` script are built locally. Beside the stack's files it puts the
+pinned uv wheel (operations/installer.py `UV_WHEELS`) for the stack's architecture, so that
+hosts install with uv (`installer: auto`); it is sha256-checked like any pinned file.
 
-    python -m operations.wheelhouse STACK [DIR]     # fill DIR (default: ./wheelhouse)
+    python -m operations.wheelhouse STACK[,STACK...] [DIR]     # fill DIR (default: ./wheelhouse)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
+from operations import installer
+from operations.errors import DataError
 from operations.stacks import Package, Stack, load_stack, normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -101,11 +105,25 @@ def _build_standin(package: Package, wheelhouse: Path) -> Path:
     return Path(module.build_wheel(wheelhouse))
 
 
+def architecture(stack: Stack) -> str:
+    """The machine (`uname -m`) the stack's wheels are for: aarch64 if a pinned file name says so, else x86_64."""
+    return "aarch64" if any("aarch64" in (p.file or "") for p in stack.packages) else "x86_64"
+
+
+def uv_package(stack: Stack) -> Package | None:
+    """The pinned uv wheel the wheelhouse carries for `stack` (None if the stack pins uv itself)."""
+    if any(p.name == "uv" for p in stack.packages):
+        return None
+    return installer.UV_WHEELS[architecture(stack)]
+
+
 def build(stack: Stack, wheelhouse: Path) -> list[Path]:
-    """Put every file of `stack` into `wheelhouse`; files already there and intact are kept."""
+    """Put every file of `stack`, and the uv wheel, into `wheelhouse`; files already there and intact are kept."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
+    uv = uv_package(stack)
+    extra = [uv] if uv is not None else []
     missing = []
-    for package in stack.packages:
+    for package in [*stack.packages, *extra]:
         if package.build:
             missing.append(package)  # cheap and deterministic: always rebuilt, then checked against the pin
             continue
@@ -122,7 +140,7 @@ def build(stack: Stack, wheelhouse: Path) -> list[Path]:
         print(f"download {len(to_download)} wheels for stack {stack.name}", flush=True)
     for tags, group in _by_wheel_tags(to_download).items():
         _download(stack, wheelhouse, group, tags)
-    return list(locate(stack, wheelhouse).values())
+    return list(locate(stack, wheelhouse).values()) + list(locate(stack, wheelhouse, extra).values())
 
 
 def _by_wheel_tags(packages: list[Package]) -> dict[tuple, list[Package]]:
@@ -156,15 +174,22 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    stack = load_stack(argv[0])
-    wheelhouse = Path(argv[1] if len(argv) > 1 else "wheelhouse")
     try:
-        files = build(stack, wheelhouse)
-    except (WheelhouseError, subprocess.CalledProcessError) as exc:
+        stacks = [load_stack(name, "command line", "STACK") for name in argv[0].split(",") if name]
+    except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    total = sum(f.stat().st_size for f in files)
-    print(f"wheelhouse {wheelhouse}: {len(files)} files for stack {stack.name}, {total / 2**20:.1f} MiB")
+        return 2
+    wheelhouse = Path(argv[1] if len(argv) > 1 else "wheelhouse")
+    for stack in stacks:
+        try:
+            files = build(stack, wheelhouse)
+        except (WheelhouseError, subprocess.CalledProcessError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        total = sum(f.stat().st_size for f in files)
+        uv = uv_package(stack)
+        with_uv = f" (uv {uv.version} for {architecture(stack)} included)" if uv is not None else ""
+        print(f"wheelhouse {wheelhouse}: {len(files)} files for stack {stack.name}{with_uv}, {total / 2**20:.1f} MiB")
     return 0
 
 

@@ -423,3 +423,125 @@ def test_build_standin_passes_the_version_only_to_scripts_that_take_it(tmp_path)
     two.write_text("from pathlib import Path\ndef build_wheel(out_dir, version):\n    return Path(out_dir) / f'two-{version}-py3-none-any.whl'\n")
     assert wheelhouse._build_standin(Package("one", "1", build=str(one)), tmp_path).name == "one-1-py3-none-any.whl"
     assert wheelhouse._build_standin(Package("two", "2+x", build=str(two)), tmp_path).name == "two-2+x-py3-none-any.whl"
+
+
+# The wheelhouse carries uv; the CLI builds several stacks ---------------------------------------
+
+
+UV_X86 = Package("uv", "0.13.9", "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", hashlib.sha256(b"uv x86_64").hexdigest())
+UV_ARM = Package(
+    "uv", "0.13.9", "uv-0.13.9-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64.whl",
+    hashlib.sha256(b"uv aarch64").hexdigest(),
+)
+
+
+@pytest.fixture
+def fake_index(monkeypatch):
+    """`pip download` replaced: it writes the pinned file with `content[name]` (default: the bytes its pin expects)."""
+    from operations import installer
+
+    monkeypatch.setitem(installer.UV_WHEELS, "x86_64", UV_X86)
+    monkeypatch.setitem(installer.UV_WHEELS, "aarch64", UV_ARM)
+    calls = []
+    content = {"uv": None}
+
+    def download(stack, house, packages, tags):
+        calls.append(([p.spec for p in packages], tags))
+        for p in packages:
+            data = content.get(p.name) or {UV_X86.sha256: b"uv x86_64", UV_ARM.sha256: b"uv aarch64"}.get(p.sha256, b"wheel bytes")
+            (house / p.file).write_bytes(data)
+
+    monkeypatch.setattr(wheelhouse, "_download", download)
+    return calls, content
+
+
+def _pinned(house: Path, name: str, file: str) -> Package:
+    path, sha = _wheel(house, file)
+    return Package(name, file.split("-")[1], file, sha)
+
+
+def test_build_adds_the_uv_wheel_for_the_stacks_architecture(tmp_path, house, fake_index):
+    calls, _ = fake_index
+    torch = _pinned(house, "torch", "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    files = wheelhouse.build(_stack(tmp_path, torch), house)
+
+    assert files == [house / torch.file, house / UV_X86.file]
+    assert calls == [(["uv==0.13.9"], (("none",), ("manylinux_2_17_x86_64", "manylinux2014_x86_64")))]
+    assert wheelhouse.sha256_of(house / UV_X86.file) == UV_X86.sha256
+
+    calls.clear()
+    assert wheelhouse.build(_stack(tmp_path, torch), house) == files  # all there and intact: nothing fetched
+    assert calls == []
+
+
+def test_an_aarch64_stack_gets_the_aarch64_uv_wheel(tmp_path, house, fake_index):
+    calls, _ = fake_index
+    torch = _pinned(house, "torch", "torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl")
+    stack = _stack(tmp_path, torch)
+    assert wheelhouse.architecture(stack) == "aarch64"
+    assert wheelhouse.build(stack, house) == [house / torch.file, house / UV_ARM.file]
+    assert [spec for spec, _ in calls] == [["uv==0.13.9"]]
+    assert not (house / UV_X86.file).exists()
+
+
+def test_a_pure_python_stack_is_for_x86_64(tmp_path):
+    assert wheelhouse.architecture(_stack(tmp_path, Package("a", "1", "a-1-py3-none-any.whl"))) == "x86_64"
+    assert wheelhouse.architecture(_stack(tmp_path, Package("a", "1"))) == "x86_64"
+
+
+def test_an_altered_uv_wheel_is_fetched_again_and_a_bad_download_is_refused(tmp_path, house, fake_index):
+    calls, content = fake_index
+    (house / UV_X86.file).write_bytes(b"truncated")
+    torch = _pinned(house, "torch", "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    assert wheelhouse.build(_stack(tmp_path, torch), house)[-1] == house / UV_X86.file
+    assert (house / UV_X86.file).read_bytes() == b"uv x86_64"
+    assert len(calls) == 1
+
+    (house / UV_X86.file).write_bytes(b"truncated")
+    content["uv"] = b"not what the pin says"
+    with pytest.raises(wheelhouse.WheelhouseError, match=rf"{UV_X86.file} has sha256 .*, the stack pins {UV_X86.sha256}"):
+        wheelhouse.build(_stack(tmp_path, torch), house)
+
+
+def test_a_stack_that_pins_uv_itself_gets_no_second_one(tmp_path, house, fake_index):
+    calls, _ = fake_index
+    own = _pinned(house, "uv", "uv-0.13.8-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+    assert wheelhouse.uv_package(_stack(tmp_path, own)) is None
+    assert wheelhouse.build(_stack(tmp_path, own), house) == [house / own.file]
+    assert calls == []
+
+
+def test_the_real_stacks_uv_wheel_is_installers_pin():
+    from operations import installer
+
+    assert wheelhouse.uv_package(stacks.load_stack("lab-cpu-sglang")) == installer.UV_WHEELS["x86_64"]
+
+
+def test_wheelhouse_cli_builds_every_stack_given(tmp_path, monkeypatch, capsys, stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "child.yml").write_text(CHILD)
+    built = []
+
+    def fake_build(stack, house):
+        built.append((stack.name, house))
+        path = house / f"{stack.name}-1-py3-none-any.whl"
+        house.mkdir(exist_ok=True)
+        path.write_bytes(b"x" * 1024)
+        return [path]
+
+    monkeypatch.setattr(wheelhouse, "build", fake_build)
+    assert wheelhouse.main(["demo,child", str(tmp_path / "wh")]) == 0
+    assert built == [("demo", tmp_path / "wh"), ("child", tmp_path / "wh")]
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"wheelhouse {tmp_path / 'wh'}: 1 files for stack demo (uv 0.13.9 for x86_64 included), 0.0 MiB",
+        f"wheelhouse {tmp_path / 'wh'}: 1 files for stack child (uv 0.13.9 for x86_64 included), 0.0 MiB",
+    ]
+
+
+def test_wheelhouse_cli_checks_every_stack_name_before_building(tmp_path, monkeypatch, capsys, stack_dir):
+    (stack_dir / "demo.yml").write_text(GOOD)
+    monkeypatch.setattr(wheelhouse, "build", lambda stack, house: pytest.fail("built before every name was checked"))
+    assert wheelhouse.main(["demo,nope", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: command line: STACK: 'nope': unknown stack; available: demo")

@@ -64,8 +64,8 @@ def test_the_wheel_is_deterministic_and_holds_the_package_and_its_placeholder(tm
         assert "sgl_kernel/common_ops.abi3.so,sha256=" in record
 
 
-def test_the_two_builds_and_their_torch():
-    assert build.VERSIONS == {"0.4.10+cpu": "2.13.0", "0.4.9+cpu": "2.12.0"}
+def test_the_builds_and_their_torch():
+    assert build.VERSIONS == {"0.4.10+cpu": "2.13.0", "0.4.11+cpu": "2.13.0", "0.4.9+cpu": "2.12.0"}
     with pytest.raises(ValueError, match="no stand-in sglang-kernel 0.1"):
         build.wheel_entries("0.1")
 
