@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 
+from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
@@ -83,4 +84,11 @@ class _Releaser(BaseStateCallback):
     def host_disconnect(self, state, host):
         if host.name in self.held:
             self.held.discard(host.name)
-            _run(host, "release", shlex.quote(_OWNER["id"]))
+            try:
+                _run(host, "release", shlex.quote(_OWNER["id"]))
+            except Exception as exc:  # the connection died (network cut, host rebooted): say so, do not crash the run's end
+                host.log(
+                    f"deploy lock not given back ({type(exc).__name__}: {exc}): the next deploy from this machine takes it "
+                    "over; from another machine, remove /run/sglang-deploy.lock on the host once no deploy runs there",
+                    log_func=logger.warning,
+                )
