@@ -123,3 +123,56 @@ def write_inventory(name: str, host_data: dict[str, dict]) -> Path:
     path = ROOT / "lab" / f"{name}.py"
     path.write_text("# Written by a test.\nlab_hosts = [\n" + "\n".join(rows) + "\n]\n")
     return path
+
+
+# Faults (tests/lab/test_faults.py) ----------------------------------------------------
+
+
+def lab(*args: str, timeout: int = 300) -> str:
+    """Run `lab/lab.py ARGS` (e.g. `lab("cut", "gpu-e")`); return its output, fail with it."""
+    proc = subprocess.run([sys.executable, str(ROOT / "lab" / "lab.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"lab.py {' '.join(args)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def health_inside(host: str, port: int) -> int | None:
+    """/health of a service seen from inside the host's network namespace (works while its network is cut)."""
+    leader = lab_hosts()[host]["leader_pid"]
+    script = (
+        "import urllib.request, urllib.error\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+        "except OSError:\n"
+        "    print('None')\n"
+    )
+    try:
+        out = subprocess.run(["nsenter", "-t", str(leader), "-n", sys.executable, "-c", script], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except subprocess.TimeoutExpired:
+        return None
+    return int(out) if out.isdigit() else None
+
+
+def start_deploy(inventory: str | Path, log: Path, *extra: str) -> subprocess.Popen:
+    """The deploy in the background, its output (text, not --json) going to `log`."""
+    out = open(log, "w")
+    argv = [PYINFRA, str(inventory), "deploy.py", "-y", *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(check, timeout: float, interval: float = 0.2, what: str = "the condition"):
+    """Poll `check()` until it returns something true; return it, or fail after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout:.0f} s")
+        time.sleep(interval)
