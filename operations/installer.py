@@ -74,10 +74,8 @@ class Installer:
     def python(self) -> str:
         return shlex.quote(f"{self.venv}/bin/python")
 
-    def _uv(self) -> str:
-        return (
-            f"{shlex.quote(uv_binary(self.host_cache))} pip --quiet --no-config --python {self.python} "
-        )
+    def _uv(self, subcommand: str) -> str:
+        return f"{shlex.quote(uv_binary(self.host_cache))} pip {subcommand} --quiet --no-config --python {self.python} "
 
     def _env(self) -> str:
         return f"UV_CACHE_DIR={shlex.quote(uv_cache(self.host_cache))} "
@@ -85,7 +83,7 @@ class Installer:
     def install_files(self, paths: list[str]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
         if self.kind == "uv":
-            return f"{self._env()}{self._uv()}install --no-deps --no-index --offline --reinstall {quoted}"
+            return f"{self._env()}{self._uv('install')}--no-deps --no-index --offline --reinstall {quoted}"
         return (
             f"{self.python} -m pip install --quiet --no-index --no-deps --force-reinstall "
             f"--disable-pip-version-check {quoted}"
@@ -94,7 +92,7 @@ class Installer:
     def install_from_index(self, index_url: str, requirements: str) -> str:
         url, reqs = shlex.quote(index_url), shlex.quote(requirements)
         if self.kind == "uv":
-            return f"{self._env()}{self._uv()}install --no-deps --reinstall --require-hashes --index-url {url} -r {reqs}"
+            return f"{self._env()}{self._uv('install')}--no-deps --reinstall --require-hashes --index-url {url} -r {reqs}"
         return (
             f"{self.python} -m pip install --quiet --no-deps --force-reinstall --require-hashes "
             f"--disable-pip-version-check --index-url {url} -r {reqs}"
@@ -102,7 +100,7 @@ class Installer:
 
     def uninstall(self, names: list[str]) -> str:
         if self.kind == "uv":
-            return f"{self._env()}{self._uv()}uninstall " + " ".join(names)
+            return f"{self._env()}{self._uv('uninstall')}" + " ".join(names)
         return f"{self.python} -m pip uninstall --quiet --yes " + " ".join(names)
 
     def new_venv(self, python: str) -> str:

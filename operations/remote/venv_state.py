@@ -97,7 +97,9 @@ def read_venv(venv):
             except OSError:
                 damaged.append(rel)
                 continue
-            if len(row) > 2 and row[2].isdigit() and int(row[2]) != size and rel not in patched and os.path.isfile(path):
+            # Scripts outside site-packages (bin/) name their venv's path, which a generation's
+            # copy rewrites: for them only presence counts.
+            if len(row) > 2 and row[2].isdigit() and int(row[2]) != size and rel not in patched and not rel.startswith("..") and os.path.isfile(path):
                 damaged.append(rel)
             if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
                 claims.setdefault(rel, []).append(norm(name))

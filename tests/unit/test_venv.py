@@ -19,7 +19,11 @@ from tests.unit.test_operations import FakeFs, Result, run
 
 LIVE = "/root/venv_sglang"
 CACHE = "/var/cache/sglang-deploy/wheels"
-UV = f"UV_CACHE_DIR={CACHE}/.uv-cache {CACHE}/.tools/uv-{installer.UV_VERSION}/uv pip --quiet --no-config --python"
+UV_BIN = f"UV_CACHE_DIR={CACHE}/.uv-cache {CACHE}/.tools/uv-{installer.UV_VERSION}/uv pip"
+
+
+def UV(sub: str, python: str) -> str:  # noqa: N802 - reads like the command
+    return f"{UV_BIN} {sub} --quiet --no-config --python {python}"
 WHEELS = {
     "sglang-kernel": "sglang_kernel-0.3.1+cu130-cp310-abi3-manylinux2014_x86_64.whl",
     "sglang-standin": "sglang_standin-0.1.0-py3-none-any.whl",
@@ -143,7 +147,7 @@ def test_new_generation_is_a_hard_linked_copy_of_the_live_one_with_only_the_chan
     clone = result.commands[1]
     assert f"cp -a --link {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
     assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
-    assert installs(result) == [f"{UV} {gen.python} install --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
     assert f"venv {LIVE}: torch 2.10.0+cu130 -> 2.11.0+cu130" in result.logs
 
 
@@ -191,7 +195,7 @@ def test_extra_distributions_are_removed_before_anything_is_installed(stack, hou
     gen = gen_of(stack)
     result = run_env(facts(gen, wanted=venv_facts(gen.path, torch="2.10.0", vllm="0.9")), stack, house)
     strings = [c for c in result.commands if isinstance(c, str)]
-    assert strings[0] == f"{UV} {gen.python} uninstall vllm"
+    assert strings[0] == f"{UV('uninstall', gen.python)} vllm"
     assert f"venv {LIVE}: remove vllm (not in stack demo)" in result.logs
 
 
@@ -200,7 +204,7 @@ def test_a_file_missing_from_an_installed_distribution_reinstalls_it(stack, hous
     state = venv_facts(gen.path)
     state["dists"]["torch"].update(damaged=["torch/_C.so"], damaged_count=1)
     result = run_env(facts(gen, wanted=state), stack, house)
-    assert installs(result) == [f"{UV} {gen.python} install --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
     assert any("torch 2.11.0+cu130: 1 installed file(s) missing or altered (torch/_C.so): reinstalling" in line for line in result.logs)
 
 
@@ -210,7 +214,7 @@ def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house)
     state["shared"] = {"sgl_kernel": ["sgl-kernel", "sglang-kernel"]}
     # sgl-kernel is not in the stack: it is removed first, then nothing else overlaps.
     result = run_env(facts(gen, wanted=state), stack, house)
-    assert [c for c in result.commands if isinstance(c, str)][0].endswith("uninstall sgl-kernel")
+    assert [c for c in result.commands if isinstance(c, str)][0] == f"{UV('uninstall', gen.python)} sgl-kernel"
 
     both = Stack(stack.name, stack.python, (*stack.packages, Package("sgl-kernel", "0.3.1")), stack.path)
     with pytest.raises(OperationError, match=r"sgl_kernel/ is installed by both sgl-kernel and sglang-kernel"):
@@ -245,7 +249,7 @@ def test_index_source_installs_with_required_hashes(stack, house):
     result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house, sources=sources)
     reqs = f"{CACHE}/requirements-{gen.id}.txt"
     assert any(f"torch==2.11.0+cu130 --hash=sha256:{stack.packages[2].sha256}" in c and reqs in c for c in result.commands if isinstance(c, str))
-    assert installs(result) == [f"{UV} {gen.python} install --no-deps --reinstall --require-hashes --index-url http://10.0.0.1:8080/simple -r {reqs}"]
+    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --reinstall --require-hashes --index-url http://10.0.0.1:8080/simple -r {reqs}"]
 
 
 def test_wanted_generation_with_another_python_is_refused(stack, house):
