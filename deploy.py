@@ -19,7 +19,22 @@ from pyinfra import host, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from operations import gpus, lock, models, patches, placement, preflight, readiness, rollback, secrets, settings, stacks, transfer, units, venv
+from operations import (
+    gpus,
+    lock,
+    models,
+    patches,
+    placement,
+    preflight,
+    readiness,
+    rollback,
+    secrets,
+    settings,
+    stacks,
+    transfer,
+    units,
+    venv,
+)
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 
 config = settings.host_config(host)

@@ -33,13 +33,13 @@ def test_the_key_is_in_no_pyinfra_output(exposed):
     assert "(NO API KEY)" not in result.stderr
 
 
-def test_the_key_is_in_no_unit_argv_or_journal_only_in_a_root_only_file(exposed):
+def test_the_key_is_in_no_unit_argv_or_journal_only_in_a_file_only_root_and_its_service_read(exposed):
     unit = ssh(SPARE, "cat /etc/systemd/system/sglang-exposed.service").stdout
     assert KEY not in unit and "--config /etc/sglang-deploy/secrets/exposed.yml" in unit
     pid = main_pid(SPARE, "sglang-exposed.service")
     assert KEY not in ssh(SPARE, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
     assert KEY not in ssh(SPARE, "journalctl -u sglang-exposed.service --no-pager -o cat").stdout
-    assert ssh(SPARE, "stat -c '%a %U' /etc/sglang-deploy/secrets /etc/sglang-deploy/secrets/exposed.yml").stdout.split() == ["700", "root", "600", "root"]
+    assert ssh(SPARE, "stat -c '%a %U %G' /etc/sglang-deploy/secrets /etc/sglang-deploy/secrets/exposed.yml").stdout.split() == ["710", "root", "sglang", "640", "root", "sglang"]
     assert KEY in ssh(SPARE, "cat /etc/sglang-deploy/secrets/exposed.yml").stdout
 
 

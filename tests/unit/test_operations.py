@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +25,6 @@ from pyinfra.facts.server import TmpDir
 
 from operations import models, patches, readiness, remote
 from operations.errors import DataError
-from operations.stacks import Package, Stack
 from tests.unit.hosts import make_host
 
 # Running an operation against given facts ----------------------------------------------
