@@ -398,8 +398,9 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     if not donor.connected:
         host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
         return False
-    lister = remote.command("donor_files", shlex.quote(donor_live), *(shlex.quote(s) for s in specs))
-    reader = _channel(donor.connector.client, f"{lister} | tar -C {shlex.quote(donor_live)}/ -cf - -T -")
+    args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
+    tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
+    reader = _channel(donor.connector.client, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF")
     writer = _channel(host.connector.client, f"tar -C {shlex.quote(gen.path)} -xf -")
     sent = 0
     while True:
