@@ -155,12 +155,18 @@ for service in config.services:
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)
     started = systemd.service(name=f"{service.unit_name} running", service=service.unit_name, running=True)
     deps_changed = any_changed(unit_file, *inputs)
+    # Inputs rewritten after the process started: an earlier run stopped before its restart.
+    watched = (unit_path, env.path, *(f"{m.load_path}/{models.MARKER}" for m in service.models if m.location == "shm"))
+    watched += (service.config_file,) if service.config_file else ()
+    stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
+    if stale:
+        host.log(f"{service.name}: {', '.join(stale)} changed after the service started (an earlier deploy stopped before restarting it): restarting")
     restarted = systemd.service(
         name=f"{service.unit_name} restarted (its inputs changed)",
         service=service.unit_name,
         running=None,
         restarted=True,
-        _if=lambda deps_changed=deps_changed, started=started: deps_changed() and not started.did_change(),
+        _if=lambda deps_changed=deps_changed, started=started, stale=bool(stale): (deps_changed() or stale) and not started.did_change(),
     )
     readiness.ready(
         name=f"{service.unit_name} answers /health",
@@ -173,6 +179,7 @@ for service in config.services:
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
         restarted=any_changed(started, restarted),
+        inputs=watched,
         rollback_plan=rollback.Plan(unit_path, service.unit_name, unit_file.did_change, [(env.path, env_ops[env.path][1].did_change)]),
     )
 

@@ -26,8 +26,8 @@ REPORT: dict[str, dict[str, dict[str, str]]] = {}
 class ServiceState(FactBase):
     """systemd state of a unit and the HTTP status of its `/health` (None when nothing answers)."""
 
-    def command(self, unit: str, address: str, port: int) -> str:
-        return remote.command("service_state", shlex.quote(unit), shlex.quote(address), str(int(port)))
+    def command(self, unit: str, address: str, port: int, inputs: tuple[str, ...] = ()) -> str:
+        return remote.command("service_state", shlex.quote(unit), shlex.quote(address), str(int(port)), *(shlex.quote(p) for p in inputs))
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -101,6 +101,7 @@ def ready(
     open_to_all: bool = False,
     restarted: Callable[[], bool] | None = None,
     rollback_plan=None,
+    inputs: tuple[str, ...] = (),
 ):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
@@ -114,6 +115,7 @@ def ready(
     + config_file: the service's root-only `--config` file: the smoke request reads its API key there, on the host
     + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
+    + inputs: host paths read with the service's state (see `changed_since_start`): the same fact
     + rollback_plan: a `rollback.Plan`: when the restarted service fails, undo this run's
       changes to it (previous unit, previous venv generations), restart, confirm readiness
 
@@ -132,13 +134,24 @@ def ready(
     # change check before execution judges by the service's current answer.
     just_started = bool(host.state.is_executing and restarted and restarted())
     if not just_started:
-        state = host.get_fact(ServiceState, unit=unit, address=address, port=port)
+        state = host.get_fact(ServiceState, unit=unit, address=address, port=port, inputs=inputs)
         if state["active"] == "active" and state["health"] == 200:
             uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"
             record(host.name, service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
             host.noop(f"service {service} answers /health on port {port}")
             return
     yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})
+
+
+def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:
+    """Inputs of a running service changed after it started (read now, before this run changes anything).
+
+    Its unit file, venv link, staged models' markers and key file are only rewritten when they
+    change, and a change restarts the service in the same run; one newer than the process means
+    a run stopped in between, so this run restarts it.
+    """
+    state = host.get_fact(ServiceState, unit=unit, address=probe_address(bind), port=port, inputs=inputs)
+    return state.get("newer") or []
 
 
 class SummaryPrinter(BaseStateCallback):

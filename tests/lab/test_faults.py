@@ -47,6 +47,7 @@ UNIT = "sglang-flt.service"
 STORE = "/root/models"
 SHM = "/dev/shm"
 VENV = "/root/venv_sglang"
+NEW_VENV = "/root/venv_flt"
 SMALL = "Qwen3.6-27B"
 BIG = "flt-big"
 BIG_FILES = [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]  # 128 MiB each
@@ -56,9 +57,9 @@ LOGS = ROOT / "lab" / "state" / "test_faults"
 DISTS = ("tqdm", "pygments")
 
 
-def inventory(model: str, **env) -> Path:
+def inventory(model: str, venv_path: str = VENV, **env) -> Path:
     flt = {"gpu": 0, "port": PORT, "model": model, "model_in": "shm", "env": env}
-    data = {"services": {"flt": flt}, "run_services": ["flt"], "readiness_timeout_s": 90, "lock_wait_s": 30}
+    data = {"services": {"flt": flt}, "run_services": ["flt"], "readiness_timeout_s": 90, "lock_wait_s": 30, "venv_path": venv_path}
     return write_inventory("test_faults", {HOST: data})
 
 
@@ -119,7 +120,7 @@ def started_at() -> int:
 def finish(proc: subprocess.Popen, log: Path, timeout: int = 300) -> int:
     """The background deploy's exit status; a deploy that hangs is killed and fails the test.
 
-    A deploy that lost its host ends with pyinfra's own error line, not a traceback.
+    A deploy that lost its host ends with pyinfra's own error line, not a traceback from our code.
     """
     try:
         rc = proc.wait(timeout=timeout)
@@ -127,7 +128,11 @@ def finish(proc: subprocess.Popen, log: Path, timeout: int = 300) -> int:
         proc.kill()
         proc.wait()
         raise AssertionError(f"the deploy did not end within {timeout} s after the fault; its output:\n{log.read_text()[-3000:]}")
-    assert "Traceback (most recent call last)" not in log.read_text(), log.read_text()[-4000:]
+    # pyinfra itself may print a connector traceback when the host vanishes under a fact read;
+    # none may come from this project's code (the lock, the operations).
+    text = log.read_text()
+    ours = [line for line in text.splitlines() if line.strip().startswith("File ") and "/site-packages/" not in line]
+    assert not ours, text[-4000:]
     return rc
 
 
@@ -199,13 +204,14 @@ def test_network_cut_during_staging():
 
 
 def test_network_cut_during_an_install():
-    inv = inventory(BIG)
+    """The service moves to a new venv (a fresh environment: every wheel installed); the network goes mid-install."""
+    inv = inventory(BIG, venv_path=NEW_VENV)
+    host_ssh(f"rm -rf {NEW_VENV} {NEW_VENV}.generations")
     pid = main_pid(HOST, UNIT)
-    host_ssh(f"{VENV}/bin/pip uninstall --yes --quiet {' '.join(DISTS)}")
     log = LOGS / "cut_install.log"
     proc = start_deploy(inv, log)
-    # Any pip install, or a venv being built (an environment built beside the live one).
-    installing = "pgrep -f '[p]ip.* install|[-]m venv ' >/dev/null && echo yes || true"
+    # An installer at work, or a venv being created: the environment is built beside the live one.
+    installing = "pgrep -f '[u]v [p]ip install|[p]ip.* install|[-]m venv ' >/dev/null && echo yes || true"
     wait_until(lambda: proc.poll() is not None or host_ssh(installing).strip() == "yes", 300, interval=0.1, what="the install")
     assert proc.poll() is None, f"the deploy ended before the install could be cut:\n{log.read_text()[-3000:]}"
     lab("cut", HOST, "--kill-connections")
@@ -217,10 +223,14 @@ def test_network_cut_during_an_install():
         lab("restore", HOST)
     still_serving(pid, seconds=1)
     wait_until(lambda: not host_ssh(installing).strip(), 300, interval=1, what="the interrupted install ending on the host")
+    # The unit still runs the old venv: nothing was switched or restarted under it.
+    assert f"{VENV}/bin/python" in host_ssh(f"cat /etc/systemd/system/{UNIT}")
     converges(inv, BIG)
     script = f"import importlib.metadata as m; print(*(m.version(d) for d in {DISTS!r}))"
-    versions = host_ssh(f"{VENV}/bin/python -c {shlex.quote(script)}")
+    versions = host_ssh(f"{NEW_VENV}/bin/python -c {shlex.quote(script)}")
     assert len(versions.split()) == len(DISTS), versions
+    converges(inventory(BIG), BIG)  # back to the usual venv for the tests after this one
+    host_ssh(f"rm -rf {NEW_VENV} {NEW_VENV}.generations")
 
 
 # Filled by the kill test for the check after it.
@@ -235,7 +245,12 @@ def test_deploy_killed_during_staging():
     pid = main_pid(HOST, UNIT)
     log = LOGS / "kill.log"
     proc = start_deploy(inv, log)
-    wait_until(lambda: proc.poll() is not None or staging_begun(BIG), 300, what="staging of the new flt-big")
+    # The copy itself takes well under a second here: catch the operation's start in the deploy's
+    # own output (read locally, fast), then the copy on the host if it shows in time.
+    wait_until(lambda: proc.poll() is not None or f"Model {BIG} staged in" in log.read_text(), 300, interval=0.01, what="the staging operation")
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and proc.poll() is None and not staging_begun(BIG):
+        pass
     assert proc.poll() is None, f"the deploy ended before staging could be interrupted:\n{log.read_text()[-3000:]}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -251,10 +266,6 @@ def test_deploy_killed_during_staging():
     (LOGS / "kill.evidence").write_text(f"{UNIT} started {KILLED['started']}, staged marker written {KILLED['marker_mtime']}\n")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a staged model's new version is not in the unit's inputs digest (units.inputs_digest covers the stack "
-    "and patch sets only), so when a deploy dies after staging and before the restart, the next run sees the model "
-    "staged, changes nothing, and never restarts the service onto it: the process keeps the old weights"))
 def test_after_a_killed_deploy_the_service_runs_the_model_it_staged():
     if not KILLED:
         pytest.skip("needs test_deploy_killed_during_staging to have passed")
