@@ -54,7 +54,8 @@ def load(module):
     except Exception as exc:  # noqa: BLE001 - any import failure is the finding
         text = " ".join(str(exc).split())
         m = re.search(r"(/\S+?\.so[^:\s]*): undefined symbol: (\S+)", text)
-        torch_version = version("torch")
+        loaded = sys.modules.get("torch")
+        torch_version = getattr(loaded, "__version__", None) or version("torch")
         if m:
             dist, dist_version = owner_of(m.group(1))
             lib = os.path.basename(m.group(1))

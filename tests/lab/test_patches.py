@@ -74,7 +74,7 @@ def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies()
     assert ssh("gpu-a", f"test -e {PATCHED_ENV}/.sglang-deploy/patches/ddtree-sample/applied.json || echo gone").stdout.strip() == "gone"
     result = deploy()
     assert result.returncode == 0, result
-    assert f"Patch set ddtree-sample applied in {PATCHED_ENV}" in [name for name, _ in result.changed]
+    assert any(name.startswith("Patch set ddtree-sample applied in generation ") for name, _ in result.changed), result
     assert deploy().changed == []
 
 
@@ -97,8 +97,11 @@ def test_patch_set_for_another_base_is_refused_and_nothing_is_written(wrong_base
     inventory = write_inventory("test_wrong_base", {SPARE: {"services": services, "run_services": ["wrong"]}})
     result = deploy(inventory)
     assert result.returncode != 0
-    assert "patch set test-wrong-base was written for sglang 0.5.22, the venv /root/venv_sglang+test-wrong-base has sglang 0.5.23" in result.stderr
-    site = ssh(SPARE, "ls -d /root/venv_sglang+test-wrong-base/lib/python3*/site-packages").stdout.strip()
+    assert "patch set test-wrong-base was written for sglang 0.5.22, the venv /root/venv_sglang+test-wrong-base.generations/" in result.stderr
+    assert "has sglang 0.5.23" in result.stderr
+    # The generation was built beside, never switched in: no venv is live, no unit written.
+    assert ssh(SPARE, "test -e /root/venv_sglang+test-wrong-base || echo absent").stdout.strip() == "absent"
+    site = ssh(SPARE, "ls -d /root/venv_sglang+test-wrong-base.generations/*/lib/python3*/site-packages").stdout.strip()
     for patch_file in load_patch_set("ddtree-sample").files:
         found = ssh(SPARE, f"sha256sum {site}/{patch_file.path} 2>/dev/null || echo absent").stdout.split()[0]
         assert found == (patch_file.original or "absent")
