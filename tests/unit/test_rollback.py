@@ -1,0 +1,116 @@
+"""Rollback decisions with a scripted host: what is restored, in which order, and what the run says."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from operations import readiness, rollback
+from tests.unit.test_operations import run
+
+UNIT = "sglang-x.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+
+
+class ScriptedHost:
+    """Answers run_shell_command from a list of (ok, stdout) in order; records commands and log lines."""
+
+    name = "gpu-a"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.commands, self.lines = [], []
+
+    def run_shell_command(self, command, print_output=False, _timeout=None):
+        self.commands.append(command)
+        ok, stdout = self.answers.pop(0) if self.answers else (True, "")
+        return ok, SimpleNamespace(stdout=stdout, stderr="" if ok else "boom")
+
+    def log(self, text, log_func=None):
+        self.lines.append(text)
+
+    def log_styled(self, text, fg=None, log_func=None):
+        self.lines.append(text)
+
+
+def plan(unit_changed=True, switched=("/root/venv_sglang",)):
+    return rollback.Plan(UNIT_PATH, UNIT, lambda: unit_changed, [(p, (lambda: True)) for p in switched] + [("/root/other", lambda: False)])
+
+
+def waited(ok, reason="", ready_s=3.0):
+    body = {"ok": ok, "reason": reason, "journal": "last words" if not ok else "", "ready_s": ready_s, "reply": "hi"}
+    return (True, json.dumps(body))
+
+
+@pytest.fixture(autouse=True)
+def report(monkeypatch):
+    monkeypatch.setattr(readiness, "REPORT", {})
+    return readiness.REPORT
+
+
+def test_undo_restores_the_saved_unit_then_switches_back_the_venvs_this_run_switched_then_restarts():
+    host = ScriptedHost([])
+    done, error = rollback.undo(host, plan())
+    assert error is None
+    assert done == [f"unit {UNIT} (the previous one)", "venv /root/venv_sglang (the previous generation)"]
+    restore, switch, restart = host.commands
+    assert restore == f"test -f {rollback.BACKUP_DIR}/{UNIT} && cp -p {rollback.BACKUP_DIR}/{UNIT} {UNIT_PATH} && systemctl daemon-reload"
+    assert switch.startswith("python3 - /root/venv_sglang --previous <<'PYEOF'")
+    assert restart == f"systemctl restart {UNIT}"
+
+
+def test_undo_with_nothing_this_run_changed_does_nothing_and_says_why():
+    host = ScriptedHost([])
+    done, error = rollback.undo(host, plan(unit_changed=False, switched=()))
+    assert done == [] and host.commands == []
+    assert "nothing this run changed can be rolled back" in error
+
+
+def test_undo_stops_at_a_failed_step_and_names_it():
+    host = ScriptedHost([(False, "")])
+    done, error = rollback.undo(host, plan())
+    assert error.startswith("rollback step failed: test -f ") and "boom" in error
+    assert len(host.commands) == 1  # no restart of a half-restored service
+
+
+def test_failed_readiness_rolls_back_and_confirms_the_restored_service(report):
+    host = ScriptedHost([waited(False, "sglang-x.service is failed/failed"), (True, ""), (True, ""), (True, ""), waited(True)])
+    ok = readiness._wait(None, host, UNIT, "x", "http://127.0.0.1:30000", "127.0.0.1", 30000, 60, True, "-", plan())
+    assert ok is False  # the host still fails: the change did not work
+    said = "\n".join(host.lines)
+    assert "x: NOT READY: sglang-x.service is failed/failed" in said and "last words" in said
+    assert (
+        f"x: ROLLED BACK unit {UNIT} (the previous one), venv /root/venv_sglang (the previous generation) because the "
+        "change failed readiness (sglang-x.service is failed/failed); the restored service is ready"
+    ) in said
+    assert report["gpu-a"]["x"]["state"] == "ROLLED BACK"
+
+
+def test_restored_service_that_is_not_ready_either_is_reported_failed(report):
+    host = ScriptedHost([waited(False, "timeout"), (True, ""), (True, ""), (True, ""), waited(False, "still dead")])
+    readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan())
+    assert "the restored service is NOT ready either: still dead" in "\n".join(host.lines)
+    assert report["gpu-a"]["x"]["state"] == "FAILED"
+
+
+def test_without_a_plan_a_failed_gate_only_fails(report):
+    host = ScriptedHost([waited(False, "timeout")])
+    assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", None) is False
+    assert len(host.commands) == 1 and report["gpu-a"]["x"]["state"] == "FAILED"
+
+
+def test_the_unit_in_use_is_saved_only_when_it_is_about_to_change():
+    import hashlib
+
+    from pyinfra.facts.files import Sha1File
+
+    text = "[Unit]\n"
+    same = run(rollback.unit_saved, {Sha1File: hashlib.sha1(text.encode()).hexdigest()}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
+    assert same.commands == []
+    new = run(rollback.unit_saved, {Sha1File: None}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
+    assert new.commands == []
+    changed = run(rollback.unit_saved, {Sha1File: "0" * 40}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
+    (save,) = changed.commands
+    assert f"cp -p {UNIT_PATH} {rollback.BACKUP_DIR}/{UNIT}.tmp && mv -f" in save
