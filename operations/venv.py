@@ -281,22 +281,24 @@ def environment(
     tool = installer_mod.Installer(kind, gen.path, host_cache)
     log = lambda text: host.log(f"venv {gen.live}: {text}")  # noqa: E731
 
-    base = wanted
+    # Decide everything first: a file that no source has, or two kernels owning one package,
+    # stops the host here, before anything on it changes.
+    base, build = wanted, []
     if wanted is not None and not python_matches(stack, wanted):
         raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} needs {stack.python}: remove it and re-run")
     if wanted is None:
         python = f"python{stack.python}"
-        yield (
+        build.append(
             f"command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}"
         )
         if python_matches(stack, live_state):
-            log(f"building generation {gen.id} beside the live {live_state['path']} (a hard-linked copy; only what differs is installed)")
-            yield clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live}))
+            build.append(clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live})))
+            build_why = f"building generation {gen.id} beside the live {live_state['path']} (a hard-linked copy; only what differs is installed)"
             base = live_state
         else:
             why = "no venv yet" if live_state is None else f"the live one has Python {live_state['python']}"
-            log(f"building generation {gen.id} from scratch ({why}; stack {stack.name} needs Python {stack.python})")
-            yield f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {tool.new_venv(python)}"
+            build.append(f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {tool.new_venv(python)}")
+            build_why = f"building generation {gen.id} from scratch ({why}; stack {stack.name} needs Python {stack.python})"
             base = {"dists": {}}
 
     todo = plan(stack, base)
@@ -307,21 +309,26 @@ def environment(
             f"{gen.path}: {top}/ is installed by both {' and '.join(owners)}: a stack may name only one of them; "
             f"drop the other from files/stacks/{stack.name}.yml"
         )
-    if not todo.install and not todo.remove:
+    packages = [p for p in stack.packages if p.name in todo.install]
+    chosen = {}
+    if packages:
+        donors = {s.location: _donor_state(s.location) for s in sources if s.kind == "donor"}
+        chosen = resolve(stack, packages, sources, donors)
+    if not build and not todo.install and not todo.remove:
         host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions)")
         return
+
+    if build:
+        log(build_why)
+        yield from build
     for line in todo.reasons:
         log(line)
-
-    if kind == "pip" and "pip" not in base["dists"] and base is not None and base.get("path"):
+    if kind == "pip" and "pip" not in base["dists"] and base.get("path"):
         yield f"{shlex.quote(gen.python)} -m ensurepip --default-pip"  # a generation uv built has no pip
     if todo.remove:
         yield tool.uninstall(todo.remove)
     if not todo.install:
         return
-    packages = [p for p in stack.packages if p.name in todo.install]
-    donors = {s.location: _donor_state(s.location) for s in sources if s.kind == "donor"}
-    chosen = resolve(stack, packages, sources, donors)
     if kind == "uv" and not facts["uv"]:
         wheel = installer_mod.uv_wheel(Path(_wheelhouse(sources)), facts["machine"])
         remote_wheel = f"{host_cache}/{wheel.name}"

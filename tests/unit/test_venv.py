@@ -376,3 +376,23 @@ def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     assert (clone / site).stat().st_ino == (source / site).stat().st_ino  # hard-linked, not copied
     assert not Path(gen.path + ".partial").exists()
     assert shlex.split(venv.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
+
+
+def test_a_missing_file_stops_the_host_before_the_first_command(stack, house):
+    """Building beside the live venv would change the host: the sources are resolved before anything is yielded."""
+    from types import SimpleNamespace
+
+    gen = gen_of(stack)
+    (house / WHEELS["torch"]).unlink()
+    yielded = []
+
+    def recording(**kwargs):
+        for command in venv.environment._inner(**kwargs):
+            yielded.append(command)
+            yield command
+
+    fact = facts(gen, live_state=venv_facts(f"{LIVE}.generations/old", torch="2.10.0+cu130"))
+    with pytest.raises(OperationError, match=WHEELS["torch"].replace("+", r"\+")):
+        run(SimpleNamespace(_inner=recording), {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
+            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE, installer="auto")
+    assert yielded == []
