@@ -103,7 +103,7 @@ class Installer:
             return f"{self._env()}{self._uv('uninstall')}" + " ".join(names)
         return f"{self.python} -m pip uninstall --quiet --yes " + " ".join(names)
 
-    def new_venv(self, python: str) -> str:
-        """Create the venv; uv's installs need no pip inside it."""
-        pip = " --without-pip" if self.kind == "uv" else ""
-        return f"{python} -m venv{pip} {shlex.quote(self.venv)}"
+    def new_venv(self, python: str, with_pip: bool | None = None) -> str:
+        """Create the venv; uv's installs (and copies from a donor) need no pip inside it."""
+        with_pip = self.kind == "pip" if with_pip is None else with_pip
+        return f"{python} -m venv{'' if with_pip else ' --without-pip'} {shlex.quote(self.venv)}"

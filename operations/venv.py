@@ -297,7 +297,7 @@ def environment(
             base = live_state
         else:
             why = "no venv yet" if live_state is None else f"the live one has Python {live_state['python']}"
-            build.append(f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {tool.new_venv(python)}")
+            build.append(None)  # the new venv: with pip only if pip is to install into it (below)
             build_why = f"building generation {gen.id} from scratch ({why}; stack {stack.name} needs Python {stack.python})"
             base = {"dists": {}}
 
@@ -314,6 +314,10 @@ def environment(
     if packages:
         donors = {s.location: _donor_state(s.location) for s in sources if s.kind == "donor"}
         chosen = resolve(stack, packages, sources, donors)
+    if None in build:
+        installs = any(source.kind != "donor" for source, _ in chosen.values())
+        new_venv = tool.new_venv(f"python{stack.python}", with_pip=installs and kind == "pip")
+        build[build.index(None)] = f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {new_venv}"
     if not build and not todo.install and not todo.remove:
         host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions)")
         return
