@@ -83,14 +83,14 @@ for env in config.environments:
         )
         for name in env.patch_sets
     ]
-    not_live = venv.needs_switch(gen, config.host_wheel_cache)
+    was = venv.live_target(gen, config.host_wheel_cache)
     probed = venv.probed(
         name=f"Generation {gen.id} passes the ABI probe",
         gen=gen,
         probe=probe,
-        _if=lambda not_live=not_live, changed=any_changed(built, *patched): not_live or changed(),
+        _if=lambda not_live=was != gen.path, changed=any_changed(built, *patched): not_live or changed(),
     )
-    env_ops[env.path] = (probed, venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, host_cache=config.host_wheel_cache))
+    env_ops[env.path] = (probed, venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was))
 
 # The store holds each model's durable copy; a host that lacks one (a host moved to)
 # gets it streamed from the host that `model_sources` names.

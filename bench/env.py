@@ -1,15 +1,17 @@
 """Environment figures, measured side by side on one lab host (gpu-a), in one run.
 
-env.fresh_vs_plain_uv  a fresh environment built by our environment step (a pyinfra run of
-                       bench/env_deploy.py: start-up, SSH, the venv fact, a new venv, the
-                       sha256 check and the uv install, the switch) over a plain
+env.fresh_vs_plain_uv  a fresh environment built by our environment step over a plain
                        `python -m venv --without-pip` + `uv pip install --no-deps` of the same
-                       wheel files into an empty venv on the same host, over SSH. Both use the
-                       same uv binary and the same warm uv cache; the wheels are already in the
-                       host's cache for both (pushing them is a one-time cost, not measured).
+                       wheel files into an empty venv on the same host. Ours is a pyinfra run of
+                       bench/env_deploy.py (the venv fact, a new venv, the uv install, the switch)
+                       less a `pyinfra ... exec -- true` run (pyinfra's start-up and SSH
+                       connection, which every deploy pays once whatever it does); the plain one is
+                       one `ssh` running both commands, less an `ssh ... true`. Both use the same
+                       uv binary and the same warm uv cache; the wheels are already in the host's
+                       cache for both (pushing them is a one-time cost, not measured).
 env.noop_s             the converged environment step: the same pyinfra run once the venv holds
-                       the stack, minus a `pyinfra ... exec -- true` run (start-up + SSH).
-Runs alternate, and the median of each is used.
+                       the stack, less the `exec -- true` run.
+Runs alternate, and the median of each is used; the raw medians are printed too.
 """
 
 from __future__ import annotations
@@ -66,12 +68,13 @@ def main() -> None:
     wipe = _ssh(f"rm -rf {BENCH_VENV} {BENCH_VENV}.generations {PLAIN_VENV}")
     plain = _ssh(
         f"python{stack.python} -m venv --without-pip {PLAIN_VENV} && "
-        f"UV_CACHE_DIR={cache}/.uv-cache {uv} pip --quiet --no-config --python {PLAIN_VENV}/bin/python "
-        f"install --no-deps --no-index --offline {files}"
+        f"UV_CACHE_DIR={cache}/.uv-cache {uv} pip install --quiet --no-config --python {PLAIN_VENV}/bin/python "
+        f"--no-deps --no-index --offline {files}"
     )
     _run(wipe)
     _run(deploy)  # wheels and uv onto the host, the uv cache warm: both sides start from there
-    ours, theirs, noop, base = [], [], [], []
+    ssh_true = _ssh("true")
+    ours, theirs, noop, base, ssh_base = [], [], [], [], []
     for _ in range(ROUNDS):
         _run(wipe)
         ours.append(_run(deploy))
@@ -79,13 +82,16 @@ def main() -> None:
         base.append(_run(floor))
         _run(wipe)
         theirs.append(_run(plain))
+        ssh_base.append(_run(ssh_true))
     _run(wipe)
-    fresh, plain_s = statistics.median(ours), statistics.median(theirs)
+    med = statistics.median
+    fresh, plain_s = med(ours) - med(base), med(theirs) - med(ssh_base)
+    print(f"env.fresh_run_s: {med(ours):.2f}  (pyinfra floor {med(base):.2f})")
+    print(f"env.plain_uv_run_s: {med(theirs):.2f}  (ssh floor {med(ssh_base):.2f})")
     print(f"env.fresh_s: {fresh:.2f}")
     print(f"env.plain_uv_s: {plain_s:.2f}")
     print(f"env.fresh_vs_plain_uv: {fresh / plain_s:.2f}")
-    print(f"env.noop_s: {max(statistics.median(noop) - statistics.median(base), 0):.2f}")
-    print(f"env.noop_run_s: {statistics.median(noop):.2f}")
+    print(f"env.noop_s: {max(med(noop) - med(base), 0):.2f}")
 
 
 if __name__ == "__main__":

@@ -21,4 +21,4 @@ venv.environment(
     host_cache=config.host_wheel_cache,
     installer=config.installer,
 )
-venv.switched(name=f"{BENCH_VENV} is generation {gen.id}", gen=gen, host_cache=config.host_wheel_cache)
+venv.switched(name=f"{BENCH_VENV} is generation {gen.id}", gen=gen, live_target=venv.live_target(gen, config.host_wheel_cache))

@@ -80,10 +80,16 @@ class Installer:
     def _env(self) -> str:
         return f"UV_CACHE_DIR={shlex.quote(uv_cache(self.host_cache))} "
 
-    def install_files(self, paths: list[str]) -> str:
+    def install_files(self, paths: list[str], repair: list[str] = ()) -> str:
+        """Install wheel files; `repair`: distributions whose installed files are damaged at the same version.
+
+        uv replaces another version by itself; `--reinstall` would also drop its unpacked-wheel
+        cache (it implies `--refresh`), so only the repaired distributions are named.
+        """
         quoted = " ".join(shlex.quote(p) for p in paths)
         if self.kind == "uv":
-            return f"{self._env()}{self._uv('install')}--no-deps --no-index --offline --reinstall {quoted}"
+            again = "".join(f"--reinstall-package {shlex.quote(name)} " for name in repair)
+            return f"{self._env()}{self._uv('install')}--no-deps --no-index --offline {again}{quoted}"
         return (
             f"{self.python} -m pip install --quiet --no-index --no-deps --force-reinstall "
             f"--disable-pip-version-check {quoted}"

@@ -153,10 +153,6 @@ def state_of(gen: Generation, host_cache: str) -> dict:
     return host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache)
 
 
-def is_live(gen: Generation, facts: dict) -> bool:
-    return facts["live"]["kind"] == "link" and facts["live"]["target"] == gen.path
-
-
 # Planning (pure) -------------------------------------------------------------------------
 
 
@@ -288,8 +284,9 @@ def environment(
         raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} needs {stack.python}: remove it and re-run")
     if wanted is None:
         python = f"python{stack.python}"
+        # One command per step: each is a round trip.
         build.append(
-            f"command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}"
+            f"{{ command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}; }} && "
         )
         if python_matches(stack, live_state):
             build.append(clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live})))
@@ -324,7 +321,7 @@ def environment(
 
     if build:
         log(build_why)
-        yield from build
+        yield "".join(build)
     for line in todo.reasons:
         log(line)
     if kind == "pip" and "pip" not in base["dists"] and base.get("path"):
@@ -343,19 +340,27 @@ def environment(
 
     local = {name: path for name, (source, path) in chosen.items() if path is not None}
     if local:
-        yield f"mkdir -p {shlex.quote(host_cache)}"
-        remote_files = []
+        if any(facts["cache"].get(path.name) != path.stat().st_size for path in local.values()) and not (kind == "uv" and not facts["uv"]):
+            yield f"mkdir -p {shlex.quote(host_cache)}"  # pushes need it (the uv step above made it already)
+        remote_files, pushed = [], set()
         for name, path in sorted(local.items()):
             dest = f"{host_cache}/{path.name}"
             if facts["cache"].get(path.name) != path.stat().st_size:
-                yield from files.put._inner(src=str(path), dest=dest)
+                yield from files.put._inner(src=str(path), dest=f"{dest}.part")
+                pushed.add(name)
             remote_files.append(dest)
-        pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in local and p.sha256]
+        pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in pushed and p.sha256]
         if pinned:
-            # The host checks what it installs: a cached file that rotted in place is named, not installed.
-            check = "\n".join(f"{sha}  {path}" for sha, path in pinned)
-            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
-        yield tool.install_files(remote_files)
+            # The host checks each pushed file against its pin before it takes the file's name, so
+            # the cache holds only checked files (and a push cut short is never mistaken for one).
+            check = "\n".join(f"{sha}  {path}.part" for sha, path in pinned)
+            renames = " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for _, path in pinned)
+            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict - && {renames}"
+        unpinned = [f"{host_cache}/{local[n].name}" for n in pushed if not next(p for p in packages if p.name == n).sha256]
+        if unpinned:
+            yield " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for path in unpinned)
+        repair = sorted(n for n in local if (base["dists"].get(n) or {}).get("version") == stack.wanted()[n])
+        yield tool.install_files(remote_files, repair)
     by_index: dict[str, list[Package]] = {}
     by_donor: dict[str, list[Package]] = {}
     for name, (source, path) in chosen.items():
@@ -471,24 +476,24 @@ def probed(gen: Generation, probe: dict):
 
 
 @operation()
-def switched(gen: Generation, host_cache: str):
+def switched(gen: Generation, live_target: str | None):
     """
     Make ``gen`` the live generation (``venv_path`` -> it, one rename), after `venv.probed`.
 
     + gen: the `Generation` built by `venv.environment`
-    + host_cache: as given to `venv.environment` (the same fact is read)
+    + live_target: what ``venv_path`` pointed at when the deploy began (`venv.live_target`); read
+      once then, so that switching costs no second read of the whole venv
 
     The previous generation stays on disk for rollback; older ones are deleted.
     """
-    facts = state_of(gen, host_cache)
-    if is_live(gen, facts):
+    if live_target == gen.path:
         host.noop(f"{gen.live} is generation {gen.id}")
         return
-    was = facts["live"]["target"] or "nothing"
-    host.log(f"venv {gen.live}: switching from {was} to generation {gen.id} (the previous one is kept for rollback)")
+    host.log(f"venv {gen.live}: switching from {live_target or 'nothing'} to generation {gen.id} (the previous one is kept for rollback)")
     yield remote.command("venv_switch", shlex.quote(gen.live), shlex.quote(gen.id))
 
 
-def needs_switch(gen: Generation, host_cache: str) -> bool:
-    """Read at deploy load: the wanted generation is not the live one (a change, or an earlier run that stopped)."""
-    return not is_live(gen, state_of(gen, host_cache))
+def live_target(gen: Generation, host_cache: str) -> str | None:
+    """Read at deploy load (the environment operation's own fact, so no extra call): the generation `venv_path` points at."""
+    facts = state_of(gen, host_cache)
+    return facts["live"]["target"]

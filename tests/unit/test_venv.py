@@ -107,7 +107,13 @@ def run_env(fact, stack, house, installer_choice="auto", sources=None) -> Result
 
 
 def uploads(result) -> list[str]:
-    return [c[2] for c in result.commands if isinstance(c, tuple) and c[0] == "put"]
+    """Where wheels were pushed: each lands as `<name>.part` and takes its name once its sha256 checks out."""
+    out = []
+    for c in result.commands:
+        if isinstance(c, tuple) and c[0] == "put":
+            assert c[2].endswith(".part") or ".tools" in c[2] or "/uv-" in c[2], c
+            out.append(c[2].removesuffix(".part"))
+    return out
 
 
 def installs(result) -> list[str]:
@@ -144,10 +150,11 @@ def test_new_generation_is_a_hard_linked_copy_of_the_live_one_with_only_the_chan
     old = f"{LIVE}.generations/demo-0000000000"
     result = run_env(facts(gen, live_state=venv_facts(old, torch="2.10.0+cu130")), stack, house)
 
-    clone = result.commands[1]
+    clone = result.commands[0]
+    assert clone.startswith("{ command -v python3.11 >/dev/null || ")
     assert f"cp -a --link {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
     assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
-    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline {CACHE}/{WHEELS['torch']}"]
     assert f"venv {LIVE}: torch 2.10.0+cu130 -> 2.11.0+cu130" in result.logs
 
 
@@ -156,7 +163,7 @@ def test_first_generation_is_a_fresh_venv_built_by_uv(stack, house):
     (house / installer.UV_WHEELS["x86_64"].file).write_bytes(b"uv wheel")
     result = run_env(facts(gen, live="absent", uv=False), stack, house)
 
-    assert result.commands[1] == f"mkdir -p {LIVE}.generations && rm -rf {gen.path} && python3.11 -m venv --without-pip {gen.path}"
+    assert result.commands[0].endswith(f"&& mkdir -p {LIVE}.generations && rm -rf {gen.path} && python3.11 -m venv --without-pip {gen.path}")
     assert f"{CACHE}/{installer.UV_WHEELS['x86_64'].file}" in uploads(result)
     assert any(c.startswith("python3 -c ") and "zipfile" in c for c in result.commands if isinstance(c, str))
     assert sorted(uploads(result)[1:]) == sorted(f"{CACHE}/{w}" for w in WHEELS.values())
@@ -165,7 +172,7 @@ def test_first_generation_is_a_fresh_venv_built_by_uv(stack, house):
 def test_without_a_uv_wheel_pip_installs(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, live="absent", uv=False), stack, house)
-    assert result.commands[1].endswith(f"python3.11 -m venv {gen.path}")
+    assert result.commands[0].endswith(f"python3.11 -m venv {gen.path}")
     assert installs(result)[0].startswith(f"{gen.python} -m pip install --quiet --no-index --no-deps --force-reinstall")
 
 
@@ -179,7 +186,8 @@ def test_host_checks_the_sha256_of_what_it_installs(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house)
     check = next(c for c in result.commands if isinstance(c, str) and "sha256sum" in c)
-    assert f"{stack.packages[2].sha256}  {CACHE}/{WHEELS['torch']}" in check
+    assert f"{stack.packages[2].sha256}  {CACHE}/{WHEELS['torch']}.part" in check
+    assert check.endswith(f"&& mv -f {CACHE}/{WHEELS['torch']}.part {CACHE}/{WHEELS['torch']}")
 
 
 def test_wheel_already_cached_on_the_host_with_its_size_is_not_pushed(stack, house):
@@ -204,7 +212,7 @@ def test_a_file_missing_from_an_installed_distribution_reinstalls_it(stack, hous
     state = venv_facts(gen.path)
     state["dists"]["torch"].update(damaged=["torch/_C.so"], damaged_count=1)
     result = run_env(facts(gen, wanted=state), stack, house)
-    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall {CACHE}/{WHEELS['torch']}"]
+    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall-package torch {CACHE}/{WHEELS['torch']}"]
     assert any("torch 2.11.0+cu130: 1 installed file(s) missing or altered (torch/_C.so): reinstalling" in line for line in result.logs)
 
 
@@ -261,15 +269,15 @@ def test_wanted_generation_with_another_python_is_refused(stack, house):
 def test_live_venv_of_another_python_is_not_cloned(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, live_state=venv_facts(LIVE, python="3.10.12"), live="dir"), stack, house)
-    assert "python3.11 -m venv" in result.commands[1] and "cp -a" not in result.commands[1]
+    assert "python3.11 -m venv" in result.commands[0] and "cp -a" not in result.commands[0]
     assert len(uploads(result)) == 3
 
 
 # Switching -----------------------------------------------------------------------------------
 
 
-def run_switch(fact, stack) -> Result:
-    return run(venv.switched, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, gen=gen_of(stack), host_cache=CACHE)
+def run_switch(was, stack) -> Result:
+    return run(venv.switched, {}, gen=gen_of(stack), live_target=was)
 
 
 def test_probe_runs_the_probe_script_with_the_generation_python(stack):
@@ -280,7 +288,7 @@ def test_probe_runs_the_probe_script_with_the_generation_python(stack):
 
 def test_switch_points_the_live_path_at_the_generation(stack):
     gen = gen_of(stack)
-    result = run_switch(facts(gen, live_state=venv_facts(f"{LIVE}.generations/old")), stack)
+    result = run_switch(f"{LIVE}.generations/old", stack)
     (switch,) = result.commands
     assert switch.startswith(f"python3 - {LIVE} {gen.id} <<'PYEOF'")
     assert any("switching from" in line and "kept for rollback" in line for line in result.logs)
@@ -288,7 +296,7 @@ def test_switch_points_the_live_path_at_the_generation(stack):
 
 def test_switch_when_already_live_is_a_noop(stack):
     gen = gen_of(stack)
-    result = run_switch(facts(gen, wanted=venv_facts(gen.path)), stack)
+    result = run_switch(gen.path, stack)
     assert result.commands == [] and result.noops == [f"{LIVE} is generation {gen.id}"]
 
 
