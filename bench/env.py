@@ -18,27 +18,17 @@ from __future__ import annotations
 
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-INVENTORY = "lab/inventory.py"
+sys.path.insert(0, str(ROOT))
+from bench.run import INVENTORY, PYINFRA, timed  # noqa: E402 - the one way a bench times a command
+
 HOST = "gpu-a"
 ROUNDS = 3
 BENCH_VENV = "/root/bench_venv"
 PLAIN_VENV = "/root/bench_plain_venv"
-
-
-def _run(argv: list[str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return elapsed
 
 
 def _ssh(command: str) -> list[str]:
@@ -71,19 +61,19 @@ def main() -> None:
         f"UV_CACHE_DIR={cache}/.uv-cache {uv} pip install --quiet --no-config --python {PLAIN_VENV}/bin/python "
         f"--no-deps --no-index --offline {files}"
     )
-    _run(wipe)
-    _run(deploy)  # wheels and uv onto the host, the uv cache warm: both sides start from there
+    timed(wipe)
+    timed(deploy)  # wheels and uv onto the host, the uv cache warm: both sides start from there
     ssh_true = _ssh("true")
     ours, theirs, noop, base, ssh_base = [], [], [], [], []
     for _ in range(ROUNDS):
-        _run(wipe)
-        ours.append(_run(deploy))
-        noop.append(_run(deploy))
-        base.append(_run(floor))
-        _run(wipe)
-        theirs.append(_run(plain))
-        ssh_base.append(_run(ssh_true))
-    _run(wipe)
+        timed(wipe)
+        ours.append(timed(deploy))
+        noop.append(timed(deploy))
+        base.append(timed(floor))
+        timed(wipe)
+        theirs.append(timed(plain))
+        ssh_base.append(timed(ssh_true))
+    timed(wipe)
     med = statistics.median
     fresh, plain_s = med(ours) - med(base), med(theirs) - med(ssh_base)
     print(f"env.fresh_run_s: {med(ours):.2f}  (pyinfra floor {med(base):.2f})")

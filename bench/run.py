@@ -27,7 +27,7 @@ def timed(argv: list[str]) -> float:
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return elapsed
 
 
