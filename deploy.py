@@ -149,7 +149,6 @@ for service in config.services:
         unit_text=unit_text,
         inputs_changed=any_changed(*inputs),
     )
-    rollback.unit_saved(name=f"Unit {service.unit_name} in use saved for rollback", unit_path=unit_path, unit_name=service.unit_name, unit_text=unit_text)
     unit_file = files.put(name=f"Unit {service.unit_name}", src=StringIO(unit_text), dest=unit_path, mode="644")
     systemd.daemon_reload(name=f"systemd reloads {service.unit_name}", _if=unit_file.did_change)
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)

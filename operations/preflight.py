@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from pathlib import PurePosixPath
 from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.facts.files import Sha1File
 
-from operations import readiness, remote
+from operations import readiness, remote, rollback
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -78,7 +79,8 @@ def passed(
     + argv: the flags exactly as the unit passes them
     + environment: the unit's environment
     + endpoint: the service's endpoint (summary)
-    + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they differ
+    + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they differ,
+      and the unit in use is then saved for rollback (`operations/rollback.py`)
     + inputs_changed: callable, true when the venv, patch sets or models changed in this run
 
     **Example:**
@@ -99,3 +101,6 @@ def passed(
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
     yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})
+    if unit_changes and current is not None:
+        # Passed: the unit in use is kept for rollback before the new one replaces it.
+        yield rollback.save_command(unit_path, PurePosixPath(unit_path).name)

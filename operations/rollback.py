@@ -1,6 +1,6 @@
 """Automatic rollback: a change that leaves a service failing readiness is undone.
 
-Before a deploy overwrites a service's unit, `rollback.unit_saved` copies the unit that is
+Before a deploy overwrites a service's unit, its preflight (`preflight.passed`) copies the unit that is
 there (the one the service runs with) to `BACKUP_DIR`. If the service, restarted by this
 run, then fails its readiness gate, `readiness.ready` calls `undo()`: the saved unit is put
 back, every venv this run switched to a new generation is switched back to the previous one
@@ -15,14 +15,9 @@ source, which the operator changed on purpose).
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
-
-from pyinfra import host
-from pyinfra.api import operation
-from pyinfra.facts.files import Sha1File
 
 from operations import remote
 
@@ -33,21 +28,10 @@ def backup_path(unit_name: str) -> str:
     return f"{BACKUP_DIR}/{unit_name}"
 
 
-@operation()
-def unit_saved(unit_path: str, unit_name: str, unit_text: str):
-    """
-    Keep a copy of the unit the service runs with, before this deploy replaces it.
-
-    + unit_path: the unit file on the host
-    + unit_name: its name (names the copy)
-    + unit_text: the unit this deploy writes; nothing is saved when the file already holds it
-    """
-    current = host.get_fact(Sha1File, path=unit_path)  # the same fact files.put reads next: no extra round trip
-    if current is None or current == hashlib.sha1(unit_text.encode()).hexdigest():
-        host.noop(f"{unit_name}: nothing to save (unchanged or new)")
-        return
-    backup = backup_path(unit_name)
-    yield f"mkdir -p {BACKUP_DIR} && cp -p {shlex.quote(unit_path)} {shlex.quote(backup)}.tmp && mv -f {shlex.quote(backup)}.tmp {shlex.quote(backup)}"
+def save_command(unit_path: str, unit_name: str) -> str:
+    """Keep a copy of the unit the service runs with; `preflight.passed` runs it once the new unit passed."""
+    backup = shlex.quote(backup_path(unit_name))
+    return f"mkdir -p {BACKUP_DIR} && cp -p {shlex.quote(unit_path)} {backup}.tmp && mv -f {backup}.tmp {backup}"
 
 
 @dataclass

@@ -134,7 +134,7 @@ class VenvState(FactBase):
     """The live link, the wanted and live generations' distributions, the host's wheel cache.
 
     ``{"live": {"kind": "link"|"dir"|"absent", "target": ...}, "wanted": VENV|None,
-    "live_state": VENV|None, "record": {"live": id, "previous": id}, "cache": {file: size},
+    "live_state": VENV|None, "cache": {file: size},
     "uv": bool, "machine": "x86_64"}`` where VENV is ``{"python": "3.11.2", "dists":
     {name: {"version", "installer", "damaged": [...], "damaged_count"}}, "shared": {top: [dists]}}``.
     """
@@ -432,9 +432,8 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
         host.log_styled(f"copy from donor {donor_name} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
         return False
     # Console scripts name the donor's interpreter; point them at this generation's.
-    donor_root = donor.get_fact(VenvState, live=donor_live, wanted=donor_live, host_cache="/nonexistent")["wanted"]["path"]
     resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
-    prefixes = " ".join(shlex.quote(p) for p in sorted({donor_root, resolved, donor_live}) if p)
+    prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
     ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
     host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {sent / 2**20:.0f} MiB")
     return ok
@@ -494,6 +493,6 @@ def switched(gen: Generation, live_target: str | None):
 
 
 def live_target(gen: Generation, host_cache: str) -> str | None:
-    """Read at deploy load (the environment operation's own fact, so no extra call): the generation `venv_path` points at."""
+    """The generation `venv_path` points at, read at deploy load, so that `venv.switched` need not read the venv again."""
     facts = state_of(gen, host_cache)
     return facts["live"]["target"]

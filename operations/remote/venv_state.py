@@ -133,12 +133,6 @@ elif os.path.lexists(live):
 else:
     kind, target = "absent", None
 
-generations_dir = os.path.dirname(wanted)
-try:
-    with open(os.path.join(generations_dir, "state.json")) as handle:
-        record = json.load(handle)
-except (OSError, ValueError):
-    record = {}
 wanted_state = read_venv(wanted)
 live_state = read_venv(target) if target and target != os.path.realpath(wanted) else None
 try:
@@ -148,8 +142,6 @@ except OSError:
 print(json.dumps({
     "machine": platform.machine(),
     "live": {"kind": kind, "target": target},
-    "record": record,
-    "generations": sorted(n for n in os.listdir(generations_dir) if not n.endswith(".json")) if os.path.isdir(generations_dir) else [],
     "wanted": wanted_state,
     "live_state": live_state,
     "cache": cache,

@@ -102,15 +102,25 @@ def test_without_a_plan_a_failed_gate_only_fails(report):
 
 
 def test_the_unit_in_use_is_saved_only_when_it_is_about_to_change():
+    """The preflight, which already reads the unit's sha1, saves the unit in use once the new one passed."""
     import hashlib
 
     from pyinfra.facts.files import Sha1File
 
+    from operations import preflight
+
     text = "[Unit]\n"
-    same = run(rollback.unit_saved, {Sha1File: hashlib.sha1(text.encode()).hexdigest()}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
+    args = dict(service="x", venv_path="/root/venv_sglang", launcher="sglang.launch_server", argv=["--port", "30000"],
+                environment={}, endpoint="e", unit_path=UNIT_PATH, unit_text=text)
+
+    def saves(result):
+        return [c for c in result.commands if isinstance(c, str)]
+
+    same = run(preflight.passed, {Sha1File: hashlib.sha1(text.encode()).hexdigest()}, **args)
     assert same.commands == []
-    new = run(rollback.unit_saved, {Sha1File: None}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
-    assert new.commands == []
-    changed = run(rollback.unit_saved, {Sha1File: "0" * 40}, unit_path=UNIT_PATH, unit_name=UNIT, unit_text=text)
-    (save,) = changed.commands
+    new = run(preflight.passed, {Sha1File: None}, **args)
+    assert saves(new) == []  # a new service: nothing in use to save
+    changed = run(preflight.passed, {Sha1File: "0" * 40}, **args)
+    call, save = changed.commands
+    assert call == ("call", "_run")  # the preflight itself, before the save
     assert f"cp -p {UNIT_PATH} {rollback.BACKUP_DIR}/{UNIT}.tmp && mv -f" in save

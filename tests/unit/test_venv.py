@@ -83,8 +83,6 @@ def facts(gen, wanted=None, live_state=None, live="link", cache=None, uv=True) -
     return {
         "machine": "x86_64",
         "live": {"kind": live if live != "dir" else "dir", "target": target},
-        "record": {},
-        "generations": [],
         "wanted": wanted,
         "live_state": live_state,
         "cache": cache or {},
