@@ -56,7 +56,7 @@ gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 # nothing placed on it gets none: it stays ready to receive a service. Each is built as a
 # generation beside the live one, patched there, proven by the ABI probe and only then
 # switched in (operations/venv.py); the previous generation stays for rollback.
-sources = tuple(venv.Source(kind, location) for kind, location in config.stack_sources)
+sources = tuple(venv.Source(*source) for source in config.stack_sources)
 probe = {
     **gpu_plan.probe_args(),
     "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],

@@ -17,7 +17,7 @@ venv.environment(
     name=f"Bench venv generation {gen.id}",
     gen=gen,
     stack=stack,
-    sources=tuple(venv.Source(kind, location) for kind, location in config.stack_sources),
+    sources=tuple(venv.Source(*source) for source in config.stack_sources),
     host_cache=config.host_wheel_cache,
     installer=config.installer,
 )

@@ -42,7 +42,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "verify_models": Key("fast", "How staged models are checked: `fast` (names and sizes against the manifests) or `full` (re-hash every staged file, repair what differs)."),
     "wheelhouse": Key("wheelhouse", "Directory on the control machine with the stack's wheel files (relative to the deploy dir)."),
     "host_wheel_cache": Key("/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host."),
-    "stack_sources": Key(["wheelhouse"], "Where the stack's files come from, tried in order per file: `wheelhouse` (the `wheelhouse` directory, pushed), `{index: URL}` (the host downloads from a package index, hashes required), `{donor: HOST}` (installed distributions copied from that host's live venv)."),
+    "stack_sources": Key(["wheelhouse"], "Where the stack's files come from, tried in order per file: `wheelhouse` (the `wheelhouse` directory, pushed), `{index: URL}` (the host downloads from a package index, hashes required), `{donor: HOST}` (installed distributions copied from that host's live venv; `{donor: HOST, path: DIR}`: from the venv at DIR there, this host included)."),
     "installer": Key("auto", "What installs the stack on the host: `auto` (uv when the wheelhouse ships it, else pip), `uv` or `pip`."),
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
@@ -544,7 +544,7 @@ def host_config(host) -> HostConfig:
     for key in ("venv_path", "model_store", "shm_dir", "host_wheel_cache"):
         values[key] = _abs_path(src(key), key, values[key])
     _require(isinstance(values["wheelhouse"], str) and values["wheelhouse"] != "", src("wheelhouse"), "wheelhouse", values["wheelhouse"], "must be a directory path on the control machine")
-    stack_sources = _stack_sources(src("stack_sources"), values["stack_sources"], values["wheelhouse"], [h.name for h in host.inventory], host.name)
+    stack_sources = _stack_sources(src("stack_sources"), values["stack_sources"], values["wheelhouse"], [h.name for h in host.inventory], host.name, values["venv_path"])
     _require(values["installer"] in ("auto", "uv", "pip"), src("installer"), "installer", values["installer"], "must be `auto` (uv when the wheelhouse ships it, else pip), `uv` or `pip`")
     _require(isinstance(values["launcher"], str) and bool(_MODULE_RE.match(values["launcher"])), src("launcher"), "launcher", values["launcher"], "must be a Python module name such as sglang.launch_server")
     timeout = values["readiness_timeout_s"]
@@ -619,8 +619,8 @@ def host_config(host) -> HostConfig:
 _URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 
 
-def _stack_sources(src: str, raw: Any, wheelhouse: str, hosts: list[str], this_host: str) -> tuple[tuple[str, str], ...]:
-    """`stack_sources` as ((kind, location), ...): `wheelhouse` -> the wheelhouse dir, `{index: URL}` -> the URL, `{donor: HOST}`."""
+def _stack_sources(src: str, raw: Any, wheelhouse: str, hosts: list[str], this_host: str, venv_path: str) -> tuple[tuple[str, ...], ...]:
+    """`stack_sources` as ((kind, location[, path]), ...): `wheelhouse` -> the wheelhouse dir, `{index: URL}` -> the URL, `{donor: HOST[, path: DIR]}`."""
     fix = "must be a non-empty list of `wheelhouse`, `{index: https://...}` and `{donor: <inventory host>}` entries, tried in order"
     _require(isinstance(raw, list) and bool(raw), src, "stack_sources", raw, fix)
     out = []
@@ -630,10 +630,18 @@ def _stack_sources(src: str, raw: Any, wheelhouse: str, hosts: list[str], this_h
         elif isinstance(entry, dict) and list(entry) == ["index"]:
             _require(isinstance(entry["index"], str) and bool(_URL_RE.match(entry["index"])), src, f"stack_sources[{i}].index", entry["index"], "must be a package index URL such as https://pypi.org/simple")
             out.append(("index", entry["index"]))
-        elif isinstance(entry, dict) and list(entry) == ["donor"]:
-            donor = entry["donor"]
-            _require(donor in hosts and donor != this_host, src, f"stack_sources[{i}].donor", donor, f"must name another host of the inventory ({', '.join(h for h in hosts if h != this_host) or 'none'}) whose live venv holds the stack's pins")
-            out.append(("donor", donor))
+        elif isinstance(entry, dict) and "donor" in entry and set(entry) <= {"donor", "path"}:
+            # A donor is another host's live venv, or, with `path`, any venv on an inventory host,
+            # this one included (a venv built by hand beside the one the deploy builds).
+            donor, path = entry["donor"], entry.get("path")
+            if path is None:
+                _require(donor in hosts and donor != this_host, src, f"stack_sources[{i}].donor", donor, f"must name another host of the inventory ({', '.join(h for h in hosts if h != this_host) or 'none'}) whose live venv holds the stack's pins, or add `path:` to copy from a venv at that path")
+                out.append(("donor", donor))
+            else:
+                _require(donor in hosts, src, f"stack_sources[{i}].donor", donor, f"must name a host of the inventory ({', '.join(hosts)}), this one included, that has a venv at `path`")
+                path = _abs_path(src, f"stack_sources[{i}].path", path)
+                _require(donor != this_host or path.rstrip("/") != venv_path.rstrip("/"), src, f"stack_sources[{i}].path", path, "is this host's own venv_path: name the other venv to copy from")
+                out.append(("donor", donor, path))
         else:
             _require(False, src, f"stack_sources[{i}]", entry, fix)
     return tuple(out)

@@ -71,13 +71,20 @@ def generation(live: str, stack: Stack, patch_digests: dict[str, str]) -> Genera
 @dataclass(frozen=True)
 class Source:
     """One place a stack's files can come from: `wheelhouse` (a control-machine dir), `index` (a URL),
-    or `donor` (an inventory host whose live venv holds the same pins: its installed files are copied)."""
+    or `donor` (an inventory host whose live venv - or the venv at `path` there - holds the same
+    pins: its installed files are copied)."""
 
     kind: str
     location: str
+    path: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How `resolve`'s `donors` map names this source: the host, or HOST:PATH for a venv at a path."""
+        return f"{self.location}:{self.path}" if self.path else self.location
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.location}"
+        return f"{self.kind} {self.key}"
 
 
 def resolve(
@@ -85,7 +92,7 @@ def resolve(
 ) -> dict[str, tuple[Source, Path | None]]:
     """Pick, per distribution, the first source that has its pinned file; fail naming the file and every source tried.
 
-    `donors` maps a donor host's name to its live venv as `VenvState` reads it (None: no venv there).
+    `donors` maps a donor source's `key` to its venv as `VenvState` reads it (None: no venv there).
     """
     chosen: dict[str, tuple[Source, Path | None]] = {}
     for package in packages:
@@ -104,7 +111,7 @@ def resolve(
                     break
                 tried.append(f"{source} (needs a sha256 pin in the stack)")
             elif source.kind == "donor":
-                donor = (donors or {}).get(source.location)
+                donor = (donors or {}).get(source.key)
                 have = (donor or {}).get("dists", {}).get(package.name)
                 if have and have["version"] == package.version and not have.get("damaged_count"):
                     chosen[package.name] = (source, None)
@@ -309,7 +316,7 @@ def environment(
     packages = [p for p in stack.packages if p.name in todo.install]
     chosen = {}
     if packages:
-        donors = {s.location: _donor_state(s.location) for s in sources if s.kind == "donor"}
+        donors = {s.key: _donor_state(s) for s in sources if s.kind == "donor"}
         chosen = resolve(stack, packages, sources, donors)
     if None in build:
         installs = any(source.kind != "donor" for source, _ in chosen.values())
@@ -366,13 +373,18 @@ def environment(
     for name, (source, path) in chosen.items():
         if path is None:
             group = by_index if source.kind == "index" else by_donor
-            group.setdefault(source.location, []).append(next(p for p in packages if p.name == name))
+            group.setdefault(source.location if source.kind == "index" else source, []).append(next(p for p in packages if p.name == name))
     for donor, group in by_donor.items():
         present = [p.name for p in group if p.name in base["dists"]]
         if present:
             yield tool.uninstall(present)  # the donor's files replace these whole
-        log(f"copying {len(group)} installed distribution(s) from {donor}:{_donor_path(donor)}: {', '.join(p.name for p in group)}")
-        yield FunctionCommand(_stream_from_donor, (donor, _donor_path(donor), gen, [p.spec for p in group]), {})
+        log(f"copying {len(group)} installed distribution(s) from {donor.location}:{_donor_path(donor)}: {', '.join(p.name for p in group)}")
+        specs = [p.spec for p in group]
+        if donor.location == host.name:
+            # A venv on this very host: one pipe there, nothing through the control machine.
+            yield _copy_within_host(_donor_path(donor), gen, specs)
+        else:
+            yield FunctionCommand(_stream_from_donor, (donor.location, _donor_path(donor), gen, specs), {})
     for url, group in by_index.items():
         reqs = f"{host_cache}/requirements-{gen.id}.txt"
         text = "\n".join(f"{p.spec} --hash=sha256:{p.sha256}" for p in group)
@@ -380,10 +392,10 @@ def environment(
         yield tool.install_from_index(url, reqs)
 
 
-def _donor_path(name: str) -> str:
+def _donor_path(source: Source) -> str:
     from operations.settings import GLOBAL_KEYS
 
-    return host.inventory.get_host(name).data.get("venv_path", GLOBAL_KEYS["venv_path"].default)
+    return source.path or host.inventory.get_host(source.location).data.get("venv_path", GLOBAL_KEYS["venv_path"].default)
 
 
 def _donor_host(name: str):
@@ -393,12 +405,12 @@ def _donor_host(name: str):
     return donor
 
 
-def _donor_state(name: str) -> dict | None:
-    """The donor's live venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent."""
-    donor = _donor_host(name)
+def _donor_state(source: Source) -> dict | None:
+    """The donor's venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent."""
+    donor = _donor_host(source.location)
     if not donor.connected:
         return None
-    path = _donor_path(name)
+    path = _donor_path(source)
     return donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent")["wanted"]
 
 
@@ -406,6 +418,22 @@ def _channel(client, command: str):
     channel = client.get_transport().open_session()
     channel.exec_command(command)
     return channel
+
+
+def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str:
+    """Copy the donor venv's files of `specs` into the generation on the same host, then point its scripts at it.
+
+    `cp -a` (not a pipe, so any failure is the command's status) makes new inodes: the
+    generation shares no file with the donor, whose owner may edit or delete it.
+    """
+    args = " ".join(shlex.quote(a) for a in (donor_venv, *specs))
+    prefixes = f"{shlex.quote(donor_venv)} \"$(readlink -f {shlex.quote(donor_venv)})\""
+    return (
+        f"list=$(mktemp) && python3 - {args} > \"$list\" <<'PYEOF' && "
+        f"(cd {shlex.quote(donor_venv)}/ && xargs -d '\\n' -a \"$list\" cp -a --parents -t {shlex.quote(gen.path)}) && rm -f \"$list\" && "
+        f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}\n"
+        f"{remote.script('donor_files')}\nPYEOF"
+    )
 
 
 def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation, specs: list[str]) -> bool:

@@ -1,0 +1,54 @@
+"""The deploy's own operations on a GPU machine without systemd (bench/gpu_serve_check.sh).
+
+Same code as deploy.py for everything up to the unit file: the data validated, the GPU check
+(`nvidia-smi`), the environment built as a generation from a donor venv and the wheelhouse,
+the ABI probe in it, the switch, the engine's own parser on each service's exact flags
+(preflight), and the unit rendered and written. Not run here: what needs systemd (the service
+account's sandbox, enable/start, the boot staging unit); bench/gpu/serve.py starts each unit's
+exact ExecStart line with its environment instead.
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.operations import files
+
+from operations import gpus, preflight, settings, stacks, units, venv
+
+config = settings.host_config(host)
+stack = stacks.load_stack(config.stack)
+
+gpu_plan = gpus.plan_for_host(config)
+config = gpu_plan.config
+gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
+
+sources = tuple(venv.Source(*source) for source in config.stack_sources)
+probe = {
+    **gpu_plan.probe_args(),
+    "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
+    "modules": list(dict.fromkeys([config.launcher, "sglang.launch_server"])),
+}
+gens = {}
+for env in config.environments:
+    gen = gens[env.path] = venv.generation(env.path, stack, {})
+    built = venv.environment(
+        name=f"Venv generation {gen.id} holds stack {stack.name}",
+        gen=gen, stack=stack, sources=sources, host_cache=config.host_wheel_cache, installer=config.installer,
+    )
+    was = venv.live_target(gen, config.host_wheel_cache)
+    venv.probed(
+        name=f"Generation {gen.id} passes the ABI probe", gen=gen, probe=probe,
+        _if=lambda not_live=was != gen.path, built=built: not_live or built.did_change(),
+    )
+    venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was)
+
+for service in config.services:
+    unit_path = f"/etc/systemd/system/{service.unit_name}"
+    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, {}))
+    preflight.passed(
+        name=f"{service.unit_name} flags pass the engine's own parser",
+        service=service.name, venv_path=gens[service.environment.path].path, launcher=config.launcher,
+        argv=service.argv(), environment=service.environment_variables(), endpoint=service.endpoint,
+        unit_path=unit_path, unit_text=unit_text, inputs_changed=lambda: False,
+    )
+    files.put(name=f"Unit {service.unit_name}", src=StringIO(unit_text), dest=unit_path, mode="644")
