@@ -17,6 +17,10 @@ args = json.loads(sys.argv[1])
 found = {"python": "%d.%d.%d" % sys.version_info[:3]}
 
 
+# What a kernel distribution is imported as, where its wheel does not say (no top_level.txt).
+KERNEL_IMPORTS = {"sgl-kernel": ["sgl_kernel"], "sglang-kernel": ["sgl_kernel"]}
+
+
 def fail(message):
     sys.stderr.write("ABI probe failed: " + message + "\n")
     sys.exit(1)
@@ -81,7 +85,9 @@ for dist in args.get("kernels", []):
         top = (md.distribution(dist).read_text("top_level.txt") or "").split()
     except Exception:  # noqa: BLE001
         top = None
-    for module in top or [dist.replace("-", "_")]:
+    # Real kernel wheels ship no top_level.txt (sglang-kernel 0.4.2 holds sgl_kernel, deep_gemm and
+    # triton_kernels): import the package the distribution is named for.
+    for module in top or KERNEL_IMPORTS.get(dist, [dist.replace("-", "_")]):
         load(module)
     local = dist_version.partition("+")[2]
     kernel_cuda = cuda_of(local)

@@ -95,27 +95,34 @@ def read_venv(venv):
             try:
                 size = os.lstat(path).st_size
             except OSError:
-                damaged.append(rel)
+                damaged.append((rel, None))
                 continue
             # Scripts outside site-packages (bin/) name their venv's path, which a generation's
             # copy rewrites: for them only presence counts.
             if len(row) > 2 and row[2].isdigit() and int(row[2]) != size and rel not in patched and not rel.startswith("..") and os.path.isfile(path):
-                damaged.append(rel)
+                damaged.append((rel, size))
             if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
-                claims.setdefault(rel, []).append(norm(name))
+                claims.setdefault(rel, []).append((norm(name), row[2]))
         dists[norm(name)] = {
             "version": version,
             "installer": installer,
             "files": files,
             "record": rows is not None,
-            "damaged": damaged[:5],
-            "damaged_count": len(damaged),
+            "damaged": damaged,
         }
+    for dist in dists.values():
+        # A file two wheels both ship (sglang 0.5.11's flashinfer-python and torch-c-dlpack-ext
+        # each carry their own top-level build_backend.py) holds the copy installed last: it is
+        # right if it matches any of its claimants' RECORD.
+        damaged = [rel for rel, size in dist["damaged"] if size is None or str(size) not in {s for _, s in claims.get(rel, ())}]
+        dist["damaged"], dist["damaged_count"] = damaged[:5], len(damaged)
     shared = {}
     for rel, owners in claims.items():
-        if len(owners) > 1:
+        # Two distributions owning one package directory (two kernel builds, both `sgl_kernel/`)
+        # is a conflict; a loose top-level file both ship is not one (see above).
+        if len(owners) > 1 and "/" in rel:
             top = rel.split("/", 1)[0]
-            shared.setdefault(top, set()).update(owners)
+            shared.setdefault(top, set()).update(o for o, _ in owners)
     return {
         "path": venv,
         "python": python,
