@@ -57,8 +57,8 @@ deploy "$first" build || { tail -60 /tmp/gpu-deploy-build.log; exit 1; }
 deploy "$first" again
 grep -q "Grand total.*" /tmp/gpu-deploy-again.log && grep "Grand total" /tmp/gpu-deploy-again.log
 venv=$(readlink -f "${GPU_VENV:-/root/venv_sglang}")
-echo "live generation: $venv ($(du -sm "$venv" | cut -f1) MiB); donor inodes shared: $(find "$venv" -type f -links +1 | wc -l) files with more than one link"
-"$venv/bin/python" -c 'import torch, sgl_kernel, flashinfer, sglang, xgrammar; print("imports:", "torch", torch.__version__, "cuda", torch.version.cuda, "| sgl_kernel", getattr(sgl_kernel, "__version__", "?"), "| flashinfer", flashinfer.__version__, "| sglang", sglang.__version__, "| xgrammar", xgrammar.__version__)'
+echo "live generation: $venv ($(du -sm "$venv" | cut -f1) MiB); files with more than one link (shared with a cache or another generation): $(find "$venv" -type f -links +1 | wc -l)"
+"$venv/bin/python" -c 'import importlib.metadata as md, torch, sgl_kernel, flashinfer, sglang, xgrammar; print("imports: torch", torch.__version__, "cuda", torch.version.cuda, "| " + " | ".join(f"{d} {md.version(d)}" for d in ("sglang-kernel", "flashinfer-python", "sglang", "xgrammar")))' 2>&1 | tail -1
 
 status=0
 for svc in ${SERVICES//,/ }; do

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from operations import remote
+from operations import remote, stacks
 from operations.settings import HostConfig, Service
 
 UNIT_DIR = "/etc/systemd/system"
@@ -398,9 +398,24 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
         decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of {gpu_text} ({_gib(pool)}), {_gib(pool - need)} left for the KV cache")
 
 
-def decide(config: HostConfig, facts: GpuFacts | None) -> Plan:
+def _engine_failures(service: Service, facts: GpuFacts, engine: str | None, errors: list[str]) -> None:
+    """Engine, GPU and flag combinations that a real GPU showed failing at start (bench/gpu_serve_check.sh):
+    refused before any restart, each with the way out."""
+    caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
+    hopper = [c for c in caps if c.split(".")[0] == "9"]
+    backend = _arg(service, "attention-backend")
+    if engine == "0.5.11" and hopper and backend in (None, "fa3") and not _arg(service, "disable-piecewise-cuda-graph"):
+        errors.append(
+            f"{service.name}: sglang 0.5.11 with attention backend fa3 (its default on sm {hopper[0]}) dies at start "
+            "capturing its piecewise CUDA graph (CUBLAS_STATUS_EXECUTION_FAILED on an H200, bench/results/h200-2026-12-01-2-serve.txt); "
+            "add `disable-piecewise-cuda-graph: true` to the service's args, or set `attention-backend: triton`"
+        )
+
+
+def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> Plan:
     """Resolve `gpu: auto` and `attention-backend: auto`, and check every service's GPUs and memory.
 
+    `engine`: the stack's sglang version, for combinations known to fail on a real GPU.
     `gpu: auto` keeps the GPU of the service's current unit while that GPU is healthy and free,
     else takes the lowest-numbered healthy free GPU; services with fixed GPUs are served first,
     so adding an `auto` service never moves another one.
@@ -468,6 +483,7 @@ def decide(config: HostConfig, facts: GpuFacts | None) -> Plan:
         service = _backend(resolved[service.name], facts, decisions)
         if service.gpus:
             _memory(service, facts, decisions, warnings, errors)
+            _engine_failures(service, facts, engine, errors)
         services.append(service)
     return Plan(dataclasses.replace(config, services=tuple(services)), tuple(decisions), tuple(warnings), tuple(errors))
 
@@ -478,7 +494,8 @@ def plan_for_host(config: HostConfig) -> Plan:
         return Plan(config)
     paths = sorted({m.store_path for s in config.services for m in s.models})
     facts = host.get_fact(GpuState, models=paths)
-    return dataclasses.replace(decide(config, facts), facts=facts)
+    engine = stacks.load_stack(config.stack).wanted().get("sglang")
+    return dataclasses.replace(decide(config, facts, engine), facts=facts)
 
 
 # The operation ---------------------------------------------------------------------------

@@ -24,8 +24,12 @@ from operations import readiness, remote, rollback
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
-    """The remote command: a clean environment holding only the unit's variables, GPUs hidden."""
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **environment, "CUDA_VISIBLE_DEVICES": ""}
+    """The remote command: a clean environment holding only the unit's variables, its GPUs included.
+
+    The service's GPUs stay visible: a real engine's parser asks the device for its defaults
+    (sglang 0.5.11 on an H200 stops with "No accelerator ... is available" when they are hidden).
+    """
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **environment}
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     script = remote.script("preflight")
     return (

@@ -75,6 +75,13 @@ def bind_paths(service: Service) -> list[tuple[str, bool]]:
     return service_user.hidden_paths(service.environment.path, tuple(m.load_path for m in service.models))
 
 
+def venv_bin_path(venv_path: str) -> str:
+    """PATH as an activated venv has it: the engine's JIT runs tools the stack installs there
+    (sglang 0.5.11's kernels build with the `ninja` of the `ninja` wheel; without it on PATH the
+    first forward pass fails with "No such file or directory: 'ninja'")."""
+    return f"{venv_path}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def render_unit(
     config: HostConfig,
     service: Service,
@@ -88,7 +95,7 @@ def render_unit(
         user=config.service_user,
         group=service_user.group_of(config.service_user),
         supplementary_groups=list(supplementary_groups),
-        runtime_environment=service_user.runtime_environment(),
+        runtime_environment={**service_user.runtime_environment(), "PATH": venv_bin_path(service.environment.path)},
         bind_paths=bind_paths(service),
         service=service,
         host_name=config.host,

@@ -16,7 +16,7 @@ COMMON_ARGS = {
 DFLASH = {"speculative-algorithm": "DFLASH", "speculative-dflash-block-size": 4}
 
 
-def service(port: int, backend: str, dflash: bool) -> dict:
+def service(port: int, backend: str, dflash: bool, **extra) -> dict:
     return {
         "gpu": 0,
         "port": port,
@@ -24,7 +24,7 @@ def service(port: int, backend: str, dflash: bool) -> dict:
         "model_in": "store",
         "draft_model": "tiny-qwen3-dflash" if dflash else None,
         "draft_in": "store",
-        "args": {"attention-backend": backend, **COMMON_ARGS, **(DFLASH if dflash else {})},
+        "args": {"attention-backend": backend, **COMMON_ARGS, **(DFLASH if dflash else {}), **extra},
     }
 
 
@@ -33,6 +33,10 @@ SERVICES = {
     "plain-triton": service(30101, "triton", False),
     "dflash-auto": service(30102, "auto", True),
     "dflash-triton": service(30103, "triton", True),
+    # sglang 0.5.11's default backend on sm 9.0 failed its piecewise CUDA graph capture
+    # (CUBLAS_STATUS_EXECUTION_FAILED) on the H200: the same services without that capture.
+    "plain-auto-nopw": service(30104, "auto", False, **{"disable-piecewise-cuda-graph": True}),
+    "dflash-auto-nopw": service(30105, "auto", True, **{"disable-piecewise-cuda-graph": True}),
 }
 
 hosts = [

@@ -74,7 +74,8 @@ def environment_lines(text: str, sandbox: bool = False) -> dict[str, str]:
             name, _, value = assignment.replace("%%", "%").partition("=")
             out[name] = value
     if not sandbox:
-        out = {k: v for k, v in out.items() if k not in service_user.runtime_environment()}
+        # PATH (the venv's bin/ first) is the unit's, like the sandbox's variables: tested in test_real_gpu_findings.py.
+        out = {k: v for k, v in out.items() if k not in service_user.runtime_environment() and k != "PATH"}
     return out
 
 
