@@ -6,6 +6,11 @@ argv the unit will run, then imports the launcher and the server entry point. It
 only when the unit is about to change or the service's inputs changed; if it fails, the
 host fails with the parser's own message before the unit is written, so the running
 service keeps running.
+
+Under `--dry` the same check runs at once, through the
+`Verdict` fact: it only reads (a Python process parses the flags and imports modules), so a
+dry run shows the parser's refusal, and `--dry` exits 1 for it. When the venv generation the
+unit will run is built by this very run, it does not exist yet and the check waits for the run.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from pathlib import PurePosixPath
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, operation
 from pyinfra.facts.files import Sha1File
 
 from operations import readiness, remote, rollback
+from operations.errors import fail_dry_run, is_dry_run
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -32,6 +38,21 @@ def command(venv_path: str, launcher: str, argv: list[str], environment: dict[st
         f"env -i {assignments} {shlex.quote(venv_path + '/bin/python')} - "
         f"{shlex.quote(json.dumps(argv))} {shlex.quote(launcher)} <<'PYEOF'\n{script}\nPYEOF"
     )
+
+
+class Verdict(FactBase):
+    """The preflight's JSON result, read without changing anything; `{"absent": true}` when the venv
+    does not exist yet (a generation this run builds)."""
+
+    def command(self, venv_path: str, cmd: str) -> str:
+        python = shlex.quote(venv_path + "/bin/python")
+        return f"if [ -x {python} ]; then\n{cmd}\nelse echo '{{\"absent\": true}}'; fi"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (ValueError, IndexError):
+            return {"import_error": f"preflight did not run: {' '.join(output)[-500:]}"}
 
 
 def verdict(result: dict) -> str | None:
@@ -56,6 +77,21 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
         return False
     host.log(f"{service}: preflight passed ({result['parser']})")
     return True
+
+
+def _preview(service: str, venv_path: str, cmd: str) -> None:
+    """Planning (--dry): run the read-only check now and say what the run will do."""
+    result = host.get_fact(Verdict, venv_path=venv_path, cmd=cmd)
+    if result.get("absent"):
+        host.log(f"{service}: preflight runs once this run has built {venv_path}")
+        return
+    reason = verdict(result)
+    if reason:
+        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left as they are: {reason}",
+                        fg="red", log_func=logger.error)
+        fail_dry_run(host)
+    else:
+        host.log(f"{service}: preflight would pass ({result.get('parser')})")
 
 
 @operation()
@@ -100,6 +136,8 @@ def passed(
     if not unit_changes and not inputs_change:
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
+    if is_dry_run(host):
+        _preview(service, venv_path, command(venv_path, launcher, argv, environment))
     yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.
