@@ -409,12 +409,25 @@ def _abs_path(src: str, path: str, value: Any) -> str:
 def _no_overlap(paths: list[tuple[str, str, str]]) -> None:
     """(source, key, path): no configured host path may equal or contain another, or a path
     derived from one (the generations directory `<venv_path>.generations`, the patched venvs)."""
-    for i, (src_a, key_a, a) in enumerate(paths):
-        for src_b, key_b, b in paths[i + 1:]:
+    for i, first in enumerate(paths):
+        for second in paths[i + 1:]:
+            # Name the value set where the operator is most likely editing: --data, then the
+            # inventory, then a group's file, then all.yml, then the defaults.
+            (src_a, key_a, a), (src_b, key_b, b) = sorted((first, second), key=lambda p: -_precedence(p[0]))
             if _inside(a, b) or _inside(b, a):
                 relation = "is the same directory as" if a == b else ("is inside" if _inside(a, b) else "contains")
                 raise DataError(src_a, key_a, a, f"{relation} {key_b} ({b}, from {src_b}): each directory the deploy manages "
                                                  "needs its own place, or one would move, prune or fill the other")
+
+
+def _precedence(source: str) -> int:
+    if source == "--data":
+        return 4
+    if source.startswith("inventory"):
+        return 3
+    if source.startswith("defaults"):
+        return 0
+    return 1 if Path(source).stem == "all" else 2
 
 
 def _control_dir(src: str, path: str, value: Any) -> Path:

@@ -24,7 +24,8 @@ from pathlib import Path
 from operations.errors import DataError
 from operations.yamlload import load_file
 
-STACKS_DIR = Path(__file__).resolve().parent.parent / "files" / "stacks"
+_REPO = Path(__file__).resolve().parent.parent
+STACKS_DIR = _REPO / "files" / "stacks"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 _PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
@@ -179,7 +180,7 @@ def _package(shown: str, key: str, dist: str, spec: object, python: str) -> Pack
     if not isinstance(sha, str) or not _SHA256_RE.match(sha):
         raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits: the wheel's sha256 (`sha256sum FILE`), required for every file")
     build = spec.get("build")
-    if build is not None and not (isinstance(build, str) and (STACKS_DIR.parent.parent / build).is_file()):
+    if build is not None and not (isinstance(build, str) and (_REPO / build).is_file()):
         raise DataError(shown, f"{key}.build", build, "must be the path of a build script in this repository (e.g. lab/standin/build.py)")
     return Package(dist, version, file, sha, build)
 
