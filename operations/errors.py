@@ -42,4 +42,6 @@ def fail_dry_run(host) -> None:
     the state has failed hosts, so the host is marked failed. Only under --dry: before a real
     run (its planning pass) the operation itself fails the host when it executes."""
     if is_dry_run(host):
-        host.state.failed_hosts.add(host)
+        # Inside an operation `host` is pyinfra's context proxy: the set needs the Host itself.
+        real = host._get_module() if hasattr(host, "_get_module") else host
+        real.state.failed_hosts.add(real)

@@ -23,6 +23,7 @@ from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from operations import readiness, remote, rollback
@@ -79,8 +80,27 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     return True
 
 
-def _preview(service: str, venv_path: str, cmd: str) -> None:
+def _planned_changes(inputs_changed) -> bool:
+    """Under --dry: will any input operation (venv, patch sets, models) change? Each is an
+    `OperationMeta` that `any_changed(...)` closed over; before execution only its planned
+    `will_change` is known. Anything unreadable counts as a change (the check then waits)."""
+    if inputs_changed is None:
+        return False
+    metas = []
+    for cell in inputs_changed.__closure__ or ():
+        value = cell.cell_contents
+        metas += [m for m in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(m, OperationMeta)]
+    if not metas:
+        return True
+    return any(m.will_change for m in metas)
+
+
+def _preview(service: str, venv_path: str, cmd: str, inputs_change: bool) -> None:
     """Planning (--dry): run the read-only check now and say what the run will do."""
+    if inputs_change:
+        # The venv (or a patch set, or a model) is rebuilt first: checking today's would judge the wrong one.
+        host.log(f"{service}: preflight runs once this run has updated {venv_path} and the service's other inputs")
+        return
     result = host.get_fact(Verdict, venv_path=venv_path, cmd=cmd)
     if result.get("absent"):
         host.log(f"{service}: preflight runs once this run has built {venv_path}")
@@ -137,7 +157,7 @@ def passed(
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
     if is_dry_run(host):
-        _preview(service, venv_path, command(venv_path, launcher, argv, environment))
+        _preview(service, venv_path, command(venv_path, launcher, argv, environment), _planned_changes(inputs_changed))
     yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.
