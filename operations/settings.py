@@ -72,7 +72,7 @@ HOST_KEYS: dict[str, Key] = {
 
 SERVICE_KEYS: dict[str, Key] = {
     "gpu": Key(None, "GPU index, or a list of indexes, the service uses (`CUDA_VISIBLE_DEVICES`); `auto`: a healthy free GPU, kept across runs.", required=True),
-    "port": Key(None, "TCP port the server listens on.", required=True),
+    "port": Key(None, "TCP port the server listens on, 1024 to 65535.", required=True),
     "bind": Key("127.0.0.1", "Address the server binds (`--host`)."),
     "model": Key(None, "Target model: a directory name in `model_store`.", required=True),
     "model_in": Key("shm", "Where the target is loaded from: `shm` (staged into `shm_dir`) or `store`."),

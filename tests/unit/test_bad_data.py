@@ -153,3 +153,8 @@ def test_bad_input_is_refused_with_file_key_value_and_fix(world, case):
     }[kind]
     assert any(w in error.source for w in ((where,) if isinstance(where, str) else where)), message
     assert "Traceback" not in message
+
+
+def test_the_readme_reports_the_corpus_size():
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"holds {len(CASES)} bad inputs" in text and f"all {len(CASES)} are refused" in text
