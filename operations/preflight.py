@@ -10,7 +10,8 @@ service keeps running.
 Under `--dry` the same check runs at once, through the
 `Verdict` fact: it only reads (a Python process parses the flags and imports modules), so a
 dry run shows the parser's refusal, and `--dry` exits 1 for it. When the venv generation the
-unit will run is built by this very run, it does not exist yet and the check waits for the run.
+unit will run is built by this very run, it does not exist yet and the check waits for the run
+(the engine flags were already resolved against the generated flag list, operations/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -80,38 +81,53 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     return True
 
 
-def _planned_changes(inputs_changed) -> bool:
-    """Under --dry: will any input operation (venv, patch sets, models) change? Each is an
-    `OperationMeta` that `any_changed(...)` closed over; before execution only its planned
-    `will_change` is known. Anything unreadable counts as a change (the check then waits)."""
+def _planned_changes(inputs_changed) -> list[str]:
+    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change,
+    by name. Each is an `OperationMeta` that `any_changed(...)` closed over; before execution
+    only its planned `will_change` is known. Unreadable inputs count as a change."""
     if inputs_changed is None:
-        return False
+        return []
     metas = []
     for cell in inputs_changed.__closure__ or ():
         value = cell.cell_contents
         metas += [m for m in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(m, OperationMeta)]
     if not metas:
-        return True
-    return any(m.will_change for m in metas)
+        return ["(its inputs)"]
+    real = host._get_module() if hasattr(host, "_get_module") else host
+    changing = []
+    for meta in metas:
+        try:
+            op_data = real.state.get_op_data_for_host(real, meta._hash)
+            conditional = bool(op_data.global_arguments.get("_if"))
+            name = ", ".join(sorted(real.state.get_op_meta(meta._hash).names)) or meta._hash
+        except Exception:  # not an operation of this run's state: judge it by its own plan
+            conditional, name = False, meta._hash
+        # pyinfra plans a conditional operation (`_if`) as changing whatever its condition will
+        # say (the ABI probe always shows as "Conditional Change"); it changes only when the
+        # operations its condition reads change, and those are judged on their own here.
+        if not conditional and meta.will_change:
+            changing.append(name)
+    return changing
 
 
-def _preview(service: str, venv_path: str, cmd: str, inputs_change: bool) -> None:
-    """Planning (--dry): run the read-only check now and say what the run will do."""
-    if inputs_change:
-        # The venv (or a patch set, or a model) is rebuilt first: checking today's would judge the wrong one.
-        host.log(f"{service}: preflight runs once this run has updated {venv_path} and the service's other inputs")
-        return
+def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -> None:
+    """Planning (--dry): run the read-only check now and say what the run will do.
+
+    A generation's path names its content (stack and patch-set digests, operations/venv.py), so
+    an existing one holds the engine the unit will run; the run may still repair it or stage
+    models first, which the message says, but the parser's verdict is the one that counts."""
     result = host.get_fact(Verdict, venv_path=venv_path, cmd=cmd)
     if result.get("absent"):
         host.log(f"{service}: preflight runs once this run has built {venv_path}")
         return
+    first = f" (the run first changes: {'; '.join(inputs_change)})" if inputs_change else ""
     reason = verdict(result)
     if reason:
-        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left as they are: {reason}",
+        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left as they are: {reason}{first}",
                         fg="red", log_func=logger.error)
         fail_dry_run(host)
     else:
-        host.log(f"{service}: preflight would pass ({result.get('parser')})")
+        host.log(f"{service}: preflight would pass ({result.get('parser')}){first}")
 
 
 @operation()

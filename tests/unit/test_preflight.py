@@ -106,16 +106,17 @@ def test_dry_run_that_passes_or_cannot_check_yet_does_not_fail(monkeypatch):
     assert not failed and "dflash: preflight runs once this run has built /root/venv_sglang" in lines
 
 
-def test_dry_run_waits_for_inputs_the_run_changes_first(monkeypatch):
+def test_dry_run_names_the_inputs_the_run_changes_first(monkeypatch):
     from pyinfra.api.operation import OperationMeta
     from pyinfra.operations.util import any_changed
 
+    passing = {"parser": "sglang 0.5.23", "parse_error": None, "import_error": None}
     rebuilt, same = OperationMeta("a", True), OperationMeta("b", False)
-    _, lines, failed, asked = run_dry(monkeypatch, {"absent": True}, inputs_changed=any_changed(same, rebuilt))
-    assert preflight.Verdict not in asked and not failed
-    assert any("preflight runs once this run has updated /root/venv_sglang" in line for line in lines)
-    _, _, _, asked = run_dry(monkeypatch, {"absent": True}, inputs_changed=any_changed(same))
-    assert preflight.Verdict in asked
+    _, lines, failed, asked = run_dry(monkeypatch, passing, inputs_changed=any_changed(same, rebuilt))
+    assert preflight.Verdict in asked and not failed
+    assert "dflash: preflight would pass (sglang 0.5.23) (the run first changes: a)" in lines
+    _, lines, _, _ = run_dry(monkeypatch, passing, inputs_changed=any_changed(same))
+    assert "dflash: preflight would pass (sglang 0.5.23)" in lines
 
 
 def test_verdict_fact_reports_a_missing_venv_without_running_it():
