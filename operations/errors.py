@@ -7,6 +7,8 @@ message as-is (no traceback) and stops the whole run while it is still loading
 
 from __future__ import annotations
 
+import sys
+
 from pyinfra.api.exceptions import PyinfraError
 
 
@@ -25,3 +27,21 @@ class DataError(PyinfraError):
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def is_dry_run(host) -> bool:
+    """True while `pyinfra --dry` plans (nothing will execute after it)."""
+    return "--dry" in sys.argv[1:] and not host.state.is_executing
+
+
+def fail_dry_run(host) -> None:
+    """Make `pyinfra --dry` exit non-zero for a refusal the real run would make.
+
+    Under --dry nothing executes, so an operation that would fail the host when it runs
+    (a GPU check, a preflight) has only printed its verdict; pyinfra's CLI exits 1 exactly when
+    the state has failed hosts, so the host is marked failed. Only under --dry: before a real
+    run (its planning pass) the operation itself fails the host when it executes."""
+    if is_dry_run(host):
+        # Inside an operation `host` is pyinfra's context proxy: the set needs the Host itself.
+        real = host._get_module() if hasattr(host, "_get_module") else host
+        real.state.failed_hosts.add(real)

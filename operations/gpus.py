@@ -28,6 +28,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 
 from operations import remote, stacks
+from operations.errors import fail_dry_run
 from operations.settings import HostConfig, Service
 
 UNIT_DIR = "/etc/systemd/system"
@@ -539,6 +540,8 @@ def checked(plan: Plan):
         if not state.is_executing:
             for line in plan.errors:
                 host.log_styled(f"GPU check will fail: {line}", fg="red", log_func=logger.error)
+            if plan.errors:
+                fail_dry_run(host)  # --dry exits 1: the real run would refuse this host
     if plan.ok:
         services = ", ".join(f"{s.name} on GPU {','.join(map(str, s.gpus))}" for s in plan.config.services)
         host.noop(f"GPUs fit: {services}" if services else "no services placed: no GPU needed")

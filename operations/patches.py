@@ -17,17 +17,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, operation
 from pyinfra.operations import files
 
 from operations import remote
 from operations.errors import DataError
+from operations.yamlload import load_file
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _TMP = ".sglang-deploy-tmp"
+# The manifest's keys: anything else is a typo (`orignal:` would leave an original never backed up).
+_TOP_KEYS = ("name", "description", "base", "files")
+_BASE_KEYS = ("distribution", "version")
+_FILE_KEYS = ("sha256", "original")
 
 
 @dataclass(frozen=True)
@@ -59,15 +63,22 @@ class PatchSet:
 def load_patch_set(name: str) -> PatchSet:
     root = PATCHES_DIR / name
     shown = f"files/patches/{name}/patchset.yml"
-    try:
-        raw = yaml.safe_load((root / "patchset.yml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise DataError(shown, "(file)", str(exc).splitlines()[0], "must exist and be valid YAML") from None
+    if not (root / "patchset.yml").is_file():
+        raise DataError(shown, "(file)", name, "must exist and be valid YAML: a patch set is files/patches/<name>/patchset.yml and its files")
+    raw = load_file(root / "patchset.yml", shown)
+    for key in raw if isinstance(raw, dict) else ():
+        if key not in _TOP_KEYS:
+            raise DataError(shown, str(key), raw[key], f"unknown key; allowed: {', '.join(_TOP_KEYS)}")
     if not isinstance(raw, dict) or raw.get("name") != name:
         raise DataError(shown, "name", (raw or {}).get("name") if isinstance(raw, dict) else raw, f"must be '{name}' (the directory name)")
     base = raw.get("base")
     if not isinstance(base, dict) or not base.get("distribution") or not base.get("version"):
         raise DataError(shown, "base", base, 'must be {distribution: sglang, version: "0.5.23"}: the install the files were written for')
+    for key in base:
+        if key not in _BASE_KEYS:
+            raise DataError(shown, f"base.{key}", base[key], f"unknown key; allowed: {', '.join(_BASE_KEYS)}")
+    if not isinstance(base["version"], str):
+        raise DataError(shown, "base.version", base["version"], 'must be a quoted version such as "0.5.23"')
     entries = raw.get("files")
     if not isinstance(entries, dict) or not entries:
         raise DataError(shown, "files", entries, "must map each file path (relative to site-packages) to {sha256, original}")
@@ -79,6 +90,11 @@ def load_patch_set(name: str) -> PatchSet:
             raise DataError(shown, key, rel, "must be a relative path inside site-packages, without '..'")
         if not isinstance(spec, dict) or not _SHA_RE.match(str(spec.get("sha256", ""))):
             raise DataError(shown, f"{key}.sha256", spec, "must give the sha256 (64 hex digits) of the patched content")
+        for file_key in spec:
+            if file_key not in _FILE_KEYS:
+                raise DataError(shown, f"{key}.{file_key}", spec[file_key], f"unknown key; allowed: {', '.join(_FILE_KEYS)} (null for a new file)")
+        if "original" not in spec:
+            raise DataError(shown, f"{key}.original", None, "must be given: the sha256 of the file it replaces, or null for a new file")
         original = spec.get("original")
         if original is not None and not _SHA_RE.match(str(original)):
             raise DataError(shown, f"{key}.original", original, "must be the sha256 of the replaced original, or null for a new file")
@@ -180,6 +196,15 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
         paths=paths,
     )
     found_version = state["version"]
+    if found_version is None and present and not host.state.is_executing:
+        # Planning (--dry, or the diff before a run): the generation this set goes into is built
+        # by an earlier operation of this run and does not exist yet. Preview the set over a fresh
+        # install of its base (every file its original); the real run checks the built one.
+        host.log(f"patch set {patch_set.name}: {venv_path} is built by this run: previewing the set over a fresh "
+                 f"{patch_set.distribution} {patch_set.version}")
+        found_version = patch_set.version
+        state = {"version": found_version, "files": {f.path: f.original for f in patch_set.files},
+                 "backups": {f.path: False for f in patch_set.files}, "record": None}
     _explain_record(patch_set, state["record"], found_version)
     if found_version != patch_set.version:
         raise OperationError(

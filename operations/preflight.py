@@ -6,6 +6,12 @@ argv the unit will run, then imports the launcher and the server entry point. It
 only when the unit is about to change or the service's inputs changed; if it fails, the
 host fails with the parser's own message before the unit is written, so the running
 service keeps running.
+
+Under `--dry` the same check runs at once, through the
+`Verdict` fact: it only reads (a Python process parses the flags and imports modules), so a
+dry run shows the parser's refusal, and `--dry` exits 1 for it. When the venv generation the
+unit will run is built by this very run, it does not exist yet and the check waits for the run
+(the engine flags were already resolved against the generated flag list, operations/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from pathlib import PurePosixPath
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from operations import readiness, remote, rollback
+from operations.errors import fail_dry_run, is_dry_run
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -36,6 +44,21 @@ def command(venv_path: str, launcher: str, argv: list[str], environment: dict[st
         f"env -i {assignments} {shlex.quote(venv_path + '/bin/python')} - "
         f"{shlex.quote(json.dumps(argv))} {shlex.quote(launcher)} <<'PYEOF'\n{script}\nPYEOF"
     )
+
+
+class Verdict(FactBase):
+    """The preflight's JSON result, read without changing anything; `{"absent": true}` when the venv
+    does not exist yet (a generation this run builds)."""
+
+    def command(self, venv_path: str, cmd: str) -> str:
+        python = shlex.quote(venv_path + "/bin/python")
+        return f"if [ -x {python} ]; then\n{cmd}\nelse echo '{{\"absent\": true}}'; fi"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (ValueError, IndexError):
+            return {"import_error": f"preflight did not run: {' '.join(output)[-500:]}"}
 
 
 def verdict(result: dict) -> str | None:
@@ -60,6 +83,55 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
         return False
     host.log(f"{service}: preflight passed ({result['parser']})")
     return True
+
+
+def _planned_changes(inputs_changed) -> list[str]:
+    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change,
+    by name. Each is an `OperationMeta` that `any_changed(...)` closed over; before execution
+    only its planned `will_change` is known. Unreadable inputs count as a change."""
+    if inputs_changed is None:
+        return []
+    metas = []
+    for cell in inputs_changed.__closure__ or ():
+        value = cell.cell_contents
+        metas += [m for m in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(m, OperationMeta)]
+    if not metas:
+        return ["(its inputs)"]
+    real = host._get_module() if hasattr(host, "_get_module") else host
+    changing = []
+    for meta in metas:
+        try:
+            op_data = real.state.get_op_data_for_host(real, meta._hash)
+            conditional = bool(op_data.global_arguments.get("_if"))
+            name = ", ".join(sorted(real.state.get_op_meta(meta._hash).names)) or meta._hash
+        except Exception:  # not an operation of this run's state: judge it by its own plan
+            conditional, name = False, meta._hash
+        # pyinfra plans a conditional operation (`_if`) as changing whatever its condition will
+        # say (the ABI probe always shows as "Conditional Change"); it changes only when the
+        # operations its condition reads change, and those are judged on their own here.
+        if not conditional and meta.will_change:
+            changing.append(name)
+    return changing
+
+
+def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -> None:
+    """Planning (--dry): run the read-only check now and say what the run will do.
+
+    A generation's path names its content (stack and patch-set digests, operations/venv.py), so
+    an existing one holds the engine the unit will run; the run may still repair it or stage
+    models first, which the message says, but the parser's verdict is the one that counts."""
+    result = host.get_fact(Verdict, venv_path=venv_path, cmd=cmd)
+    if result.get("absent"):
+        host.log(f"{service}: preflight runs once this run has built {venv_path}")
+        return
+    first = f" (the run first changes: {'; '.join(inputs_change)})" if inputs_change else ""
+    reason = verdict(result)
+    if reason:
+        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left as they are: {reason}{first}",
+                        fg="red", log_func=logger.error)
+        fail_dry_run(host)
+    else:
+        host.log(f"{service}: preflight would pass ({result.get('parser')}){first}")
 
 
 @operation()
@@ -104,6 +176,8 @@ def passed(
     if not unit_changes and not inputs_change:
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
+    if is_dry_run(host):
+        _preview(service, venv_path, command(venv_path, launcher, argv, environment), _planned_changes(inputs_changed))
     yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.

@@ -20,12 +20,12 @@ import shlex
 from io import BytesIO
 from pathlib import Path
 
-import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
 
 from operations.errors import DataError
+from operations.yamlload import load_file
 
 SECRETS_DIR = "/etc/sglang-deploy/secrets"
 _ENV_PREFIX = "SGLANG_DEPLOY_SECRET_"
@@ -63,11 +63,10 @@ def load_secrets_file(path: Path) -> dict[str, str]:
     """name -> value from the control machine's secrets file ({} when there is none)."""
     if not path.exists():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        # Never echo the file: its content is secret. Say where and what to fix.
-        raise DataError(str(path), "(file)", "<not shown>", "not valid YAML: it must be a map of secret name -> value") from None
+    if path.is_dir():
+        raise DataError(str(path), "(file)", str(path), "is a directory: `secrets_file` names a YAML file (secret name -> value), e.g. .secrets/secrets.yml")
+    # Never echo the file: its content is secret (secret=True). Say where and what to fix.
+    data = load_file(path, str(path), secret=True) or {}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in data.items()):
         raise DataError(str(path), "(top level)", "<not shown>", "must be a map of secret name -> string value")
     return {k: str(v) for k, v in data.items()}

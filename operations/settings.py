@@ -12,16 +12,22 @@ Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import os
 import re
+import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
+from operations import engine_flags
 from operations.errors import DataError
 from operations.secrets import Secret, config_path, resolve
+from operations.yamlload import load_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +72,7 @@ HOST_KEYS: dict[str, Key] = {
 
 SERVICE_KEYS: dict[str, Key] = {
     "gpu": Key(None, "GPU index, or a list of indexes, the service uses (`CUDA_VISIBLE_DEVICES`); `auto`: a healthy free GPU, kept across runs.", required=True),
-    "port": Key(None, "TCP port the server listens on.", required=True),
+    "port": Key(None, "TCP port the server listens on, 1024 to 65535.", required=True),
     "bind": Key("127.0.0.1", "Address the server binds (`--host`)."),
     "model": Key(None, "Target model: a directory name in `model_store`.", required=True),
     "model_in": Key("shm", "Where the target is loaded from: `shm` (staged into `shm_dir`) or `store`."),
@@ -80,19 +86,11 @@ SERVICE_KEYS: dict[str, Key] = {
     "allow_unauthenticated": Key(False, "Allow binding beyond loopback without an API key (anyone who reaches the port can use it)."),
 }
 
-# Flags the tool derives from service keys; writing them in `args` would say things twice.
-DERIVED_FLAGS = {
-    "model-path": "model",
-    "speculative-draft-model-path": "draft_model",
-    "port": "port",
-    "host": "bind",
-    "config": "api_key_secret",
-    "api-key": "api_key_secret",
-    "admin-api-key": "admin_api_key_secret",
-}
 DERIVED_ENV = {"CUDA_VISIBLE_DEVICES": "gpu"}
 
 LOCATIONS = ("shm", "store")
+# Service names whose unit `sglang-<name>.service` (or whose files) the deploy uses itself.
+RESERVED_SERVICE_NAMES = frozenset({"stage-models", "stage", "deploy"})
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -103,6 +101,8 @@ _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # (group, key) -> YAML file that set it last (for error messages). pyinfra merges the
 # group_data folders of the deploy dir and of the inventory's dir key by key, last wins.
 _KEY_SOURCES: dict[tuple[str, str], str] = {}
+# group_data directories whose loaders ran: a `.yml` there without its `.py` is reported.
+_GROUP_DIRS: set[Path] = set()
 
 
 def _display_path(path: Path) -> str:
@@ -115,33 +115,35 @@ def _display_path(path: Path) -> str:
 def load_group_yaml(group_py_file: str) -> dict[str, Any]:
     """Load `<group>.yml` beside a `group_data/<group>.py` file and return its keys.
 
-    Only the file's syntax and top-level key names are checked here; values are
-    validated per host by `host_config`, once all layers are merged.
+    The file's syntax (operations/yamlload.py: no duplicate keys, no YAML 1.1 surprises, UTF-8)
+    and top-level key names are checked here; values are validated for the whole inventory
+    by `validate_inventory`, once all layers are merged.
     """
     py_path = Path(group_py_file)
     yml_path = py_path.with_suffix(".yml")
     shown = _display_path(yml_path)
     group = py_path.stem
+    _GROUP_DIRS.add(py_path.resolve().parent)
     if not yml_path.exists():
         raise DataError(shown, "(file)", None, f"missing: create it, or delete {py_path.name} if group '{group}' has no data")
-    try:
-        data = yaml.safe_load(yml_path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise DataError(shown, where, problem, "not valid YAML: fix the syntax at that position") from None
+    data = load_file(yml_path, shown)
     if data is None:
-        data = {}
+        # An empty file would silently fall back to every default (another stack, other paths).
+        raise DataError(shown, "(file)", None, f"empty: write the group's keys, or delete it and {py_path.name} if group '{group}' has no data")
     if not isinstance(data, dict):
         raise DataError(shown, "(top level)", data, "must be a mapping of key: value")
     known = {**GLOBAL_KEYS, **HOST_KEYS}
     for key in data:
         if key not in known:
-            raise DataError(shown, str(key), data[key], f"unknown key; allowed: {', '.join(sorted(known))}")
+            raise DataError(shown, str(key), data[key], f"unknown key; allowed: {', '.join(sorted(known))}{_did_you_mean(key, known)}")
     for key in data:
         _KEY_SOURCES[(group, key)] = shown
     return data
+
+
+def _did_you_mean(key: Any, known) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 # Typed configuration -------------------------------------------------------------------
@@ -331,16 +333,112 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# One rule per kind of value: every string that reaches a unit file, an argv or a path on a
+# host goes through exactly one of these, wherever in the data it appears.
+
+
+def _unit_safe(src: str, path: str, value: Any, shown: Any = None, rule: str = "must be one line of printable characters") -> str:
+    """A string written into a unit (`Environment=`, `ExecStart=`) or an argv: no control or
+    format characters at all. systemd ends a directive at `\n` and also treats `\r` as a line
+    end; `\0`, `\t`, `\x1b`, U+2028 and the like change how a line is read or shown."""
+    text = str(value)
+    for i, ch in enumerate(text):
+        category = unicodedata.category(ch)
+        if category[0] == "C" or category in ("Zl", "Zp"):
+            raise DataError(src, path, value if shown is None else shown,
+                            f"{rule}: it contains the control character {ch!r} at position {i}, and values written into "
+                            "a unit or a command line may hold printable characters only (no \\n, \\r, \\t, \\0)")
+    return text
+
+
+_NUMBER_WORD = re.compile(r"^-[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$|^-\.[0-9]+$")
+
+
+def _argv_word(src: str, path: str, word: Any, shown: Any) -> str:
+    """One word of the engine's argv: unit-safe, and never read by the engine's parser as an
+    option of its own (`--host=0.0.0.0` as a value would set --host); negative numbers stay values."""
+    text = _unit_safe(src, path, word, shown, "must be a non-empty single line without surrounding spaces")
+    _require(text != "" and text.strip() == text, src, path, shown, "must be a non-empty single line without surrounding spaces")
+    _require(not text.startswith("-") or bool(_NUMBER_WORD.match(text)), src, path, shown,
+             "a value may not start with '-' (the engine's parser would read it as another flag); "
+             "only negative numbers such as -1 may")
+    return text
+
+
+# Host paths no configured directory may be or contain: the deploy moves `venv_path` into its
+# generations directory, prunes generations, empties staging directories and chowns caches, so
+# pointing one of them at a system directory (or at `/`) would destroy it.
+DENIED_PATHS = (
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+    "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr", "/var",
+    "/root/.ssh", "/run/user", "/usr/local", "/var/cache", "/var/lib", "/var/log", "/var/tmp", "/var/spool",
+)
+# Trees nothing of ours may be inside (system files, kernel interfaces), except the RAM disks.
+DENIED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr", "/run/user")
+ALLOWED_IN_DENIED_TREES = ("/dev/shm",)
+# Our own fixed paths on every host (operations/secrets.py, models.py, lock.py, units).
+OWN_PATHS = ("/etc/sglang-deploy", "/usr/local/lib/sglang-deploy", "/run/sglang-deploy.lock", "/etc/systemd/system")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _abs_path(src: str, path: str, value: Any) -> str:
-    _require(
-        isinstance(value, str) and PurePosixPath(value).is_absolute() and ".." not in PurePosixPath(value).parts,
-        src, path, value, "must be an absolute path on the host, without '..'",
-    )
+    """An absolute, normalized host path, outside the deny list, written as it will be used."""
+    _require(isinstance(value, str) and value.startswith("/"), src, path, value, "must be an absolute path on the host, without '..'")
+    _unit_safe(src, path, value)
     _require(
         bool(re.match(r"^[A-Za-z0-9_./+@:-]+$", value)), src, path, value,
         "may hold only letters, digits and _ . / + @ : - (no spaces, quotes, % or $: it is written into unit files)",
     )
-    return str(PurePosixPath(value))
+    _require(".." not in value.split("/"), src, path, value, "must be an absolute path on the host, without '..'")
+    shown, value = value, str(PurePosixPath(re.sub("/+", "/", value)))  # `/root//venv/` is `/root/venv`
+    for denied in DENIED_PATHS:
+        _require(not _inside(denied, value), src, path, shown,
+                 f"is {'' if value == denied else 'a parent of '}{denied}, a system directory the deploy would move, prune or fill: "
+                 "use a directory of its own, e.g. /root/venv_sglang or /srv/models")
+    for tree in DENIED_TREES:
+        if _inside(value, tree) and not any(_inside(value, ok) for ok in ALLOWED_IN_DENIED_TREES):
+            raise DataError(src, path, shown, f"is inside {tree} (system files): use a directory of its own, e.g. under /root or /srv")
+    for own in OWN_PATHS:
+        _require(not _inside(value, own) and not _inside(own, value), src, path, shown, f"overlaps {own}, which the deploy manages itself: use another directory")
+    return value
+
+
+def _no_overlap(paths: list[tuple[str, str, str]]) -> None:
+    """(source, key, path): no configured host path may equal or contain another, or a path
+    derived from one (the generations directory `<venv_path>.generations`, the patched venvs)."""
+    for i, first in enumerate(paths):
+        for second in paths[i + 1:]:
+            # Name the value set where the operator is most likely editing: --data, then the
+            # inventory, then a group's file, then all.yml, then the defaults.
+            (src_a, key_a, a), (src_b, key_b, b) = sorted((first, second), key=lambda p: -_precedence(p[0]))
+            if _inside(a, b) or _inside(b, a):
+                relation = "is the same directory as" if a == b else ("is inside" if _inside(a, b) else "contains")
+                raise DataError(src_a, key_a, a, f"{relation} {key_b} ({b}, from {src_b}): each directory the deploy manages "
+                                                 "needs its own place, or one would move, prune or fill the other")
+
+
+def _precedence(source: str) -> int:
+    if source == "--data":
+        return 4
+    if source.startswith("inventory"):
+        return 3
+    if source.startswith("defaults"):
+        return 0
+    return 1 if Path(source).stem == "all" else 2
+
+
+def _control_dir(src: str, path: str, value: Any) -> Path:
+    """A directory on the control machine the deploy reads from (streams a model out of)."""
+    _require(isinstance(value, str) and value != "", src, path, value, "must be a directory on the control machine")
+    resolved = Path(value).resolve()
+    for denied in DENIED_PATHS:
+        _require(not _inside(denied, str(resolved)), src, path, value,
+                 f"resolves to {resolved}, which is or contains {denied}: name the model's own directory")
+    _require(resolved.is_dir(), src, path, value, "must be an existing directory on the control machine")
+    return resolved
 
 
 def _gpus(src: str, path: str, value: Any) -> tuple[int, ...]:
@@ -354,36 +452,126 @@ def _gpus(src: str, path: str, value: Any) -> tuple[int, ...]:
     return tuple(items)
 
 
-def _args(src: str, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
+# Engine dests the tool derives from service keys (the parser's `dest`, so that every alias and
+# prefix of `--model-path`, `--host`, `--api-key`, ... is one and the same rule).
+DERIVED_DESTS = {
+    "model_path": "model",
+    "speculative_draft_model_path": "draft_model",
+    "port": "port",
+    "host": "bind",
+    "config": "api_key_secret",
+    "api_key": "api_key_secret",
+    "admin_api_key": "admin_api_key_secret",
+}
+# Values the engine would refuse only once it runs on the GPU (or misuse silently): refused here.
+_POSITIVE_INT_DESTS = (
+    "tp_size", "pp_size", "dp_size", "ep_size", "speculative_dflash_block_size", "speculative_num_steps",
+    "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_ddtree_budget",
+)
+_FRACTION_DESTS = ("mem_fraction_static",)
+# `args` values the tool resolves itself before the unit is written (operations/gpus.py).
+_RESOLVED_BY_US = {("attention_backend", "auto")}
+
+
+@dataclass(frozen=True)
+class _Arg:
+    flag: str  # as it goes into argv (a prefix is written out in full)
+    value: Any
+    key_path: str
+    dest: str | None  # the engine's dest, when the flag resolves
+
+
+def _args(src: str, path: str, value: Any, engine: "engine_flags.EngineFlags | None") -> list[_Arg]:
+    """`args` resolved as the engine's parser will read them: `engine` is the flag list of the
+    service's stack and patch sets, or None for a launcher without a pinned engine (then every
+    known engine version's flags are used, so a derived flag is caught whatever it is spelled)."""
     _require(isinstance(value, dict), src, path, value, "must be a map of sglang flag -> value, e.g. `attention-backend: triton`")
-    out: dict[str, Any] = {}
-    seen: set[str] = set()
+    parser = engine if engine is not None else engine_flags.any_engine()
+    out: list[_Arg] = []
+    seen: dict[str, str] = {}
     for raw_flag, flag_value in value.items():
-        flag = str(raw_flag).removeprefix("--")
         key_path = f"{path}.{raw_flag}"
+        _require(isinstance(raw_flag, str), src, key_path, raw_flag, "flag names are strings such as `attention-backend`")
+        flag = raw_flag.removeprefix("--")
         _require(
-            isinstance(raw_flag, str) and bool(_FLAG_RE.match(flag)), src, key_path, raw_flag,
+            bool(_FLAG_RE.match(flag)), src, key_path, raw_flag,
             "flag names are lowercase words joined by '-', as on sglang's command line (e.g. `attention-backend`)",
         )
-        _require(flag not in seen, src, key_path, raw_flag, f"`{flag}` is given twice (with and without `--`); keep one")
-        seen.add(flag)
-        if flag in DERIVED_FLAGS:
-            raise DataError(src, key_path, flag_value, f"`--{flag}` is derived from the service key `{DERIVED_FLAGS[flag]}`; set that instead")
+        resolved = parser.resolve(flag)
+        derived = [a for a in ((resolved.action,) if resolved.action else resolved.candidates) if a.dest in DERIVED_DESTS]
+        if derived:
+            action = derived[0]
+            how = "" if f"--{flag}" in action.options else (f" (the engine's parser reads `--{flag}` as `--{action.flag}`)" if resolved.action else f" (`--{flag}` could mean `--{action.flag}`)")
+            raise DataError(src, key_path, flag_value, f"`--{action.flag}` is derived from the service key `{DERIVED_DESTS[action.dest]}`{how}; set that instead")
+        dest = resolved.action.dest if resolved.action else None
+        if resolved.action and f"--{flag}" not in resolved.action.options:
+            # A prefix: written out in full, so the unit says what the engine reads.
+            flag = max((o for o in resolved.action.options if o.startswith(f"--{flag}")), key=len).lstrip("-")
+        ident = dest or flag
+        if ident in seen:
+            how = "with and without `--`" if seen[ident].removeprefix("--") == raw_flag.removeprefix("--") else f"as `{seen[ident]}` and `{raw_flag}`: {parser.label} reads both as `--{flag}`"
+            raise DataError(src, key_path, raw_flag, f"`{raw_flag.removeprefix('--')}` is given twice ({how}); keep one")
+        seen[ident] = str(raw_flag)
         scalar = (str, int, float, bool)
         ok = flag_value is None or isinstance(flag_value, scalar) or (
             isinstance(flag_value, list) and flag_value and all(isinstance(v, scalar) and not isinstance(v, bool) for v in flag_value)
         )
         _require(ok, src, key_path, flag_value, "a flag value is a string, number, true (bare flag), false/null (omitted) or a list")
-        for word in flag_value if isinstance(flag_value, list) else [flag_value]:
-            if isinstance(word, str):
-                _require(
-                    "\n" not in word and word.strip() == word and word != "",
-                    src, key_path, flag_value, "must be a non-empty single line without surrounding spaces",
-                )
         if flag_value is None or flag_value is False:
             continue
-        out[flag] = flag_value
-    return tuple(out.items())
+        if flag_value is not True:
+            for word in flag_value if isinstance(flag_value, list) else [flag_value]:
+                _argv_word(src, key_path, word, flag_value)
+        action = resolved.action
+        if action is not None:
+            _require(flag_value is True or action.value, src, key_path, flag_value,
+                     f"`--{action.flag}` is a switch in {parser.label}: write `true` to set it or `false` to omit it")
+            if action.choices and flag_value is not True and (dest, flag_value) not in _RESOLVED_BY_US:
+                words = flag_value if isinstance(flag_value, list) else [flag_value]
+                bad = [w for w in words if str(w) not in action.choices]
+                _require(not bad, src, key_path, flag_value, f"not a choice of `--{action.flag}` in {parser.label}: {', '.join(action.choices)}")
+        out.append(_Arg(flag, flag_value, key_path, dest))
+    return out
+
+
+def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_sets: tuple[str, ...],
+                      engine: "engine_flags.EngineFlags | None") -> None:
+    """Values the engine accepts at parse time but fails on at start (or on the GPU)."""
+    by_dest = {a.dest: a for a in args if a.dest}
+    for dest in _POSITIVE_INT_DESTS:
+        arg = by_dest.get(dest)
+        if arg is not None:
+            v = arg.value
+            ok = (_is_int(v) or (isinstance(v, str) and v.isdigit())) and int(v) >= 1
+            _require(ok, src, arg.key_path, v, "must be a positive whole number")
+    for dest in _FRACTION_DESTS:
+        arg = by_dest.get(dest)
+        if arg is not None:
+            try:
+                fraction = float(arg.value) if not isinstance(arg.value, (bool, list)) else None
+            except ValueError:
+                fraction = None
+            _require(fraction is not None and 0 < fraction < 1, src, arg.key_path, arg.value,
+                     "must be a fraction of the GPU's memory strictly between 0 and 1, e.g. 0.85")
+    needed = 1
+    for dest in ("tp_size", "pp_size"):
+        if dest in by_dest:
+            needed *= int(by_dest[dest].value)
+    listed = len(gpus) or 1  # `gpu: auto` takes one GPU
+    if needed > listed:
+        arg = by_dest.get("tp_size") or by_dest["pp_size"]
+        raise DataError(src, arg.key_path, arg.value,
+                        f"needs {needed} GPUs (tp-size x pp-size) but the service lists {listed} "
+                        f"({'auto: one GPU' if not gpus else ', '.join(map(str, gpus))}): list {needed} GPUs in `gpu`, or lower it")
+    algorithm = by_dest.get("speculative_algorithm")
+    if algorithm is not None and engine is not None and engine.algorithms is not None:
+        name = str(algorithm.value).upper()
+        if name not in engine.algorithms:
+            providers = [p for p in available_patch_sets() if p not in patch_sets
+                         and any(name in (engine_flags.load(v, p).algorithms or ()) for v in engine_flags.known_versions() if engine_flags.load(v, p))]
+            fix = (f"add a patch set that provides it to `patch_sets`: {', '.join(providers)}" if providers
+                   else f"use one of {', '.join(sorted(engine.algorithms - {'NONE'}))}")
+            raise DataError(src, algorithm.key_path, algorithm.value, f"{engine.label} has no speculative algorithm {name}: {fix}")
 
 
 def _env(src: str, path: str, value: Any) -> tuple[tuple[str, str], ...]:
@@ -395,10 +583,10 @@ def _env(src: str, path: str, value: Any) -> tuple[tuple[str, str], ...]:
         if name in DERIVED_ENV:
             raise DataError(src, key_path, env_value, f"`{name}` is derived from the service key `{DERIVED_ENV[name]}`; set that instead")
         _require(
-            isinstance(env_value, (str, int, float)) and not isinstance(env_value, bool) and "\n" not in str(env_value),
+            isinstance(env_value, (str, int, float)) and not isinstance(env_value, bool),
             src, key_path, env_value, "must be a single-line string or number (quote booleans: \"true\")",
         )
-        out.append((name, str(env_value)))
+        out.append((name, _unit_safe(src, key_path, env_value, rule="must be a single-line string or number")))
     return tuple(out)
 
 
@@ -431,6 +619,10 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
     gpus = _gpus(*at("gpu"))
     s, p, port = at("port")
     _require(_is_int(port) and 1 <= port <= 65535, s, p, port, "must be a TCP port, an integer from 1 to 65535")
+    # The unit's sandbox has no capabilities: the engine could not bind a port below 1024, and the
+    # readiness check would talk HTTP to whatever already listens there (sshd on 22).
+    _require(port >= 1024, s, p, port, "is a privileged port (below 1024): the service runs without capabilities and "
+                                       "could not bind it; use a port from 1024 to 65535, e.g. 30000")
     s, p, bind = at("bind")
     _require(_is_ip(bind), s, p, bind, "must be an IP address such as 127.0.0.1 or 0.0.0.0")
     locations = {}
@@ -449,6 +641,9 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
     s, p, draft_name = at("draft_model")
     if draft_name is not None:
         draft = use(_model_name(s, p, draft_name), locations["draft_in"])
+    if draft is not None and draft.name == target.name:
+        raise DataError(s, p, draft_name, f"the draft model is the target model ({target.name}): name the smaller draft "
+                                          "model (e.g. Qwen3.6-27B-DFlash), or null for no speculative decoding")
     secrets: dict[str, Secret | None] = {}
     for key in ("api_key_secret", "admin_api_key_secret"):
         s, p, secret_name = at(key)
@@ -471,8 +666,13 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
         isinstance(patch_sets, list) and all(isinstance(x, str) and _NAME_RE.match(x) for x in patch_sets),
         s, p, patch_sets, "must be a list of patch set names (directories in files/patches/)",
     )
+    _require(len(set(patch_sets)) == len(patch_sets), s, p, patch_sets, "names a patch set twice; list each once")
     for patch_set in patch_sets:
         _require((REPO_ROOT / "files" / "patches" / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(available_patch_sets()) or '(none)'}")
+        _load_patch_set(patch_set)  # its manifest, checked like the data
+    engine = engine_flags.for_engine(hc["engine_version"], tuple(patch_sets))
+    args = _args(*at("args"), engine)
+    _check_arg_values(origin["args"][0], args, gpus, tuple(patch_sets), engine)
     return Service(
         name=name,
         environment=environment_for(hc["venv_path"], tuple(patch_sets)),
@@ -482,7 +682,7 @@ def _service(src: str, name: str, raw: Any, overrides: dict[str, Any], override_
         target=target,
         draft=draft,
         patch_sets=tuple(patch_sets),
-        args=_args(*at("args")),
+        args=tuple((a.flag, a.value) for a in args),
         env=_env(*at("env")),
         api_key=secrets["api_key_secret"],
         admin_api_key=secrets["admin_api_key_secret"],
@@ -513,24 +713,108 @@ def _placement(reader: _Reader) -> dict[str, dict[str, Any]]:
     return out
 
 
-# Data keys that belong to pyinfra itself (connectors, global arguments), not to us.
-_PYINFRA_KEY = re.compile(r"^(_|(ssh|winrm|docker|dockerssh|chroot|podman|local|terraform|vagrant)_)")
+def _pyinfra_keys() -> set[str]:
+    """Data keys pyinfra itself reads: its connectors' keys (ssh_hostname, ssh_user, ...) and its
+    global arguments (_sudo, ...). Only these pass; `ssh_usr` is a typo like any other."""
+    from pyinfra.api.arguments import all_global_arguments
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
+    for connector in get_all_connectors().values():
+        keys |= set(getattr(connector, "data_meta", None) or {})
+    return keys
 
 
 def _no_unknown_keys(host) -> None:
     """Typos in the inventory or in --data would otherwise be silently ignored."""
     known = {**GLOBAL_KEYS, **HOST_KEYS}
+    pyinfra_keys = _pyinfra_keys()
     layers = (
         ("--data", host.inventory.get_override_data()),
         (f"inventory (host {host.name})", host.inventory.get_host_data(host.name)),
     )
     for source, data in layers:
         for key in data:
-            if key not in known and not _PYINFRA_KEY.match(key):
-                raise DataError(source, key, data[key], f"unknown key; allowed: {', '.join(sorted(known))}, or pyinfra's own (ssh_*, _sudo, ...)")
+            if key not in known and key not in pyinfra_keys:
+                hint = _did_you_mean(key, [*known, *pyinfra_keys])
+                raise DataError(source, key, data[key], f"unknown key; allowed: {', '.join(sorted(known))}, "
+                                                        f"or one of pyinfra's own (ssh_hostname, ssh_user, ssh_port, ssh_key, _sudo, ...){hint}")
+
+
+def _load_patch_set(name: str):
+    from operations.patches import load_patch_set  # patches imports pyinfra's host context
+
+    return load_patch_set(name)
 
 
 def host_config(host) -> HostConfig:
+    """`host`'s validated `HostConfig`, or the `DataError` of the first bad value anywhere in the
+    inventory: every host's load of deploy.py raises the same error, so no host is touched."""
+    state = getattr(host, "state", None)
+    if state is None or getattr(state, "inventory", None) is None:
+        return _host_config(host)
+    return validate_inventory(state)[host.name]
+
+
+def validate_inventory(state) -> dict[str, HostConfig]:
+    """Validate the whole inventory once per run: every host (with --data), every service
+    defined (placed or not), every stack and patch-set manifest they use, and what only the
+    hosts together can show (one service on two hosts, two hosts at one address).
+
+    pyinfra connects every host, then loads deploy.py once per host in parallel greenlets; the
+    first load to get here validates everything (nothing in it waits on I/O, so no other
+    greenlet runs meanwhile) and keeps the result on the run's `state`; every later load
+    gets the same configs, or re-raises the same error. So a bad value for one host stops the
+    run before any host's deploy lock is taken."""
+    cached = getattr(state, "_sglang_deploy_validated", None)
+    if cached is None:
+        try:
+            cached = _validate_all(state.inventory)
+        except DataError as exc:
+            cached = exc
+        state._sglang_deploy_validated = cached
+    if isinstance(cached, DataError):
+        raise cached
+    return cached
+
+
+def _validate_all(inventory) -> dict[str, HostConfig]:
+    _stray_group_files()
+    hosts = list(inventory)
+    configs = {host.name: _host_config(host) for host in hosts}
+    placed: dict[str, str] = {}
+    for host in hosts:
+        for service in configs[host.name].services:
+            other = placed.setdefault(service.name, host.name)
+            if other != host.name:
+                raise DataError(_Reader(host).source("run_services"), "run_services", service.name,
+                                f"service {service.name} is placed on {other} too: a service runs on one host (its unit, "
+                                "port and API-key file are per service); define a second service under another name to run it twice")
+    addresses: dict[tuple[str, str], str] = {}
+    for host in hosts:
+        address = (str(host.data.get("ssh_hostname") or host.name), str(host.data.get("ssh_port") or 22))
+        other = addresses.setdefault(address, host.name)
+        if other != host.name:
+            raise DataError(f"inventory (host {host.name})", "ssh_hostname", address[0],
+                            f"is also the address of host {other}: one machine under two names would wait for its own "
+                            "deploy lock and run two sets of services on the same GPUs; list it once")
+    return configs
+
+
+def _stray_group_files() -> None:
+    """A `group_data/<group>.yml` without its `<group>.py` loader is never read by pyinfra."""
+    dirs = set(_GROUP_DIRS) | {REPO_ROOT / "group_data", Path.cwd() / "group_data"}
+    if len(sys.argv) > 1 and sys.argv[1].endswith(".py"):
+        dirs.add(Path(sys.argv[1]).resolve().parent / "group_data")
+    for folder in sorted(dirs):
+        for yml in sorted([*folder.glob("*.yml"), *folder.glob("*.yaml")]):
+            if not yml.with_suffix(".py").exists():
+                raise DataError(_display_path(yml), "(file)", yml.name,
+                                f"has no loader {yml.stem}.py beside it, so pyinfra never reads it: copy group_data/all.py "
+                                f"to {yml.stem}.py (it loads {yml.stem}.yml), or delete the file")
+
+
+def _host_config(host) -> HostConfig:
     """Validate everything `host` sees into a `HostConfig`, or raise `DataError`."""
     from operations.stacks import load_stack  # stacks import settings' helpers
 
@@ -540,7 +824,12 @@ def host_config(host) -> HostConfig:
     for key, spec in GLOBAL_KEYS.items():
         values[key] = reader.get(key, spec)
     src = reader.source
-    load_stack(values["stack"], source=src("stack"), key_path="stack")
+    stack = load_stack(values["stack"], source=src("stack"), key_path="stack")
+    values["engine_version"] = stack.wanted().get(engine_flags.ENGINE)
+    if values["engine_version"] is not None and engine_flags.load(values["engine_version"]) is None:
+        raise DataError(src("stack"), "stack", values["stack"],
+                        f"pins {engine_flags.ENGINE} {values['engine_version']}, whose flag list is not in files/engine_flags/: "
+                        "generate it (python -m operations.engine_flags generate VENV_PYTHON; see operations/engine_flags.py)")
     for key in ("venv_path", "model_store", "shm_dir", "host_wheel_cache"):
         values[key] = _abs_path(src(key), key, values[key])
     _require(isinstance(values["wheelhouse"], str) and values["wheelhouse"] != "", src("wheelhouse"), "wheelhouse", values["wheelhouse"], "must be a directory path on the control machine")
@@ -553,17 +842,24 @@ def host_config(host) -> HostConfig:
     sources = values["model_sources"]
     _require(isinstance(sources, dict), src("model_sources"), "model_sources", sources, "must be a map of model name -> inventory host name")
     for model_name, source in sources.items():
+        key_path = f"model_sources.{model_name}"
+        _model_name(src("model_sources"), key_path, model_name)
         is_path = isinstance(source, str) and ("/" in source or source.startswith("."))
+        if is_path:
+            _control_dir(src("model_sources"), key_path, source)
         _require(
-            isinstance(source, str) and (Path(source).is_dir() if is_path else host.inventory.get_host(source, None) is not None),
-            src("model_sources"), f"model_sources.{model_name}", source,
+            isinstance(source, str) and (is_path or host.inventory.get_host(source, None) is not None),
+            src("model_sources"), key_path, source,
             f"must name a host of the inventory ({', '.join(h.name for h in host.inventory)}) "
             "or the model's directory on the control machine (a path that exists here)",
         )
+        _require(source != host.name, src("model_sources"), key_path, source, "names this host itself: name the host (or control-machine directory) that holds the model")
     wait = values["lock_wait_s"]
     _require(_is_int(wait) and 0 <= wait <= 86400, src("lock_wait_s"), "lock_wait_s", wait, "must be whole seconds from 0 to 86400")
     _require(isinstance(values["secrets_file"], str) and values["secrets_file"] != "", src("secrets_file"), "secrets_file", values["secrets_file"], "must be a file path on the control machine")
     values["secrets_file"] = Path(values["secrets_file"])
+    _require(not values["secrets_file"].is_dir(), src("secrets_file"), "secrets_file", str(values["secrets_file"]),
+             "is a directory: name the YAML file (secret name -> value) inside it, e.g. .secrets/secrets.yml")
     _require(
         isinstance(values["service_user"], str) and bool(_USER_RE.match(values["service_user"])),
         src("service_user"), "service_user", values["service_user"],
@@ -575,11 +871,28 @@ def host_config(host) -> HostConfig:
         isinstance(forced, list) and all(isinstance(x, str) and x in available_patch_sets() for x in forced),
         src("force_patch_sets"), "force_patch_sets", forced, f"must be a list of patch set names; available: {', '.join(available_patch_sets())}",
     )
+    _require(len(set(forced)) == len(forced), src("force_patch_sets"), "force_patch_sets", forced, "names a patch set twice; list each once")
 
     services_raw = values["services"]
     _require(isinstance(services_raw, dict), src("services"), "services", services_raw, "must be a map of service name -> service definition")
     for name in services_raw:
         _require(isinstance(name, str) and bool(_NAME_RE.match(name)), src("services"), f"services.{name}", name, "service names are lowercase letters, digits, '-' and '_' (they name the systemd unit)")
+        _require(name not in RESERVED_SERVICE_NAMES, src("services"), f"services.{name}", name,
+                 f"would name the unit sglang-{name}.service, which is the deploy's own ({', '.join(f'sglang-{n}' for n in sorted(RESERVED_SERVICE_NAMES))} are reserved): choose another name")
+    # Every configured host path, and the paths derived from them, each in a place of its own.
+    env_paths = [(src("services"), f"services.{n}.patch_sets (venv {environment_for(values['venv_path'], tuple(r.get('patch_sets') or ())).path})",
+                  environment_for(values["venv_path"], tuple(r.get("patch_sets") or ())).path)
+                 for n, r in services_raw.items() if isinstance(r, dict) and r.get("patch_sets") and isinstance(r.get("patch_sets"), list)
+                 and all(isinstance(x, str) for x in r["patch_sets"])]
+    _no_overlap([
+        (src("venv_path"), "venv_path", values["venv_path"]),
+        (src("venv_path"), "venv_path's generations", values["venv_path"] + ".generations"),
+        (src("model_store"), "model_store", values["model_store"]),
+        (src("shm_dir"), "shm_dir", values["shm_dir"]),
+        (src("host_wheel_cache"), "host_wheel_cache", values["host_wheel_cache"]),
+        *{p[2]: p for p in env_paths}.values(),
+        *{p[2] + ".generations": (p[0], p[1] + "'s generations", p[2] + ".generations") for p in env_paths}.values(),
+    ])
 
     failed_gpus = reader.get("failed_gpus", HOST_KEYS["failed_gpus"])
     _require(
@@ -593,6 +906,11 @@ def host_config(host) -> HostConfig:
         services.append(_service(src("services"), name, services_raw[name], overrides, src("run_services"), values))
 
     _no_clashes(services, src("run_services"), host.name)
+    # Services defined but placed nowhere are validated too: the next edit of run_services
+    # must not be the first time their values are read.
+    for name, raw in services_raw.items():
+        if name not in placement:
+            _service(src("services"), name, raw, {}, src("run_services"), values)
     return HostConfig(
         host=host.name,
         stack=values["stack"],

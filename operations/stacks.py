@@ -21,14 +21,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from operations.errors import DataError
+from operations.yamlload import load_file
 
-STACKS_DIR = Path(__file__).resolve().parent.parent / "files" / "stacks"
+_REPO = Path(__file__).resolve().parent.parent
+STACKS_DIR = _REPO / "files" / "stacks"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 _PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
+# Pythons a serving venv may use: sglang needs 3.10 or later; 3.15 is not released.
+SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+# name-version(-build)?-python-abi-platform.whl (PEP 427; name and version escaped with '_').
+_WHEEL_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-[0-9][A-Za-z0-9_.]*)?-(?P<py>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)-(?P<plat>[A-Za-z0-9_.]+)\.whl$")
 
 
 def normalize(name: str) -> str:
@@ -97,10 +101,7 @@ def _load_stack_file(path: Path) -> Stack:
 def _parse_stack_file(path: Path, chain: tuple[str, ...]) -> Stack:
     """`chain`: the stacks that extend this one, outermost first (to find a cycle)."""
     shown = f"files/stacks/{path.name}"
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DataError(shown, "(file)", str(exc).splitlines()[0], "not valid YAML") from None
+    raw = load_file(path, shown)
     if not isinstance(raw, dict):
         raise DataError(shown, "(top level)", raw, "must be a mapping with name, python, packages")
     for key in raw:
@@ -114,6 +115,8 @@ def _parse_stack_file(path: Path, chain: tuple[str, ...]) -> Stack:
         python = base.python
     elif not isinstance(python, str) or not _PY_RE.match(python):
         raise DataError(shown, "python", raw.get("python"), 'must be a quoted major.minor version such as "3.11"')
+    if python not in SUPPORTED_PYTHONS:
+        raise DataError(shown, "python", python, f"is not a Python the serving venv supports: use one of {', '.join(SUPPORTED_PYTHONS)}")
     packages_raw = raw.get("packages")
     if base is not None and packages_raw is None:
         packages_raw = {}
@@ -129,9 +132,12 @@ def _parse_stack_file(path: Path, chain: tuple[str, ...]) -> Stack:
                 raise DataError(shown, key, spec, f"the base stack {base.name} has no {dist} to remove; drop this line")
             del packages[dist]
             continue
-        packages[dist] = _package(shown, key, dist, spec)
+        packages[dist] = _package(shown, key, dist, spec, python)
     if not packages:
         raise DataError(shown, "packages", packages_raw, f"removes every distribution of {base.name}: a stack needs at least one")
+    for package in packages.values():  # inherited ones too: `python:` may be overridden
+        m = _WHEEL_RE.match(package.file)
+        _python_tags_fit(shown, f"packages.{package.name}.file", package.file, m["py"], m["abi"], python)
     return Stack(path.stem, python, tuple(sorted(packages.values(), key=lambda p: p.name)), path)
 
 
@@ -149,7 +155,7 @@ def _base_of(path: Path, raw: dict, chain: tuple[str, ...]) -> Stack:
     return _parse_stack_file(here / f"{name}.yml", chain)
 
 
-def _package(shown: str, key: str, dist: str, spec: object) -> Package:
+def _package(shown: str, key: str, dist: str, spec: object, python: str) -> Package:
     if isinstance(spec, str):
         spec = {"version": spec}
     if not isinstance(spec, dict):
@@ -160,10 +166,35 @@ def _package(shown: str, key: str, dist: str, spec: object) -> Package:
     version = spec.get("version")
     if not isinstance(version, str) or not _VERSION_RE.match(version):
         raise DataError(shown, f"{key}.version", version, 'must be an exact version, quoted, such as "2.11.0+cu130"')
-    sha = spec.get("sha256")
-    if sha is not None and not _SHA256_RE.match(str(sha)):
-        raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits")
     file = spec.get("file")
-    if file is not None and not str(file).endswith(".whl"):
-        raise DataError(shown, f"{key}.file", file, "must be a wheel file name (*.whl)")
-    return Package(dist, version, file, sha, spec.get("build"))
+    match = _WHEEL_RE.match(file) if isinstance(file, str) else None
+    if match is None:
+        raise DataError(shown, f"{key}.file", file, "must be a wheel file name (*.whl): name-version-python-abi-platform.whl, required for every package")
+    if normalize(match["name"]) != dist:
+        raise DataError(shown, f"{key}.file", file, f"is a wheel of {normalize(match['name'])}, not of {dist}")
+    if match["version"].replace("_", "-") != version.replace("_", "-"):
+        raise DataError(shown, f"{key}.version", version, f"disagrees with the wheel file name ({file} is version {match['version']}): "
+                                                           "the version is the one in the file name")
+    # Every file is pinned by its hash: a stack is the exact bytes a venv holds, wherever they come from.
+    sha = spec.get("sha256")
+    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        raise DataError(shown, f"{key}.sha256", sha, "must be 64 lowercase hex digits: the wheel's sha256 (`sha256sum FILE`), required for every file")
+    build = spec.get("build")
+    if build is not None and not (isinstance(build, str) and (_REPO / build).is_file()):
+        raise DataError(shown, f"{key}.build", build, "must be the path of a build script in this repository (e.g. lab/standin/build.py)")
+    return Package(dist, version, file, sha, build)
+
+
+def _python_tags_fit(shown: str, key: str, file: str, py_tags: str, abi: str, python: str) -> None:
+    """A `cpXY` wheel installs only on CPython X.Y (or, with the stable ABI `abi3`, X.Y and later)."""
+    want = int(python.split(".")[1])
+    fits = []
+    for tag in py_tags.split("."):
+        m = re.match(r"^cp3([0-9]+)$", tag)
+        if not m:
+            fits.append(tag.startswith("py3") or tag == "py2.py3")
+            continue
+        minor = int(m[1])
+        fits.append(minor == want or (abi == "abi3" and minor <= want))
+    if not any(fits):
+        raise DataError(shown, key, file, f"is built for {py_tags}-{abi}, which Python {python} (the stack's `python`) cannot install")

@@ -459,3 +459,26 @@ def test_bad_failed_gpus_is_refused():
 
     with pytest.raises(DataError, match="failed_gpus: .*must be a list of GPU indexes"):
         config_for(["dflash"], {"failed_gpus": "1"})
+
+
+def test_a_planned_refusal_fails_a_dry_run_and_only_a_dry_run(monkeypatch):
+    # `pyinfra --dry` exits 1 exactly when the state has failed hosts (issue 11: it used to exit 0).
+    import sys
+
+    bad = gpus.decide(config_for(["dflash"]), facts(sick={1: ["x"]}))
+    good = gpus.decide(config_for(["dflash"]), facts())
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inventory.py", "deploy.py", "--dry"])
+    for plan, failed in ((bad, True), (good, False)):
+        from pyinfra.context import ctx_host, ctx_state
+
+        host = make_host({})
+        with ctx_state.use(host.state), ctx_host.use(host):
+            list(gpus.checked._inner(plan=plan))
+        assert (host in host.state.failed_hosts) is failed
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inventory.py", "deploy.py"])  # the planning pass of a real run
+    host = make_host({})
+    from pyinfra.context import ctx_host, ctx_state
+
+    with ctx_state.use(host.state), ctx_host.use(host):
+        list(gpus.checked._inner(plan=bad))
+    assert host not in host.state.failed_hosts  # the operation fails it when it executes

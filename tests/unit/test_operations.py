@@ -297,10 +297,24 @@ def test_unexpected_content_without_backup_fails_naming_the_file_and_the_hashes(
 
 
 @pytest.mark.parametrize(("found", "shown"), [("0.5.22", "sglang 0.5.22"), (None, "sglang (not installed)")])
-def test_wrong_base_version_fails_naming_both_versions(patch_set, found, shown):
+def test_wrong_base_version_fails_naming_both_versions(patch_set, found, shown, monkeypatch):
+    monkeypatch.setattr(State, "is_executing", True, raising=False)  # planning previews a venv not built yet (below)
     with pytest.raises(OperationError) as caught:
         run_patches(patch_set, installed(version=found))
     assert str(caught.value).startswith(f"patch set demo was written for sglang 0.5.23, the venv {VENV} has {shown}: ")
+
+
+def test_planning_previews_the_set_over_a_generation_this_run_builds(patch_set):
+    # --dry (and the diff before a run) reads a generation an earlier operation of the run builds:
+    # it does not exist yet, so the set is shown as applied over a fresh install (issue 11).
+    result = run_patches(patch_set, installed(version=None, replaced=None, added=None))
+    assert result.commands == [
+        f"mkdir -p {BACKUPS}/sglang/srt/speculative && [ -e {BACKUPS}/{REPLACED} ] || cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}",
+        *put(patch_set, REPLACED), pycache(REPLACED), *put(patch_set, ADDED), pycache(ADDED),
+        result.commands[-1],
+    ]
+    assert record_written(patch_set, result.commands[-1])
+    assert any(f"{VENV} is built by this run" in line for line in result.logs)
 
 
 def test_revert_restores_the_original_and_removes_the_added_file(patch_set):

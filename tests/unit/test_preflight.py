@@ -57,3 +57,70 @@ def test_preflight_command_runs_the_venv_python_in_a_clean_environment_with_the_
 ])
 def test_verdict(result, expected):
     assert preflight.verdict(result) == expected
+
+
+# --dry: the preflight runs at once (a read-only fact) -------------------------------------
+
+
+def run_dry(monkeypatch, verdict, sha1="0" * 40, inputs_changed=None):
+    import sys
+    from unittest import mock
+
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra.facts.files import Sha1File
+
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inventory.py", "deploy.py", "--dry"])
+    host = make_host({})
+    answers = {Sha1File: sha1, preflight.Verdict: verdict}
+    asked = []
+
+    def get_fact(cls, **kwargs):
+        asked.append(cls)
+        return answers[cls]
+
+    with (
+        mock.patch.object(host, "get_fact", side_effect=get_fact), mock.patch.object(host, "log") as log,
+        mock.patch.object(host, "log_styled") as styled, mock.patch.object(host, "noop"),
+        ctx_state.use(host.state), ctx_host.use(host),
+    ):
+        commands = list(preflight.passed._inner(
+            service="dflash", venv_path="/root/venv_sglang", launcher="sglang.launch_server", argv=["--port", "30001"],
+            environment={}, endpoint="e", unit_path="/etc/systemd/system/sglang-dflash.service", unit_text="[Unit]\n",
+            inputs_changed=inputs_changed,
+        ))
+    lines = [c.args[0] for c in log.call_args_list] + [c.args[0] for c in styled.call_args_list]
+    return commands, lines, host in host.state.failed_hosts, asked
+
+
+def test_dry_run_shows_the_parsers_refusal_and_fails(monkeypatch):
+    refused = {"parser": "sglang 0.5.23", "parse_error": "sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer", "import_error": None}
+    _, lines, failed, asked = run_dry(monkeypatch, refused)
+    assert preflight.Verdict in asked and failed
+    assert ("dflash: PREFLIGHT WILL FAIL, unit and running service would be left as they are: sglang 0.5.23 refuses the flags: "
+            "sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer") in lines
+
+
+def test_dry_run_that_passes_or_cannot_check_yet_does_not_fail(monkeypatch):
+    _, lines, failed, _ = run_dry(monkeypatch, {"parser": "sglang 0.5.23", "parse_error": None, "import_error": None})
+    assert not failed and "dflash: preflight would pass (sglang 0.5.23)" in lines
+    _, lines, failed, _ = run_dry(monkeypatch, {"absent": True})
+    assert not failed and "dflash: preflight runs once this run has built /root/venv_sglang" in lines
+
+
+def test_dry_run_names_the_inputs_the_run_changes_first(monkeypatch):
+    from pyinfra.api.operation import OperationMeta
+    from pyinfra.operations.util import any_changed
+
+    passing = {"parser": "sglang 0.5.23", "parse_error": None, "import_error": None}
+    rebuilt, same = OperationMeta("a", True), OperationMeta("b", False)
+    _, lines, failed, asked = run_dry(monkeypatch, passing, inputs_changed=any_changed(same, rebuilt))
+    assert preflight.Verdict in asked and not failed
+    assert "dflash: preflight would pass (sglang 0.5.23) (the run first changes: a)" in lines
+    _, lines, _, _ = run_dry(monkeypatch, passing, inputs_changed=any_changed(same))
+    assert "dflash: preflight would pass (sglang 0.5.23)" in lines
+
+
+def test_verdict_fact_reports_a_missing_venv_without_running_it():
+    cmd = preflight.Verdict().command(venv_path="/root/v", cmd="echo hi")
+    assert cmd.startswith("if [ -x /root/v/bin/python ]; then\necho hi\nelse echo '{\"absent\": true}'; fi")
+    assert preflight.Verdict().process(['{"absent": true}']) == {"absent": True}

@@ -181,7 +181,7 @@ def test_arg_values_false_and_null_are_omitted_true_is_a_bare_flag_lists_are_sev
         "chunked-prefill-size": None,
         "cuda-graph-bs": [1, 2, 4],
         "--mem-fraction-static": 0.85,
-        "tp-size": 0,
+        "random-seed": 0,  # 0 is a value, not an omission (tp-size 0 was used here: the engine refuses it)
     }
     service = config(merged(base_data(), {"services": {"ddtree": {"args": args}}})).services[0]
 
@@ -191,7 +191,7 @@ def test_arg_values_false_and_null_are_omitted_true_is_a_bare_flag_lists_are_sev
         "enable-metrics": True,
         "cuda-graph-bs": [1, 2, 4],
         "mem-fraction-static": 0.85,
-        "tp-size": 0,
+        "random-seed": 0,
     }
     assert service.argv()[8:] == [
         "--speculative-algorithm", "DFLASH",
@@ -199,7 +199,7 @@ def test_arg_values_false_and_null_are_omitted_true_is_a_bare_flag_lists_are_sev
         "--enable-metrics",
         "--cuda-graph-bs", "1", "2", "4",
         "--mem-fraction-static", "0.85",
-        "--tp-size", "0",
+        "--random-seed", "0",
     ]
 
 
@@ -296,8 +296,11 @@ def test_load_group_yaml_returns_the_keys(group_dir):
     assert data == {"stack": "lab-standin", "smoke_test": False}
 
 
-def test_load_group_yaml_of_an_empty_file_is_empty(group_dir):
-    assert load_all_yml(group_dir, "# nothing yet\n") == {}
+def test_load_group_yaml_of_an_empty_file_is_refused(group_dir):
+    # It used to load as {} and every key silently fell back to its default (issue 11).
+    with pytest.raises(DataError) as caught:
+        load_all_yml(group_dir, "# nothing yet\n")
+    assert caught.value.key_path == "(file)" and caught.value.fix.startswith("empty: write the group's keys")
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,9 @@ name: demo
 python: "3.11"
 packages:
   torch: {version: "2.11.0+cu130", file: torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl, sha256: %s}
-  sglang: "0.5.23"
-""" % SHA
+  sglang: {version: "0.5.23", file: sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, sha256: %s}
+""" % (SHA, SHA)
+SGLANG = 'sglang: {version: "0.5.23", file: sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, sha256: %s}' % SHA
 
 
 def test_a_good_stack_file_loads(stack_dir):
@@ -90,7 +91,7 @@ def test_a_good_stack_file_loads(stack_dir):
         "demo",
         "3.11",
         (
-            Package("sglang", "0.5.23"),
+            Package("sglang", "0.5.23", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", SHA),
             Package("torch", "2.11.0+cu130", "torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", SHA),
         ),
         stack_dir / "demo.yml",
@@ -110,11 +111,11 @@ BAD_STACKS = [
     ("bad-sha", GOOD.replace(SHA, "abc123"), "packages.torch.sha256", "'abc123'", "must be 64 lowercase hex digits"),
     ("uppercase-sha", GOOD.replace(SHA, "A" * 64), "packages.torch.sha256", repr("A" * 64), "must be 64 lowercase hex digits"),
     ("unknown-key", GOOD + "pins: {}\n", "pins", "{}", "unknown key; allowed: name, python, packages, description"),
-    ("unknown-package-key", GOOD.replace('sglang: "0.5.23"', 'sglang: {version: "0.5.23", url: "http://x"}'), "packages.sglang", "['url']", "unknown keys; allowed: version, file, sha256, build"),
-    ("version-range", GOOD.replace('sglang: "0.5.23"', 'sglang: ">=0.5"'), "packages.sglang.version", "'>=0.5'", "must be an exact version, quoted"),
-    ("version-missing", GOOD.replace('sglang: "0.5.23"', "sglang: {file: x.whl}"), "packages.sglang.version", "None", "must be an exact version"),
-    ("file-not-a-wheel", GOOD.replace('sglang: "0.5.23"', 'sglang: {version: "0.5.23", file: sglang-0.5.23.tar.gz}'), "packages.sglang.file", "'sglang-0.5.23.tar.gz'", "must be a wheel file name (*.whl)"),
-    ("package-spec-list", GOOD.replace('sglang: "0.5.23"', 'sglang: ["0.5.23"]'), "packages.sglang", "['0.5.23']", "must be a version string or {version, file, sha256}"),
+    ("unknown-package-key", GOOD.replace(SGLANG, 'sglang: {version: "0.5.23", url: "http://x"}'), "packages.sglang", "['url']", "unknown keys; allowed: version, file, sha256, build"),
+    ("version-range", GOOD.replace(SGLANG, 'sglang: ">=0.5"'), "packages.sglang.version", "'>=0.5'", "must be an exact version, quoted"),
+    ("version-missing", GOOD.replace(SGLANG, "sglang: {file: x.whl}"), "packages.sglang.version", "None", "must be an exact version"),
+    ("file-not-a-wheel", GOOD.replace(SGLANG, 'sglang: {version: "0.5.23", file: sglang-0.5.23.tar.gz}'), "packages.sglang.file", "'sglang-0.5.23.tar.gz'", "must be a wheel file name (*.whl)"),
+    ("package-spec-list", GOOD.replace(SGLANG, 'sglang: ["0.5.23"]'), "packages.sglang", "['0.5.23']", "must be a version string or {version, file, sha256}"),
     ("packages-empty", 'name: demo\npython: "3.11"\npackages: {}\n', "packages", "{}", "must be a non-empty map of distribution"),
     ("packages-list", 'name: demo\npython: "3.11"\npackages: [torch]\n', "packages", "['torch']", "must be a non-empty map"),
     ("top-level-list", "- demo\n", "(top level)", "['demo']", "must be a mapping with name, python, packages"),
@@ -135,8 +136,8 @@ def test_stack_file_with_bad_yaml(stack_dir):
     (stack_dir / "demo.yml").write_text("name: demo\npackages: {torch: [\n")
     with pytest.raises(DataError) as caught:
         stacks.load_stack("demo")
-    assert str(caught.value).startswith("files/stacks/demo.yml: (file): ")
-    assert str(caught.value).endswith(": not valid YAML")
+    assert str(caught.value).startswith("files/stacks/demo.yml: line 3, column 1: ")  # where, not only "(file)"
+    assert ": not valid YAML" in str(caught.value)
 
 
 def test_unknown_stack_lists_the_available_ones(stack_dir):
@@ -172,14 +173,14 @@ def test_unquoted_python_version_is_rejected(stack_dir):
 
 
 def test_unquoted_package_version_as_a_bare_value_is_rejected(stack_dir):
-    (stack_dir / "demo.yml").write_text(GOOD.replace('sglang: "0.5.23"', "numpy: 2.10"))
+    (stack_dir / "demo.yml").write_text(GOOD.replace(SGLANG, "numpy: 2.10"))
     with pytest.raises(DataError) as caught:
         stacks.load_stack("demo")
     assert str(caught.value) == "files/stacks/demo.yml: packages.numpy: 2.1: must be a version string or {version, file, sha256}"
 
 
 def test_unquoted_package_version_in_a_map_is_rejected(stack_dir):
-    (stack_dir / "demo.yml").write_text(GOOD.replace('sglang: "0.5.23"', "numpy: {version: 2.10}"))
+    (stack_dir / "demo.yml").write_text(GOOD.replace(SGLANG, "numpy: {version: 2.10}"))
     with pytest.raises(DataError) as caught:
         stacks.load_stack("demo")
     assert caught.value.key_path == "packages.numpy.version"
@@ -193,9 +194,9 @@ name: child
 extends: demo
 packages:
   torch: {version: "2.12.0+cu130", file: torch-2.12.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl, sha256: %s}
-  numpy: "2.4.6"
+  numpy: {version: "2.4.6", file: numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl, sha256: %s}
   sglang: null
-""" % ("b" * 64)
+""" % ("b" * 64, "c" * 64)
 
 
 def test_an_extending_stack_overrides_adds_and_removes(stack_dir):
@@ -207,7 +208,7 @@ def test_an_extending_stack_overrides_adds_and_removes(stack_dir):
         "child",
         "3.11",
         (
-            Package("numpy", "2.4.6"),
+            Package("numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl", "c" * 64),
             Package("torch", "2.12.0+cu130", "torch-2.12.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "b" * 64),
         ),
         stack_dir / "child.yml",
@@ -216,7 +217,7 @@ def test_an_extending_stack_overrides_adds_and_removes(stack_dir):
 
 
 def test_an_extending_stack_may_override_python_and_omit_packages(stack_dir):
-    (stack_dir / "demo.yml").write_text(GOOD)
+    (stack_dir / "demo.yml").write_text(GOOD.replace("cp311-cp311", "cp311-abi3"))  # stable-ABI wheels: 3.12 installs them
     (stack_dir / "alias.yml").write_text('name: alias\nextends: demo\npython: "3.12"\n')
     alias = stacks.load_stack("alias")
     assert alias.python == "3.12"
@@ -227,7 +228,7 @@ def test_an_extending_stack_may_override_python_and_omit_packages(stack_dir):
 def test_extends_chains(stack_dir):
     (stack_dir / "demo.yml").write_text(GOOD)
     (stack_dir / "child.yml").write_text(CHILD)
-    (stack_dir / "grandchild.yml").write_text('name: grandchild\nextends: child\npackages:\n  numpy: null\n  pyyaml: "6.0.4"\n')
+    (stack_dir / "grandchild.yml").write_text('name: grandchild\nextends: child\npackages:\n  numpy: null\n  pyyaml: {version: "6.0.4", file: pyyaml-6.0.4-py3-none-any.whl, sha256: %s}\n' % SHA)
     assert stacks.load_stack("grandchild").wanted() == {"pyyaml": "6.0.4", "torch": "2.12.0+cu130"}
 
 
@@ -277,7 +278,9 @@ def test_content_digest_follows_the_resolved_pins_and_the_base(stack_dir):
     assert demo.content_digest != child.content_digest
     assert stacks.load_stack("same").content_digest == demo.content_digest
 
-    (stack_dir / "demo.yml").write_text(GOOD.replace('"3.11"', '"3.12"'))  # the base changes; child.yml does not
+    # The base changes (a pin the child inherits); child.yml does not. (This used to change the base's
+    # python to 3.12 under the child's cp311 wheels: a stack no Python can install, refused now.)
+    (stack_dir / "demo.yml").write_text(GOOD + '  pyyaml: {version: "6.0.4", file: pyyaml-6.0.4-py3-none-any.whl, sha256: %s}\n' % SHA)
     stacks._load_stack_file.cache_clear()
     assert stacks.load_stack("child").content_digest != child.content_digest
 

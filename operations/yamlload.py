@@ -1,0 +1,117 @@
+"""One strict YAML loader for every file the deploy reads (group data, stacks, patch-set manifests, secrets).
+
+PyYAML's `safe_load` implements YAML 1.1, which reads some plain scalars in ways an operator
+does not expect, and keeps the last of two equal keys without a word. Here those are refused,
+with the file, the line and the fix, instead of being guessed at:
+
+- a key given twice in one mapping (the earlier value would be dropped silently);
+- `yes/no/on/off/y/n` as booleans (YAML 1.1): write `true`/`false`, or quote the word;
+- integers with a leading zero (`030001` is octal 12289 in YAML 1.1), `0b`/`0o` forms,
+  `_` separators (`1_000`) and base-60 numbers (`1:30` is 90): write a plain decimal
+  (`0x..` hex stays allowed), or quote it;
+- dates and times (`2026-01-01` becomes a date object): quote them;
+- a byte sequence that is not UTF-8 (reported with its offset, not as a traceback).
+
+`true/false/null`, decimal and hex integers, and floats (`0.9`, `1e-3`) load as usual.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from operations.errors import DataError
+
+_BOOL_OK = {"true", "false", "True", "False", "TRUE", "FALSE"}
+_INT_OK = re.compile(r"^[-+]?(0|[1-9][0-9]*)$|^0x[0-9a-fA-F]+$")
+_FLOAT_OK = re.compile(r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
+
+
+class _Refused(Exception):
+    def __init__(self, node: yaml.Node, value: Any, fix: str):
+        super().__init__(fix)
+        self.node, self.value, self.fix = node, value, fix
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and YAML 1.1's surprising plain scalars."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise _Refused(key_node, key, "a mapping key must be a plain value") from None
+                if key in seen:
+                    raise _Refused(key_node, key, f"this key is given twice in one mapping (first on line {seen[key] + 1}); "
+                                                  "YAML would silently keep only the last: keep one")
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_bool(self, node):
+        if node.value not in _BOOL_OK:
+            raise _Refused(node, node.value, "YAML 1.1 reads this word as a boolean: write true or false, or quote it for the string")
+        return super().construct_yaml_bool(node)
+
+    def construct_yaml_int(self, node):
+        if not _INT_OK.match(node.value):
+            raise _Refused(node, node.value, "YAML 1.1 reads this as a number in another base (a leading 0 is octal, "
+                                             "':' is base 60, '_' is dropped): write a plain decimal number, or quote it for the string")
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        if not _FLOAT_OK.match(node.value):
+            raise _Refused(node, node.value, "YAML 1.1 reads this as a base-60 or '_'-separated number: write a plain decimal, or quote it")
+        return super().construct_yaml_float(node)
+
+    def construct_yaml_timestamp(self, node, values=None):
+        raise _Refused(node, node.value, "YAML reads this as a date/time, not a string: quote it")
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:bool", StrictLoader.construct_yaml_bool)
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
+StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", StrictLoader.construct_yaml_timestamp)
+StrictLoader.add_constructor("tag:yaml.org,2002:map", StrictLoader.construct_yaml_map)
+
+
+def _where(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+
+
+def loads(text: str, shown: str, secret: bool = False) -> Any:
+    """Parse `text` (from the file shown as `shown`); `secret`: never echo values in messages."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    except _Refused as exc:
+        raise DataError(shown, _where(exc.node.start_mark), "<not shown>" if secret else exc.value, exc.fix) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = "<not shown>" if secret else (getattr(exc, "problem", None) or str(exc).splitlines()[0])
+        raise DataError(shown, _where(mark), problem, "not valid YAML: fix the syntax at that position") from None
+
+
+def load_file(path: Path, shown: str | None = None, secret: bool = False) -> Any:
+    """Read and parse one YAML file; every way it can be unreadable is a `DataError`, not a traceback."""
+    shown = shown or str(path)
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise DataError(shown, "(file)", str(path), "is a directory: name a YAML file") from None
+    except OSError as exc:
+        raise DataError(shown, "(file)", str(path), f"cannot be read ({exc.strerror}): fix the path or its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(shown, f"line {line}, byte {exc.start}", "<not shown>" if secret else raw[exc.start: exc.start + 1],
+                        "not UTF-8: save the file as UTF-8 (a Latin-1 or binary byte got in)") from None
+    return loads(text, shown, secret)
