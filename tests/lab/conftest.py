@@ -6,18 +6,17 @@ import pytest
 
 from tests.lab.labutil import SPARE, clean_host, lab, lab_hosts
 
-LAB_HOSTS = "gpu-a,gpu-b,gpu-c,gpu-d,gpu-e"
-
 
 @pytest.fixture(scope="session", autouse=True)
 def lab_plugged_in():
-    """Every host up, its network plugged in and its stand-in GPUs as the lab made them (idempotent, seconds)."""
+    """No host left cut off (a person's `lab.py cut`, or a fault test stopped midway): each is restored first.
+
+    Hosts are not started or reconfigured here (`lab.py up`, `gpus --reset`): those mount host root
+    filesystems, and the modules that change stand-in GPUs reset them themselves.
+    """
     for name, host in lab_hosts().items():
         if host.get("cut"):
             lab("restore", name)
-    lab("up", "--hosts", LAB_HOSTS)
-    for name in lab_hosts():
-        lab("gpus", name, "--reset")
     yield
 
 
