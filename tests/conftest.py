@@ -2,6 +2,8 @@ import random
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -36,3 +38,13 @@ def pytest_collection_modifyitems(session, config, items):
     order = sorted(modules)
     random.Random(config._shuffle_seed).shuffle(order)
     items[:] = [item for name in order for item in modules[name]]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_key_sources(monkeypatch):
+    """settings remembers which group file each key came from (module state, filled by whatever test loaded a
+    group file first); every test starts without it, so an error's source name does not depend on test order."""
+    from operations import settings
+
+    if hasattr(settings, "_KEY_SOURCES"):
+        monkeypatch.setattr(settings, "_KEY_SOURCES", {})
