@@ -187,13 +187,15 @@ def leader_of(nspawn_pid: int) -> int | None:
 
 
 def is_mounted(path: Path) -> bool:
-    target = str(path)
+    # mountinfo holds the real path: a lab/state reached through a symlink (a git worktree's) must match it, or
+    # a second overlay is mounted on the same upper/work dirs, and the first one's copy-ups fail (ENOENT).
+    target = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == target for line in f)
 
 
 def mounts_under(path: Path) -> list[str]:
-    prefix = str(path)
+    prefix = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f]
     return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), key=len, reverse=True)

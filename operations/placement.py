@@ -79,7 +79,8 @@ def removal_commands(unit: str, path: str) -> list[str]:
         f"systemctl disable --now {quoted}",
         f"rm -f -- {shlex.quote(path)}",
         "systemctl daemon-reload",
-        f"systemctl reset-failed {quoted} 2>/dev/null || true",
+        # Braced: joined with `&&`, a bare `|| true` would swallow a failure of every step before it.
+        f"{{ systemctl reset-failed {quoted} 2>/dev/null || true; }}",
     ]
 
 

@@ -17,6 +17,12 @@
 # against the manifest and renamed; each finished file is journaled, so an interrupted run resumes
 # where it stopped. The marker (the staged manifest, our ownership mark) is written last, then the
 # directory replaces DEST by rename. DEST is always either the previous copy or the complete new one.
+#
+# Test hook (tests/lab/test_faults.py): a file /run/sglang-deploy-test/hold-staging whose first line
+# names the model (DEST's basename) holds that model's staging once its `.NAME.partial` exists and
+# before the first byte is copied: the script writes .../reached-staging ("NAME PID") and waits until
+# the hold file is removed, at most HOLD_LIMIT_S. Nothing in the deploy creates that directory; /run is
+# a root-only tmpfs, emptied at boot; a hold that is never released only delays, and says so on stderr.
 import argparse
 import ctypes
 import errno
@@ -39,6 +45,8 @@ LOCK_PATH = "/run/lock/sglang-deploy-stage.lock"
 BLOCK = 1 << 22
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 GIB = 1 << 30
+TEST_HOOK_DIR = "/run/sglang-deploy-test"
+HOLD_LIMIT_S = 600
 
 
 class StageError(Exception):
@@ -163,6 +171,26 @@ def read_journal(path):
 
 def ours(path, marker_name):
     return os.path.isfile(os.path.join(path, marker_name)) or os.path.isfile(os.path.join(path, JOURNAL_NAME))
+
+
+def test_hold(name):
+    """The test hook described at the top: hold this model's staging while the test's hold file names it."""
+    hold = os.path.join(TEST_HOOK_DIR, "hold-staging")
+    try:
+        with open(hold) as handle:
+            wanted = handle.readline().strip()
+    except OSError:
+        return
+    if wanted != name:
+        return
+    print(f"{name}: held by the test hook {hold} (remove it to go on)", file=sys.stderr, flush=True)
+    reached = os.path.join(TEST_HOOK_DIR, "reached-staging")
+    with open(reached + ".tmp", "w") as handle:
+        handle.write(f"{name} {os.getpid()}\n")
+    os.rename(reached + ".tmp", reached)
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # Progress ------------------------------------------------------------------------------
@@ -429,6 +457,7 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
         os.link(os.path.join(dest, rel), target)
         journaled(rel, known[rel])
 
+    test_hold(name)
     progress = Progress(name, need_here, interval)
 
     def one(rel):

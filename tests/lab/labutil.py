@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,26 +92,33 @@ class DeployResult:
         return f"DeployResult(rc={self.returncode}, changed={self.changed}, errors={self.errors})\n{self.stderr[-4000:]}"
 
 
-def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900, as_json: bool = True) -> DeployResult:
-    """Run the deploy; with `as_json`, results are parsed from --json (which keeps operations' own log lines quiet)."""
+def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900, as_json: bool = True,
+           root: Path = ROOT) -> DeployResult:
+    """Run the deploy (from `root`: the checkout, or a `repo_copy`); with `as_json`, results are parsed from --json
+    (which keeps operations' own log lines quiet)."""
     # -y skips change detection, which is all a --dry run does.
     yes = [] if "--dry" in extra else ["-y"]
     argv = [PYINFRA, str(inventory), "deploy.py", *yes, *(["--json"] if as_json else []), *extra]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     return DeployResult(proc)
 
 
-def clean_host(host: str) -> None:
-    """Remove everything the deploy puts on a host (the lab's own files stay)."""
+def clean_host(host: str, keep_venv: bool = False) -> None:
+    """Remove everything the deploy puts on a host (the lab's own files stay).
+
+    With `keep_venv`, the plain venv (/root/venv_sglang and its generations) and the wheel cache stay: the
+    slow part of a first deploy, for tests that only need no service, unit, staged model or config there.
+    """
+    venvs = "/root/venv_sglang+*" if keep_venv else "/root/venv_sglang /root/venv_sglang.* /root/venv_sglang+* /var/cache/sglang-deploy"
     ssh(host, (
         "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
-        "rm -rf /root/venv_sglang /root/venv_sglang.* /root/venv_sglang+* /var/cache/sglang-deploy /etc/sglang-deploy /usr/local/lib/sglang-deploy "
+        f"rm -rf {venvs} /etc/sglang-deploy /usr/local/lib/sglang-deploy /run/sglang-deploy-test "
         "/dev/shm/* /dev/shm/.[!.]*; true"
     ))
 
 
-def write_inventory(name: str, host_data: dict[str, dict]) -> Path:
+def write_inventory(name: str, host_data: dict[str, dict], root: Path = ROOT) -> Path:
     """An inventory of lab hosts with the given host data (beside lab/inventory.py, so the lab's group data applies)."""
     hosts = lab_hosts()
     rows = []
@@ -120,9 +128,30 @@ def write_inventory(name: str, host_data: dict[str, dict]) -> Path:
             "ssh_known_hosts_file": str(STATE / "known_hosts"), "ssh_strict_host_key_checking": "yes", **data,
         }
         rows.append(f"    ({host!r}, {row!r}),")
-    path = ROOT / "lab" / f"{name}.py"
+    path = root / "lab" / f"{name}.py"
     path.write_text("# Written by a test.\nlab_hosts = [\n" + "\n".join(rows) + "\n]\n")
     return path
+
+
+def repo_copy(dest: Path) -> Path:
+    """A copy of the checkout's tracked files at `dest`, sharing the lab's state and caches (symlinks).
+
+    A test that needs files the deploy reads from the repository (a patch set in files/patches/) writes
+    them into such a copy and runs the deploy there: the checkout itself is never written by a test.
+    """
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src = ROOT / rel
+        if rel.startswith(("lab/state/", "lab/cache/", "lab/run/")) or not src.is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    for shared in ("lab/state", "lab/cache", "lab/run", "lab/inventory.py", ".secrets"):
+        if (ROOT / shared).exists() and not (dest / shared).exists():
+            (dest / shared).parent.mkdir(parents=True, exist_ok=True)
+            (dest / shared).symlink_to((ROOT / shared).resolve())
+    return dest
 
 
 # Faults (tests/lab/test_faults.py) ----------------------------------------------------
@@ -176,3 +205,37 @@ def wait_until(check, timeout: float, interval: float = 0.2, what: str = "the co
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not reached within {timeout:.0f} s")
         time.sleep(interval)
+
+
+# Test hooks that hold a deploy at a known point (tests/lab/test_faults.py) --------------
+
+HOOKS = "/run/sglang-deploy-test"  # operations/remote/stage_model.py's TEST_HOOK_DIR
+
+
+def hold(host: str, what: str, name: str) -> None:
+    """Arm the hook `what` ("staging", "install") on the host for `name`; a stale "reached" marker goes first."""
+    ssh(host, f"mkdir -p {HOOKS} && rm -f {HOOKS}/reached-{what} && echo {shlex.quote(name)} > {HOOKS}/hold-{what}")
+
+
+def release(host: str, what: str) -> None:
+    """Let a held step go on (its bounded wait ends at once)."""
+    ssh(host, f"rm -f {HOOKS}/hold-{what}", check=False)
+
+
+def held(host: str, what: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> int:
+    """Wait until the deploy `proc` is held at the hook `what`; return the pid of the held process on the host.
+
+    Fails if the deploy ends first (it never reached the point). The pid is checked alive, and the deploy
+    still running, after the marker is seen: the fault that follows lands while the step is held.
+    """
+    def reached():
+        if proc.poll() is not None:
+            return "ended"
+        return ssh(host, f"cat {HOOKS}/reached-{what} 2>/dev/null || true").stdout.strip()
+
+    got = wait_until(reached, timeout, interval=0.2, what=f"the deploy held at {what}")
+    assert got != "ended", f"the deploy ended before it reached {what}:\n{log.read_text()[-3000:]}"
+    pid = int(got.split()[-1])
+    assert ssh(host, f"kill -0 {pid} && echo alive || true").stdout.strip() == "alive", f"held {what} process {pid} is gone"
+    assert proc.poll() is None, f"the deploy ended while held at {what}:\n{log.read_text()[-3000:]}"
+    return pid

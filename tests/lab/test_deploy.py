@@ -6,6 +6,8 @@ the stand-in server (lab/standin). Tests in this module run in order and share t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.lab.labutil import SPARE, chat, clean_host, deploy, http_get, main_pid, ssh
@@ -36,7 +38,8 @@ def test_first_run_serves_every_placed_service(first_run):
         reply = chat("gpu-a", port, "hello")
         assert reply["choices"][0]["message"]["content"]
     assert "--> Services:" in first_run.stderr
-    assert "gpu-a/ddtree" in first_run.stderr and "ready" in first_run.stderr
+    for name, port in SERVICES.items():  # each service's own row says ready (not just the word somewhere)
+        assert re.search(rf"gpu-a/{name}\s+http://127\.0\.0\.1:{port}\s+ready\b", first_run.stderr), first_run.stderr[-3000:]
 
 
 def test_unit_carries_the_data_flags(first_run):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.lab.labutil import SPARE, clean_host, deploy, http_get, ssh, write_inventory
+from tests.lab.labutil import SPARE, deploy, http_get, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -17,9 +17,8 @@ LISTING = (
 )
 
 
-def test_donor_copy_gives_an_identical_distribution_list_and_a_working_service():
+def test_donor_copy_gives_an_identical_distribution_list_and_a_working_service(spare):
     assert deploy().returncode == 0  # the donor holds the lab's stack
-    clean_host(SPARE)
     service = {"gpu": 0, "port": 30120, "model": "Qwen3.6-27B-DFlash", "model_in": "store"}
     inventory = write_inventory("test_donor", {
         DONOR: {"run_services": []},
@@ -33,4 +32,3 @@ def test_donor_copy_gives_an_identical_distribution_list_and_a_working_service()
     assert copy == donor
     assert http_get(SPARE, 30120, "/health")[0] == 200
     assert deploy(inventory, "--limit", SPARE).changed == []
-    clean_host(SPARE)

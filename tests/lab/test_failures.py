@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import time
+import re
 
 import pytest
 
-from tests.lab.labutil import SPARE, clean_host, deploy, ssh, write_inventory
+from tests.lab.labutil import SPARE, deploy, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
 
-def test_bad_data_stops_the_run_before_any_host_is_touched():
+def test_bad_data_stops_the_run_before_any_host_is_touched(spare_with_venv):
     before = ssh(SPARE, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout
     inventory = write_inventory("test_bad_data", {SPARE: {"run_services": {"dflash": {"port": 70000}}}})
     result = deploy(inventory)
@@ -21,8 +21,7 @@ def test_bad_data_stops_the_run_before_any_host_is_touched():
     assert ssh(SPARE, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
 
 
-def test_unknown_flag_is_refused_by_the_preflight_before_any_unit_is_written():
-    clean_host(SPARE)
+def test_unknown_flag_is_refused_by_the_preflight_before_any_unit_is_written(spare_with_venv):
     services = {
         "bad": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
                 "args": {"mamba-scheduler-strategy": "extra_buffer"}},
@@ -35,30 +34,26 @@ def test_unknown_flag_is_refused_by_the_preflight_before_any_unit_is_written():
             "sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer") in result.stderr
     assert f"{SPARE}/bad" in result.stderr and "FAILED  preflight: sglang 0.5.23 refuses" in result.stderr
     assert ssh(SPARE, "test -e /etc/systemd/system/sglang-bad.service || echo absent").stdout.strip() == "absent"
-    clean_host(SPARE)
 
 
-def test_a_unit_that_dies_fails_the_gate_fast_with_the_journal_tail():
-    clean_host(SPARE)
+def test_a_unit_that_dies_fails_the_gate_fast_with_the_journal_tail(spare_with_venv):
     services = {
         "crashy": {"gpu": 0, "port": 30102, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
                    "env": {"STANDIN_CRASH_AT_START": 1}},
     }
     inventory = write_inventory("test_crashy", {SPARE: {"services": services, "run_services": ["crashy"]}})
-    start = time.monotonic()
     result = deploy(inventory)
-    elapsed = time.monotonic() - start
     assert result.returncode != 0
-    assert "crashy: NOT READY: sglang-crashy.service is" in result.stderr
+    # Fail fast: the gate stopped on the unit's own state (dead or restarting), not at readiness_timeout_s
+    # (120 s in the lab): a reason, not a clock, shows which way it ended.
+    assert re.search(r"crashy: NOT READY: sglang-crashy\.service is (failed|inactive|activating)/(failed|dead|auto-restart) "
+                     r"\(result: [a-z-]+\) before it became ready", result.stderr), result.stderr[-3000:]
+    assert "did not answer" not in result.stderr
     assert "last journal lines of sglang-crashy.service" in result.stderr
     assert "STANDIN_CRASH_AT_START" in result.stderr  # the stand-in's own last words, from the journal
-    # Fail fast: the unit died, so the gate did not wait out readiness_timeout_s (120 s in the lab).
-    assert elapsed < 100, elapsed
-    clean_host(SPARE)
 
 
-def test_a_service_that_never_becomes_ready_fails_at_the_timeout():
-    clean_host(SPARE)
+def test_a_service_that_never_becomes_ready_fails_at_the_timeout(spare_with_venv):
     services = {
         "slow": {"gpu": 0, "port": 30101, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
                  "env": {"STANDIN_NEVER_READY": 1}},
@@ -67,4 +62,3 @@ def test_a_service_that_never_becomes_ready_fails_at_the_timeout():
     result = deploy(inventory)
     assert result.returncode != 0
     assert "did not answer http://127.0.0.1:30101/health with 200 within 5 s (last: HTTP 503)" in result.stderr
-    clean_host(SPARE)

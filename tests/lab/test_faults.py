@@ -5,10 +5,15 @@ source copy is unchanged, nothing half-written in the shm dir looks complete (a 
 full re-hash, or is absent), and the service that ran before the fault answers /health until its replacement is
 ready (polled from inside the host's network namespace while its network is cut).
 
-Runs on LAB_FAULTS_HOST (default gpu-e) only, with one service `flt` placed there; the tests run in order and
-share that host. A generated model `flt-big` (1 GiB in 8 files) in the host's store makes staging take long
-enough to be interrupted. Network cuts are `lab.py cut --kill-connections` (the veth down, and this machine's TCP
-connections to the host aborted, as a cut longer than TCP's retransmission timeout ends), then `lab.py restore`.
+Runs on LAB_FAULTS_HOST (default gpu-e) only, with one service `flt` placed there. Each test brings the host to
+the state it starts from itself (`serving(...)`), so any one runs alone or in any order. The moment of each fault
+is made certain by a test hook that holds the deploy at a known point (`labutil.hold`): staging is held by
+stage_model.py once its `.flt-big.partial` exists and before it copies (see the script's header), the install by
+a wrapper put in front of the host's uv for the test. The test waits until the host reports the step held, checks
+the deploy still runs, and only then cuts, kills or reboots; the hold is released after the fault.
+A generated model `flt-big` (1 GiB in 8 files) in the host's store is what gets staged. Network cuts are
+`lab.py cut --kill-connections` (the veth down, and this machine's TCP connections to the host aborted, as a cut
+longer than TCP's retransmission timeout ends), then `lab.py restore`.
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ import pytest
 
 from operations import models
 from tests.lab.labutil import (
+    HOOKS,
     ROOT,
     clean_host,
     deploy,
     health_inside,
+    held,
+    hold,
     http_get,
     lab,
     lab_hosts,
     main_pid,
+    release,
     ssh,
     start_deploy,
     wait_until,
@@ -52,8 +61,7 @@ SMALL = "Qwen3.6-27B"
 BIG = "flt-big"
 BIG_FILES = [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]  # 128 MiB each
 LOGS = ROOT / "lab" / "state" / "test_faults"
-# Removed from the venv by hand to force an install while the service runs (several files each, so
-# the install lasts long enough to be caught).
+# Distributions the fresh venv must hold after the interrupted install is finished by the next run.
 DISTS = ("tqdm", "pygments")
 
 
@@ -97,8 +105,20 @@ def stage_running(model: str) -> bool:
     return bool(host_ssh(f"pgrep -f '[p]ython3 - {STORE}/{model} ' || true").strip())
 
 
-def staging_begun(model: str) -> bool:
-    return host_ssh(f"test -d {SHM}/.{model}.partial && echo yes || true").strip() == "yes"
+def staged_marker_sha(model: str) -> str:
+    """The staged copy's marker (what the service was started on), or "" when there is none."""
+    return host_ssh(f"sha256sum < {SHM}/{model}/{models.MARKER} 2>/dev/null || true").strip()
+
+
+def serving(model: str) -> None:
+    """The state a test starts from: `flt` runs `model` from the shm dir, the usual venv, the network up, no hold."""
+    if lab_hosts()[HOST].get("cut"):
+        lab("restore", HOST)
+    release(HOST, "staging")
+    release(HOST, "install")
+    result = deploy(inventory(model))
+    assert result.returncode == 0, result
+    assert health() == 200 and model_path() == f"{SHM}/{model}"
 
 
 def health() -> int | None:
@@ -144,7 +164,11 @@ def converges(inv: Path, model: str) -> None:
     assert model_path() == f"{SHM}/{model}"
     assert staged_state(model) is None
     noop = deploy(inv)
-    assert noop.returncode == 0 and noop.changed == [], noop
+    if noop.returncode != 0 or noop.changed:
+        # Say why: the same run once more, with its operations' own log lines (what differed).
+        again = deploy(inv, "-v", as_json=False)
+        raise AssertionError(f"the run after convergence changed {noop.changed} (rc {noop.returncode});"
+                             f" once more, verbose:\n{again.stdout[-6000:]}{again.stderr[-6000:]}")
 
 
 def still_serving(pid: int, seconds: float = 4, inside: bool = False) -> None:
@@ -166,26 +190,36 @@ def faults_host():
         lab("restore", HOST)
     LOGS.mkdir(parents=True, exist_ok=True)
     clean_host(HOST)
-    ssh(HOST, f"rm -rf {STORE}/flt-* && mkdir -p {STORE}/{BIG} && cp {STORE}/{SMALL}/config.json {STORE}/{BIG}/")
+    ssh(HOST, f"rm -rf {STORE}/flt-* {NEW_VENV} {NEW_VENV}.generations && mkdir -p {STORE}/{BIG} && cp {STORE}/{SMALL}/config.json {STORE}/{BIG}/")
     rewrite(BIG, BIG_FILES)
-    first = deploy(inventory(SMALL))
-    assert first.returncode == 0, first
-    assert health() == 200
     yield
     if lab_hosts()[HOST].get("cut"):
         lab("restore", HOST)
+    ssh(HOST, f"rm -rf {HOOKS}", check=False)
     clean_host(HOST)
-    ssh(HOST, f"rm -rf {STORE}/flt-*", check=False)
+    ssh(HOST, f"rm -rf {STORE}/flt-* {NEW_VENV} {NEW_VENV}.generations", check=False)
 
 
-def test_network_cut_during_staging():
+@pytest.fixture
+def holds():
+    """The hooks are released whatever the test's outcome (a held step would otherwise wait out its limit)."""
+    yield
+    if lab_hosts()[HOST].get("cut"):
+        lab("restore", HOST)
+    release(HOST, "staging")
+    release(HOST, "install")
+
+
+def test_network_cut_during_staging(holds):
+    serving(SMALL)
     inv = inventory(BIG)
     sources = source_digest(SMALL), source_digest(BIG)
     pid = main_pid(HOST, UNIT)
     log = LOGS / "cut_staging.log"
+    hold(HOST, "staging", BIG)
     proc = start_deploy(inv, log)
-    wait_until(lambda: proc.poll() is not None or staging_begun(BIG), 300, what="staging of flt-big")
-    assert proc.poll() is None, f"the deploy ended before staging could be cut:\n{log.read_text()[-3000:]}"
+    stager = held(HOST, "staging", proc, log)
+    assert host_ssh(f"test -d {SHM}/.{BIG}.partial && test ! -e {SHM}/{BIG} && echo inside").strip() == "inside"
     lab("cut", HOST, "--kill-connections")
     try:
         still_serving(pid, inside=True)
@@ -195,25 +229,58 @@ def test_network_cut_during_staging():
     finally:
         lab("restore", HOST)
     still_serving(pid, seconds=1)
+    # The fault landed inside staging: the copy had not begun and no staged flt-big existed when the network went.
+    assert host_ssh(f"test ! -e {SHM}/{BIG} && echo absent").strip() == "absent"
+    release(HOST, "staging")
     # The staging the deploy started runs on (it was not its connection that held it); then nothing half-written.
-    wait_until(lambda: not stage_running(BIG), 300, interval=1, what="the interrupted staging ending on the host")
+    wait_until(lambda: not stage_running(BIG), 300, interval=1, what=f"the interrupted staging (pid {stager}) ending on the host")
     nothing_half_written()
     converges(inv, BIG)
     assert (source_digest(SMALL), source_digest(BIG)) == sources
     assert host_ssh(f"ls -A {SHM}").split() == [BIG], "the replaced service's model is released"
 
 
-def test_network_cut_during_an_install():
+UV_HOLD = """#!/bin/sh
+# Written by tests/lab/test_faults.py (a test hook, removed after the test): holds `uv pip install` into the
+# venv that {hooks}/hold-install names, until that file is removed (at most 600 s); then runs the real uv.
+hold={hooks}/hold-install
+case "$*" in
+  *"pip install"*)
+    if [ -f "$hold" ] && [ -n "$(cat "$hold")" ] && case "$*" in *"$(cat "$hold")"*) true;; *) false;; esac; then
+      echo "uv $$" > {hooks}/reached-install.tmp && mv {hooks}/reached-install.tmp {hooks}/reached-install
+      n=0; while [ -f "$hold" ] && [ $n -lt 6000 ]; do sleep 0.1; n=$((n+1)); done
+    fi;;
+esac
+exec "$0.real" "$@"
+"""
+
+
+@pytest.fixture
+def uv_held():
+    """The host's uv behind a wrapper that can hold an install (put back afterwards)."""
+    from operations import installer, settings
+
+    uv = installer.uv_binary(settings.GLOBAL_KEYS["host_wheel_cache"].default)
+    assert host_ssh(f"test -x {uv} && echo ok").strip() == "ok", f"{uv} missing: the deploy installs with uv on the lab"
+    host_ssh(f"test -e {uv}.real || mv {uv} {uv}.real; cat > {uv} <<'EOF'\n{UV_HOLD.format(hooks=HOOKS)}EOF\nchmod 755 {uv}")
+    yield
+    release(HOST, "install")
+    ssh(HOST, f"test -e {uv}.real && mv -f {uv}.real {uv}; true", check=False)
+
+
+def test_network_cut_during_an_install(holds, uv_held):
     """The service moves to a new venv (a fresh environment: every wheel installed); the network goes mid-install."""
+    serving(BIG)
     inv = inventory(BIG, venv_path=NEW_VENV)
     host_ssh(f"rm -rf {NEW_VENV} {NEW_VENV}.generations")
     pid = main_pid(HOST, UNIT)
     log = LOGS / "cut_install.log"
+    hold(HOST, "install", f"{NEW_VENV}.generations/")
     proc = start_deploy(inv, log)
-    # An installer at work, or a venv being created: the environment is built beside the live one.
-    installing = "pgrep -f '[u]v [p]ip install|[p]ip.* install|[-]m venv ' >/dev/null && echo yes || true"
-    wait_until(lambda: proc.poll() is not None or host_ssh(installing).strip() == "yes", 300, interval=0.1, what="the install")
-    assert proc.poll() is None, f"the deploy ended before the install could be cut:\n{log.read_text()[-3000:]}"
+    installer = held(HOST, "install", proc, log)
+    # Inside the install: the generation exists, nothing of the stack is in it yet, the live link not made.
+    assert host_ssh(f"ls {NEW_VENV}.generations/*/lib/python3*/site-packages | grep -c -i '^tqdm' || true").strip() == "0"
+    assert host_ssh(f"test ! -e {NEW_VENV} && echo unswitched").strip() == "unswitched"
     lab("cut", HOST, "--kill-connections")
     try:
         still_serving(pid, inside=True)
@@ -222,71 +289,72 @@ def test_network_cut_during_an_install():
     finally:
         lab("restore", HOST)
     still_serving(pid, seconds=1)
-    wait_until(lambda: not host_ssh(installing).strip(), 300, interval=1, what="the interrupted install ending on the host")
+    release(HOST, "install")
+    wait_until(lambda: host_ssh(f"kill -0 {installer} 2>/dev/null || echo gone").strip() == "gone", 300, interval=1,
+               what="the interrupted install ending on the host")
     # The unit still runs the old venv: nothing was switched or restarted under it.
     assert f"{VENV}/bin/python" in host_ssh(f"cat /etc/systemd/system/{UNIT}")
     converges(inv, BIG)
     script = f"import importlib.metadata as m; print(*(m.version(d) for d in {DISTS!r}))"
     versions = host_ssh(f"{NEW_VENV}/bin/python -c {shlex.quote(script)}")
     assert len(versions.split()) == len(DISTS), versions
-    converges(inventory(BIG), BIG)  # back to the usual venv for the tests after this one
+    converges(inventory(BIG), BIG)  # back to the usual venv
     host_ssh(f"rm -rf {NEW_VENV} {NEW_VENV}.generations")
 
 
-# Filled by the kill test for the check after it.
-KILLED: dict = {}
+def test_deploy_killed_during_staging(holds):
+    """A new version of the model arrives in the store; the deploy staging it is killed (SIGKILL) mid-staging.
 
-
-def test_deploy_killed_during_staging():
-    """A new version of the model arrives in the store; the deploy staging it is killed (SIGKILL) mid-copy."""
+    The next run serves the new version: the service is restarted on the copy staged after the kill.
+    """
+    serving(BIG)
     inv = inventory(BIG)
+    before = staged_marker_sha(BIG)
     rewrite(BIG, BIG_FILES[:3])
     sources = source_digest(BIG)
     pid = main_pid(HOST, UNIT)
     log = LOGS / "kill.log"
+    hold(HOST, "staging", BIG)
     proc = start_deploy(inv, log)
-    # The copy itself takes well under a second here: catch the operation's start in the deploy's
-    # own output (read locally, fast), then the copy on the host if it shows in time.
-    wait_until(lambda: proc.poll() is not None or f"Model {BIG} staged in" in log.read_text(), 300, interval=0.01, what="the staging operation")
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline and proc.poll() is None and not staging_begun(BIG):
-        pass
-    assert proc.poll() is None, f"the deploy ended before staging could be interrupted:\n{log.read_text()[-3000:]}"
+    stager = held(HOST, "staging", proc, log)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    # The kill landed inside staging: the old copy is still the staged one, the new one half-built beside it.
+    assert staged_marker_sha(BIG) == before
+    assert host_ssh(f"test -d {SHM}/.{BIG}.partial && echo partial").strip() == "partial"
     still_serving(pid)
     # The lock of the killed deploy is still there, and taken over by the next run (same control machine).
     assert host_ssh("test -d /run/sglang-deploy.lock && echo held || echo free").strip() == "held"
-    wait_until(lambda: not stage_running(BIG), 300, interval=1, what="the interrupted staging ending on the host")
+    release(HOST, "staging")
+    wait_until(lambda: not stage_running(BIG), 300, interval=1, what=f"the interrupted staging (pid {stager}) ending on the host")
     nothing_half_written()
     converges(inv, BIG)
     assert source_digest(BIG) == sources
-    KILLED["marker_mtime"] = int(host_ssh(f"stat -c %Y {SHM}/{BIG}/{models.MARKER}").strip())
-    KILLED["started"] = started_at()
-    (LOGS / "kill.evidence").write_text(f"{UNIT} started {KILLED['started']}, staged marker written {KILLED['marker_mtime']}\n")
+    marker_mtime = int(host_ssh(f"stat -c %Y {SHM}/{BIG}/{models.MARKER}").strip())
+    assert staged_marker_sha(BIG) != before, "the new version was staged"
+    assert main_pid(HOST, UNIT) != pid and started_at() >= marker_mtime, (
+        f"{UNIT} started at {started_at()}, before its model's staged copy was replaced at {marker_mtime}")
 
 
-def test_after_a_killed_deploy_the_service_runs_the_model_it_staged():
-    if not KILLED:
-        pytest.skip("needs test_deploy_killed_during_staging to have passed")
-    assert KILLED["started"] >= KILLED["marker_mtime"], (
-        f"{UNIT} started at {KILLED['started']}, before its model's staged copy was replaced at {KILLED['marker_mtime']}")
-
-
-def test_reboot_during_staging():
+def test_reboot_during_staging(holds):
     """The host reboots while the deploy stages a new version of the model; the boot unit stages it again."""
+    serving(BIG)
     inv = inventory(BIG)
+    before = staged_marker_sha(BIG)
     rewrite(BIG, BIG_FILES[3:6])
     sources = source_digest(BIG)
     log = LOGS / "reboot.log"
+    hold(HOST, "staging", BIG)
     proc = start_deploy(inv, log)
-    wait_until(lambda: proc.poll() is not None or staging_begun(BIG), 300, what="staging of the new flt-big")
-    assert proc.poll() is None, f"the deploy ended before the reboot:\n{log.read_text()[-3000:]}"
+    held(HOST, "staging", proc, log)
+    assert staged_marker_sha(BIG) == before  # the reboot lands before the new copy replaces the old
     boots = lab_hosts()[HOST].get("boots")
     lab("reboot", HOST)
     assert lab_hosts()[HOST].get("boots") != boots
     rc = finish(proc, log)
     assert rc != 0, f"the deploy cannot have succeeded across the reboot:\n{log.read_text()[-3000:]}"
+    # /run is emptied at boot: the hold is gone with it, so the boot unit is never held.
+    assert host_ssh(f"test -e {HOOKS} && echo left || echo gone").strip() == "gone"
     # Without a deploy: the boot unit stages the store's copy, the service starts after it.
     wait_until(lambda: health() == 200, 300, interval=2, what=f"{UNIT} answering /health after the reboot")
     journal = host_ssh(f"journalctl -b -u {models.BOOT_UNIT} --no-pager | tail -5")
@@ -294,12 +362,7 @@ def test_reboot_during_staging():
     nothing_half_written()
     converges(inv, BIG)
     assert source_digest(BIG) == sources
+    assert staged_marker_sha(BIG) != before
     assert started_at() >= int(host_ssh(f"stat -c %Y {SHM}/{BIG}/{models.MARKER}").strip())
-
-
-def test_the_host_is_left_converged():
-    """After all the faults: one more run changes nothing, and the network is plugged in."""
     assert not lab_hosts()[HOST].get("cut")
-    result = deploy(inventory(BIG))
-    assert result.returncode == 0 and result.changed == [], result
     assert shlex.split(host_ssh(f"ls -A {SHM}")) == [BIG]

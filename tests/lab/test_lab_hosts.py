@@ -165,14 +165,12 @@ def test_models_present_with_expected_sizes():
     assert sums["gpu-a"] == sums["gpu-b"]  # deterministic content: same checksums everywhere
 
 
-def test_second_up_is_fast_and_changes_nothing():
+def test_second_up_reuses_every_host_and_changes_nothing():
+    # Reused, not rebuilt or restarted: shown by the output and the leaders' pids, not by a clock (speed is bench's).
     before = up()
     inventory = (ROOT / "lab" / "inventory.py").read_text()
-    t0 = time.monotonic()
     out = lab("up", "--hosts", ",".join(HOSTS)).stdout
-    elapsed = time.monotonic() - t0
     after = json.loads((STATE / "hosts.json").read_text())
-    assert elapsed < 3, f"second up took {elapsed:.1f} s"
     assert out.count("reused") == len(HOSTS), out
     for name in HOSTS:
         assert after[name]["leader_pid"] == before[name]["leader_pid"]

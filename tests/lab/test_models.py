@@ -79,6 +79,14 @@ def same_content(model: str, shm: str = "/dev/shm") -> bool:
     return src.strip() == dst.strip()
 
 
+def small_staged() -> str:
+    """The state most tests start from: stg-small staged (a no-op when it already is); its inventory."""
+    inv = inventory("test_models_small", {"small": service(SMALL)})
+    result = stage_only(inv)
+    assert result.returncode == 0, result
+    return inv
+
+
 def shm_entries() -> list[str]:
     return sorted(ssh(HOST, "ls -A /dev/shm").stdout.split())
 
@@ -111,7 +119,7 @@ def test_stage_then_rerun_changes_nothing_and_the_source_is_untouched():
 
 
 def test_deleted_file_is_copied_alone():
-    inv = inventory("test_models_small", {"small": service(SMALL)})
+    inv = small_staged()
     before = stat(f"/dev/shm/{SMALL}")
     gone = "model-00007-of-00020.safetensors"
     ssh(HOST, f"rm /dev/shm/{SMALL}/{gone}")
@@ -128,7 +136,7 @@ def test_deleted_file_is_copied_alone():
 
 
 def test_same_size_corruption_is_found_by_full_verify_and_repaired():
-    inv = inventory("test_models_small", {"small": service(SMALL)})
+    inv = small_staged()
     victim = f"/dev/shm/{SMALL}/model-00003-of-00020.safetensors"
     ssh(HOST, f"printf 'XXXX' | dd of={victim} bs=1 seek=4096 conv=notrunc status=none")
     assert not same_content(SMALL)
@@ -142,6 +150,8 @@ def test_same_size_corruption_is_found_by_full_verify_and_repaired():
 
 
 def test_interrupted_copy_leaves_nothing_complete_and_the_next_run_finishes_it():
+    small_staged()
+    ssh(HOST, f"rm -rf /dev/shm/{BIG} /dev/shm/.{BIG}.partial")
     make_model(BIG, {"a.bin": 250, "b.bin": 150, "c.bin": 100, "d.bin": 100})
     dest, partial = f"/dev/shm/{BIG}", f"/dev/shm/.{BIG}.partial"
     journal = f"{partial}/{models.JOURNAL}"
@@ -174,7 +184,6 @@ def test_interrupted_copy_leaves_nothing_complete_and_the_next_run_finishes_it()
     now = stat(dest)
     assert all(now[rel] == ident for rel, ident in kept.items()), "journaled files are reused, not copied again"
     assert f".{BIG}.partial" not in shm_entries()
-    # The next deploy without the big model removes it (it carries our marker).
     ssh(HOST, f"rm -rf {STORE}/{BIG}")
 
 
@@ -197,9 +206,13 @@ def deploy_text(inv: str) -> DeployResult:
 
 
 def test_unused_staged_model_is_removed_and_nothing_else():
+    make_model("stg-gone", {"w.bin": 1})
     make_model("stg-other", {"w.bin": 2})
+    two = inventory("test_models_two", {"small": service(SMALL), "gone": service("stg-gone", port=30201, gpu=1)})
+    assert stage_only(two).returncode == 0
+    ssh(HOST, f"rm -rf {STORE}/stg-gone")  # its source gone too: only our marker says the copy is ours
     ssh(HOST, "mkdir -p /dev/shm/not-ours && echo keep > /dev/shm/not-ours/file")
-    assert SMALL in shm_entries() and BIG in shm_entries()
+    assert {SMALL, "stg-gone"} <= set(shm_entries())
     inv = inventory("test_models_other", {"other": service("stg-other")})
     result = stage_only(inv)
     assert result.returncode == 0, result

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from operations.patches import PATCHES_DIR, load_patch_set
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, http_get, main_pid, ssh, write_inventory
+from tests.lab.labutil import PYINFRA, ROOT, SPARE, deploy, http_get, main_pid, repo_copy, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -79,23 +79,25 @@ def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies()
 
 
 @pytest.fixture
-def wrong_base_patch_set():
-    target = PATCHES_DIR / "test-wrong-base"
-    shutil.rmtree(target, ignore_errors=True)
+def wrong_base_repo(tmp_path, spare):
+    """A copy of the repository with one more patch set, `test-wrong-base` (ddtree-sample claiming sglang 0.5.22).
+
+    Written into a copy, never into this checkout's files/patches/ (where another run would see it).
+    """
+    root = repo_copy(tmp_path / "repo")
+    target = root / "files" / "patches" / "test-wrong-base"
     shutil.copytree(PATCHES_DIR / "ddtree-sample", target)
     manifest = yaml.safe_load((target / "patchset.yml").read_text())
     manifest["name"], manifest["base"]["version"] = "test-wrong-base", "0.5.22"
     (target / "patchset.yml").write_text(yaml.safe_dump(manifest))
-    yield "test-wrong-base"
-    shutil.rmtree(target, ignore_errors=True)
+    return root
 
 
-def test_patch_set_for_another_base_is_refused_and_nothing_is_written(wrong_base_patch_set):
-    clean_host(SPARE)
+def test_patch_set_for_another_base_is_refused_and_nothing_is_written(wrong_base_repo):
     services = {"wrong": {"gpu": 0, "port": 30103, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
-                          "patch_sets": [wrong_base_patch_set]}}
-    inventory = write_inventory("test_wrong_base", {SPARE: {"services": services, "run_services": ["wrong"]}})
-    result = deploy(inventory)
+                          "patch_sets": ["test-wrong-base"]}}
+    inventory = write_inventory("test_wrong_base", {SPARE: {"services": services, "run_services": ["wrong"]}}, root=wrong_base_repo)
+    result = deploy(inventory, root=wrong_base_repo)
     assert result.returncode != 0
     assert "patch set test-wrong-base was written for sglang 0.5.22, the venv /root/venv_sglang+test-wrong-base.generations/" in result.stderr
     assert "has sglang 0.5.23" in result.stderr
@@ -106,7 +108,7 @@ def test_patch_set_for_another_base_is_refused_and_nothing_is_written(wrong_base
         found = ssh(SPARE, f"sha256sum {site}/{patch_file.path} 2>/dev/null || echo absent").stdout.split()[0]
         assert found == (patch_file.original or "absent")
     assert ssh(SPARE, "ls /etc/systemd/system | grep -c sglang- || true").stdout.strip() == "0"
-    clean_host(SPARE)
+    assert not (PATCHES_DIR / "test-wrong-base").exists()
 
 
 def test_flag_refused_by_the_preflight_leaves_the_running_service_untouched():

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from tests.lab.labutil import SPARE, clean_host, deploy, http_get, lab_hosts, ssh, write_inventory
+from tests.lab.labutil import SPARE, STATE, deploy, http_get, lab_hosts, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -16,8 +18,23 @@ def digests(host: str) -> str:
     return ssh(host, f"cd /root/models/{MODEL} && find . -type f ! -name '.sglang-deploy-*' | sort | xargs sha256sum").stdout
 
 
+def ssh_argv(host: str) -> list[str]:
+    return ["ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
+            "-o", "BatchMode=yes", f"root@{lab_hosts()[host]['address']}"]
+
+
+@pytest.fixture(autouse=True)
+def spare_store(spare_with_venv):
+    """Each test removes the spare's copy of MODEL; other modules load it from there: put back whatever happens."""
+    yield
+    if digests(SPARE) != digests("gpu-a"):
+        tar = subprocess.run([*ssh_argv("gpu-a"), f"tar -C /root/models -cf - {MODEL}"], capture_output=True, check=True, timeout=300).stdout
+        ssh(SPARE, f"rm -rf /root/models/{MODEL} /root/models/.{MODEL}.partial")
+        subprocess.run([*ssh_argv(SPARE), "tar -C /root/models -xf -"], input=tar, check=True, timeout=300)
+        assert digests(SPARE) == digests("gpu-a")
+
+
 def test_missing_model_is_streamed_from_the_source_host_then_served():
-    clean_host(SPARE)
     ssh(SPARE, f"rm -rf /root/models/{MODEL} /root/models/.{MODEL}.partial")
     placement = {"ddtree": {}, "dflash": {}} if "gpu-a" in lab_hosts() else {}
     inventory = write_inventory("test_transfer", {
@@ -31,33 +48,27 @@ def test_missing_model_is_streamed_from_the_source_host_then_served():
     assert http_get(SPARE, 30130, "/health")[0] == 200
     again = deploy(inventory)
     assert again.returncode == 0 and again.changed == [], again
-    clean_host(SPARE)
 
 
 def test_missing_model_without_a_source_is_a_clear_error():
-    clean_host(SPARE)
-    ssh(SPARE, "mkdir -p /root/models/tmp-empty-test && rm -rf /root/models/tmp-empty-test")
+    store = "ls -A /root/models | sort; ls /etc/systemd/system | grep -c '^sglang-' || true"
+    before = ssh(SPARE, store).stdout
+    assert "No-Such-Model" not in before
     service = {"lost": {"gpu": 0, "port": 30131, "model": "No-Such-Model", "model_in": "store"}}
     inventory = write_inventory("test_no_source", {SPARE: {"services": service, "run_services": ["lost"]}})
     result = deploy(inventory, as_json=False)
     assert result.returncode != 0
     assert "model No-Such-Model is not in /root/models/No-Such-Model on" in result.stdout + result.stderr
     assert "set model_sources: {No-Such-Model: <a host that has it>}" in result.stdout + result.stderr
-    clean_host(SPARE)
+    # Nothing was made for the missing model: no empty directory in the store, no unit.
+    assert ssh(SPARE, store).stdout == before
 
 
 def test_missing_model_is_streamed_from_a_directory_on_the_control_machine(tmp_path):
-    import subprocess
-
-    from tests.lab.labutil import STATE
-
     # A local copy of the model, taken from gpu-a's store.
-    address = lab_hosts()["gpu-a"]["address"]
-    ssh_argv = ["ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}", f"root@{address}"]
-    tar = subprocess.run([*ssh_argv, f"tar -C /root/models -cf - {MODEL}"], capture_output=True, check=True).stdout
+    tar = subprocess.run([*ssh_argv("gpu-a"), f"tar -C /root/models -cf - {MODEL}"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-C", str(tmp_path), "-xf", "-"], input=tar, check=True)
 
-    clean_host(SPARE)
     ssh(SPARE, f"rm -rf /root/models/{MODEL}")
     inventory = write_inventory("test_transfer_local", {
         SPARE: {"services": SERVICE, "run_services": ["moved"], "model_sources": {MODEL: str(tmp_path / MODEL)}},
@@ -67,4 +78,3 @@ def test_missing_model_is_streamed_from_a_directory_on_the_control_machine(tmp_p
     assert f"streamed {MODEL} from control machine:" in result.stdout + result.stderr
     assert digests(SPARE) == digests("gpu-a")
     assert deploy(inventory).changed == []
-    clean_host(SPARE)

@@ -51,8 +51,22 @@ def test_removal_commands_stop_disable_remove_reload():
         "systemctl disable --now sglang-dflash.service",
         "rm -f -- /etc/systemd/system/sglang-dflash.service",
         "systemctl daemon-reload",
-        "systemctl reset-failed sglang-dflash.service 2>/dev/null || true",
+        "{ systemctl reset-failed sglang-dflash.service 2>/dev/null || true; }",
     ]
+
+
+def test_a_failing_step_of_the_removal_fails_it_in_a_real_shell(tmp_path):
+    """The steps are joined with `&&` and run by sh: a failed stop must fail the removal; reset-failed may fail."""
+    fake = tmp_path / "systemctl"
+    fake.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\ncase "$1" in "$FAIL") exit 1;; esac\n')
+    fake.chmod(0o755)
+    unit_file = tmp_path / "sglang-x.service"
+    chain = " && ".join(placement.removal_commands("sglang-x.service", str(unit_file)))
+    for fail, code in (("disable", 1), ("daemon-reload", 1), ("reset-failed", 0), ("none", 0)):
+        unit_file.write_text("[Unit]\n")
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "FAIL": fail}
+        assert subprocess.run(["sh", "-c", chain], env=env).returncode == code, fail
+        assert unit_file.exists() == (fail == "disable"), fail  # the file stays when the stop failed
 
 
 def run_op(units, keep, elsewhere=None):
@@ -108,7 +122,10 @@ def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
     monkeypatch.setattr(readiness, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
-    assert host.commands == [" && ".join(placement.removal_commands("sglang-dflash.service", "/p"))]
+    assert host.commands == [
+        "systemctl disable --now sglang-dflash.service && rm -f -- /p && systemctl daemon-reload"
+        " && { systemctl reset-failed sglang-dflash.service 2>/dev/null || true; }"
+    ]
     assert host.logs == ["sglang-dflash.service: stopped, disabled and removed (no longer placed here; it answers on gpu-e)"]
     assert readiness.REPORT["gpu-d"]["dflash"]["state"] == "removed"
 
@@ -117,7 +134,10 @@ def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
     monkeypatch.setattr(readiness, "REPORT", {})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-tmp.service", "/p", "tmp", ()) is True
-    assert len(host.commands) == 1
+    assert host.commands == [
+        "systemctl disable --now sglang-tmp.service && rm -f -- /p && systemctl daemon-reload"
+        " && { systemctl reset-failed sglang-tmp.service 2>/dev/null || true; }"
+    ]
 
 
 def test_a_failed_removal_fails_the_host(monkeypatch):

@@ -42,21 +42,30 @@ def test_key_from_the_secrets_file(monkeypatch, tmp_path):
     assert config.services[0].api_key.reveal() == KEY
 
 
+SHORT = "short-val-12"  # a secret value too short to use: refused, and never quoted back
+
+
 @pytest.mark.parametrize(("keys", "env", "path", "fix"), [
     ({"api_key_secret": "dflash-key"}, {}, "services.dflash.api_key_secret", "no such secret: set $SGLANG_DEPLOY_SECRET_DFLASH_KEY"),
-    ({"api_key_secret": "dflash-key"}, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": "short"}, "services.dflash.api_key_secret", "at least 16 characters"),
+    ({"api_key_secret": "dflash-key"}, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": SHORT}, "services.dflash.api_key_secret", "at least 16 characters"),
     ({"api_key_secret": "sk-Real Key!"}, {}, "services.dflash.api_key_secret", "must be the name of a secret"),
     ({"bind": "0.0.0.0"}, {}, "services.dflash.bind", "binding beyond loopback without an API key"),
     ({"bind": "10.0.0.5", "allow_unauthenticated": "yes"}, {}, "services.dflash.allow_unauthenticated", "must be true or false"),
     ({"args": {"api-key": "x"}}, {}, "services.dflash.args.api-key", "derived from the service key `api_key_secret`"),
     ({"args": {"config": "/tmp/x.yml"}}, {}, "services.dflash.args.config", "derived from the service key `api_key_secret`"),
+    # A valid key is set, and the service fails for another reason: the error still never shows the key.
+    ({"api_key_secret": "dflash-key", "args": {"api-key": "x"}}, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY},
+     "services.dflash.args.api-key", "derived from the service key `api_key_secret`"),
+    ({"api_key_secret": "dflash-key", "bind": "0.0.0.0", "allow_unauthenticated": "yes"},
+     {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY}, "services.dflash.allow_unauthenticated", "must be true or false"),
 ])
 def test_bad_secret_and_exposure_input(monkeypatch, keys, env, path, fix):
     monkeypatch.delenv("SGLANG_DEPLOY_SECRET_DFLASH_KEY", raising=False)
     with pytest.raises(DataError) as caught:
         host_config(data(**keys), monkeypatch, env)
     assert f"group_data/all.py: {path}: " in str(caught.value) and fix in str(caught.value)
-    assert KEY not in str(caught.value)
+    for value in env.values():  # the secret values this case supplied
+        assert value not in str(caught.value)
 
 
 def test_open_bind_is_allowed_when_said_explicitly(monkeypatch):
