@@ -59,6 +59,7 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ContextObject
 
 from operations import remote
 
@@ -314,6 +315,7 @@ class RunLocks:
                     pending.remove(slot.key)
                     break
                 if result["acquired"]:
+                    slot.hosts[0].log(f"deploy lock taken after waiting {time.monotonic() - start:.1f} s")
                     break
                 holder = result.get("held_by") or holder
         for key, slot in self.slots.items():
@@ -394,6 +396,11 @@ class _Run(BaseStateCallback):
 _RUN: _Run | None = None
 
 
+def _real(obj):
+    """The object behind pyinfra's context proxy (`from pyinfra import host`), which is empty outside the host's load."""
+    return obj._get_module() if isinstance(obj, ContextObject) else obj
+
+
 def _executing() -> bool:
     """Will this pyinfra run execute operations (not `--dry`, not a `--json` plan without `-y`)?"""
     import click
@@ -410,6 +417,7 @@ def _executing() -> bool:
 def acquire(host, state, wait_s: int) -> None:
     """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had."""
     global _RUN
+    host, state = _real(host), _real(state)
     if _RUN is None or _RUN.state is not state:
         _RUN = _Run(state, _executing())
         state.add_callback_handler(_RUN)
