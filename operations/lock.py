@@ -401,17 +401,26 @@ def _real(obj):
     return obj._get_module() if isinstance(obj, ContextObject) else obj
 
 
-def _executing() -> bool:
-    """Will this pyinfra run execute operations (not `--dry`, not a `--json` plan without `-y`)?"""
+def _executing(argv: list[str] | None = None) -> bool:
+    """Will this pyinfra run execute operations (not `--dry`, not a `--json` plan without `-y`)?
+
+    Read from click's context where it is visible, else from the command line: pyinfra loads
+    `deploy.py` in greenlets, and click keeps its context in a (greenlet-)local of the main one.
+    """
+    import sys
+
     import click
 
     ctx = click.get_current_context(silent=True)
-    params = ctx.params if ctx is not None else {}
-    if params.get("dry"):
-        return False
-    if params.get("json_output") and not params.get("yes"):
-        return False
-    return True
+    if ctx is not None and "dry" in ctx.params:
+        dry, yes, as_json = bool(ctx.params.get("dry")), bool(ctx.params.get("yes")), bool(ctx.params.get("json_output"))
+    else:
+        args = list(argv if argv is not None else sys.argv[1:])
+        args = args[: args.index("--")] if "--" in args else args
+        short = [a[1:] for a in args if a.startswith("-") and not a.startswith("--")]
+        dry, as_json = "--dry" in args, "--json" in args
+        yes = "--yes" in args or any("y" in flags and set(flags) <= {"v", "y"} for flags in short)
+    return not dry and not (as_json and not yes)
 
 
 def acquire(host, state, wait_s: int) -> None:

@@ -1,8 +1,8 @@
 """Deploy locks on real hosts: no deadlock between runs in opposite orders, no lock held by a run stuck on a
 cut host, a killed run's locks taken over, `--dry` beside a real deploy.
 
-Uses gpu-c (the host that gets stuck or cut) and gpu-d (the other host of the run); both are cleaned before
-and after, gpu-c is restored if a test cut it. The stuck deploy is held in the readiness gate by a stand-in
+Uses gpu-c (the host that gets stuck or cut) and gpu-d (the other host of the run; `LOCK_LAB_HOSTS=c,d` picks
+others); both are cleaned before and after, the first is restored if a test cut it. The stuck deploy is held in the readiness gate by a stand-in
 that never becomes ready (`STANDIN_NEVER_READY`), and every test checks, on the host, that it is really
 inside that gate (its `wait_ready` process runs there) before it acts.
 
@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,11 +26,11 @@ from tests.lab.labutil import PYINFRA, ROOT, clean_host, deploy, lab, lab_hosts,
 
 pytestmark = pytest.mark.lab
 
-STUCK, OTHER = "gpu-c", "gpu-d"
+STUCK, OTHER = os.environ.get("LOCK_LAB_HOSTS", "gpu-c,gpu-d").split(",")
 SLOW = {"slow": {"gpu": 0, "port": 30120, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "env": {"STANDIN_NEVER_READY": 1}}}
 # Long enough that a lock held until the gate's timeout (600 + 180 s) would fail every wait below.
 STUCK_READINESS_S = 600
-LOG_DIR = ROOT / "lab" / "run"
+LOG_DIR = Path(tempfile.gettempdir()) / "sglang-deploy-test_lock"  # deploys' own output, read by the tests
 
 
 def lock_owner(host: str) -> str | None:
@@ -40,7 +41,8 @@ def lock_owner(host: str) -> str | None:
 
 def in_readiness_gate(host: str) -> list[int]:
     """PIDs of the readiness gate's wait for sglang-slow.service on the host (empty when it is not waiting)."""
-    out = ssh(host, "pgrep -f '^python3 - sglang-slow.service ' || true").stdout.split()
+    # wait_ready's argv: UNIT ADDRESS PORT TIMEOUT SMOKE CONFIG (service_state's starts alike, then paths)
+    out = ssh(host, f"pgrep -f '^python3 - sglang-slow.service 127.0.0.1 30120 {STUCK_READINESS_S} [01] ' || true").stdout.split()
     return [int(pid) for pid in out]
 
 
@@ -52,7 +54,8 @@ def end_gate_processes(host: str) -> None:
 
 
 def start(inventory: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
-    log = LOG_DIR / f"test_lock.{name}.log"
+    LOG_DIR.mkdir(exist_ok=True)
+    log = LOG_DIR / f"{name}.log"
     out = open(log, "w")
     proc = subprocess.Popen([PYINFRA, str(inventory), "deploy.py", "-y", *extra], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     return proc, log

@@ -270,12 +270,32 @@ def test_dead_peer_options_are_set_on_a_real_tcp_socket():
 
 @pytest.mark.parametrize(
     "params, executing",
-    [({"dry": True}, False), ({"json_output": True, "yes": False}, False), ({"json_output": True, "yes": True}, True), ({"yes": True}, True), ({}, True)],
+    [({"dry": True}, False), ({"json_output": True, "yes": False}, False), ({"json_output": True, "yes": True}, True), ({"yes": True}, True), ({"dry": False}, True)],
 )
 def test_only_a_run_that_executes_takes_locks(params, executing):
     with click.Context(click.Command("pyinfra")) as ctx:
-        ctx.params.update(params)
+        ctx.params.update({"dry": False, "yes": False, "json_output": False, **params})  # as pyinfra's own command sets them
         assert lock._executing() is executing
+
+
+@pytest.mark.parametrize(
+    "argv, executing",
+    [
+        (["inv.py", "deploy.py", "--dry"], False),
+        (["inv.py", "deploy.py", "-y", "--dry"], False),
+        (["inv.py", "deploy.py", "--json"], False),
+        (["inv.py", "deploy.py", "--json", "-y"], True),
+        (["inv.py", "deploy.py", "--json", "-vvy"], True),
+        (["inv.py", "deploy.py", "--yes", "--json"], True),
+        (["inv.py", "deploy.py", "-y"], True),
+        (["inv.py", "deploy.py"], True),  # asks before executing: it may execute
+        (["inv.py", "exec", "--json", "--", "echo", "-y"], False),
+    ],
+)
+def test_in_pyinfras_greenlets_the_command_line_decides(argv, executing):
+    # pyinfra loads deploy.py in greenlets, where click's context is not visible.
+    assert click.get_current_context(silent=True) is None
+    assert lock._executing(argv) is executing
 
 
 def test_a_dry_run_takes_no_lock_and_names_the_holder(tmp_path):
