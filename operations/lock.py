@@ -47,6 +47,7 @@ import getpass
 import ipaddress
 import json
 import os
+import random
 import shlex
 import socket
 import tempfile
@@ -271,6 +272,7 @@ class RunLocks:
         start = time.monotonic()
         pending = list(order)
         failed: dict[tuple, Outcome] = {}
+        collisions = 0
         while True:
             busy = None
             for key in list(pending):
@@ -290,9 +292,16 @@ class RunLocks:
                 break
             slot, holder = busy
             # Never wait while holding: what this pass took goes back before the wait.
+            gave_back = False
             for key in pending:
                 if self.slots[key].held:
                     self._give_back(self.slots[key], "waiting for another host's lock")
+                    gave_back = True
+            if gave_back:
+                # Two runs that reach the same machines in different orders (other addresses) could hand locks
+                # back and forth in step; a random pause, longer each time, breaks the step.
+                collisions += 1
+                time.sleep(random.uniform(0, min(2.0, 0.1 * 2**collisions)))
             announced = False
             while True:
                 remaining = start + slot.wait_s - time.monotonic()

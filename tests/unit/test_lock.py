@@ -157,13 +157,14 @@ def test_a_lock_freed_during_the_wait_is_taken_and_the_run_goes_on(tmp_path):
 
 def test_two_runs_in_opposite_orders_never_deadlock_and_run_one_after_the_other(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    # Both runs see the same machines through hosts of their own (two inventories).
-    a2, b2 = FakeHost("a", a.machine, "10.0.0.1"), FakeHost("b", b.machine, "10.0.0.2")
+    # The second run reaches the same machines through other addresses (another network, a NAT) that sort the
+    # other way round: the address order cannot save it, only never waiting while holding can.
+    a2, b2 = FakeHost("a", a.machine, "10.0.1.2"), FakeHost("b", b.machine, "10.0.1.1")
     inside: list[str] = []
     overlaps = []
 
     def deploy(run, hosts, label):
-        outcomes = run.take_all([(h, 60) for h in hosts])
+        outcomes = run.take_all([(h, 20) for h in hosts])
         assert all(o.held for o in outcomes.values()), outcomes
         inside.append(label)
         overlaps.append(len(inside) > 1)
