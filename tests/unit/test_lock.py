@@ -155,32 +155,33 @@ def test_a_lock_freed_during_the_wait_is_taken_and_the_run_goes_on(tmp_path):
     release_all(run, [a, b])
 
 
-def test_two_runs_in_opposite_orders_never_deadlock_and_run_one_after_the_other(tmp_path):
-    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    # The second run reaches the same machines through other addresses (another network, a NAT) that sort the
-    # other way round: the address order cannot save it, only never waiting while holding can.
-    a2, b2 = FakeHost("a", a.machine, "10.0.1.2"), FakeHost("b", b.machine, "10.0.1.1")
-    inside: list[str] = []
-    overlaps = []
+def race(runs_hosts: list[list[FakeHost]], tries: int) -> None:
+    """Start one run per host list at once, `tries` times: every run gets all its locks, no two overlap on a
+    machine, and no run ever waits while holding a lock (the property that rules a deadlock out)."""
+    inside: dict[Path, str] = {}
+    clashes = []
 
     def deploy(run, hosts, label):
         outcomes = run.take_all([(h, 20) for h in hosts])
         assert all(o.held for o in outcomes.values()), outcomes
-        inside.append(label)
-        overlaps.append(len(inside) > 1)
+        for h in hosts:
+            if h.machine in inside:
+                clashes.append((label, inside[h.machine]))
+            inside[h.machine] = label
         time.sleep(0.2)  # the deploy's changes
-        inside.remove(label)
+        for h in hosts:
+            inside.pop(h.machine, None)
         release_all(run, hosts)
 
-    for attempt in range(3):
-        one, two = lock.RunLocks(), lock.RunLocks()
-        threads = [threading.Thread(target=deploy, args=(one, [a, b], "one")), threading.Thread(target=deploy, args=(two, [b2, a2], "two"))]
+    for attempt in range(tries):
+        runs = [lock.RunLocks() for _ in runs_hosts]
+        threads = [threading.Thread(target=deploy, args=(run, hosts, str(i))) for i, (run, hosts) in enumerate(zip(runs, runs_hosts))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=90)
         assert not any(t.is_alive() for t in threads), f"try {attempt}: a run never finished"
-        for run in (one, two):  # the property that rules deadlock out: no wait while holding
+        for run in runs:
             held = set()
             for event in run.events:
                 verb, _, key = event.rpartition(" ")
@@ -190,7 +191,24 @@ def test_two_runs_in_opposite_orders_never_deadlock_and_run_one_after_the_other(
                     held.discard(key)
                 elif verb == "wait":
                     assert not held, f"{run.events}: waited for {key} while holding {held}"
-    assert len(overlaps) == 6 and not any(overlaps), "two runs were inside their changes at once"
+    assert not clashes, f"two runs were inside their changes on one machine at once: {clashes}"
+
+
+def test_two_runs_in_opposite_orders_never_deadlock_and_run_one_after_the_other(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    # The second run reaches the same machines through other addresses (another network, a NAT) that sort the
+    # other way round: the address order cannot save it, only never waiting while holding can.
+    a2, b2 = FakeHost("a", a.machine, "10.0.1.2"), FakeHost("b", b.machine, "10.0.1.1")
+    race([[a, b], [b2, a2]], tries=3)
+
+
+def test_three_runs_in_a_ring_never_deadlock(tmp_path):
+    # Run i wants machines i and i+1, and sees them in that order: with waits while holding, a three-way cycle.
+    dirs = [tmp_path / name for name in "abc"]
+    for d in dirs:
+        d.mkdir()
+    rings = [[FakeHost(f"m{i}", dirs[i], "10.0.2.1"), FakeHost(f"m{(i + 1) % 3}", dirs[(i + 1) % 3], "10.0.2.2")] for i in range(3)]
+    race(rings, tries=2)
 
 
 def test_the_lock_of_a_killed_run_of_this_machine_is_taken_over(tmp_path):
