@@ -1,13 +1,19 @@
-# One deploy at a time per host: take, or give back, the host's deploy lock.
+# One deploy at a time per host: take, look at, or give back the host's deploy lock.
 # The lock is a directory (mkdir is atomic) holding owner.json; /run is emptied on reboot.
-# argv: acquire OWNER_JSON WAIT_S [TAKEOVER_ID]  |  release OWNER_ID
+# A side file is flock()ed around a takeover, so that two runs taking over the same stale
+# lock cannot both win (the second would otherwise remove the first's fresh lock).
+# Every wait is bounded by WAIT_S: the control side waits in short commands and decides
+# between them (it never holds another host's lock while a command here waits).
+# argv: acquire OWNER_JSON WAIT_S [TAKEOVER_ID]  |  peek  |  release OWNER_ID
+# SGLANG_DEPLOY_LOCK moves the lock (unit tests run this script on the control machine).
+import fcntl
 import json
 import os
 import shutil
 import sys
 import time
 
-LOCK = "/run/sglang-deploy.lock"
+LOCK = os.environ.get("SGLANG_DEPLOY_LOCK", "/run/sglang-deploy.lock")
 OWNER = os.path.join(LOCK, "owner.json")
 
 
@@ -16,7 +22,12 @@ def holder():
         with open(OWNER) as handle:
             return json.load(handle)
     except (OSError, ValueError):
+        # mkdir done, owner.json not yet renamed in (or a hand-made directory)
         return {"id": "?", "who": "unknown (no owner.json)"}
+
+
+def exists():
+    return os.path.isdir(LOCK)
 
 
 action = sys.argv[1]
@@ -25,23 +36,31 @@ if action == "release":
         shutil.rmtree(LOCK, ignore_errors=True)
     print(json.dumps({"released": True}))
     sys.exit(0)
+if action == "peek":
+    print(json.dumps({"held_by": holder() if exists() else None}))
+    sys.exit(0)
 
 owner, wait_s = json.loads(sys.argv[2]), float(sys.argv[3])
 takeover = sys.argv[4] if len(sys.argv) > 4 else None
-if takeover and holder().get("id") == takeover:
-    shutil.rmtree(LOCK, ignore_errors=True)
-deadline = time.monotonic() + wait_s
-while True:
-    try:
-        os.mkdir(LOCK, 0o700)
-    except FileExistsError:
-        if time.monotonic() >= deadline:
-            print(json.dumps({"acquired": False, "held_by": holder()}))
-            sys.exit(0)
-        time.sleep(1)
-        continue
-    with open(OWNER + ".tmp", "w") as handle:
-        json.dump(owner, handle)
-    os.rename(OWNER + ".tmp", OWNER)
-    print(json.dumps({"acquired": True}))
-    sys.exit(0)
+with open(LOCK + ".guard", "a") as guard:
+    fcntl.flock(guard, fcntl.LOCK_EX)
+    if takeover and holder().get("id") == takeover:
+        shutil.rmtree(LOCK, ignore_errors=True)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.mkdir(LOCK, 0o700)
+        except FileExistsError:
+            if time.monotonic() >= deadline:
+                print(json.dumps({"acquired": False, "held_by": holder()}))
+                sys.exit(0)
+            # give the guard up while waiting: a takeover by another run must not wait on us
+            fcntl.flock(guard, fcntl.LOCK_UN)
+            time.sleep(0.2)
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            continue
+        with open(OWNER + ".tmp", "w") as handle:
+            json.dump(owner, handle)
+        os.rename(OWNER + ".tmp", OWNER)
+        print(json.dumps({"acquired": True}))
+        sys.exit(0)

@@ -1,57 +1,201 @@
-"""One deploy at a time per host: a second one waits, then names the holder; a killed one's lock is taken over."""
+"""Deploy locks on real hosts: no deadlock between runs in opposite orders, no lock held by a run stuck on a
+cut host, a killed run's locks taken over, `--dry` beside a real deploy.
+
+Uses gpu-c (the host that gets stuck or cut) and gpu-d (the other host of the run; `LOCK_LAB_HOSTS=c,d` picks
+others); both are cleaned before and after, the first is restored if a test cut it. The stuck deploy is held in the readiness gate by a stand-in
+that never becomes ready (`STANDIN_NEVER_READY`), and every test checks, on the host, that it is really
+inside that gate (its `wait_ready` process runs there) before it acts.
+
+`LOCK_TRIES` (default 2) sets how many concurrent pairs the opposite-order test starts; `bench/locks.py`
+runs the same race many times and prints the figures.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, ssh, write_inventory
+from tests.lab.labutil import PYINFRA, ROOT, clean_host, deploy, lab, lab_hosts, ssh, wait_until, write_inventory
 
 pytestmark = pytest.mark.lab
 
+STUCK, OTHER = os.environ.get("LOCK_LAB_HOSTS", "gpu-c,gpu-d").split(",")
 SLOW = {"slow": {"gpu": 0, "port": 30120, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "env": {"STANDIN_NEVER_READY": 1}}}
+# Long enough that a lock held until the gate's timeout (600 + 180 s) would fail every wait below.
+STUCK_READINESS_S = 600
+LOG_DIR = Path(tempfile.gettempdir()) / "sglang-deploy-test_lock"  # deploys' own output, read by the tests
 
 
-def start_slow_deploy() -> subprocess.Popen:
-    inventory = write_inventory("test_lock_slow", {SPARE: {"services": SLOW, "run_services": ["slow"], "readiness_timeout_s": 40}})
-    proc = subprocess.Popen([PYINFRA, str(inventory), "deploy.py", "-y"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while ssh(SPARE, "test -d /run/sglang-deploy.lock && echo held || echo free").stdout.strip() != "held":
-        assert time.monotonic() < deadline and proc.poll() is None, "the first deploy never took the lock"
-        time.sleep(0.5)
-    return proc
+def lock_owner(host: str) -> str | None:
+    """The owner.json of the host's deploy lock, or None when the lock is free."""
+    out = ssh(host, "cat /run/sglang-deploy.lock/owner.json 2>/dev/null || echo FREE").stdout.strip()
+    return None if out == "FREE" else out
 
 
-def test_a_second_deploy_waits_then_names_the_holder():
-    clean_host(SPARE)
-    first = start_slow_deploy()
+def in_readiness_gate(host: str) -> list[int]:
+    """PIDs of the readiness gate's wait for sglang-slow.service on the host (empty when it is not waiting)."""
+    # wait_ready's argv: UNIT ADDRESS PORT TIMEOUT SMOKE CONFIG (service_state's starts alike, then paths)
+    out = ssh(host, f"pgrep -f '^python3 - sglang-slow.service 127.0.0.1 30120 {STUCK_READINESS_S} [01] ' || true").stdout.split()
+    return [int(pid) for pid in out]
+
+
+def end_gate_processes(host: str) -> None:
+    """Stop the readiness waits our stuck deploys left on the host (the cut kept their SSH session from closing)."""
+    pids = in_readiness_gate(host)
+    if pids:
+        ssh(host, f"kill {' '.join(map(str, pids))} 2>/dev/null; true")
+
+
+def start(inventory: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+    LOG_DIR.mkdir(exist_ok=True)
+    log = LOG_DIR / f"{name}.log"
+    out = open(log, "w")
+    proc = subprocess.Popen([PYINFRA, str(inventory), "deploy.py", "-y", *extra], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    return proc, log
+
+
+def start_stuck_deploy(name: str, lock_wait_s: int = 30) -> tuple[subprocess.Popen, Path]:
+    """A deploy over gpu-c (a service that never becomes ready) and gpu-d, returned once it is inside gpu-c's gate."""
+    inventory = write_inventory(f"test_lock_{name}", {
+        STUCK: {"services": SLOW, "run_services": ["slow"], "readiness_timeout_s": STUCK_READINESS_S, "lock_wait_s": lock_wait_s},
+        OTHER: {"run_services": [], "lock_wait_s": lock_wait_s},
+    })
+    proc, log = start(inventory, name)
+
+    def inside():
+        assert proc.poll() is None, f"the stuck deploy ended before its readiness gate:\n{log.read_text()[-3000:]}"
+        return in_readiness_gate(STUCK)
+
+    wait_until(inside, timeout=600, interval=1, what="the first deploy inside gpu-c's readiness gate")
+    owner = lock_owner(STUCK)
+    assert owner and f'"pid": {proc.pid}' in owner and f'"pid": {proc.pid}' in (lock_owner(OTHER) or ""), "the stuck deploy holds both locks"
+    return proc, log
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lock_hosts():
+    assert {STUCK, OTHER} <= set(lab_hosts()), "run: python3 lab/lab.py up --hosts gpu-a,gpu-b,gpu-c,gpu-d,gpu-e"
+    lab("restore", STUCK)
+    for host in (STUCK, OTHER):
+        clean_host(host)
+        ssh(host, "rm -rf /run/sglang-deploy.lock")
+    yield
+    lab("restore", STUCK)
+    end_gate_processes(STUCK)
+    for host in (STUCK, OTHER):
+        clean_host(host)
+        ssh(host, "rm -rf /run/sglang-deploy.lock")
+
+
+def opposite_order_race(tries: int) -> list[dict]:
+    """`tries` times: two deploys over gpu-c and gpu-d, one inventory in each order, started together."""
+    one = write_inventory("test_lock_order_cd", {STUCK: {"run_services": [], "lock_wait_s": 300}, OTHER: {"run_services": [], "lock_wait_s": 300}})
+    two = write_inventory("test_lock_order_dc", {OTHER: {"run_services": [], "lock_wait_s": 300}, STUCK: {"run_services": [], "lock_wait_s": 300}})
+    rows = []
+    for attempt in range(tries):
+        start_at = time.monotonic()
+        runs = [start(one, f"order{attempt}.cd"), start(two, f"order{attempt}.dc")]
+        codes = []
+        for proc, _ in runs:
+            try:
+                codes.append(proc.wait(timeout=600))
+            except subprocess.TimeoutExpired:
+                stop(proc)
+                codes.append("hung")
+        logs = [log.read_text() for _, log in runs]
+        waited = [float(m.group(1)) for text in logs for m in re.finditer(r"deploy lock taken after waiting ([\d.]+) s", text)]
+        rows.append({"codes": codes, "logs": logs, "waited": waited, "waiters": sum("waiting for it" in text for text in logs),
+                     "elapsed_s": time.monotonic() - start_at})
+    return rows
+
+
+def test_two_deploys_over_the_same_hosts_in_opposite_orders_run_one_after_the_other():
+    for row in opposite_order_race(int(os.environ.get("LOCK_TRIES", "2"))):
+        assert row["codes"] == [0, 0], row["logs"]
+        # They really met: exactly one found a lock held by the other, waited holding nothing, then ran.
+        assert row["waiters"] == 1 and len(row["waited"]) == 1, row["logs"]
+        assert all("holding no other lock" in text for text in row["logs"] if "waiting for it" in text)
+    assert lock_owner(STUCK) is None and lock_owner(OTHER) is None
+
+
+def test_a_deploy_stuck_on_a_cut_host_does_not_hold_up_a_run_on_another_host():
+    first, first_log = start_stuck_deploy("stuck_cut")
     try:
-        inventory = write_inventory("test_lock_second", {SPARE: {"run_services": [], "lock_wait_s": 3}})
-        start = time.monotonic()
-        result = deploy(inventory)
-        assert result.returncode != 0
-        assert f"{SPARE}: another deploy holds the host's lock: root@" in result.stderr
-        assert f"(pid {first.pid})" in result.stderr and "waited 3 s" in result.stderr
-        assert time.monotonic() - start < 60
+        # A silent cut (no RST: the peer just stops answering), the case that used to sit out the gate's timeout.
+        lab("cut", STUCK)
+        cut_at = time.monotonic()
+        assert first.poll() is None, "the first deploy ended before the cut"
+        # The operator moves on at once: a run on gpu-d (where the service would go), with a wait far shorter
+        # than the stuck gate's timeout.
+        second_inventory = write_inventory("test_lock_after_cut", {OTHER: {"run_services": [], "lock_wait_s": 60}})
+        result = deploy(second_inventory, as_json=False)
+        second_done = time.monotonic() - cut_at
+        assert result.returncode == 0, result
+        text = result.stdout + result.stderr
+        waited = re.search(r"deploy lock taken after waiting ([\d.]+) s", text)
+        print(f"run on {OTHER}: waited {waited.group(1) if waited else 0} s for its lock, done {second_done:.1f} s after the cut")
+        first.wait(timeout=120)  # it dropped the cut host and ended, instead of sitting in the gate for 780 s
+        dropped_after = time.monotonic() - cut_at
+        log = first_log.read_text()
+        assert first.returncode == 1 and f"[{STUCK}]" in log
+        assert f"[{STUCK}] deploy lock not given back" in log, log[-3000:]
+        print(f"the stuck deploy ended {dropped_after:.1f} s after the cut")
     finally:
-        first.wait(timeout=300)
-    assert ssh(SPARE, "test -d /run/sglang-deploy.lock && echo held || echo free").stdout.strip() == "free"
-    clean_host(SPARE)
+        stop(first)
+        lab("restore", STUCK)
+        end_gate_processes(STUCK)
+    # The cut host's lock stayed behind (its run could not give it back); that run is gone, so the next takes it over.
+    assert lock_owner(STUCK) is not None
+    result = deploy(write_inventory("test_lock_after_restore", {STUCK: {"run_services": [], "lock_wait_s": 3}}), as_json=False)
+    assert result.returncode == 0, result
+    assert "is stale (its deploy" in result.stdout + result.stderr
+    assert lock_owner(STUCK) is None
 
 
-def test_the_lock_of_a_killed_deploy_is_taken_over():
-    clean_host(SPARE)
-    first = start_slow_deploy()
+def test_the_locks_of_a_killed_deploy_are_taken_over():
+    first, _ = start_stuck_deploy("killed")
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    assert ssh(SPARE, "test -d /run/sglang-deploy.lock && echo held || echo free").stdout.strip() == "held"
-    inventory = write_inventory("test_lock_after_kill", {SPARE: {"run_services": [], "lock_wait_s": 3}})
+    end_gate_processes(STUCK)
+    assert first.returncode == -signal.SIGKILL
+    assert f'"pid": {first.pid}' in (lock_owner(STUCK) or "") and f'"pid": {first.pid}' in (lock_owner(OTHER) or "")
+    inventory = write_inventory("test_lock_after_kill", {STUCK: {"run_services": [], "lock_wait_s": 3}, OTHER: {"run_services": [], "lock_wait_s": 3}})
     result = deploy(inventory, as_json=False)
     assert result.returncode == 0, result
-    assert "is stale: taking it over" in result.stdout + result.stderr
-    assert ssh(SPARE, "test -d /run/sglang-deploy.lock && echo held || echo free").stdout.strip() == "free"
-    clean_host(SPARE)
+    text = result.stdout + result.stderr
+    for host in (STUCK, OTHER):
+        assert re.search(rf"\[{host}\] deploy lock held by .* \(pid {first.pid}\) .* is stale \(its deploy \(pid {first.pid}\) is gone\): taking it over", text), text[-3000:]
+        assert lock_owner(host) is None
+
+
+def test_a_dry_run_beside_a_real_deploy_neither_waits_nor_blocks_it():
+    # With lock_wait_s 0 and both locks held by the real deploy, a dry run that tried to lock would fail at once.
+    first, _ = start_stuck_deploy("beside_dry")
+    try:
+        before = {host: lock_owner(host) for host in (STUCK, OTHER)}
+        dry_inventory = write_inventory("test_lock_dry", {STUCK: {"run_services": [], "lock_wait_s": 0}, OTHER: {"run_services": [], "lock_wait_s": 0}})
+        result = deploy(dry_inventory, "--dry", as_json=False)
+        assert result.returncode == 0, result
+        text = result.stdout + result.stderr
+        for host in (STUCK, OTHER):
+            assert f"[{host}] --dry takes no lock; another deploy holds it: root@" in text and f"(pid {first.pid})" in text
+        assert {host: lock_owner(host) for host in (STUCK, OTHER)} == before, "the dry run changed the locks"
+        assert first.poll() is None and in_readiness_gate(STUCK), "the real deploy was not in its gate throughout"
+    finally:
+        stop(first)
+        end_gate_processes(STUCK)
+    for host in (STUCK, OTHER):
+        ssh(host, "rm -rf /run/sglang-deploy.lock")  # the killed deploy's

@@ -1,0 +1,353 @@
+"""operations/lock.py with the real lock script (operations/remote/lock_host.py) run on this machine.
+
+Each fake host is a "machine" of its own: a directory holding its /run/sglang-deploy.lock
+(SGLANG_DEPLOY_LOCK), and a peer address as an SSH connection would report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+import pytest
+
+from operations import lock
+
+
+class FakeHost:
+    def __init__(self, name: str, machine: Path, address: str | None = None):
+        self.name = name
+        self.machine = machine
+        self.lock_dir = machine / "sglang-deploy.lock"
+        self.logs: list[str] = []
+        self.cut = False
+        transport = SimpleNamespace(getpeername=lambda: (address, 22), sock=None) if address else None
+        self.connector = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport))
+
+    def run_shell_command(self, command, print_output=False, _timeout=None):
+        if self.cut:
+            raise EOFError("connection lost")  # what paramiko raises on a dead transport, roughly
+        env = {**os.environ, "SGLANG_DEPLOY_LOCK": str(self.lock_dir)}
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=_timeout, env=env)
+        return proc.returncode == 0, SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr)
+
+    def log(self, message, log_func=None):
+        self.logs.append(message)
+
+    def log_styled(self, message, fg=None, log_func=None):
+        self.logs.append(message)
+
+    def holder(self) -> dict | None:
+        try:
+            return json.loads((self.lock_dir / "owner.json").read_text())
+        except FileNotFoundError:
+            return None
+
+
+def machines(tmp_path: Path, *specs: tuple[str, str]) -> list[FakeHost]:
+    """FakeHosts for (name, address); one machine directory per distinct address."""
+    hosts = []
+    for name, address in specs:
+        machine = tmp_path / address
+        machine.mkdir(exist_ok=True)
+        hosts.append(FakeHost(name, machine, address))
+    return hosts
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def hold(host: FakeHost, **owner) -> dict:
+    """Put a lock on `host` as another run would have left it."""
+    record = {"id": "other-run", "who": "ops@elsewhere", "control": "elsewhere", "pid": 4242, "since": "2026-12-01 01:00:00 UTC", **owner}
+    host.lock_dir.mkdir()
+    (host.lock_dir / "owner.json").write_text(json.dumps(record))
+    return record
+
+
+def release_all(run: lock.RunLocks, hosts) -> None:
+    for host in hosts:
+        run.host_done(host, "test")
+
+
+def test_locks_are_taken_in_address_order_not_inventory_or_name_order(tmp_path):
+    # Names sort one way, addresses as text another, addresses as numbers a third: the numbers win.
+    hosts = machines(tmp_path, ("alpha", "10.0.0.30"), ("beta", "10.0.0.9"), ("gamma", "10.0.0.10"), ("delta", "10.0.0.2"))
+    run = lock.RunLocks()
+    outcomes = run.take_all([(h, 5) for h in hosts])
+    assert all(o.held for o in outcomes.values())
+    assert run.events == ["take 10.0.0.2:22", "take 10.0.0.9:22", "take 10.0.0.10:22", "take 10.0.0.30:22"]
+    assert all(h.holder()["id"] == run.owner["id"] for h in hosts)
+    release_all(run, hosts)
+    assert not any(h.lock_dir.exists() for h in hosts)
+
+
+def test_hosts_sharing_an_address_take_one_lock_and_keep_it_until_both_are_done(tmp_path):
+    first, second, other = machines(tmp_path, ("svc-old", "10.0.0.5"), ("svc-new", "10.0.0.5"), ("spare", "10.0.0.6"))
+    run = lock.RunLocks()
+    outcomes = run.take_all([(first, 0), (second, 0), (other, 0)])
+    assert outcomes["svc-old"].held and outcomes["svc-new"].held
+    assert run.events == ["take 10.0.0.5:22", "take 10.0.0.6:22"]  # no wait for its own lock
+    run.host_done(first, "test")
+    assert first.lock_dir.exists(), "given back while the other host on the same machine still works"
+    run.host_done(second, "test")
+    assert not first.lock_dir.exists()
+    run.host_done(other, "test")
+
+
+def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(tmp_path):
+    a, b, c = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"))
+    holder = hold(b, control=socket.gethostname(), pid=os.getpid())  # a live run of this machine: not stale
+    a_during_wait = []
+
+    def watch():  # is a's lock held while the run waits for b's?
+        while "wait 10.0.0.2:22" not in run.events:
+            time.sleep(0.01)
+        a_during_wait.append(a.lock_dir.exists())
+
+    run = lock.RunLocks()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    start = time.monotonic()
+    outcomes = run.take_all([(a, 2), (b, 2), (c, 2)])
+    elapsed = time.monotonic() - start
+    watcher.join(timeout=10)
+    assert a_during_wait == [False]
+    assert run.events == [
+        "take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "give up 10.0.0.2:22",
+        "take 10.0.0.1:22", "take 10.0.0.3:22",
+    ]
+    assert outcomes["a"].held and outcomes["c"].held and not outcomes["b"].held
+    assert outcomes["b"].holder == holder and 2 <= outcomes["b"].waited_s < 30
+    assert elapsed < 30  # bounded by lock_wait_s, not by the holder
+    assert b.holder() == holder  # never taken from a live holder
+    assert any("waiting for it, up to lock_wait_s (2 s) from the run's start, holding no other lock" in line for line in b.logs)
+    release_all(run, [a, b, c])
+
+
+def test_the_message_names_the_holder_the_wait_and_the_fix():
+    holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC"}
+    message = lock.locked_message("gpu-b", holder, 300.2)
+    assert message == (
+        "gpu-b: another deploy holds the host's lock: ops@ctl-2 (pid 777) since 2026-12-01 02:00:00 UTC; "
+        "waited 300 s (lock_wait_s). If no deploy is running there, remove /run/sglang-deploy.lock on the host."
+    )
+
+
+def test_a_lock_freed_during_the_wait_is_taken_and_the_run_goes_on(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    hold(a, control=socket.gethostname(), pid=os.getpid())
+    threading.Timer(1.0, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
+    run = lock.RunLocks()
+    outcomes = run.take_all([(a, 30), (b, 30)])
+    assert outcomes["a"].held and outcomes["b"].held and outcomes["a"].waited_s < 30
+    assert run.events == ["wait 10.0.0.1:22", "take 10.0.0.1:22", "take 10.0.0.2:22"]
+    release_all(run, [a, b])
+
+
+def race(runs_hosts: list[list[FakeHost]], tries: int) -> None:
+    """Start one run per host list at once, `tries` times: every run gets all its locks, no two overlap on a
+    machine, and no run ever waits while holding a lock (the property that rules a deadlock out)."""
+    inside: dict[Path, str] = {}
+    clashes = []
+
+    def deploy(run, hosts, label):
+        outcomes = run.take_all([(h, 20) for h in hosts])
+        assert all(o.held for o in outcomes.values()), outcomes
+        for h in hosts:
+            if h.machine in inside:
+                clashes.append((label, inside[h.machine]))
+            inside[h.machine] = label
+        time.sleep(0.2)  # the deploy's changes
+        for h in hosts:
+            inside.pop(h.machine, None)
+        release_all(run, hosts)
+
+    for attempt in range(tries):
+        runs = [lock.RunLocks() for _ in runs_hosts]
+        threads = [threading.Thread(target=deploy, args=(run, hosts, str(i))) for i, (run, hosts) in enumerate(zip(runs, runs_hosts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), f"try {attempt}: a run never finished"
+        for run in runs:
+            held = set()
+            for event in run.events:
+                verb, _, key = event.rpartition(" ")
+                if verb == "take":
+                    held.add(key)
+                elif verb == "release":
+                    held.discard(key)
+                elif verb == "wait":
+                    assert not held, f"{run.events}: waited for {key} while holding {held}"
+    assert not clashes, f"two runs were inside their changes on one machine at once: {clashes}"
+
+
+def test_two_runs_in_opposite_orders_never_deadlock_and_run_one_after_the_other(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    # The second run reaches the same machines through other addresses (another network, a NAT) that sort the
+    # other way round: the address order cannot save it, only never waiting while holding can.
+    a2, b2 = FakeHost("a", a.machine, "10.0.1.2"), FakeHost("b", b.machine, "10.0.1.1")
+    race([[a, b], [b2, a2]], tries=3)
+
+
+def test_three_runs_in_a_ring_never_deadlock(tmp_path):
+    # Run i wants machines i and i+1, and sees them in that order: with waits while holding, a three-way cycle.
+    dirs = [tmp_path / name for name in "abc"]
+    for d in dirs:
+        d.mkdir()
+    rings = [[FakeHost(f"m{i}", dirs[i], "10.0.2.1"), FakeHost(f"m{(i + 1) % 3}", dirs[(i + 1) % 3], "10.0.2.2")] for i in range(3)]
+    race(rings, tries=2)
+
+
+def test_the_lock_of_a_killed_run_of_this_machine_is_taken_over(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    pid = dead_pid()
+    hold(a, control=socket.gethostname(), pid=pid, who="root@ctl")
+    run = lock.RunLocks()
+    outcomes = run.take_all([(a, 0)])
+    assert outcomes["a"].held and a.holder()["id"] == run.owner["id"]
+    assert run.events == ["takeover 10.0.0.1:22", "take 10.0.0.1:22"]
+    assert any(f"(pid {pid})" in line and "is stale (its deploy" in line and "taking it over" in line for line in a.logs)
+    release_all(run, [a])
+
+
+def test_a_lock_held_from_another_control_machine_is_never_taken_over(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    holder = hold(a, control="ctl-2", pid=dead_pid())  # that pid means nothing here
+    run = lock.RunLocks()
+    outcomes = run.take_all([(a, 1)])
+    assert not outcomes["a"].held and outcomes["a"].holder == holder
+    assert "takeover 10.0.0.1:22" not in run.events and a.holder() == holder
+
+
+def test_a_lock_its_run_could_not_give_back_is_taken_over_while_that_run_still_lives(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    first = lock.RunLocks()
+    assert all(o.held for o in first.take_all([(a, 0), (b, 0)]).values())
+    a.cut = True  # its connection died: the run drops the host and cannot give its lock back
+    first.host_done(a, "the host failed")
+    assert a.lock_dir.exists() and any("deploy lock not given back" in line for line in a.logs)
+    a.cut = False
+    second = lock.RunLocks()  # same control machine, and the first run's pid is alive (it is ours)
+    outcomes = second.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])
+    assert outcomes["a"].held and second.events[0] == "takeover 10.0.0.1:22"
+    assert b.holder()["id"] == first.owner["id"], "the first run's other lock is untouched"
+    release_all(first, [b])
+    second.host_done(next(iter(second.slots.values())).hosts[0], "test")
+
+
+def test_release_gives_back_only_its_own_lock(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    holder = hold(a)
+    run = lock.RunLocks()
+    slot = lock._Slot(lock.lock_key(a), [a], held=True)
+    run._give_back(slot, "test")
+    assert a.holder() == holder
+
+
+def test_a_takeover_by_two_runs_at_once_leaves_one_winner(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    hold(a, control=socket.gethostname(), pid=dead_pid())
+    runs = [lock.RunLocks() for _ in range(4)]
+    results = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.owner["id"], r.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])["a"].held)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    winners = [run_id for run_id, held in results.items() if held]
+    assert len(winners) == 1 and a.holder()["id"] == winners[0]
+
+
+def test_dead_peer_options_are_set_on_a_real_tcp_socket():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    try:
+        assert lock.set_dead_peer_options(client, 10)
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        idle = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        interval = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        assert idle + interval * count <= 10  # a silent peer is declared dead within DEAD_PEER_S
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10000
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "params, executing",
+    [({"dry": True}, False), ({"json_output": True, "yes": False}, False), ({"json_output": True, "yes": True}, True), ({"yes": True}, True), ({"dry": False}, True)],
+)
+def test_only_a_run_that_executes_takes_locks(params, executing):
+    with click.Context(click.Command("pyinfra")) as ctx:
+        ctx.params.update({"dry": False, "yes": False, "json_output": False, **params})  # as pyinfra's own command sets them
+        assert lock._executing() is executing
+
+
+@pytest.mark.parametrize(
+    "argv, executing",
+    [
+        (["inv.py", "deploy.py", "--dry"], False),
+        (["inv.py", "deploy.py", "-y", "--dry"], False),
+        (["inv.py", "deploy.py", "--json"], False),
+        (["inv.py", "deploy.py", "--json", "-y"], True),
+        (["inv.py", "deploy.py", "--json", "-vvy"], True),
+        (["inv.py", "deploy.py", "--yes", "--json"], True),
+        (["inv.py", "deploy.py", "-y"], True),
+        (["inv.py", "deploy.py"], True),  # asks before executing: it may execute
+        (["inv.py", "exec", "--json", "--", "echo", "-y"], False),
+    ],
+)
+def test_in_pyinfras_greenlets_the_command_line_decides(argv, executing):
+    # pyinfra loads deploy.py in greenlets, where click's context is not visible.
+    assert click.get_current_context(silent=True) is None
+    assert lock._executing(argv) is executing
+
+
+def test_a_dry_run_takes_no_lock_and_names_the_holder(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    holder = hold(b)
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [a, b]))
+    run = lock._Run(state, executing=False)
+    threads = [threading.Thread(target=run.arrive, args=(h, 5)) for h in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not a.lock_dir.exists() and b.holder() == holder
+    assert run.locks.events == []
+    assert any("--dry takes no lock; another deploy holds it: ops@elsewhere (pid 4242)" in line for line in b.logs)
+
+
+def test_the_last_host_to_arrive_takes_every_lock_of_the_run(tmp_path):
+    a, b, c = machines(tmp_path, ("c-host", "10.0.0.3"), ("a-host", "10.0.0.1"), ("b-host", "10.0.0.2"))
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [a, b, c]))
+    run = lock._Run(state, executing=True)
+    seen_before_last = []
+    t1 = threading.Thread(target=run.arrive, args=(a, 5))
+    t1.start()
+    time.sleep(0.3)
+    seen_before_last.append(list(run.locks.events))  # one host arrived: nothing taken yet
+    t2 = threading.Thread(target=run.arrive, args=(b, 5))
+    t2.start()
+    run.arrive(c, 5)
+    t1.join(timeout=30)
+    t2.join(timeout=30)
+    assert seen_before_last == [[]]
+    assert run.locks.events == ["take 10.0.0.1:22", "take 10.0.0.2:22", "take 10.0.0.3:22"]
+    for host in (a, b, c):
+        run.host_disconnect(state, host)
+    assert not any(h.lock_dir.exists() for h in (a, b, c))
