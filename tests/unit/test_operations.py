@@ -65,9 +65,9 @@ def _shown(command) -> Any:
     raise AssertionError(f"unexpected command {command!r}")
 
 
-def run(op, facts: dict[type, Any], fs: FakeFs | None = None, **kwargs) -> Result:
-    """Run `op`'s body on a fresh host whose facts come from `facts` (values or callables of the fact's kwargs)."""
-    host = make_host({})
+def run(op, facts: dict[type, Any], fs: FakeFs | None = None, data: dict | None = None, **kwargs) -> Result:
+    """Run `op`'s body on a fresh host (with host data `data`) whose facts come from `facts` (values or callables of the fact's kwargs)."""
+    host = make_host({}, data)
     answers = {**(fs or FakeFs()).facts(), **facts}
 
     def get_fact(cls, *args, **fact_kwargs):
