@@ -112,7 +112,7 @@ def run_staged(state) -> Result:
 def test_model_staged_and_matching_yields_nothing():
     result = run_staged(model_state())
     assert result.commands == []
-    assert result.noops == [f"model {DEST} is staged and matches {SRC}"]
+    assert result.noops == [f"model {DEST} is staged and matches {SRC} (checked: names, sizes, mtimes)"]
 
 
 MODEL_DRIFTS = [
@@ -123,8 +123,11 @@ MODEL_DRIFTS = [
     ("corrupt-marker", {"marker": {"corrupt": True}}, "no staging manifest (not staged by us, or interrupted)"),
     ("source-changed", {"src": {**LISTING, "model-00002-of-00002.safetensors": 3}}, "source changed since staging"),
     ("source-file-resized", {"src": {**LISTING, "config.json": 813}}, "source changed since staging"),
-    ("unexpected-file", {"dest": {**LISTING, "stray.bin": 1}}, "unexpected files: stray.bin"),
 ]
+
+
+def test_a_file_beside_a_staged_model_that_its_manifest_does_not_name_is_not_drift():
+    assert models.drift({**model_state(), "dest": {**LISTING, "stray.bin": 1}}) is None
 
 
 @pytest.mark.parametrize(("changes", "reason"), [c[1:] for c in MODEL_DRIFTS], ids=[c[0] for c in MODEL_DRIFTS])
@@ -136,6 +139,13 @@ def test_model_drift_yields_one_stage_command(changes, reason):
     assert result.commands == [STAGE]
     assert result.noops == []
     assert result.logs == [f"model {DEST}: {reason}: staging from {SRC}"]
+
+
+def test_model_file_modified_after_staging_is_restaged_with_the_staged_copy_hashed():
+    state = {**model_state(), "suspect_hashes": {"config.json": "0" * 64}}
+    assert models.drift(state) == "content differs (modified after staging): config.json"
+    # A fast stage would hard-link the same-size bad file back: this one hashes what it keeps.
+    assert run_staged(state).commands == [remote.command("stage_model", SRC, DEST, models.MARKER, "--verify", "full")]
 
 
 def test_model_source_missing_still_runs_the_stage_script_which_says_so():
