@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -442,3 +443,116 @@ def test_force_adopts_unexpected_content_as_the_original(patch_set):
     assert result.commands[0] == f"mkdir -p {BACKUPS}/sglang/srt/speculative && cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}"
     assert result.commands[1:3] == put(patch_set, REPLACED)
     assert any("adopting its current content (sha256 eeeeeeeeeeee) as the original (force)" in line for line in result.logs)
+
+
+def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
+    with pytest.raises(OperationError, match="could not read the state of sglang-x.service .*the connection dropped"):
+        run(readiness.ready, {readiness.ServiceState: lambda **kw: None}, service="x", unit="sglang-x.service", bind="127.0.0.1", port=30000, timeout=60)
+
+
+def test_inputs_recorded_runs_the_state_script_in_record_mode():
+    result = run(readiness.inputs_recorded, {}, unit="sglang-x.service", inputs=("/etc/systemd/system/sglang-x.service", "/root/venv_sglang"))
+    assert result.commands == [remote.command("service_state", "--record", "sglang-x.service", "/etc/systemd/system/sglang-x.service", "/root/venv_sglang")]
+
+
+# operations/remote/service_state.py, run here against a stand-in systemctl ---------------------
+
+
+@pytest.fixture
+def service_host(tmp_path, monkeypatch):
+    """A `systemctl` that reports an active unit with MainPID from $PID, and a record dir in tmp_path."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        "echo LoadState=loaded; echo ActiveState=active; echo SubState=running; echo MainPID=$PID; echo NRestarts=0\n"
+        "echo ActiveEnterTimestampMonotonic=$ENTERED\n"
+    )
+    (bindir / "systemctl").chmod(0o755)
+    script = remote.script("service_state").replace('"/var/lib/sglang-deploy/started"', repr(str(tmp_path / "started")))
+    entered = int((time.monotonic() - 100) * 1e6)  # started 100 s ago
+
+    def call(*args, pid=4242):
+        env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PID": str(pid), "ENTERED": str(entered)}
+        out = subprocess.run([sys.executable, "-", *args], input=script, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    return call
+
+
+def test_service_state_compares_content_with_what_the_process_was_started_with(tmp_path, service_host):
+    import os
+
+    unit = tmp_path / "sglang-x.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    gens = tmp_path / "venv.generations"
+    for gen in ("g1", "g2"):
+        (gens / gen / ".sglang-deploy").mkdir(parents=True)
+        (gens / gen / ".sglang-deploy" / "installed").write_text("")
+    venv_link = tmp_path / "venv"
+    venv_link.symlink_to(gens / "g1")
+    model = tmp_path / "shm" / "M"
+    model.mkdir(parents=True)
+    marker = model / models.MARKER
+    marker.write_text('{"files": {"a": [1, "x", 2]}}')
+    inputs = [str(unit), str(venv_link), str(marker)]
+    read = lambda **kw: service_host("sglang-x.service", "127.0.0.1", "1", *inputs, **kw)  # noqa: E731
+
+    # Before any record, the older rule: inputs modified after the process started (all of them, here).
+    first = read()
+    assert first["recorded"] is False and first["newer"] == inputs
+    service_host("--record", "sglang-x.service", *inputs)
+    again = read()
+    assert (again["recorded"], again["newer"], again["pid"]) == (True, [], 4242)
+
+    # Touched, rewritten with the same bytes, a file dropped beside the model: no change.
+    os.utime(unit)
+    unit.write_text(unit.read_text())
+    (model / "notes.txt").write_text("junk")
+    os.utime(marker)
+    assert read()["newer"] == []
+
+    # Content: the unit edited; a re-stage (a new marker, same manifest); the venv switched or repaired in place.
+    unit.write_text("[Service]\nExecStart=/bin/false\n")
+    assert read()["newer"] == [str(unit)]
+    service_host("--record", "sglang-x.service", *inputs)
+    (model / "new").write_text(marker.read_text())
+    os.rename(model / "new", marker)
+    assert read()["newer"] == [str(marker)]
+    service_host("--record", "sglang-x.service", *inputs)
+    stamp = gens / "g1" / ".sglang-deploy" / "installed"
+    os.utime(stamp, ns=(stamp.stat().st_atime_ns, stamp.stat().st_mtime_ns + 10**9))
+    assert read()["newer"] == [str(venv_link)]
+    service_host("--record", "sglang-x.service", *inputs)
+    venv_link.unlink()
+    venv_link.symlink_to(gens / "g2")
+    assert read()["newer"] == [str(venv_link)]
+
+    # A process the record does not cover (restarted outside the deploy): back to mtimes since its start.
+    assert read(pid=999)["recorded"] is False
+
+
+def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service_host):
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def banner():
+        conn, _ = server.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2p1\r\n")
+        conn.recv(1024)
+        conn.close()
+
+    threading.Thread(target=banner, daemon=True).start()
+    state = service_host("sglang-x.service", "127.0.0.1", str(server.getsockname()[1]))
+    server.close()
+    assert state["health"] is None and "not with HTTP" in state["health_error"]
