@@ -11,8 +11,9 @@
 #   has the same manifest), while a file dropped beside the model leaves it alone;
 # - a symlink (the venv): the generation it points at, and that generation's install stamp,
 #   which the deploy touches after every install into it (a repair in place).
-# Without a record for the running process (a deploy older than this, or a process systemd or
-# an operator restarted since), inputs modified after the process started count as changed.
+# A process started since by systemd (a reboot, Restart=) or an operator loaded the inputs as they
+# were then; where they still match the record nothing is to be done either way. Without a record
+# (a deploy older than this one), inputs modified after the process started count as changed.
 #
 # argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
 #       --record UNIT [PATH...]              write the record for the running process
@@ -110,7 +111,7 @@ pid = int(props.get("MainPID") or 0)
 try:
     with open(record_path(unit)) as handle:
         record = json.load(handle)
-    if not isinstance(record, dict) or record.get("pid") != pid or not isinstance(record.get("inputs"), dict):
+    if not isinstance(record, dict) or not isinstance(record.get("inputs"), dict):
         record = None
 except (OSError, ValueError):
     record = None

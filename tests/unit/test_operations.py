@@ -534,8 +534,9 @@ def test_service_state_compares_content_with_what_the_process_was_started_with(t
     venv_link.symlink_to(gens / "g2")
     assert read()["newer"] == [str(venv_link)]
 
-    # A process the record does not cover (restarted outside the deploy): back to mtimes since its start.
-    assert read(pid=999)["recorded"] is False
+    # A process started outside the deploy (a reboot) with the recorded inputs: nothing to do, nothing to record.
+    service_host("--record", "sglang-x.service", *inputs)
+    assert (read(pid=999)["recorded"], read(pid=999)["newer"]) == (True, [])
 
 
 def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service_host):
