@@ -11,9 +11,10 @@
 #   has the same manifest), while a file dropped beside the model leaves it alone;
 # - a symlink (the venv): the generation it points at, and that generation's install stamp,
 #   which the deploy touches after every install into it (a repair in place).
-# A process started since by systemd (a reboot, Restart=) or an operator loaded the inputs as they
-# were then; where they still match the record nothing is to be done either way. Without a record
-# (a deploy older than this one), inputs modified after the process started count as changed.
+# A process started since by systemd (a reboot: the boot unit re-stages the models first, Restart=)
+# or an operator (another MainPID than the record's) loaded the inputs as they were at its start:
+# an input that differs from the record counts only if it changed after that start. Without a
+# record (a deploy older than this one), inputs modified after the process started count as changed.
 #
 # argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
 #       --record UNIT [PATH...]              write the record for the running process
@@ -69,6 +70,20 @@ def identity(path):
     return f"sha256 {digest.hexdigest()}"
 
 
+def changed_at(path):
+    """When `path` last changed, for a process started outside the deploy (seconds; 0 when absent)."""
+    try:
+        when = os.lstat(path).st_mtime
+    except OSError:
+        return 0
+    if os.path.islink(path):
+        try:
+            when = max(when, os.lstat(os.path.join(os.path.realpath(path), STAMP)).st_mtime)
+        except OSError:
+            pass
+    return when
+
+
 def record_path(unit):
     return os.path.join(RECORD_DIR, unit.replace("/", "_") + ".json")
 
@@ -118,16 +133,19 @@ except (OSError, ValueError):
 newer = []
 entered = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
 if entered and props.get("ActiveState") == "active":
-    if record is not None:
-        newer = [path for path in paths if path not in record["inputs"] or identity(path) != record["inputs"][path]]
-    else:
-        started = time.time() - (time.monotonic() - entered)  # the same kernel clock as systemd's
-        for path in paths:
-            try:
-                if os.lstat(path).st_mtime > started + 1:
-                    newer.append(path)
-            except OSError:
-                pass
+    started = time.time() - (time.monotonic() - entered)  # the same kernel clock as systemd's
+    for path in paths:
+        if record is not None:
+            if path in record["inputs"] and identity(path) == record["inputs"][path]:
+                continue
+            # Content differs from the record. The process the deploy started (same PID) did not load
+            # it; one started since (a reboot: the boot unit re-stages, then the service starts) did,
+            # if the change came before its start.
+            if record.get("pid") != pid and changed_at(path) <= started + 1:
+                continue
+            newer.append(path)
+        elif changed_at(path) > started + 1:
+            newer.append(path)
 print(json.dumps({
     "load": props.get("LoadState"), "active": props.get("ActiveState"), "sub": props.get("SubState"),
     "pid": pid, "restarts": int(props.get("NRestarts") or 0),

@@ -534,9 +534,17 @@ def test_service_state_compares_content_with_what_the_process_was_started_with(t
     venv_link.symlink_to(gens / "g2")
     assert read()["newer"] == [str(venv_link)]
 
-    # A process started outside the deploy (a reboot) with the recorded inputs: nothing to do, nothing to record.
+    # A process started outside the deploy (another PID; a reboot re-staged its model before it started,
+    # 100 s ago): it loaded what is there now. An input changed after its start still counts.
     service_host("--record", "sglang-x.service", *inputs)
+    old = marker.stat().st_mtime_ns - 200 * 10**9
+    (model / "new").write_text(marker.read_text())
+    os.utime(model / "new", ns=(old, old))
+    os.rename(model / "new", marker)
+    assert read()["newer"] == [str(marker)]  # the process the deploy started did not load it
     assert (read(pid=999)["recorded"], read(pid=999)["newer"]) == (True, [])
+    unit.write_text("[Service]\nExecStart=/bin/sh\n")
+    assert read(pid=999)["newer"] == [str(unit)]
 
 
 def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service_host):
