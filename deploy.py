@@ -154,18 +154,28 @@ for service in config.services:
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)
     started = systemd.service(name=f"{service.unit_name} running", service=service.unit_name, running=True)
     deps_changed = any_changed(unit_file, *inputs)
-    # Inputs rewritten after the process started: an earlier run stopped before its restart.
+    # Inputs whose content differs from what the running process was started with (recorded at
+    # each (re)start): an earlier run stopped between a change and its restart. A touched file,
+    # or a file dropped beside a staged model, is no change.
     watched = (unit_path, env.path, *(f"{m.load_path}/{models.MARKER}" for m in service.models if m.location == "shm"))
     watched += (service.config_file,) if service.config_file else ()
-    stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
+    stale, recorded = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
-        host.log(f"{service.name}: {', '.join(stale)} changed after the service started (an earlier deploy stopped before restarting it): restarting")
+        host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
     restarted = systemd.service(
         name=f"{service.unit_name} restarted (its inputs changed)",
         service=service.unit_name,
         running=None,
         restarted=True,
         _if=lambda deps_changed=deps_changed, started=started, stale=bool(stale): (deps_changed() or stale) and not started.did_change(),
+    )
+    # Right after the (re)start, before the readiness wait: a run that dies while waiting does
+    # not make the next one restart a service that already runs what the data asks for.
+    readiness.inputs_recorded(
+        name=f"{service.unit_name}: what it was started with recorded",
+        unit=service.unit_name,
+        inputs=watched,
+        _if=lambda started=started, restarted=restarted, recorded=recorded: started.did_change() or restarted.did_change() or not recorded,
     )
     readiness.ready(
         name=f"{service.unit_name} answers /health",

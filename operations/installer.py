@@ -2,7 +2,9 @@
 
 uv is a single static binary, shipped as a wheel beside the stack's wheels (the wheelhouse
 builder fetches it) and unpacked once per host under the host wheel cache; it installs a
-stack several times faster than pip, hard-linking from its own cache. pip (the venv's own)
+stack several times faster than pip. It copies from its cache (`--link-mode copy`), never
+hard-links: a venv file that shared its inode with the cache (uv's default) would carry a hand
+edit into the cache, and every "reinstall" would link the edited file back. pip (the venv's own)
 is the fallback: a host whose architecture has no pinned uv wheel, or `installer: pip` in
 the data. Both are driven the same way: `--no-deps`, exact files, nothing resolved.
 """
@@ -77,6 +79,9 @@ class Installer:
     def _uv(self, subcommand: str) -> str:
         return f"{shlex.quote(uv_binary(self.host_cache))} pip {subcommand} --quiet --no-config --python {self.python} "
 
+    def _uv_install(self) -> str:
+        return f"{self._env()}{self._uv('install')}--link-mode copy "
+
     def _env(self) -> str:
         return f"UV_CACHE_DIR={shlex.quote(uv_cache(self.host_cache))} "
 
@@ -84,12 +89,19 @@ class Installer:
         """Install wheel files; `repair`: distributions whose installed files are damaged at the same version.
 
         uv replaces another version by itself; `--reinstall` would also drop its unpacked-wheel
-        cache (it implies `--refresh`), so only the repaired distributions are named.
+        cache (it implies `--refresh`), so only the repaired distributions are named. Their
+        cache entries are dropped first (`uv cache clean NAME`): a repair re-extracts from the
+        wheel, never from an unpacked copy that an edit may have reached (hard-linked by an older
+        deploy). `--refresh-package` would do it but uv refuses it with `--offline`.
         """
         quoted = " ".join(shlex.quote(p) for p in paths)
         if self.kind == "uv":
             again = "".join(f"--reinstall-package {shlex.quote(name)} " for name in repair)
-            return f"{self._env()}{self._uv('install')}--no-deps --no-index --offline {again}{quoted}"
+            clean = ""
+            if repair:
+                names = " ".join(shlex.quote(name) for name in repair)
+                clean = f"{self._env()}{shlex.quote(uv_binary(self.host_cache))} cache clean --quiet --no-config {names} && "
+            return f"{clean}{self._uv_install()}--no-deps --no-index --offline {again}{quoted}"
         return (
             f"{self.python} -m pip install --quiet --no-index --no-deps --force-reinstall "
             f"--disable-pip-version-check {quoted}"
@@ -98,7 +110,7 @@ class Installer:
     def install_from_index(self, index_url: str, requirements: str) -> str:
         url, reqs = shlex.quote(index_url), shlex.quote(requirements)
         if self.kind == "uv":
-            return f"{self._env()}{self._uv('install')}--no-deps --reinstall --require-hashes --index-url {url} -r {reqs}"
+            return f"{self._uv_install()}--no-deps --reinstall --require-hashes --index-url {url} -r {reqs}"
         return (
             f"{self.python} -m pip install --quiet --no-deps --force-reinstall --require-hashes "
             f"--disable-pip-version-check --index-url {url} -r {reqs}"

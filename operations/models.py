@@ -4,8 +4,10 @@
 like a model. So:
 
 - `models.staged(src, dest)` keeps a verified copy of one model directory. The converged check
-  is one remote call that reads names, sizes and mtimes only: the staged copy against its
-  marker (the manifest it was staged with), the source against its cached manifest. Drift runs
+  is one remote call that reads names, sizes and mtimes: the staged copy against its marker
+  (the manifest it was staged with; a staged file modified after the marker was written is
+  hashed and compared with it), the source against its cached manifest. Files the manifest
+  does not name (an operator's junk file) are ignored: never loaded by us, never deleted. Drift runs
   `remote/stage_model.py`, which copies only the files that differ into a temporary sibling
   (the rest are hard-linked), checks each against the manifest and renames the directory into
   place. `verify="full"` re-hashes the staged copy in the check and repairs what differs.
@@ -49,7 +51,8 @@ VERIFY_MODES = ("fast", "full")
 class StagedModel(FactBase):
     """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
     (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
-    with ``verify="full"`` also the staged files' sha256 (``dest_hashes``)."""
+    the sha256 of staged files modified after the marker (``suspect_hashes``); with
+    ``verify="full"`` instead the sha256 of every staged file (``dest_hashes``)."""
 
     def command(self, src: str, dest: str, verify: str = "fast") -> str:
         extra = ("full",) if verify == "full" else ()
@@ -67,8 +70,11 @@ def _some(names, limit: int = 3) -> str:
 def drift(state: dict) -> str | None:
     """Why the staged copy is not a verified copy of the source, or None if it is.
 
-    Decided from names and sizes, the marker and the source's cached manifest; ``dest_hashes``
-    (present only with a full verify) adds a content check of every staged file.
+    Decided from names and sizes, the marker and the source's cached manifest; ``suspect_hashes``
+    (files modified after staging) and ``dest_hashes`` (a full verify: every file) add a content
+    check. Staged files the source does not have are not drift: the stage script never puts
+    one there, so it is someone else's; the engine loads the files its config and weight index
+    name, and a later re-stage (for a real change) builds the copy from the manifest alone.
     """
     src, dest, marker = state["src"], state["dest"], state["marker"]
     if dest is None:
@@ -89,9 +95,10 @@ def drift(state: dict) -> str | None:
     wrong = [rel for rel in src if dest.get(rel) != src[rel]]
     if wrong:
         return f"size differs: {_some(wrong)}"
-    extra = set(dest) - set(src)
-    if extra:
-        return f"unexpected files: {_some(extra)}"
+    suspects = state.get("suspect_hashes") or {}
+    differ = [rel for rel in src if rel in suspects and suspects[rel] != staged[rel][1]]
+    if differ:
+        return f"content differs (modified after staging): {_some(differ)}"
     hashes = state.get("dest_hashes")
     if hashes is not None:
         differ = [rel for rel in src if hashes.get(rel) != staged[rel][1]]
@@ -116,7 +123,8 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
 
     + src: the model's durable directory on the host (in the model store); only read
     + dest: where the service loads it from (in the shm dir)
-    + verify: ``fast`` (names and sizes against the manifests) or ``full`` (re-hash the staged copy)
+    + verify: ``fast`` (names, sizes and mtimes against the manifests; files modified after staging
+      are hashed) or ``full`` (re-hash the staged copy)
     + others: ``(src, dest)`` of the host's other staged models, counted in the free-space check
 
     Staging:
@@ -150,10 +158,15 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
     else:
         reason = drift(state)
     if reason is None:
-        host.noop(f"model {dest} is staged and matches {src}")
+        touched = len(state.get("suspect_hashes") or {})
+        hashed = f"; {touched} file(s) modified after staging hashed: content unchanged" if touched else ""
+        host.noop(f"model {dest} is staged and matches {src} (checked: {'sha256' if verify == 'full' else 'names, sizes, mtimes'}{hashed})")
         return
     host.log(f"model {dest}: {reason}: staging from {src}")
-    yield stage_command(src, dest, verify, tuple(others))
+    # A file whose content is wrong at the right size would be hard-linked into the new copy by a
+    # fast stage (it trusts sizes): re-stage with the staged files hashed, so that it is copied again.
+    content = reason.startswith("content differs")
+    yield stage_command(src, dest, "full" if content else verify, tuple(others))
 
 
 # models.unused_removed -----------------------------------------------------------------

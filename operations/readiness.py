@@ -14,7 +14,7 @@ import shlex
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 from pyinfra.api.state import BaseStateCallback
 
 from operations import remote
@@ -31,6 +31,17 @@ class ServiceState(FactBase):
 
     def process(self, output):
         return json.loads("\n".join(output))
+
+
+def service_state(unit: str, address: str, port: int, inputs: tuple[str, ...] = ()) -> dict:
+    """The `ServiceState` fact; a clear error where pyinfra returned nothing (it has failed the host already)."""
+    state = host.get_fact(ServiceState, unit=unit, address=address, port=port, inputs=inputs)
+    if not isinstance(state, dict):
+        raise OperationError(
+            f"{host.name}: could not read the state of {unit} (systemd and {address}:{port}/health): the connection "
+            f"dropped or the command failed (pyinfra's error above says which); run the deploy again once the host answers"
+        )
+    return state
 
 
 def probe_address(bind: str) -> str:
@@ -134,7 +145,7 @@ def ready(
     # change check before execution judges by the service's current answer.
     just_started = bool(host.state.is_executing and restarted and restarted())
     if not just_started:
-        state = host.get_fact(ServiceState, unit=unit, address=address, port=port, inputs=inputs)
+        state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
             uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"
             record(host.name, service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
@@ -143,15 +154,32 @@ def ready(
     yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})
 
 
-def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:
-    """Inputs of a running service changed after it started (read now, before this run changes anything).
+def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> tuple[list[str], bool]:
+    """Inputs of a running service that changed in content since it started (read now, before this run changes anything),
+    and whether the deploy's record of what it started with covers the running process.
 
     Its unit file, venv link, staged models' markers and key file are only rewritten when they
-    change, and a change restarts the service in the same run; one newer than the process means
-    a run stopped in between, so this run restarts it.
+    change, and a change restarts the service in the same run; an input whose content differs
+    from the record written at that restart (`inputs_recorded`) means a run stopped in between,
+    so this run restarts it. A `touch`, or a file dropped beside a staged model, changes no
+    identity (operations/remote/service_state.py). Without a record for the running process,
+    inputs modified after it started count as changed (the rule before records existed).
     """
-    state = host.get_fact(ServiceState, unit=unit, address=probe_address(bind), port=port, inputs=inputs)
-    return state.get("newer") or []
+    state = service_state(unit, probe_address(bind), port, inputs)
+    return list(state.get("newer") or []), bool(state.get("recorded"))
+
+
+@operation(is_idempotent=False)
+def inputs_recorded(unit: str, inputs: tuple[str, ...]):
+    """
+    Record the content identity of ``inputs`` for the process ``unit`` runs now (after a (re)start).
+
+    + unit: the service's systemd unit
+    + inputs: the host paths `changed_since_start` compares (unit file, venv link, model markers, key file)
+
+    Run it with ``_if`` set to "this run started or restarted the unit, or no record covers its process".
+    """
+    yield remote.command("service_state", "--record", shlex.quote(unit), *(shlex.quote(p) for p in inputs))
 
 
 class SummaryPrinter(BaseStateCallback):

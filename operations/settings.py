@@ -45,6 +45,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "venv_path": Key("/root/venv_sglang", "Serving virtualenv on the host."),
     "model_store": Key("/root/models", "Directory on the host holding the models (the durable copy)."),
     "shm_dir": Key("/dev/shm", "RAM disk the services load `shm` models from; emptied on reboot."),
+    "verify_env": Key("fast", "How venvs are checked against each distribution's RECORD: `fast` (sizes; files modified after the deploy's last install are hashed) or `full` (the sha256 of every file); what differs is reinstalled from its wheel."),
     "verify_models": Key("fast", "How staged models are checked: `fast` (names and sizes against the manifests) or `full` (re-hash every staged file, repair what differs)."),
     "wheelhouse": Key("wheelhouse", "Directory on the control machine with the stack's wheel files (relative to the deploy dir)."),
     "host_wheel_cache": Key("/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host."),

@@ -4,9 +4,11 @@
 `<venv_path>.generations/<stack>-<digest>`, one directory per exact content (the stack's
 pins and the patch sets applied in it). A deploy that changes the environment:
 
-1. `venv.environment` builds the wanted generation beside the live one: a hard-linked copy
-   of the live generation (no second copy on disk, nothing the service uses is touched)
-   in which only the distributions that differ are removed and installed; or a fresh venv.
+1. `venv.environment` builds the wanted generation beside the live one: a copy of the live
+   generation (`cp --reflink=auto`: free on a copy-on-write filesystem, a full copy elsewhere;
+   never hard links) in which only the distributions that differ are removed and installed; or
+   a fresh venv. uv installs with `--link-mode copy`: no file a service runs shares its inode
+   with uv's cache or with another generation, so an edit in place reaches one file only.
    An interrupted build leaves a generation that is not live; the next run completes it.
 2. `patches.applied` applies the patch sets inside it.
 3. `venv.probed` runs the ABI probe (operations/remote/abi_probe.py) in it and, only if
@@ -14,8 +16,11 @@ pins and the patch sets applied in it). A deploy that changes the environment:
    kept (one) for rollback; older ones are deleted.
 
 Facts read every installed distribution (name, version with its local tag, installer, and
-the files its RECORD names that are missing) of the wanted and the live generation in one
-remote call, so a converged environment costs that one call.
+the files its RECORD names that are damaged: `verify_env: fast` compares sizes, and hashes
+files modified after the generation's install stamp; `full` compares every file's sha256
+with RECORD) of the wanted and the live generation in one remote call, so a converged
+environment costs that one call. A damaged distribution is reinstalled from its
+sha256-checked wheel, re-extracted (its uv cache entry is dropped first).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from operations.stacks import Package, Stack
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
+VERIFY_MODES = ("fast", "full")
+# Touched after every install into a generation: a fast check hashes the files modified after it.
+STAMP = ".sglang-deploy/installed"
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,11 @@ def resolve(
                 if have and have["version"] == package.version and not have.get("damaged_count"):
                     chosen[package.name] = (source, None)
                     break
-                why = "no venv" if donor is None else f"has {have['version']}" if have else "lacks it"
+                if have and have.get("damaged_count"):
+                    # e.g. the GPU image's replaced certifi/cacert.pem: a copy would fail our own check on every run.
+                    why = f"{have['damaged_count']} of its installed file(s) differ from their RECORD: {', '.join(have['damaged'][:3])}"
+                else:
+                    why = "no venv" if donor is None else f"has {have['version']}" if have else "lacks it"
                 tried.append(f"{source} ({why})")
         else:
             wanted = package.file or f"a wheel of {package.spec}"
@@ -146,18 +158,39 @@ class VenvState(FactBase):
     {name: {"version", "installer", "damaged": [...], "damaged_count"}}, "shared": {top: [dists]}}``.
     """
 
-    def command(self, live: str, wanted: str, host_cache: str) -> str:
+    def command(self, live: str, wanted: str, host_cache: str, verify: str = "fast") -> str:
         return remote.command(
             "venv_state", shlex.quote(live), shlex.quote(wanted), shlex.quote(host_cache),
-            shlex.quote(installer_mod.uv_binary(host_cache)),
+            shlex.quote(installer_mod.uv_binary(host_cache)), shlex.quote(verify),
         )
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
-def state_of(gen: Generation, host_cache: str) -> dict:
-    return host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache)
+def verify_mode() -> str:
+    """`verify_env` from the host's data (fast or full)."""
+    from operations.settings import GLOBAL_KEYS
+
+    mode = host.data.get("verify_env", GLOBAL_KEYS["verify_env"].default)
+    if mode not in VERIFY_MODES:
+        raise OperationError(f"{host.name}: verify_env: {mode!r}: must be `fast` (sizes, and the sha256 of files modified after install) or `full` (the sha256 of every file)")
+    return mode
+
+
+def unread(what: str, where: str) -> OperationError:
+    """A fact that came back empty: pyinfra has already failed the host (its connection dropped, or the command died)."""
+    return OperationError(
+        f"{host.name}: could not read {what} ({where}): the connection dropped or the command failed "
+        f"(pyinfra's error above says which); nothing was changed on the host by this step: run the deploy again once it answers"
+    )
+
+
+def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
+    facts = host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
+    if facts is None:
+        raise unread("the serving venv", gen.live)
+    return facts
 
 
 # Planning (pure) -------------------------------------------------------------------------
@@ -190,6 +223,15 @@ def plan(stack: Stack, venv_state: dict | None) -> Plan:
             install.append(p.name)
             shown = ", ".join(found["damaged"][:3]) + (", ..." if found["damaged_count"] > 3 else "")
             reasons.append(f"{p.name} {p.version}: {found['damaged_count']} installed file(s) missing or altered ({shown}): reinstalling")
+        elif found.get("linked_count"):
+            # Hard links into uv's cache or another generation (a build by an older deploy): an edit
+            # there would change this file unseen. Reinstalled as files of its own.
+            install.append(p.name)
+            shown = ", ".join(found["linked"][:3]) + (", ..." if found["linked_count"] > 3 else "")
+            reasons.append(
+                f"{p.name} {p.version}: {found['linked_count']} installed file(s) share their inode with another path "
+                f"(uv's cache or another generation: {shown}): reinstalling as copies"
+            )
     remove = sorted(set(dists) - set(stack.wanted()) - BOOTSTRAP)
     if remove:
         reasons.append(f"remove {', '.join(remove)} (not in stack {stack.name})")
@@ -228,12 +270,17 @@ for name in os.listdir(bindir):
 
 
 def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
-    """A hard-linked copy of `source` as the new generation; scripts' paths pointed at it; renamed in when whole."""
+    """A copy of `source` as the new generation; scripts' paths pointed at it; renamed in when whole.
+
+    `--reflink=auto` shares extents only where the filesystem copies on write (btrfs, XFS): an
+    edit there writes new blocks. Never hard links: a hand edit in one generation would reach
+    the other, and a repair would find nothing to compare against.
+    """
     partial = shlex.quote(gen.path + ".partial")
     prefixes = " ".join(shlex.quote(p) for p in old_prefixes)
     return (
         f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {partial} && "
-        f"cp -a --link {shlex.quote(source)} {partial} && "
+        f"cp -a --reflink=auto {shlex.quote(source)} {partial} && "
         f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {shlex.quote(gen.path)} {prefixes} && "
         f"sed -i '/^command *=/d' {partial}/pyvenv.cfg && "
         f"mv -T {partial} {shlex.quote(gen.path)}"
@@ -278,7 +325,8 @@ def environment(
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
-    facts = state_of(gen, host_cache)
+    verify = verify_mode()
+    facts = state_of(gen, host_cache, verify)
     wanted, live_state = facts["wanted"], facts["live_state"]
     kind = _installer_kind(installer, sources, facts)
     tool = installer_mod.Installer(kind, gen.path, host_cache)
@@ -297,7 +345,7 @@ def environment(
         )
         if python_matches(stack, live_state):
             build.append(clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live})))
-            build_why = f"building generation {gen.id} beside the live {live_state['path']} (a hard-linked copy; only what differs is installed)"
+            build_why = f"building generation {gen.id} beside the live {live_state['path']} (a copy of it; only what differs is installed)"
             base = live_state
         else:
             why = "no venv yet" if live_state is None else f"the live one has Python {live_state['python']}"
@@ -316,16 +364,26 @@ def environment(
     packages = [p for p in stack.packages if p.name in todo.install]
     chosen = {}
     if packages:
-        donors = {s.key: _donor_state(s) for s in sources if s.kind == "donor"}
+        donors = {s.key: _donor_state(s, verify) for s in sources if s.kind == "donor"}
         chosen = resolve(stack, packages, sources, donors)
     if None in build:
         installs = any(source.kind != "donor" for source, _ in chosen.values())
         new_venv = tool.new_venv(f"python{stack.python}", with_pip=installs and kind == "pip")
         build[build.index(None)] = f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {new_venv}"
     if not build and not todo.install and not todo.remove:
-        host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions)")
+        # Say what was compared: a fast check does not see a same-size edit whose mtime was put back.
+        hashed = f", {wanted['hashed']} file(s) hashed" if wanted.get("hashed") else ""
+        checked = f"{wanted.get('checked', 'size')}{hashed}"
+        host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions; checked: {checked})")
         return
+    yield from _changes(gen, stack, facts, base, build, build_why if build else "", todo, packages, chosen, kind, tool, sources, host_cache, log)
+    # Last, once everything is in: a later fast check hashes the files modified after this.
+    stamp = f"{gen.path}/{STAMP}"
+    yield f"mkdir -p {shlex.quote(str(Path(stamp).parent))} && touch {shlex.quote(stamp)}"
 
+
+def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, kind, tool, sources, host_cache, log):
+    """The commands of `environment` once everything is decided."""
     if build:
         log(build_why)
         yield "".join(build)
@@ -367,6 +425,11 @@ def environment(
         if unpinned:
             yield " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for path in unpinned)
         repair = sorted(n for n in local if (base["dists"].get(n) or {}).get("version") == stack.wanted()[n])
+        recheck = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in repair and p.name not in pushed and p.sha256]
+        if recheck:
+            # A repair re-extracts from the wheel: check the cached wheel against its pin first.
+            check = "\n".join(f"{sha}  {path}" for sha, path in recheck)
+            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
         yield tool.install_files(remote_files, repair)
     by_index: dict[str, list[Package]] = {}
     by_donor: dict[str, list[Package]] = {}
@@ -405,13 +468,19 @@ def _donor_host(name: str):
     return donor
 
 
-def _donor_state(source: Source) -> dict | None:
-    """The donor's venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent."""
+def _donor_state(source: Source, verify: str = "fast") -> dict | None:
+    """The donor's venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent.
+
+    Read with this host's `verify_env`, so that a file the donor has altered (the GPU image's replaced
+    `certifi/cacert.pem`) keeps its distribution from being copied: a copy would fail our own check
+    on every run.
+    """
     donor = _donor_host(source.location)
     if not donor.connected:
         return None
     path = _donor_path(source)
-    return donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent")["wanted"]
+    facts = donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent", verify=verify)
+    return None if facts is None else facts["wanted"]
 
 
 def _channel(client, command: str):
@@ -522,5 +591,5 @@ def switched(gen: Generation, live_target: str | None):
 
 def live_target(gen: Generation, host_cache: str) -> str | None:
     """The generation `venv_path` points at, read at deploy load, so that `venv.switched` need not read the venv again."""
-    facts = state_of(gen, host_cache)
+    facts = state_of(gen, host_cache, "fast")
     return facts["live"]["target"]

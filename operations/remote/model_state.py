@@ -1,8 +1,11 @@
 # Fact script: describe a model's source directory and its staged copy, as one JSON line.
 # argv: SRC DEST MARKER_NAME [full]
-# Cheap by default: names, sizes and mtimes, and the source's cached manifest (valid for a file
-# while its size and mtime are unchanged); nothing is hashed. With `full`, the staged copy's
-# files are re-hashed (sha256), for `verify_models: full`.
+# Cheap by default (`fast`): names, sizes and mtimes, and the source's cached manifest (valid for
+# a file while its size and mtime are unchanged). A staged file modified after its marker was
+# written (the stage script gives every file its source's mtime, then writes the marker) was
+# written after staging: those files alone are hashed (`suspect_hashes`). A same-size edit whose
+# mtime was put back is not seen that way. With `full`, every staged file is re-hashed (sha256),
+# for `verify_models: full`.
 import hashlib
 import json
 import os
@@ -85,6 +88,13 @@ out = {
 }
 if full and staged:
     names = sorted(staged)
+elif staged and marker is not None:
+    written = os.lstat(os.path.join(dest, marker_name)).st_mtime_ns
+    names = sorted(rel for rel, st in staged.items() if rel in (marker.get("files") or {}) and st.st_mtime_ns > written)
+else:
+    names = []
+if names:
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        out["dest_hashes"] = dict(zip(names, pool.map(lambda rel: sha256(os.path.join(dest, rel)), names)))
+        hashes = dict(zip(names, pool.map(lambda rel: sha256(os.path.join(dest, rel)), names)))
+    out["dest_hashes" if full else "suspect_hashes"] = hashes
 print(json.dumps(out))

@@ -1,8 +1,25 @@
 # Fact script: a unit's systemd state and the HTTP status of its /health endpoint, as JSON,
 # and which of the service's inputs (PATH...: its unit file, the venv link, staged models'
-# markers, its key file) changed after the running process started: a deploy that died
+# markers, its key file) changed since the running process started: a deploy that died
 # between changing an input and restarting the service leaves exactly that behind.
-# argv: UNIT ADDRESS PORT [PATH...]
+#
+# "Changed" means changed in content. When the deploy (re)starts a service it records, here in
+# RECORD_DIR/<unit>.json, the identity of each input and the new MainPID (`--record`); later
+# runs compare each input's identity now with the recorded one:
+# - a regular file: its sha256 (a `touch`, or a rewrite with the same bytes, is no change);
+# - a staged model's marker also by its inode: a re-stage writes a new marker (a repaired copy
+#   has the same manifest), while a file dropped beside the model leaves it alone;
+# - a symlink (the venv): the generation it points at, and that generation's install stamp,
+#   which the deploy touches after every install into it (a repair in place).
+# A process started since by systemd (a reboot: the boot unit re-stages the models first, Restart=)
+# or an operator (another MainPID than the record's) loaded the inputs as they were at its start:
+# an input that differs from the record counts only if it changed after that start. Without a
+# record (a deploy older than this one), inputs modified after the process started count as changed.
+#
+# argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
+#       --record UNIT [PATH...]              write the record for the running process
+import hashlib
+import http.client
 import json
 import os
 import subprocess
@@ -11,16 +28,81 @@ import time
 import urllib.error
 import urllib.request
 
+RECORD_DIR = "/var/lib/sglang-deploy/started"
+MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
+STAMP = os.path.join(".sglang-deploy", "installed")  # operations/venv.py: STAMP
+
+
+def show(unit):
+    props = {}
+    out = subprocess.run(
+        ["systemctl", "show", unit, "-p", "LoadState,ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestampMonotonic"],
+        capture_output=True, text=True,
+    )
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        props[key] = value
+    return props
+
+
+def identity(path):
+    """What the process loads from `path`, as a string that changes only when that does (None: absent)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        try:
+            stamp = os.lstat(os.path.join(target, STAMP)).st_mtime_ns
+        except OSError:
+            stamp = None
+        return f"link {target} installed {stamp}"
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return f"unreadable {st.st_ino}"
+    if os.path.basename(path) == MARKER:
+        return f"sha256 {digest.hexdigest()} inode {st.st_ino}"
+    return f"sha256 {digest.hexdigest()}"
+
+
+def changed_at(path):
+    """When `path` last changed, for a process started outside the deploy (seconds; 0 when absent)."""
+    try:
+        when = os.lstat(path).st_mtime
+    except OSError:
+        return 0
+    if os.path.islink(path):
+        try:
+            when = max(when, os.lstat(os.path.join(os.path.realpath(path), STAMP)).st_mtime)
+        except OSError:
+            pass
+    return when
+
+
+def record_path(unit):
+    return os.path.join(RECORD_DIR, unit.replace("/", "_") + ".json")
+
+
+if sys.argv[1] == "--record":
+    unit, paths = sys.argv[2], sys.argv[3:]
+    pid = int(show(unit).get("MainPID") or 0)
+    os.makedirs(RECORD_DIR, mode=0o755, exist_ok=True)
+    body = {"pid": pid, "inputs": {path: identity(path) for path in paths}}
+    tmp = record_path(unit) + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(body, handle, sort_keys=True)
+    os.rename(tmp, record_path(unit))
+    print(json.dumps(body))
+    sys.exit(0)
+
 unit, address, port, paths = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-props = {}
-out = subprocess.run(
-    ["systemctl", "show", unit, "-p", "LoadState,ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestampMonotonic"],
-    capture_output=True, text=True,
-)
-for line in out.stdout.splitlines():
-    key, _, value = line.partition("=")
-    props[key] = value
-health = None
+props = show(unit)
+health, health_error = None, None
 try:
     with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=5) as response:
         health = response.status
@@ -28,6 +110,9 @@ except urllib.error.HTTPError as exc:
     health = exc.code
 except OSError:
     health = None
+except (http.client.HTTPException, ValueError) as exc:
+    # Something that is not an HTTP server holds the port (sshd on 22 answers with its banner).
+    health_error = f"the port answers, but not with HTTP ({type(exc).__name__})"
 uptime = None
 try:
     with open("/proc/uptime") as handle:
@@ -37,18 +122,33 @@ try:
         uptime = round(now - entered, 1)
 except (OSError, ValueError):
     pass
+pid = int(props.get("MainPID") or 0)
+try:
+    with open(record_path(unit)) as handle:
+        record = json.load(handle)
+    if not isinstance(record, dict) or not isinstance(record.get("inputs"), dict):
+        record = None
+except (OSError, ValueError):
+    record = None
 newer = []
 entered = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
 if entered and props.get("ActiveState") == "active":
     started = time.time() - (time.monotonic() - entered)  # the same kernel clock as systemd's
     for path in paths:
-        try:
-            if os.lstat(path).st_mtime > started + 1:
-                newer.append(path)
-        except OSError:
-            pass
+        if record is not None:
+            if path in record["inputs"] and identity(path) == record["inputs"][path]:
+                continue
+            # Content differs from the record. The process the deploy started (same PID) did not load
+            # it; one started since (a reboot: the boot unit re-stages, then the service starts) did,
+            # if the change came before its start.
+            if record.get("pid") != pid and changed_at(path) <= started + 1:
+                continue
+            newer.append(path)
+        elif changed_at(path) > started + 1:
+            newer.append(path)
 print(json.dumps({
     "load": props.get("LoadState"), "active": props.get("ActiveState"), "sub": props.get("SubState"),
-    "pid": int(props.get("MainPID") or 0), "restarts": int(props.get("NRestarts") or 0),
-    "health": health, "uptime_s": uptime, "newer": newer,
+    "pid": pid, "restarts": int(props.get("NRestarts") or 0),
+    "health": health, "health_error": health_error, "uptime_s": uptime, "newer": newer,
+    "recorded": record is not None,
 }))

@@ -1,23 +1,39 @@
 # Fact script: the serving venv's generations, read with the host's own python3 (stdlib only),
 # so it works before any venv exists and costs one round trip on a converged host.
-# argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY
+# argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY [fast|full]
 #
 # LIVE_PATH is what units run (`LIVE_PATH/bin/python`): a symlink to the live generation, or a
 # plain venv directory from before generations existed. GENERATION_PATH is the generation this
 # deploy wants. For each venv read (the wanted generation, and the live one when it is another
 # directory) every distribution is listed from its .dist-info: name, version (local tag kept),
-# installer, and the files its RECORD names that are missing or have another size (bytecode is
-# left out, and so are files a patch set replaced, which the patch sets check themselves).
+# installer, and the files its RECORD names that are damaged:
+# - `fast` (the default): missing, another size than RECORD's, or - in a generation the deploy
+#   stamped when it last installed into it (STAMP below) - modified after that stamp and then
+#   found to differ from RECORD's sha256 (only such files are hashed). A same-size edit whose mtime
+#   was put back is not seen: that needs `full`. Without a stamp (a venv we did not build), size only.
+# - `full`: every file is hashed and compared with RECORD's sha256.
+# Left out: bytecode; files a patch set replaced (the patch sets check their own sha256); files
+# outside site-packages (bin/ scripts: a generation's copy rewrites their paths): presence only.
+# Separately, files that share their inode with another path (st_nlink > 1: uv's cache or another
+# generation, from a hard-linked install or copy) are counted as `linked`: an edit there would
+# change them unseen, so the deploy reinstalls them as copies of their own.
 # Files that two distributions both claim (two kernel builds owning `sgl_kernel/`) are reported.
+import base64
 import csv
 import glob
+import hashlib
 import json
 import os
 import platform
 import re
+import stat
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 live, wanted, host_cache, uv_binary = sys.argv[1:5]
+mode = (sys.argv[5:6] or ["fast"])[0]
+# Written by the deploy after each install into a generation (operations/venv.py: STAMP).
+STAMP = os.path.join(".sglang-deploy", "installed")
 
 
 def norm(name):
@@ -34,6 +50,18 @@ def python_version(venv):
     except OSError:
         return None
     return None
+
+
+def record_hash(path):
+    """A file's hash the way RECORD writes it: sha256=<urlsafe base64, no padding>."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
 def patched_files(venv):
@@ -70,7 +98,11 @@ def read_venv(venv):
     sites = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
     site = sites[0] if sites else None
     patched = patched_files(venv)
-    dists, claims = {}, {}
+    try:
+        stamp = os.lstat(os.path.join(venv, STAMP)).st_mtime_ns
+    except OSError:
+        stamp = None
+    dists, claims, to_hash = {}, {}, []
     for dist_info in sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else ():
         name, version = metadata(dist_info)
         if not name or not version:
@@ -80,7 +112,7 @@ def read_venv(venv):
                 installer = handle.read().strip()
         except OSError:
             installer = ""
-        damaged, files = [], 0
+        damaged, linked, files = [], [], 0
         try:
             with open(os.path.join(dist_info, "RECORD"), newline="", encoding="utf-8") as handle:
                 rows = list(csv.reader(handle))
@@ -93,39 +125,66 @@ def read_venv(venv):
             files += 1
             path = os.path.normpath(os.path.join(site, rel))
             try:
-                size = os.lstat(path).st_size
+                st = os.lstat(path)
             except OSError:
-                damaged.append((rel, None))
+                damaged.append((rel, None, None))
                 continue
+            if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
+                claims.setdefault(rel, []).append((norm(name), row[2], row[1] if len(row) > 1 else ""))
+            if rel in patched or not stat.S_ISREG(st.st_mode):
+                continue
+            if st.st_nlink > 1:
+                linked.append(rel)
             # Scripts outside site-packages (bin/) name their venv's path, which a generation's
             # copy rewrites: for them only presence counts.
-            if len(row) > 2 and row[2].isdigit() and int(row[2]) != size and rel not in patched and not rel.startswith("..") and os.path.isfile(path):
-                damaged.append((rel, size))
-            if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
-                claims.setdefault(rel, []).append((norm(name), row[2]))
-        dists[norm(name)] = {
+            if rel.startswith(".."):
+                continue
+            if len(row) > 2 and row[2].isdigit() and int(row[2]) != st.st_size:
+                damaged.append((rel, str(st.st_size), None))
+                continue
+            expected = row[1] if len(row) > 1 and row[1].startswith("sha256=") else None
+            if expected and (mode == "full" or (stamp is not None and st.st_mtime_ns > stamp)):
+                to_hash.append((path, expected, damaged, rel))
+        dist = {
             "version": version,
             "installer": installer,
             "files": files,
             "record": rows is not None,
             "damaged": damaged,
+            "linked": linked,
         }
+        dists[norm(name)] = dist
+    # Hashing is most of a full check's time; hashlib releases the GIL on large buffers.
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        for (path, expected, damaged, rel), digest in zip(to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
+            if digest != expected:
+                damaged.append((rel, None, digest))
     for dist in dists.values():
         # A file two wheels both ship (sglang 0.5.11's flashinfer-python and torch-c-dlpack-ext
         # each carry their own top-level build_backend.py) holds the copy installed last: it is
-        # right if it matches any of its claimants' RECORD.
-        damaged = [rel for rel, size in dist["damaged"] if size is None or str(size) not in {s for _, s in claims.get(rel, ())}]
-        dist["damaged"], dist["damaged_count"] = damaged[:5], len(damaged)
+        # right if it matches another claimant's RECORD (its size, or its hash where hashed).
+        damaged = [
+            rel for rel, size, digest in dist["damaged"]
+            if (size is None and digest is None)
+            or not any((size is not None and size == s) or (digest is not None and digest == h) for _, s, h in claims.get(rel, ()))
+        ]
+        dist["damaged_count"] = len(damaged)
+        dist["damaged"] = damaged[:5]
+        dist["linked_count"] = len(dist["linked"])
+        dist["linked"] = dist["linked"][:5]
     shared = {}
     for rel, owners in claims.items():
         # Two distributions owning one package directory (two kernel builds, both `sgl_kernel/`)
         # is a conflict; a loose top-level file both ship is not one (see above).
         if len(owners) > 1 and "/" in rel:
             top = rel.split("/", 1)[0]
-            shared.setdefault(top, set()).update(o for o, _ in owners)
+            shared.setdefault(top, set()).update(o for o, *_ in owners)
     return {
         "path": venv,
         "python": python,
+        # What the check compared, for the log: a fast check of an unstamped venv compares sizes only.
+        "checked": "sha256" if mode == "full" else "size, mtime" if stamp is not None else "size",
+        "hashed": len(to_hash),
         "dists": dists,
         "shared": {top: sorted(owners) for top, owners in sorted(shared.items())},
     }

@@ -3,6 +3,7 @@
 # The API key, if any, is read here from the service's root-only --config file (CONFIG_FILE,
 # or "-"), so that it never travels in a command line.
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE
+import http.client
 import json
 import subprocess
 import sys
@@ -52,6 +53,8 @@ while True:
         last = f"HTTP {exc.code}"
     except OSError as exc:
         last = "connection refused (loading)" if "refused" in str(exc) else str(exc)
+    except http.client.HTTPException as exc:  # something that is not an HTTP server holds the port (sshd on 22)
+        last = f"the port answers, but not with HTTP ({type(exc).__name__}: {str(exc)[:80]})"
     if time.monotonic() - start > timeout:
         die(f"{unit} did not answer {base}/health with 200 within {timeout:.0f} s (last: {last})")
     time.sleep(0.5)
@@ -64,6 +67,6 @@ if smoke:
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             reply = json.load(response)["choices"][0]["message"]["content"]
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException) as exc:
         die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
 print(json.dumps({"ok": True, "ready_s": ready_s, "reply": reply}))

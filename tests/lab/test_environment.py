@@ -54,6 +54,10 @@ def inode(path: str) -> int:
     return int(ssh(SPARE, f"stat -c %i {shlex.quote(path)}").stdout)
 
 
+def mtime(path: str) -> str:
+    return ssh(SPARE, f"stat -c %y {shlex.quote(path)}").stdout.strip()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def base():
     clean_host(SPARE)
@@ -89,8 +93,11 @@ def test_one_pin_changed_replaces_only_that_distribution_in_a_new_generation():
     assert live_target() == new
     before, after = dists(old), dists(new)
     assert {k for k in after if after[k] != before.get(k)} == {"sglang-kernel"}
-    # Every other distribution is the live one's files, hard-linked: nothing was reinstalled.
-    assert inode(f"{old}/{torch_init}") == inode(f"{new}/{torch_init}")
+    # Every other distribution is the live one's files, copied with their mtimes (nothing was reinstalled),
+    # each a file of its own: an edit in one generation never reaches the other.
+    assert inode(f"{old}/{torch_init}") != inode(f"{new}/{torch_init}")
+    assert mtime(f"{old}/{torch_init}") == mtime(f"{new}/{torch_init}")
+    assert ssh(SPARE, f"find {new} -type f -links +1 | head -3").stdout == ""
     assert http_get(SPARE, PORT, "/health")[0] == 200
     # The previous generation is kept for rollback.
     assert json.loads(ssh(SPARE, f"cat {LIVE}.generations/state.json").stdout)["previous"] == Path(old).name

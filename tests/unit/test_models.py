@@ -73,7 +73,19 @@ def run_staged(state, **kwargs):
 def test_converged_model_is_one_cheap_fact_and_no_command():
     result, calls = run_staged(converged())
     assert result.commands == [] and calls == ["fast"]
-    assert result.noops == [f"model {DEST} is staged and matches {SRC}"]
+    assert result.noops == [f"model {DEST} is staged and matches {SRC} (checked: names, sizes, mtimes)"]
+
+
+def test_a_file_modified_after_staging_is_repaired_by_a_stage_that_hashes_the_staged_copy():
+    state = {**converged(), "suspect_hashes": {"config.json": "e" * 64}}
+    result, calls = run_staged(state)
+    assert calls == ["fast"]
+    assert result.commands == [remote.command("stage_model", SRC, DEST, models.MARKER, "--verify", "full")]
+    assert any("content differs (modified after staging): config.json" in line for line in result.logs)
+    # Touched, content unchanged: nothing to do, and the no-op says what was hashed.
+    touched = {**converged(), "suspect_hashes": {"config.json": HASHES["config.json"]}}
+    result, _ = run_staged(touched)
+    assert result.commands == [] and "1 file(s) modified after staging hashed: content unchanged" in result.noops[0]
 
 
 def test_full_verify_asks_the_fact_to_hash_and_repairs_with_a_full_stage():
@@ -272,18 +284,49 @@ def test_stage_then_converged_then_one_deleted_file_copied_alone(model):
     assert sorted(os.listdir(dest.parent)) == ["M"]
 
 
-def test_same_size_corruption_is_found_only_by_full_verify_and_repaired(model):
+def test_same_size_corruption_with_its_mtime_put_back_is_found_only_by_full_verify_and_repaired(model):
     src, dest = model
     stage(src, dest)
-    with open(dest / "model-1.safetensors", "r+b") as handle:
+    victim = dest / "model-1.safetensors"
+    kept = victim.stat().st_mtime_ns
+    with open(victim, "r+b") as handle:
         handle.seek(1000)
         handle.write(b"\xff\xfe")
+    os.utime(victim, ns=(kept, kept))
     assert models.drift(state(src, dest)) is None
     assert models.drift(state(src, dest, full=True)) == "content differs (full verify): model-1.safetensors"
     out = stage(src, dest, "--verify", "full").stdout
     assert "1 copied" in out
     assert (dest / "model-1.safetensors").read_bytes() == (src / "model-1.safetensors").read_bytes()
     assert models.drift(state(src, dest, full=True)) is None
+
+
+def test_same_size_corruption_with_a_new_mtime_is_found_by_the_fast_check_and_repaired(model):
+    src, dest = model
+    stage(src, dest)
+    first = tree(dest)
+    with open(dest / "model-1.safetensors", "r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"\xff\xfe")
+    s = state(src, dest)
+    assert list(s["suspect_hashes"]) == ["model-1.safetensors"]  # only the modified file is hashed
+    assert models.drift(s) == "content differs (modified after staging): model-1.safetensors"
+    # What models.staged runs for that reason: a stage that hashes the staged copy, so the bad file is copied again.
+    assert "1 copied" in stage(src, dest, "--verify", "full").stdout
+    assert (dest / "model-1.safetensors").read_bytes() == (src / "model-1.safetensors").read_bytes()
+    assert tree(dest)["model-2.safetensors"][0] == first["model-2.safetensors"][0]
+    again = state(src, dest)
+    assert models.drift(again) is None and not again.get("suspect_hashes")
+
+
+def test_a_junk_file_beside_a_staged_model_is_not_drift_and_stays(model):
+    src, dest = model
+    stage(src, dest)
+    (dest / "notes.txt").write_text("an operator's file")
+    os.utime(dest / "config.json")  # touched: hashed, content unchanged
+    s = state(src, dest)
+    assert models.drift(s) is None and list(s["suspect_hashes"]) == ["config.json"]
+    assert (dest / "notes.txt").exists()
 
 
 def test_touched_source_is_rehashed_without_copying(model):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -65,9 +66,9 @@ def _shown(command) -> Any:
     raise AssertionError(f"unexpected command {command!r}")
 
 
-def run(op, facts: dict[type, Any], fs: FakeFs | None = None, **kwargs) -> Result:
-    """Run `op`'s body on a fresh host whose facts come from `facts` (values or callables of the fact's kwargs)."""
-    host = make_host({})
+def run(op, facts: dict[type, Any], fs: FakeFs | None = None, data: dict | None = None, **kwargs) -> Result:
+    """Run `op`'s body on a fresh host (with host data `data`) whose facts come from `facts` (values or callables of the fact's kwargs)."""
+    host = make_host({}, data)
     answers = {**(fs or FakeFs()).facts(), **facts}
 
     def get_fact(cls, *args, **fact_kwargs):
@@ -112,7 +113,7 @@ def run_staged(state) -> Result:
 def test_model_staged_and_matching_yields_nothing():
     result = run_staged(model_state())
     assert result.commands == []
-    assert result.noops == [f"model {DEST} is staged and matches {SRC}"]
+    assert result.noops == [f"model {DEST} is staged and matches {SRC} (checked: names, sizes, mtimes)"]
 
 
 MODEL_DRIFTS = [
@@ -123,8 +124,11 @@ MODEL_DRIFTS = [
     ("corrupt-marker", {"marker": {"corrupt": True}}, "no staging manifest (not staged by us, or interrupted)"),
     ("source-changed", {"src": {**LISTING, "model-00002-of-00002.safetensors": 3}}, "source changed since staging"),
     ("source-file-resized", {"src": {**LISTING, "config.json": 813}}, "source changed since staging"),
-    ("unexpected-file", {"dest": {**LISTING, "stray.bin": 1}}, "unexpected files: stray.bin"),
 ]
+
+
+def test_a_file_beside_a_staged_model_that_its_manifest_does_not_name_is_not_drift():
+    assert models.drift({**model_state(), "dest": {**LISTING, "stray.bin": 1}}) is None
 
 
 @pytest.mark.parametrize(("changes", "reason"), [c[1:] for c in MODEL_DRIFTS], ids=[c[0] for c in MODEL_DRIFTS])
@@ -136,6 +140,13 @@ def test_model_drift_yields_one_stage_command(changes, reason):
     assert result.commands == [STAGE]
     assert result.noops == []
     assert result.logs == [f"model {DEST}: {reason}: staging from {SRC}"]
+
+
+def test_model_file_modified_after_staging_is_restaged_with_the_staged_copy_hashed():
+    state = {**model_state(), "suspect_hashes": {"config.json": "0" * 64}}
+    assert models.drift(state) == "content differs (modified after staging): config.json"
+    # A fast stage would hard-link the same-size bad file back: this one hashes what it keeps.
+    assert run_staged(state).commands == [remote.command("stage_model", SRC, DEST, models.MARKER, "--verify", "full")]
 
 
 def test_model_source_missing_still_runs_the_stage_script_which_says_so():
@@ -446,3 +457,125 @@ def test_force_adopts_unexpected_content_as_the_original(patch_set):
     assert result.commands[0] == f"mkdir -p {BACKUPS}/sglang/srt/speculative && cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}"
     assert result.commands[1:3] == put(patch_set, REPLACED)
     assert any("adopting its current content (sha256 eeeeeeeeeeee) as the original (force)" in line for line in result.logs)
+
+
+def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
+    with pytest.raises(OperationError, match="could not read the state of sglang-x.service .*the connection dropped"):
+        run(readiness.ready, {readiness.ServiceState: lambda **kw: None}, service="x", unit="sglang-x.service", bind="127.0.0.1", port=30000, timeout=60)
+
+
+def test_inputs_recorded_runs_the_state_script_in_record_mode():
+    result = run(readiness.inputs_recorded, {}, unit="sglang-x.service", inputs=("/etc/systemd/system/sglang-x.service", "/root/venv_sglang"))
+    assert result.commands == [remote.command("service_state", "--record", "sglang-x.service", "/etc/systemd/system/sglang-x.service", "/root/venv_sglang")]
+
+
+# operations/remote/service_state.py, run here against a stand-in systemctl ---------------------
+
+
+@pytest.fixture
+def service_host(tmp_path, monkeypatch):
+    """A `systemctl` that reports an active unit with MainPID from $PID, and a record dir in tmp_path."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        "echo LoadState=loaded; echo ActiveState=active; echo SubState=running; echo MainPID=$PID; echo NRestarts=0\n"
+        "echo ActiveEnterTimestampMonotonic=$ENTERED\n"
+    )
+    (bindir / "systemctl").chmod(0o755)
+    script = remote.script("service_state").replace('"/var/lib/sglang-deploy/started"', repr(str(tmp_path / "started")))
+    entered = int((time.monotonic() - 100) * 1e6)  # started 100 s ago
+
+    def call(*args, pid=4242):
+        env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PID": str(pid), "ENTERED": str(entered)}
+        out = subprocess.run([sys.executable, "-", *args], input=script, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    return call
+
+
+def test_service_state_compares_content_with_what_the_process_was_started_with(tmp_path, service_host):
+    import os
+
+    unit = tmp_path / "sglang-x.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    gens = tmp_path / "venv.generations"
+    for gen in ("g1", "g2"):
+        (gens / gen / ".sglang-deploy").mkdir(parents=True)
+        (gens / gen / ".sglang-deploy" / "installed").write_text("")
+    venv_link = tmp_path / "venv"
+    venv_link.symlink_to(gens / "g1")
+    model = tmp_path / "shm" / "M"
+    model.mkdir(parents=True)
+    marker = model / models.MARKER
+    marker.write_text('{"files": {"a": [1, "x", 2]}}')
+    inputs = [str(unit), str(venv_link), str(marker)]
+    read = lambda **kw: service_host("sglang-x.service", "127.0.0.1", "1", *inputs, **kw)  # noqa: E731
+
+    # Before any record, the older rule: inputs modified after the process started (all of them, here).
+    first = read()
+    assert first["recorded"] is False and first["newer"] == inputs
+    service_host("--record", "sglang-x.service", *inputs)
+    again = read()
+    assert (again["recorded"], again["newer"], again["pid"]) == (True, [], 4242)
+
+    # Touched, rewritten with the same bytes, a file dropped beside the model: no change.
+    os.utime(unit)
+    unit.write_text(unit.read_text())
+    (model / "notes.txt").write_text("junk")
+    os.utime(marker)
+    assert read()["newer"] == []
+
+    # Content: the unit edited; a re-stage (a new marker, same manifest); the venv switched or repaired in place.
+    unit.write_text("[Service]\nExecStart=/bin/false\n")
+    assert read()["newer"] == [str(unit)]
+    service_host("--record", "sglang-x.service", *inputs)
+    (model / "new").write_text(marker.read_text())
+    os.rename(model / "new", marker)
+    assert read()["newer"] == [str(marker)]
+    service_host("--record", "sglang-x.service", *inputs)
+    stamp = gens / "g1" / ".sglang-deploy" / "installed"
+    os.utime(stamp, ns=(stamp.stat().st_atime_ns, stamp.stat().st_mtime_ns + 10**9))
+    assert read()["newer"] == [str(venv_link)]
+    service_host("--record", "sglang-x.service", *inputs)
+    venv_link.unlink()
+    venv_link.symlink_to(gens / "g2")
+    assert read()["newer"] == [str(venv_link)]
+
+    # A process started outside the deploy (another PID; a reboot re-staged its model before it started,
+    # 100 s ago): it loaded what is there now. An input changed after its start still counts.
+    service_host("--record", "sglang-x.service", *inputs)
+    old = marker.stat().st_mtime_ns - 200 * 10**9
+    (model / "new").write_text(marker.read_text())
+    os.utime(model / "new", ns=(old, old))
+    os.rename(model / "new", marker)
+    assert read()["newer"] == [str(marker)]  # the process the deploy started did not load it
+    assert (read(pid=999)["recorded"], read(pid=999)["newer"]) == (True, [])
+    unit.write_text("[Service]\nExecStart=/bin/sh\n")
+    assert read(pid=999)["newer"] == [str(unit)]
+
+
+def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service_host):
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def banner():
+        conn, _ = server.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2p1\r\n")
+        conn.recv(1024)
+        conn.close()
+
+    threading.Thread(target=banner, daemon=True).start()
+    state = service_host("sglang-x.service", "127.0.0.1", str(server.getsockname()[1]))
+    server.close()
+    assert state["health"] is None and "not with HTTP" in state["health_error"]

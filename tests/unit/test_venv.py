@@ -23,7 +23,7 @@ UV_BIN = f"UV_CACHE_DIR={CACHE}/.uv-cache {CACHE}/.tools/uv-{installer.UV_VERSIO
 
 
 def UV(sub: str, python: str) -> str:  # noqa: N802 - reads like the command
-    return f"{UV_BIN} {sub} --quiet --no-config --python {python}"
+    return f"{UV_BIN} {sub} --quiet --no-config --python {python}" + (" --link-mode copy" if sub == "install" else "")
 WHEELS = {
     "sglang-kernel": "sglang_kernel-0.3.1+cu130-cp310-abi3-manylinux2014_x86_64.whl",
     "sglang-standin": "sglang_standin-0.1.0-py3-none-any.whl",
@@ -74,8 +74,8 @@ def venv_facts(path, python="3.11.7", **versions) -> dict:
         else:
             dists[name] = {"version": version, "installer": "uv"}
     for info in dists.values():
-        info.update(damaged=[], damaged_count=0)
-    return {"path": path, "python": python, "dists": dists, "shared": {}}
+        info.update(damaged=[], damaged_count=0, linked=[], linked_count=0)
+    return {"path": path, "python": python, "dists": dists, "shared": {}, "checked": "size, mtime", "hashed": 0}
 
 
 def facts(gen, wanted=None, live_state=None, live="link", cache=None, uv=True) -> dict:
@@ -135,7 +135,7 @@ def test_converged_generation_yields_nothing(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, wanted=venv_facts(gen.path)), stack, house)
     assert result.commands == []
-    assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions)"]
+    assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions; checked: size, mtime)"]
 
 
 def test_converged_generation_does_not_need_the_wheelhouse(stack, tmp_path):
@@ -143,17 +143,21 @@ def test_converged_generation_does_not_need_the_wheelhouse(stack, tmp_path):
     assert run_env(facts(gen, wanted=venv_facts(gen.path)), stack, tmp_path / "no-such-dir").commands == []
 
 
-def test_new_generation_is_a_hard_linked_copy_of_the_live_one_with_only_the_changed_pin_installed(stack, house):
+def test_new_generation_is_a_copy_of_the_live_one_with_only_the_changed_pin_installed(stack, house):
     gen = gen_of(stack)
     old = f"{LIVE}.generations/demo-0000000000"
     result = run_env(facts(gen, live_state=venv_facts(old, torch="2.10.0+cu130")), stack, house)
 
     clone = result.commands[0]
     assert clone.startswith("{ command -v python3.11 >/dev/null || ")
-    assert f"cp -a --link {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
+    # A copy (extents shared only where the filesystem copies on write), never hard links.
+    assert f"cp -a --reflink=auto {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
+    assert "--link" not in clone.replace("--link-mode copy", "")
     assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
     assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline {CACHE}/{WHEELS['torch']}"]
     assert f"venv {LIVE}: torch 2.10.0+cu130 -> 2.11.0+cu130" in result.logs
+    # The stamp a later fast check compares mtimes with is written last, once everything is in.
+    assert result.commands[-1] == f"mkdir -p {gen.path}/.sglang-deploy && touch {gen.path}/{venv.STAMP}"
 
 
 def test_first_generation_is_a_fresh_venv_built_by_uv(stack, house):
@@ -209,9 +213,59 @@ def test_a_file_missing_from_an_installed_distribution_reinstalls_it(stack, hous
     gen = gen_of(stack)
     state = venv_facts(gen.path)
     state["dists"]["torch"].update(damaged=["torch/_C.so"], damaged_count=1)
-    result = run_env(facts(gen, wanted=state), stack, house)
-    assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline --reinstall-package torch {CACHE}/{WHEELS['torch']}"]
+    size = (house / WHEELS["torch"]).stat().st_size
+    result = run_env(facts(gen, wanted=state, cache={WHEELS["torch"]: size}), stack, house)
+    # Re-extracted from the wheel: its cache entry dropped first, the cached wheel checked against its pin.
+    clean = f"UV_CACHE_DIR={CACHE}/.uv-cache {CACHE}/.tools/uv-{installer.UV_VERSION}/uv cache clean --quiet --no-config torch && "
+    assert installs(result) == [f"{clean}{UV('install', gen.python)} --no-deps --no-index --offline --reinstall-package torch {CACHE}/{WHEELS['torch']}"]
+    check = next(c for c in result.commands if isinstance(c, str) and "sha256sum" in c)
+    assert f"{stack.packages[2].sha256}  {CACHE}/{WHEELS['torch']}'" in check and ".part" not in check
     assert any("torch 2.11.0+cu130: 1 installed file(s) missing or altered (torch/_C.so): reinstalling" in line for line in result.logs)
+
+
+def test_files_sharing_their_inode_with_the_cache_are_reinstalled_as_copies(stack, house):
+    gen = gen_of(stack)
+    state = venv_facts(gen.path)
+    state["dists"]["torch"].update(linked=["torch/_C.so"], linked_count=1)
+    result = run_env(facts(gen, wanted=state), stack, house)
+    assert "--reinstall-package torch" in installs(result)[0] and "--link-mode copy" in installs(result)[0]
+    assert any("torch 2.11.0+cu130: 1 installed file(s) share their inode with another path" in line for line in result.logs)
+
+
+def test_a_donor_whose_files_differ_from_their_record_is_not_copied(stack, house):
+    donor_state = venv_facts("/root/venv_sglang.generations/d")
+    donor_state["dists"]["torch"].update(damaged=["certifi/cacert.pem"], damaged_count=1)
+    torch = next(p for p in stack.packages if p.name == "torch")
+    donor = venv.Source("donor", "gpu-old")
+    with pytest.raises(OperationError, match=r"donor gpu-old \(1 of its installed file\(s\) differ from their RECORD: certifi/cacert.pem\)"):
+        venv.resolve(stack, [torch], (donor,), {"gpu-old": donor_state})
+    chosen = venv.resolve(stack, [torch], (donor, venv.Source("wheelhouse", str(house))), {"gpu-old": donor_state})
+    assert chosen["torch"][0].kind == "wheelhouse"
+
+
+def test_verify_env_full_reads_the_fact_in_full_mode_and_says_so(stack, house):
+    gen = gen_of(stack)
+    seen = []
+    fact = facts(gen, wanted={**venv_facts(gen.path), "checked": "sha256", "hashed": 812})
+
+    def record(**kw):
+        seen.append(kw)
+        return copy.deepcopy(fact)
+
+    result = run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "full"},
+                 gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
+    assert seen[0]["verify"] == "full"
+    assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions; checked: sha256, 812 file(s) hashed)"]
+    with pytest.raises(OperationError, match="verify_env: 'sha1': must be `fast`"):
+        run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "sha1"},
+            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
+
+
+def test_a_fact_lost_with_the_connection_stops_the_host_with_a_message(stack, house):
+    gen = gen_of(stack)
+    with pytest.raises(OperationError, match="could not read the serving venv .*the connection dropped"):
+        run(venv.environment, {venv.VenvState: lambda **kw: None}, FakeFs(dirs={CACHE}),
+            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
 
 
 def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house):
@@ -379,7 +433,8 @@ def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     assert (clone / "bin/torchrun").read_text().startswith(f"#!{clone}/bin/python\n")
     assert script.read_text().startswith(f"#!{source}/bin/python\n")  # the live one is untouched
     site = "lib/python3.11/site-packages/torch/__init__.py"
-    assert (clone / site).stat().st_ino == (source / site).stat().st_ino  # hard-linked, not copied
+    # A copy of its own: an edit in one generation never reaches the other.
+    assert (clone / site).stat().st_ino != (source / site).stat().st_ino and (clone / site).stat().st_nlink == 1
     assert not Path(gen.path + ".partial").exists()
     assert shlex.split(venv.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
 
@@ -402,3 +457,73 @@ def test_a_missing_file_stops_the_host_before_the_first_command(stack, house):
         run(SimpleNamespace(_inner=recording), {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
             gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE, installer="auto")
     assert yielded == []
+
+
+def _recorded_venv(root: Path, files: dict[str, bytes]) -> Path:
+    """A venv with one distribution `demo` whose RECORD carries each file's real sha256 and size."""
+    import base64
+
+    _fake_venv(root, {})
+    site = root / "lib/python3.11/site-packages"
+    info = site / "demo-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n\nbody\n")
+    rows = []
+    for rel, data in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{rel},sha256={digest},{len(data)}")
+    (info / "RECORD").write_text("\n".join(rows + ["demo-1.0.dist-info/RECORD,,"]) + "\n")
+    return site
+
+
+def _state(root: Path, mode: str) -> dict:
+    out = _remote("venv_state", str(root), str(root), "/nonexistent", "/nonexistent/uv", mode)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["wanted"]
+
+
+def test_state_script_fast_hashes_only_files_modified_after_the_install_stamp_full_hashes_all(tmp_path):
+    import os
+
+    root = tmp_path / "g"
+    site = _recorded_venv(root, {"demo/a.py": b"alpha\n", "demo/b.py": b"bravo\n", "demo/c.py": b"charlie\n", "../../../bin/demo": b"#!python\n"})
+    (root / ".sglang-deploy").mkdir()
+    stamp = root / venv.STAMP
+    stamp.write_text("")
+    old = stamp.stat().st_mtime_ns - 10**9
+    for rel in ("demo/a.py", "demo/b.py", "demo/c.py"):
+        os.utime(site / rel, ns=(old, old))
+    assert _state(root, "fast")["dists"]["demo"]["damaged_count"] == 0
+    assert _state(root, "fast")["checked"] == "size, mtime" and _state(root, "full")["checked"] == "sha256"
+
+    (site / "demo/a.py").write_bytes(b"alphA\n")  # same size, mtime now: after the stamp
+    (site / "demo/b.py").write_bytes(b"brAvo\n")
+    os.utime(site / "demo/b.py", ns=(old, old))  # same size, mtime put back: only a full check sees it
+    os.utime(site / "demo/c.py")  # touched, content unchanged: hashed, not damaged
+    (root / "bin/demo").write_bytes(b"#!/other/python\n")  # a rewritten script: presence only
+    fast = _state(root, "fast")
+    assert fast["dists"]["demo"]["damaged"] == ["demo/a.py"] and fast["hashed"] == 2
+    assert sorted(_state(root, "full")["dists"]["demo"]["damaged"]) == ["demo/a.py", "demo/b.py"]
+
+    # Without the deploy's stamp (a venv it did not build) fast compares sizes only, and says so.
+    stamp.unlink()
+    unstamped = _state(root, "fast")
+    assert unstamped["checked"] == "size" and unstamped["dists"]["demo"]["damaged_count"] == 0
+
+
+def test_state_script_reports_files_sharing_an_inode_and_leaves_patched_files_to_their_patch_set(tmp_path):
+    import os
+
+    root = tmp_path / "g"
+    site = _recorded_venv(root, {"demo/a.py": b"alpha\n", "demo/p.py": b"patched\n"})
+    os.link(site / "demo/a.py", tmp_path / "cache-copy")  # what uv's hardlink mode leaves
+    patches_dir = root / ".sglang-deploy/patches/x"
+    patches_dir.mkdir(parents=True)
+    (patches_dir / "applied.json").write_text(json.dumps({"files": {"demo/p.py": "sha"}}))
+    (site / "demo/p.py").write_bytes(b"patched by the patch set, another size\n")
+    state = _state(root, "full")["dists"]["demo"]
+    assert (state["linked"], state["linked_count"]) == (["demo/a.py"], 1)
+    assert state["damaged_count"] == 0
