@@ -37,6 +37,9 @@ from operations import (
 )
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 
+# The whole inventory (every host, every service placed or not, the stacks and patch sets they use) is
+# validated once per run by the first host to get here; every host's load raises the same DataError,
+# so a bad value anywhere stops the run before any host's lock is taken (operations/settings.py).
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}

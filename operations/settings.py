@@ -2,9 +2,13 @@
 
 Operators edit `group_data/<group>.yml`; the thin `group_data/<group>.py` beside each
 calls `load_group_yaml(__file__)`, so pyinfra's own precedence applies unchanged
-(`--data` > host data > group data > all). `host_config(host)` then validates what a
-host sees into a `HostConfig` before `deploy.py` adds a single operation: a bad value
-stops the run with a `DataError` naming the file, the key path, the value and the fix.
+(`--data` > host data > group data > all). `host_config(host)` returns the host's validated
+`HostConfig`; the first call of a run validates the whole inventory (`validate_inventory`)
+before `deploy.py` adds a single operation on any host: a bad value anywhere stops the run
+with a `DataError` naming the file, the key path, the value and the fix. Each kind of value
+has one rule wherever it appears (`_unit_safe`, `_argv_word`, `_abs_path` + `_no_overlap`,
+`_control_dir`, service names), and `args` are resolved as the engine's parser resolves them
+(operations/engine_flags.py) before the derived-flag, exposure and value rules apply.
 
 Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
 `SERVICE_KEYS` below; the README's variables table repeats them (a test checks it).
