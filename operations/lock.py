@@ -5,8 +5,8 @@ How a run takes, holds and gives back its locks, and why:
 
 - **All of the run's locks, before any change, in one fixed order.** pyinfra loads `deploy.py`
   for every host in parallel greenlets. Each host's `acquire()` waits until every host of the
-  run has reached it (its data is valid by then); the last to arrive takes all the run's
-  locks, over the connections pyinfra already opened, in the order of the machines'
+  run has reached it (its data is valid by then), or as many as pyinfra loads at once
+  (`--parallel`); the last to arrive takes all the run's locks, over the connections pyinfra already opened, in the order of the machines'
   addresses (the peer address of each SSH connection). Hosts of one inventory that share
   an address share one lock: it is taken once, and given back when the last of them is done.
 - **It never waits while holding.** A pass takes the locks in order without waiting; at the
@@ -355,8 +355,11 @@ class _Run(BaseStateCallback):
     def __init__(self, state, executing: bool):
         self.state = state
         self.executing = executing
-        self.expected = {h.name for h in state.inventory.get_active_hosts()}
+        self.expected = {h.name: h for h in state.inventory.get_active_hosts()}
+        # pyinfra loads at most this many hosts at once (--parallel, or 20 per CPU): no more can arrive together.
+        self.at_once = getattr(getattr(state, "pool", None), "size", None) or len(self.expected)
         self.arrived: dict[str, tuple[object, float]] = {}
+        self.taking = False
         self.ready = threading.Event()
         self.locks = RunLocks()
         self.mutex = threading.Lock()
@@ -364,18 +367,21 @@ class _Run(BaseStateCallback):
     def arrive(self, host, wait_s: float) -> None:
         with self.mutex:
             self.arrived[host.name] = (host, wait_s)
-            last = set(self.arrived) >= self.expected
-        if last:
+            full = set(self.arrived) >= set(self.expected) or len(self.arrived) >= self.at_once
+            take, self.taking = full and not self.taking, self.taking or full
+        if take:
             try:
                 self._take()
             finally:
                 self.ready.set()
         elif not self.ready.wait(ARRIVAL_TIMEOUT_S):
-            missing = ", ".join(sorted(self.expected - set(self.arrived)))
+            missing = ", ".join(sorted(set(self.expected) - set(self.arrived)))
             raise HostLocked(f"{host.name}: hosts {missing} did not reach the deploy lock within {ARRIVAL_TIMEOUT_S} s of the others")
 
     def _take(self) -> None:
-        hosts = [self.arrived[name] for name in sorted(self.arrived)]
+        # Hosts that could not load yet (more hosts than pyinfra loads at once) are locked with the others,
+        # with their data's lock_wait_s as given (their own load validates it).
+        hosts = [self.arrived.get(name) or (h, _raw_wait(h)) for name, h in sorted(self.expected.items())]
         for host, _ in hosts:
             watch_connection(host)
         if self.executing:
@@ -403,6 +409,15 @@ class _Run(BaseStateCallback):
 
 
 _RUN: _Run | None = None
+
+
+def _raw_wait(host) -> float:
+    value = getattr(getattr(host, "data", None), "get", lambda *_: None)("lock_wait_s")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    from operations.settings import GLOBAL_KEYS
+
+    return float(GLOBAL_KEYS["lock_wait_s"].default)
 
 
 def _real(obj):

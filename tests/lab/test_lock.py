@@ -199,3 +199,20 @@ def test_a_dry_run_beside_a_real_deploy_neither_waits_nor_blocks_it():
         end_gate_processes(STUCK)
     for host in (STUCK, OTHER):
         ssh(host, "rm -rf /run/sglang-deploy.lock")  # the killed deploy's
+
+
+def test_a_host_whose_lock_stays_busy_fails_alone_and_the_others_deploy():
+    holder = '{"id": "by-hand", "who": "ops@ctl-2", "control": "ctl-2", "pid": 4242, "since": "2026-12-01 01:00:00 UTC"}'
+    ssh(OTHER, f"mkdir /run/sglang-deploy.lock && printf '%s' '{holder}' > /run/sglang-deploy.lock/owner.json")
+    try:
+        inventory = write_inventory("test_lock_one_busy", {STUCK: {"run_services": [], "lock_wait_s": 2}, OTHER: {"run_services": [], "lock_wait_s": 2}})
+        result = deploy(inventory, as_json=False)
+        text = result.stdout + result.stderr
+        assert result.returncode == 1, result
+        assert (f"{OTHER}: another deploy holds the host's lock: ops@ctl-2 (pid 4242) since 2026-12-01 01:00:00 UTC; "
+                "waited 2 s (lock_wait_s)") in text
+        # gpu-c went through every operation of the run (its summary row), gpu-d none
+        assert re.search(rf"\[{STUCK}\] (No changes|Success)", text) and not re.search(rf"\[{OTHER}\] (No changes|Success)", text), text[-3000:]
+        assert lock_owner(STUCK) is None and lock_owner(OTHER) == holder
+    finally:
+        ssh(OTHER, "rm -rf /run/sglang-deploy.lock")

@@ -24,6 +24,7 @@ from operations import lock
 class FakeHost:
     def __init__(self, name: str, machine: Path, address: str | None = None):
         self.name = name
+        self.data: dict = {}
         self.machine = machine
         self.lock_dir = machine / "sglang-deploy.lock"
         self.logs: list[str] = []
@@ -348,6 +349,25 @@ def test_the_last_host_to_arrive_takes_every_lock_of_the_run(tmp_path):
     t2.join(timeout=30)
     assert seen_before_last == [[]]
     assert run.locks.events == ["take 10.0.0.1:22", "take 10.0.0.2:22", "take 10.0.0.3:22"]
+    for host in (a, b, c):
+        run.host_disconnect(state, host)
+    assert not any(h.lock_dir.exists() for h in (a, b, c))
+
+
+def test_with_fewer_load_slots_than_hosts_the_arrived_ones_lock_them_all(tmp_path):
+    # pyinfra loads at most `--parallel` hosts at once: the others cannot arrive until these finish loading.
+    a, b, c = machines(tmp_path, ("a-host", "10.0.0.1"), ("b-host", "10.0.0.2"), ("c-host", "10.0.0.3"))
+    c.data = {"lock_wait_s": 7}
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [a, b, c]), pool=SimpleNamespace(size=2))
+    run = lock._Run(state, executing=True)
+    first = threading.Thread(target=run.arrive, args=(a, 5))
+    first.start()
+    run.arrive(b, 5)  # the second of two slots: takes every lock, c's too
+    first.join(timeout=30)
+    assert run.locks.events == ["take 10.0.0.1:22", "take 10.0.0.2:22", "take 10.0.0.3:22"]
+    assert run.locks.slots[lock.lock_key(c)].wait_s == 7
+    run.arrive(c, 7)  # later, in a freed slot: its lock is already held
+    assert run.locks.outcomes["c-host"].held and len(run.locks.events) == 3
     for host in (a, b, c):
         run.host_disconnect(state, host)
     assert not any(h.lock_dir.exists() for h in (a, b, c))
