@@ -276,14 +276,20 @@ def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
     edit there writes new blocks. Never hard links: a hand edit in one generation would reach
     the other, and a repair would find nothing to compare against.
     """
-    partial = shlex.quote(gen.path + ".partial")
+    # One partial directory per attempt: the copy of a deploy killed mid-build can go on running on the
+    # host (it takes seconds for a real venv), and would refill a shared name while the next run empties it.
+    # Whichever attempt completes first is renamed in; a later one finds the generation there and leaves.
+    partial = '"$partial"'
     prefixes = " ".join(shlex.quote(p) for p in old_prefixes)
+    target = shlex.quote(gen.path)
     return (
-        f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {partial} && "
+        f"mkdir -p {shlex.quote(gen.live + '.generations')} && "
+        f"{{ rm -rf {shlex.quote(gen.path)}.partial-* 2>/dev/null; true; }} && "
+        f"partial=$(mktemp -d {target}.partial-XXXXXX) && rmdir \"$partial\" && "
         f"cp -a --reflink=auto {shlex.quote(source)} {partial} && "
-        f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {shlex.quote(gen.path)} {prefixes} && "
+        f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {target} {prefixes} && "
         f"sed -i '/^command *=/d' {partial}/pyvenv.cfg && "
-        f"mv -T {partial} {shlex.quote(gen.path)}"
+        f"{{ mv -T {partial} {target} 2>/dev/null || {{ test -d {target} && rm -rf {partial}; }}; }}"
     )
 
 

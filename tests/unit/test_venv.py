@@ -151,7 +151,8 @@ def test_new_generation_is_a_copy_of_the_live_one_with_only_the_changed_pin_inst
     clone = result.commands[0]
     assert clone.startswith("{ command -v python3.11 >/dev/null || ")
     # A copy (extents shared only where the filesystem copies on write), never hard links.
-    assert f"cp -a --reflink=auto {old} {gen.path}.partial" in clone and clone.endswith(f"mv -T {gen.path}.partial {gen.path}")
+    assert f'partial=$(mktemp -d {gen.path}.partial-XXXXXX)' in clone and f'cp -a --reflink=auto {old} "$partial"' in clone
+    assert f'mv -T "$partial" {gen.path}' in clone
     assert "--link" not in clone.replace("--link-mode copy", "")
     assert uploads(result) == [f"{CACHE}/{WHEELS['torch']}"]
     assert installs(result) == [f"{UV('install', gen.python)} --no-deps --no-index --offline {CACHE}/{WHEELS['torch']}"]
@@ -435,7 +436,11 @@ def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     site = "lib/python3.11/site-packages/torch/__init__.py"
     # A copy of its own: an edit in one generation never reaches the other.
     assert (clone / site).stat().st_ino != (source / site).stat().st_ino and (clone / site).stat().st_nlink == 1
-    assert not Path(gen.path + ".partial").exists()
+    assert not list(Path(gen.path).parent.glob("new.partial*"))
+    # An attempt that finds the generation already complete (a killed run's copy finished first) leaves it.
+    again = subprocess.run(["bash", "-c", venv.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert not list(Path(gen.path).parent.glob("new.partial*")) and (clone / site).is_file()
     assert shlex.split(venv.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
 
 
