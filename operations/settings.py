@@ -507,7 +507,9 @@ def _args(src: str, path: str, value: Any, engine: "engine_flags.EngineFlags | N
         if derived:
             action = derived[0]
             how = "" if f"--{flag}" in action.options else (f" (the engine's parser reads `--{flag}` as `--{action.flag}`)" if resolved.action else f" (`--{flag}` could mean `--{action.flag}`)")
-            raise DataError(src, key_path, flag_value, f"`--{action.flag}` is derived from the service key `{DERIVED_DESTS[action.dest]}`{how}; set that instead")
+            # A key written where a secret name belongs must not reach the run's output.
+            shown = "<hidden>" if DERIVED_DESTS[action.dest].endswith("_secret") else flag_value
+            raise DataError(src, key_path, shown, f"`--{action.flag}` is derived from the service key `{DERIVED_DESTS[action.dest]}`{how}; set that instead")
         dest = resolved.action.dest if resolved.action else None
         if resolved.action and f"--{flag}" not in resolved.action.options:
             # A prefix: written out in full, so the unit says what the engine reads.

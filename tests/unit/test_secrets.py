@@ -84,3 +84,11 @@ def test_an_unreadable_secrets_file_is_named_without_its_content(tmp_path):
     with pytest.raises(DataError) as caught:
         secrets.load_secrets_file(path)
     assert str(path) in str(caught.value) and KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize("flag", ["api-key", "api-ke", "admin-api-key"])
+def test_a_key_written_into_args_is_not_echoed(monkeypatch, flag):
+    with pytest.raises(DataError) as caught:
+        host_config(data(args={flag: KEY}), monkeypatch)
+    assert "derived from the service key" in str(caught.value) and "<hidden>" in str(caught.value)
+    assert KEY not in str(caught.value)
