@@ -30,6 +30,8 @@ STUCK, OTHER = os.environ.get("LOCK_LAB_HOSTS", "gpu-c,gpu-d").split(",")
 SLOW = {"slow": {"gpu": 0, "port": 30120, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "env": {"STANDIN_NEVER_READY": 1}}}
 # Long enough that a lock held until the gate's timeout (600 + 180 s) would fail every wait below.
 STUCK_READINESS_S = 600
+# How long the opposite-order race's first run holds its locks in a readiness gate.
+HOLD_S = 20
 LOG_DIR = Path(tempfile.gettempdir()) / "sglang-deploy-test_lock"  # deploys' own output, read by the tests
 
 
@@ -102,10 +104,16 @@ def lock_hosts():
 
 def opposite_order_race(tries: int) -> list[dict]:
     """`tries` times: two deploys over gpu-c and gpu-d, one inventory in each order, started together."""
-    one = write_inventory("test_lock_order_cd", {STUCK: {"run_services": [], "lock_wait_s": 300}, OTHER: {"run_services": [], "lock_wait_s": 300}})
-    two = write_inventory("test_lock_order_dc", {OTHER: {"run_services": [], "lock_wait_s": 300}, STUCK: {"run_services": [], "lock_wait_s": 300}})
     rows = []
     for attempt in range(tries):
+        # The meeting is made certain, not left to timing: whichever run takes the locks first
+        # restarts a service whose warm-up lasts HOLD_S (its unit changes every try), so it holds
+        # both locks in its readiness gate far longer than the other run takes to reach its lock step.
+        hold = {"hold": {"gpu": 0, "port": 30121, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+                         "env": {"STANDIN_WARMUP_S": HOLD_S, "LOCK_TRY": attempt}}}
+        stuck = {"services": hold, "run_services": ["hold"], "lock_wait_s": 300}
+        one = write_inventory("test_lock_order_cd", {STUCK: stuck, OTHER: {"run_services": [], "lock_wait_s": 300}})
+        two = write_inventory("test_lock_order_dc", {OTHER: {"run_services": [], "lock_wait_s": 300}, STUCK: stuck})
         start_at = time.monotonic()
         runs = [start(one, f"order{attempt}.cd"), start(two, f"order{attempt}.dc")]
         codes = []

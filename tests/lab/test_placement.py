@@ -27,6 +27,8 @@ SERVICES = {
     },
     "tmp": {"gpu": 0, "port": 30000, "model": "Qwen3.6-27B", "model_in": "shm", "args": {"attention-backend": "auto"}},
 }
+# The same server under a second name: a service is placed on one host, so two hosts compared side by side run two.
+SERVICES["dflash-b"] = SERVICES["dflash"]
 
 
 def lab(*args: str) -> str:
@@ -89,18 +91,18 @@ def fresh_services():
 
 def test_attention_backend_auto_is_triton_on_12_0_and_sglangs_default_on_9_0():
     lab("gpus", NEW, "--count", "2", "--name", "NVIDIA H200", "--compute-cap", "9.0", "--memory-mib", "143771")
-    dry = run("backend", ["dflash"], ["dflash"], "--dry")
+    dry = run("backend", ["dflash"], ["dflash-b"], "--dry")
     assert dry.returncode == 0, output(dry)
     text = output(dry)
     assert f"[{OLD}] dflash: attention-backend auto -> triton (sm 12.0" in text
-    assert f"[{NEW}] dflash: attention-backend auto -> sglang's default (sm 9.0)" in text
+    assert f"[{NEW}] dflash-b: attention-backend auto -> sglang's default (sm 9.0)" in text
     assert f"[{NEW}] GPUs: 2 x NVIDIA H200 (sm 9.0, 143771 MiB); driver 580.159.04, CUDA 13.0" in text
     assert unit_text(OLD, "dflash") is None  # --dry changed nothing
 
-    result = run("backend", ["dflash"], ["dflash"])
+    result = run("backend", ["dflash"], ["dflash-b"])
     assert result.returncode == 0, output(result)
     assert "    --attention-backend triton \\" in unit_text(OLD, "dflash")
-    assert "--attention-backend" not in unit_text(NEW, "dflash")
+    assert "--attention-backend" not in unit_text(NEW, "dflash-b")
     assert http_get(NEW, 30001, "/health")[0] == 200
 
 
