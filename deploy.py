@@ -60,11 +60,7 @@ gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 # generation beside the live one, patched there, proven by the ABI probe and only then
 # switched in (operations/venv.py); the previous generation stays for rollback.
 sources = tuple(venv.Source(*source) for source in config.stack_sources)
-probe = {
-    **gpu_plan.probe_args(),
-    "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
-    "modules": list(dict.fromkeys([config.launcher, "sglang.launch_server"] if "sglang" in stack.wanted() else [config.launcher])),
-}
+probe = venv.probe_for(stack, config.launcher, gpu_plan.probe_args())
 env_ops, env_gens = {}, {}
 for env in config.environments:
     gen = env_gens[env.path] = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})

@@ -561,6 +561,17 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
     return "pip"
 
 
+def probe_for(stack: Stack, launcher: str, gpu_args: dict) -> dict:
+    """The ABI probe's arguments: the GPUs' (`gpus.Plan.probe_args`), the stack's kernel distributions,
+    and the modules to import (the unit's launcher, and sglang's server entry point when the stack has sglang)."""
+    modules = [launcher, "sglang.launch_server"] if "sglang" in stack.wanted() else [launcher]
+    return {
+        **gpu_args,
+        "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
+        "modules": list(dict.fromkeys(modules)),
+    }
+
+
 @operation()
 def probed(gen: Generation, probe: dict):
     """

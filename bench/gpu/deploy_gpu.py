@@ -23,11 +23,7 @@ config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
 sources = tuple(venv.Source(*source) for source in config.stack_sources)
-probe = {
-    **gpu_plan.probe_args(),
-    "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
-    "modules": list(dict.fromkeys([config.launcher, "sglang.launch_server"])),
-}
+probe = venv.probe_for(stack, config.launcher, gpu_plan.probe_args())
 gens = {}
 for env in config.environments:
     gen = gens[env.path] = venv.generation(env.path, stack, {})
