@@ -16,6 +16,7 @@ import pytest
 from operations import models, remote, settings
 from operations.settings import HostConfig
 from tests.unit.hosts import make_host
+from tests.unit.remote_calls import remote_call
 from tests.unit.test_operations import run
 
 REMOTE = Path(models.__file__).parent / "remote"
@@ -80,7 +81,7 @@ def test_a_file_modified_after_staging_is_repaired_by_a_stage_that_hashes_the_st
     state = {**converged(), "suspect_hashes": {"config.json": "e" * 64}}
     result, calls = run_staged(state)
     assert calls == ["fast"]
-    assert result.commands == [remote.command("stage_model", SRC, DEST, models.MARKER, "--verify", "full")]
+    assert [remote_call(c) for c in result.commands] == [("stage_model", [SRC, DEST, ".sglang-deploy-staged.json", "--verify", "full"])]
     assert any("content differs (modified after staging): config.json" in line for line in result.logs)
     # Touched, content unchanged: nothing to do, and the no-op says what was hashed.
     touched = {**converged(), "suspect_hashes": {"config.json": HASHES["config.json"]}}
@@ -92,14 +93,16 @@ def test_full_verify_asks_the_fact_to_hash_and_repairs_with_a_full_stage():
     state = {**converged(), "dest_hashes": {**HASHES, "config.json": "f" * 64}}
     result, calls = run_staged(state, verify="full")
     assert calls == ["full"]
-    assert result.commands == [remote.command("stage_model", SRC, DEST, MARKER, "--verify", "full")]
+    assert [remote_call(c) for c in result.commands] == [("stage_model", [SRC, DEST, ".sglang-deploy-staged.json", "--verify", "full"])]
     assert result.logs == [f"model {DEST}: content differs (full verify): config.json: staging from {SRC}"]
 
 
 def test_other_models_of_the_host_travel_for_the_free_space_check():
     state = {**converged(), "dest": None, "marker": None}
     result, _ = run_staged(state, others=(("/root/models/Draft", "/dev/shm/Draft"),))
-    assert result.commands == [remote.command("stage_model", SRC, DEST, MARKER, "--also", "/root/models/Draft", "/dev/shm/Draft")]
+    assert [remote_call(c) for c in result.commands] == [
+        ("stage_model", [SRC, DEST, ".sglang-deploy-staged.json", "--also", "/root/models/Draft", "/dev/shm/Draft"])
+    ]
 
 
 def test_fact_commands_quote_paths():

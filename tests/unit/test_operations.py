@@ -27,6 +27,7 @@ from pyinfra.facts.server import TmpDir
 from operations import models, patches, readiness, remote
 from operations.errors import DataError
 from tests.unit.hosts import make_host
+from tests.unit.remote_calls import remote_call
 
 # Running an operation against given facts ----------------------------------------------
 
@@ -96,7 +97,7 @@ def sha1(path: Path) -> str:
 
 SRC = "/root/models/Qwen3.6-27B"
 DEST = "/dev/shm/Qwen3.6-27B"
-STAGE = remote.command("stage_model", SRC, DEST, models.MARKER)
+STAGE = ("stage_model", [SRC, DEST, ".sglang-deploy-staged.json"])
 LISTING = {"config.json": 812, "model-00001-of-00002.safetensors": 4_000_000_000, "tokenizer/vocab.json": 2_000_000}
 
 
@@ -137,7 +138,7 @@ def test_model_drift_yields_one_stage_command(changes, reason):
 
     assert models.drift(state) == reason
     result = run_staged(state)
-    assert result.commands == [STAGE]
+    assert [remote_call(c) for c in result.commands] == [STAGE]
     assert result.noops == []
     assert result.logs == [f"model {DEST}: {reason}: staging from {SRC}"]
 
@@ -146,12 +147,12 @@ def test_model_file_modified_after_staging_is_restaged_with_the_staged_copy_hash
     state = {**model_state(), "suspect_hashes": {"config.json": "0" * 64}}
     assert models.drift(state) == "content differs (modified after staging): config.json"
     # A fast stage would hard-link the same-size bad file back: this one hashes what it keeps.
-    assert run_staged(state).commands == [remote.command("stage_model", SRC, DEST, models.MARKER, "--verify", "full")]
+    assert [remote_call(c) for c in run_staged(state).commands] == [("stage_model", [SRC, DEST, ".sglang-deploy-staged.json", "--verify", "full"])]
 
 
 def test_model_source_missing_still_runs_the_stage_script_which_says_so():
     result = run_staged({**model_state(), "src": None})
-    assert result.commands == [STAGE]
+    assert [remote_call(c) for c in result.commands] == [STAGE]
     assert result.logs == [f"model {DEST}: source missing: staging from {SRC}"]
 
 
@@ -466,7 +467,9 @@ def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
 
 def test_inputs_recorded_runs_the_state_script_in_record_mode():
     result = run(readiness.inputs_recorded, {}, unit="sglang-x.service", inputs=("/etc/systemd/system/sglang-x.service", "/root/venv_sglang"))
-    assert result.commands == [remote.command("service_state", "--record", "sglang-x.service", "/etc/systemd/system/sglang-x.service", "/root/venv_sglang")]
+    assert [remote_call(c) for c in result.commands] == [
+        ("service_state", ["--record", "sglang-x.service", "/etc/systemd/system/sglang-x.service", "/root/venv_sglang"])
+    ]
 
 
 # operations/remote/service_state.py, run here against a stand-in systemctl ---------------------
