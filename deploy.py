@@ -78,7 +78,6 @@ for env in config.environments:
             patch_set=patch_sets[name],
             venv_path=gen.path,
             site_packages=f"{gen.path}/{stack.site_packages}",
-            force=name in config.force_patch_sets,
         )
         for name in env.patch_sets
     ]

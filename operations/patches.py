@@ -155,7 +155,7 @@ def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str
 
 
 @operation()
-def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True, force: bool = False):
+def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True):
     """
     Make the installed package hold the files of ``patch_set`` (or its originals).
 
@@ -163,8 +163,6 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     + venv_path: the venv the package is installed in
     + site_packages: that venv's site-packages directory
     + present: ``False`` restores every original and removes the files the set added
-    + force: adopt a file's current content as its original when it is neither the
-      original the set was written against nor the patched file (explicitly, per run)
 
     Pinned base:
         The set is refused unless the installed base distribution has exactly the
@@ -226,15 +224,12 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
             elif found == patch_file.original:
                 host.log(f"patch {patch_set.name}: {patch_file.path}: replacing the original")
                 yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || cp -p {shlex.quote(target)} {shlex.quote(backup)}"
-            elif not state["backups"][patch_file.path] and patch_file.original is not None and force:
-                host.log(f"patch {patch_set.name}: {patch_file.path}: adopting its current content (sha256 {found[:12]}) as the original (force)")
-                yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && cp -p {shlex.quote(target)} {shlex.quote(backup)}"
             elif not state["backups"][patch_file.path] and patch_file.original is not None:
                 raise OperationError(
                     f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
                     f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
-                    "someone else changed the installed package; reinstall the base distribution and re-run, "
-                    "or re-run with force to adopt the current file as the original"
+                    "someone else changed the installed package and its RECORD does not show it; reinstall "
+                    f"{patch_set.distribution} {patch_set.version} (remove the venv generation) and re-run"
                 )
             else:
                 host.log(

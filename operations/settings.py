@@ -58,8 +58,7 @@ GLOBAL_KEYS: dict[str, Key] = {
     "launcher": Key("sglang.launch_server", "Python module the unit runs (`python -m <launcher> <flags>`)."),
     "readiness_timeout_s": Key(1800, "Seconds a (re)started service may take to answer `/health` with 200."),
     "smoke_test": Key(True, "After a (re)start, send one chat completion and require an answer."),
-    "lock_wait_s": Key(300, "Seconds a deploy waits for another deploy's lock on a host before it stops."),
-    "force_patch_sets": Key([], "Patch sets to apply even over files that are neither their original nor patched, adopting the current file as the original (use once, with --data)."),
+    "lock_wait_s": Key(300, "Seconds, from the run's start, that a deploy waits for another deploy's lock on a host; then that host alone fails and the others go on."),
     "model_sources": Key({}, "Map model name -> where to stream it from when a host's store lacks it: an inventory host (e.g. the one a service moves away from) or a directory on the control machine."),
     "service_user": Key("sglang", "Unix user the services run as: a system user the deploy creates (no login shell), or `root` on hosts where it must (the systemd hardening applies either way)."),
     "secrets_file": Key(".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine ($SGLANG_DEPLOY_SECRET_<NAME> wins)."),
@@ -140,10 +139,23 @@ def load_group_yaml(group_py_file: str) -> dict[str, Any]:
     known = {**GLOBAL_KEYS, **HOST_KEYS}
     for key in data:
         if key not in known:
-            raise DataError(shown, str(key), data[key], f"unknown key; allowed: {', '.join(sorted(known))}{_did_you_mean(key, known)}")
+            raise DataError(shown, str(key), data[key], _unknown_key_message(key, known))
     for key in data:
         _KEY_SOURCES[(group, key)] = shown
     return data
+
+
+# Keys that once meant something: the error says what replaced them rather than only "unknown key".
+RETIRED_KEYS = {
+    "force_patch_sets": "no longer used: a file edited by hand inside an installed package differs from its RECORD, "
+                        "so the venv check reinstalls that package in a new generation before any patch set is applied; remove the key",
+}
+
+
+def _unknown_key_message(key: Any, known, extra: str = "") -> str:
+    if key in RETIRED_KEYS:
+        return RETIRED_KEYS[key]
+    return f"unknown key; allowed: {', '.join(sorted(known))}{extra}{_did_you_mean(key, known)}"
 
 
 def _did_you_mean(key: Any, known) -> str:
@@ -254,7 +266,6 @@ class HostConfig:
     smoke_test: bool
     lock_wait_s: int = 300
     model_sources: dict = field(default_factory=dict)
-    force_patch_sets: tuple[str, ...] = ()
     services: tuple[Service, ...] = field(default_factory=tuple)
     verify_models: str = "fast"
     failed_gpus: tuple[int, ...] = ()
@@ -743,6 +754,8 @@ def _no_unknown_keys(host) -> None:
     for source, data in layers:
         for key in data:
             if key not in known and key not in pyinfra_keys:
+                if key in RETIRED_KEYS:
+                    raise DataError(source, key, data[key], RETIRED_KEYS[key])
                 hint = _did_you_mean(key, [*known, *pyinfra_keys])
                 raise DataError(source, key, data[key], f"unknown key; allowed: {', '.join(sorted(known))}, "
                                                         f"or one of pyinfra's own (ssh_hostname, ssh_user, ssh_port, ssh_key, _sudo, ...){hint}")
@@ -873,12 +886,6 @@ def _host_config(host) -> HostConfig:
         "must be a user name (lowercase letters, digits, '_', '-'; up to 32 characters, not starting with a digit or '-'), e.g. `sglang`, or `root`",
     )
     _require(values["verify_models"] in ("fast", "full"), src("verify_models"), "verify_models", values["verify_models"], "must be `fast` (names and sizes) or `full` (re-hash the staged files)")
-    forced = values["force_patch_sets"]
-    _require(
-        isinstance(forced, list) and all(isinstance(x, str) and x in available_patch_sets() for x in forced),
-        src("force_patch_sets"), "force_patch_sets", forced, f"must be a list of patch set names; available: {', '.join(available_patch_sets())}",
-    )
-    _require(len(set(forced)) == len(forced), src("force_patch_sets"), "force_patch_sets", forced, "names a patch set twice; list each once")
 
     services_raw = values["services"]
     _require(isinstance(services_raw, dict), src("services"), "services", services_raw, "must be a map of service name -> service definition")
@@ -933,7 +940,6 @@ def _host_config(host) -> HostConfig:
         smoke_test=values["smoke_test"],
         lock_wait_s=wait,
         model_sources=dict(sources),
-        force_patch_sets=tuple(forced),
         services=tuple(services),
         verify_models=values["verify_models"],
         failed_gpus=tuple(failed_gpus),

@@ -6,6 +6,7 @@ import hashlib
 import json
 import shlex
 import shutil
+import subprocess
 import zipfile
 
 import pytest
@@ -54,10 +55,8 @@ def test_ddtree_flags_parse_with_the_sample_set_and_are_refused_without_it():
     assert not ok and "unrecognized arguments: --speculative-ddtree-budget 15" in out, out
 
 
-def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies():
-    import subprocess
-
-    patch_set = load_patch_set("ddtree-sample")
+def revert_on_gpu_a() -> str:
+    """Revert ddtree-sample in gpu-a's live patched venv (its originals back, no applied record); the site dir."""
     site = ssh("gpu-a", f"ls -d {PATCHED_ENV}/lib/python3*/site-packages").stdout.strip()
     proc = subprocess.run(
         [PYINFRA, "lab/inventory.py", "tests/lab/deploys/revert_patch.py", "-y", "--limit", "gpu-a",
@@ -65,6 +64,12 @@ def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies()
         cwd=ROOT, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return site
+
+
+def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies():
+    patch_set = load_patch_set("ddtree-sample")
+    site = revert_on_gpu_a()
     for patch_file in patch_set.files:
         found = ssh("gpu-a", f"sha256sum {site}/{patch_file.path} 2>/dev/null || echo absent").stdout.split()[0]
         if patch_file.original is None:
@@ -75,6 +80,22 @@ def test_revert_restores_every_original_byte_for_byte_and_the_deploy_reapplies()
     result = deploy()
     assert result.returncode == 0, result
     assert any(name.startswith("Patch set ddtree-sample applied in generation ") for name, _ in result.changed), result
+    assert deploy().changed == []
+
+
+def test_a_base_file_edited_by_hand_is_reinstalled_and_then_patched_with_no_force_needed():
+    """A file the set replaces, edited by hand while the set is not applied (a host patched by hand): it is
+    neither the original nor the patched file. The venv check sees it differ from sglang's RECORD and the
+    deploy reinstalls sglang in a new generation before the set goes on, so no escape hatch is needed."""
+    patch_set = load_patch_set("ddtree-sample")
+    replaced = next(f for f in patch_set.files if f.original is not None)
+    site = revert_on_gpu_a()
+    ssh("gpu-a", f"echo '# edited by hand' >> {site}/{replaced.path}")
+    result = deploy()
+    assert result.returncode == 0, result
+    assert f"installed file(s) missing or altered ({replaced.path}" in result.stderr, result.stderr[-3000:]
+    live_site = ssh("gpu-a", f"ls -d {PATCHED_ENV}/lib/python3*/site-packages").stdout.strip()
+    assert ssh("gpu-a", f"sha256sum {live_site}/{replaced.path}").stdout.split()[0] == replaced.sha256
     assert deploy().changed == []
 
 

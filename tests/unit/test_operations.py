@@ -455,17 +455,6 @@ def test_changed_base_is_named_from_the_applied_record_before_refusing(patch_set
         run_patches(patch_set, installed(version="0.5.24", record=patches.applied_record(patch_set)))
 
 
-def test_force_adopts_unexpected_content_as_the_original(patch_set):
-    state = installed(replaced="e" * 64)
-    fs = FakeFs(files={f"{SITE}/{rel}": "0" * 40 for rel in (REPLACED, ADDED)}, dirs={f"{SITE}/sglang/srt/speculative"})
-    state["record"] = None
-    facts = {patches.InstalledFiles: lambda **kw: copy.deepcopy(state)}
-    result = run(patches.applied, facts, fs, patch_set=patch_set, venv_path=VENV, site_packages=SITE, force=True)
-    assert result.commands[0] == f"mkdir -p {BACKUPS}/sglang/srt/speculative && cp -p {SITE}/{REPLACED} {BACKUPS}/{REPLACED}"
-    assert result.commands[1:3] == put(patch_set, REPLACED)
-    assert any("adopting its current content (sha256 eeeeeeeeeeee) as the original (force)" in line for line in result.logs)
-
-
 def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
     with pytest.raises(OperationError, match="could not read the state of sglang-x.service .*the connection dropped"):
         run(readiness.ready, {readiness.ServiceState: lambda **kw: None}, service="x", unit="sglang-x.service", bind="127.0.0.1", port=30000, timeout=60)
