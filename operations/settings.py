@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import os
 import re
 import sys
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
-
-import yaml
 
 from operations import engine_flags
 from operations.errors import DataError

@@ -198,3 +198,41 @@ def test_a_new_environment_that_never_becomes_ready_is_rolled_back_with_its_unit
     assert live_target() == old
     assert http_get(SPARE, PORT, "/health")[0] == 200
     assert "NEVER_READY" not in ssh(SPARE, f"cat /etc/systemd/system/{UNIT}").stdout
+
+
+def test_two_services_sharing_a_venv_the_failed_one_switches_it_back_and_the_other_restarts_on_the_next_run():
+    """The README's claim for a shared venv: the service that failed readiness switches the venv back; the
+    other, restarted earlier in the run on the new generation, keeps that process until its next restart,
+    which the next run makes (its recorded inputs name the generation that is no longer live)."""
+    old, new = gen_path("lab-cpu-sglang"), gen_path("lab-cpu-sglang-kernel-update")
+    second = {**SERVICE, "gpu": 1, "port": PORT + 1}
+
+    def two(stack: str, second_env: dict | None = None, **extra) -> Path:
+        services = {"envsvc": {**SERVICE, "env": {}}, "second": {**second, "env": second_env or {}}}
+        return write_inventory("test_environment_shared", {SPARE: {
+            "stack": stack, "services": services, "run_services": ["envsvc", "second"], **extra}})
+
+    try:
+        result = deploy(two("lab-cpu-sglang"))
+        assert result.returncode == 0, result
+        first_pid = main_pid(SPARE, UNIT)
+        result = deploy(two("lab-cpu-sglang-kernel-update", {"STANDIN_NEVER_READY": 1}, readiness_timeout_s=10), as_json=False)
+        assert result.returncode != 0
+        assert f"second: ROLLED BACK unit sglang-second.service (the previous one), venv {LIVE} (the previous generation)" in result.stderr, result.stderr
+        assert live_target() == old
+        # envsvc was restarted on the new generation before `second` failed, and still runs it.
+        moved_pid = main_pid(SPARE, UNIT)
+        assert moved_pid != first_pid
+        record = json.loads(ssh(SPARE, f"cat /var/lib/sglang-deploy/started/{UNIT}.json").stdout)
+        assert record["pid"] == moved_pid and record["inputs"][LIVE].startswith(f"link {new} "), record
+        for unit, port in ((UNIT, PORT), ("sglang-second.service", PORT + 1)):
+            assert http_get(SPARE, port, "/health")[0] == 200, unit
+        # The next run (the data back on the plain stack) restarts envsvc onto the live generation.
+        result = deploy(two("lab-cpu-sglang"), as_json=False)
+        assert result.returncode == 0, result
+        assert f"envsvc: {LIVE} changed since the service started" in result.stderr, result.stderr
+        assert main_pid(SPARE, UNIT) != moved_pid
+        assert deploy(two("lab-cpu-sglang")).changed == []
+    finally:
+        ssh(SPARE, "systemctl disable --now sglang-second.service >/dev/null 2>&1; rm -f /etc/systemd/system/sglang-second.service; "
+                   "systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; true")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import gpus, preflight, remote, settings, units
+from operations import gpus, preflight, remote, settings
 from operations.errors import DataError
 from operations.settings import REPO_ROOT
 from tests.unit.hosts import make_host
