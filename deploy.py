@@ -21,6 +21,7 @@ from pyinfra.operations.util import any_changed
 
 from operations import (
     gpus,
+    host_reads,
     lock,
     models,
     patches,
@@ -45,6 +46,9 @@ stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 readiness.install_summary(state)
 lock.acquire(host, state, config.lock_wait_s)
+# From here every fact of this host is read once (one batched call on a converged host) and again
+# only after a command ran there (operations/host_reads.py).
+host_reads.install(state, host, config_digest=repr(config))
 placement.install_timer(state)
 
 # GPUs: one nvidia-smi fact per host, read now (before this deploy changes anything), resolves

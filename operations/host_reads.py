@@ -1,0 +1,329 @@
+"""One read of each host per run: the deploy's facts answered from a batch that one remote call returns.
+
+pyinfra 3 caches no fact, and this deploy's operations each read what they decide from
+(a venv's state by its build, probe and switch; a unit's hash by the preflight and the file
+write; systemd's status by three service operations). A converged re-run, what operators run
+most, cost several times the floor of merely reaching the hosts, and more with every service.
+
+The mechanism, for every fact of a host, ours and pyinfra's alike:
+- **Cached.** A fact read once is answered again from memory, until a command runs on the
+  host (an operation's change, an upload, a callback's shell command): then the host's answers
+  are dropped, and each fact is read again once, when next asked for.
+- **Batched.** The first read of a host in a run also reads, in the same remote call, every
+  other fact that the same data read on that host the last time (the *read set*, kept on the
+  control machine, see `read_set_path`). Our python scripts run in one python process
+  (remote/run_scripts.py); pyinfra's shell facts run in the same shell. So a converged re-run
+  makes one read call per host.
+- Only cheap facts join a batch (`_BATCHED`; a full-verify hash or the engine's parser is read
+  only when asked for). A read the batch did not have, or that failed in it, is made on its
+  own, as before, so errors are reported exactly as pyinfra reports them.
+
+The read set is a hint, never a source of truth: a stale one costs a read nobody asks for, a
+missing one a round trip; every answer still comes from the host in this run.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import inspect
+import json
+import os
+import re
+import shlex
+import zlib
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api import FactBase
+from pyinfra.api.command import StringCommand
+from pyinfra.api.facts import ShortFactBase
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback
+
+from operations import remote
+
+MARK = "@@sglang-deploy-read"
+_SCRIPT_SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
+# Connector arguments that change how a fact runs: a read made with any of them is not shared.
+_CONNECTOR_KEYS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_use_sudo_login", "_use_su_login",
+                   "_preserve_sudo_env", "_chdir", "_env", "_shell_executable")
+
+
+def _batched_facts() -> dict[str, type]:
+    """Facts cheap enough to read in every batch: by 'module:Class'."""
+    from pyinfra.facts import files, server, systemd
+
+    from operations import gpus, models, patches, placement, readiness, secrets, service_user, transfer, venv
+
+    classes = (
+        files.File, files.Directory, files.Link, files.Sha1File, files.Sha256File,
+        systemd.SystemdStatus, systemd.SystemdEnabled, server.Users, server.Groups,
+        gpus.GpuState, models.StagedModel, models.OwnedInShm, models.BootStaging, patches.InstalledFiles,
+        placement.ManagedUnits, readiness.ServiceState, secrets.SecretFileState, service_user.GpuDevices,
+        transfer.StoreListing, venv.VenvState,
+    )
+    return {_name(cls): cls for cls in classes}
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _cheap(cls: type, kwargs: dict) -> bool:
+    # A full verify hashes every file of a venv or a model: asked for, never guessed.
+    return _name(cls) in _batched_facts() and kwargs.get("verify", "fast") != "full"
+
+
+def _canonical(cls: type, kwargs: dict) -> dict | None:
+    """The fact's arguments with its defaults filled in, as JSON values; None if they are not plain data."""
+    try:
+        bound = inspect.getcallargs(cls().command, **kwargs)
+    except TypeError:
+        return None
+    bound.pop("self", None)
+    try:
+        return json.loads(json.dumps(bound, sort_keys=True, default=_plain))
+    except (TypeError, ValueError):
+        return None
+
+
+def _plain(value):
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value) if isinstance(value, tuple) else sorted(value)
+    raise TypeError(type(value).__name__)
+
+
+class HostReads:
+    """One host's answers in this run."""
+
+    def __init__(self, read_set: Path | None):
+        self.read_set = read_set
+        self.answers: dict[str, object] = {}
+        self.batched = False
+        self.reading = 0  # >0 while a read of ours runs: its commands change nothing
+        self.asked: dict[str, tuple[str, dict]] = {}  # key -> (fact name, kwargs): next run's read set
+        self.remote_reads = 0  # calls that went to the host (batch or single), for tests and the bench
+
+    def changed(self) -> None:
+        if not self.reading:
+            self.answers.clear()
+
+
+def _key(cls: type, kwargs: dict) -> str:
+    return f"{_name(cls)} {json.dumps(kwargs, sort_keys=True)}"
+
+
+_ORIGINAL = {}
+
+
+def install(state, host, config_digest: str) -> None:
+    """Answer `host`'s facts through this module for the rest of the run (once per host per run)."""
+    real = getattr(host, "_get_module", lambda: host)()
+    if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
+        return
+    real._sglang_reads = HostReads(read_set_path(real, config_digest))
+    real._sglang_reads_state = state
+    _patch_host_class()
+    if not any(isinstance(h, _SaveReadSets) for h in state.callback_handlers):
+        state.add_callback_handler(_SaveReadSets())
+
+
+def reads_of(host) -> HostReads | None:
+    real = getattr(host, "_get_module", lambda: host)()
+    return getattr(real, "_sglang_reads", None)
+
+
+def read_set_path(host, config_digest: str) -> Path:
+    """Where the facts this data read on this host are kept between runs (control machine, per user)."""
+    base = Path(os.environ.get("SGLANG_DEPLOY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-deploy")
+    address = str(host.data.get("ssh_hostname") or host.name)
+    digest = hashlib.sha256(f"{host.name}\0{address}\0{config_digest}".encode()).hexdigest()[:32]
+    return base / "reads" / f"{digest}.json"
+
+
+def _patch_host_class() -> None:
+    if _ORIGINAL:
+        return
+    _ORIGINAL.update(get_fact=Host.get_fact, run_shell_command=Host.run_shell_command, put_file=Host.put_file)
+
+    def get_fact(self, cls, *args, **kwargs):
+        reads = getattr(self, "_sglang_reads", None)
+        if reads is None or args or not isinstance(cls, type) or issubclass(cls, ShortFactBase) or not issubclass(cls, FactBase):
+            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
+        if any(k.startswith("_") for k in kwargs) or _connector_arguments_in_use(self):
+            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
+        canonical = _canonical(cls, kwargs)
+        if canonical is None:
+            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
+        key = _key(cls, canonical)
+        if _cheap(cls, canonical):
+            reads.asked.setdefault(key, (_name(cls), canonical))
+        if key not in reads.answers and not reads.batched:
+            reads.batched = True
+            _read_batch(self, reads, key, cls, canonical)
+        if key not in reads.answers:
+            reads.reading += 1
+            reads.remote_reads += 1
+            try:
+                reads.answers[key] = _ORIGINAL["get_fact"](self, cls, **kwargs)
+            finally:
+                reads.reading -= 1
+        return copy.deepcopy(reads.answers[key])
+
+    def run_shell_command(self, *args, **kwargs):
+        reads = getattr(self, "_sglang_reads", None)
+        if reads is not None:
+            reads.changed()
+        return _ORIGINAL["run_shell_command"](self, *args, **kwargs)
+
+    def put_file(self, *args, **kwargs):
+        reads = getattr(self, "_sglang_reads", None)
+        if reads is not None:
+            reads.changed()
+        return _ORIGINAL["put_file"](self, *args, **kwargs)
+
+    Host.get_fact = get_fact
+    Host.run_shell_command = run_shell_command
+    Host.put_file = put_file
+
+
+def _connector_arguments_in_use(host) -> bool:
+    current = host.current_op_global_arguments or {}
+    return any(current.get(k) for k in _CONNECTOR_KEYS)
+
+
+def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
+    if path is None:
+        return []
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    known = _batched_facts()
+    out = []
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] in known and isinstance(entry[1], dict):
+            if _cheap(known[entry[0]], entry[1]):
+                out.append((known[entry[0]], entry[1]))
+    return out
+
+
+def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[int]] | None:
+    """One shell command reading every entry (id, fact, kwargs), and the ids run by python; None when none can be.
+
+    The same fact object must process the output: some keep what their command was given (Sha1File's path).
+
+    Our remote scripts (`python3 - ARGS <<'PYEOF'`) run together in one python process; other facts
+    run as shell segments, each after a marker line with its id and followed by its exit status.
+    """
+    shell, scripts = [], []
+    for job_id, fact, kwargs in entries:
+        if fact.shell_executable:
+            continue
+        command = fact.command(**kwargs)
+        raw = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        match = _SCRIPT_SHAPE.match(raw)
+        if match and match["body"] in _remote_bodies():
+            scripts.append([job_id, match["body"], shlex.split(match["args"])])
+            continue
+        requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
+        if requires:
+            raw = f"if command -v {requires} >/dev/null 2>&1; then ( {raw}\n); else false; fi"
+        # Through a variable: output without a final newline still ends before the marker line.
+        shell.append(f"out=$( {raw}\n) </dev/null 2>/dev/null; rc=$?; [ -z \"$out\" ] || printf '%s\\n' \"$out\"; echo \"{MARK} {job_id} $rc\"")
+    if not shell and not scripts:
+        return None
+    parts = [f"echo '{MARK} start'"]
+    # Shell facts print their output before their marker; python jobs print theirs after it.
+    parts += shell
+    if scripts:
+        payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
+        runner = remote.script("run_scripts") + f"\nrun_all({payload!r})\n"
+        parts.append(f"python3 - <<'PYEOF'\n{runner}\nPYEOF")
+    return "\n".join(parts), {job[0] for job in scripts}
+
+
+def _remote_bodies() -> set[str]:
+    return {remote.script(p.stem) for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+
+
+def _read_batch(host, reads: HostReads, key: str, cls: type, kwargs: dict) -> None:
+    wanted = {key: (cls, kwargs)} if _cheap(cls, kwargs) else {}
+    for other_cls, other_kwargs in _load_read_set(reads.read_set):
+        wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
+    if len(wanted) < 2:
+        return  # nothing to share a call with: the read goes on its own
+    entries = [(i, c(), k) for i, (c, k) in enumerate(wanted.values())]
+    try:
+        built = batch_command(entries)
+    except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
+        logger.debug(f"{host.name}: host reads batch not built: {exc}")
+        return
+    if built is None:
+        return
+    command, python_ids = built
+    reads.reading += 1
+    reads.remote_reads += 1
+    try:
+        ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)
+    finally:
+        reads.reading -= 1
+    if not ok:
+        return
+    keys = list(wanted)
+    for job_id, (status, lines) in split_batch(output.stdout_lines, python_ids).items():
+        fact = entries[job_id][1]
+        if status != 0:
+            continue  # read on its own when asked for, so the error is reported as pyinfra does
+        try:
+            value = fact.process(lines) if lines else fact.default()
+        except Exception:
+            continue
+        reads.answers[keys[job_id]] = value
+
+
+def split_batch(stdout_lines: list[str], python_ids: set[int]) -> dict[int, tuple[int, list[str]]]:
+    """{id: (exit status, output lines)}: shell jobs print, then their marker; python jobs print their marker, then their output."""
+    results: dict[int, tuple[int, list[str]]] = {}
+    pending: list[str] = []
+    in_python: int | None = None
+    for line in stdout_lines:
+        if line == f"{MARK} start":
+            pending = []
+            continue
+        if line.startswith(MARK + " "):
+            _, job, status = line.split()
+            job_id, status = int(job), int(status)
+            if in_python is not None:
+                results[in_python] = (results[in_python][0], pending)
+            if job_id in python_ids:
+                results[job_id] = (status, [])
+                in_python = job_id
+            else:
+                results[job_id] = (status, pending)
+                in_python = None
+            pending = []
+            continue
+        pending.append(line)
+    if in_python is not None:
+        results[in_python] = (results[in_python][0], pending)
+    return results
+
+
+class _SaveReadSets(BaseStateCallback):
+    """When a host disconnects, keep what it was asked for as the next run's read set."""
+
+    def host_disconnect(self, state, host):
+        reads = getattr(host, "_sglang_reads", None)
+        if reads is None or reads.read_set is None or not reads.asked:
+            return
+        entries = sorted(([name, kwargs] for name, kwargs in reads.asked.values()), key=json.dumps)
+        try:
+            reads.read_set.parent.mkdir(parents=True, exist_ok=True)
+            tmp = reads.read_set.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(entries, sort_keys=True))
+            os.replace(tmp, reads.read_set)
+        except OSError as exc:
+            logger.debug(f"{host.name}: read set not saved: {exc}")

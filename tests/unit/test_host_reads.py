@@ -1,0 +1,138 @@
+"""operations/host_reads.py on pyinfra's @local host: real shell commands, real fact classes.
+
+What must hold: a batch answers each fact exactly as that fact's own read does; a fact is read
+from the host once until a command runs there; the read set of one run makes the next run's
+first read a single call that answers the rest.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import subprocess
+import sys
+import zlib
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.facts.files import Directory, File, Sha1File
+
+from operations import host_reads, remote
+from operations.transfer import StoreListing
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
+
+    def new_run():
+        inventory = Inventory((["@local"], {}))
+        state = State(inventory, Config())
+        connect_all(state)
+        return state, inventory.get_host("@local")
+
+    return new_run
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "model"
+    (root / "sub").mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "sub" / "weights.bin").write_bytes(b"x" * 1000)
+    (root / "no-newline.txt").write_text("last line without a newline")
+    return root
+
+
+def facts_for(tree) -> list[tuple[type, dict]]:
+    return [
+        (File, {"path": str(tree / "config.json")}),
+        (File, {"path": str(tree / "absent")}),
+        (Sha1File, {"path": str(tree / "no-newline.txt")}),
+        (Directory, {"path": str(tree / "sub")}),
+        (StoreListing, {"path": str(tree)}),
+        (StoreListing, {"path": str(tree / "absent")}),
+    ]
+
+
+def _no_atime(value):
+    return {k: v for k, v in value.items() if k != "atime"} if isinstance(value, dict) and "atime" in value else value
+
+
+def test_a_batch_answers_every_fact_as_its_own_read_does(local, tree):
+    state, host = local()
+    alone = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    entries = [(i, cls(), kwargs) for i, (cls, kwargs) in enumerate(facts_for(tree))]
+    command, python_ids = host_reads.batch_command(entries)
+    assert python_ids == {4, 5}  # both model listings run in the one python process
+    ok, output = host.run_shell_command(command, print_output=False)
+    assert ok, output.stderr
+    results = host_reads.split_batch(output.stdout_lines, python_ids)
+    assert sorted(results) == list(range(len(entries)))
+    batched = [fact.process(results[i][1]) if results[i][1] else fact.default() for i, fact, _ in entries]
+    assert all(results[i][0] == 0 for i, _, _ in entries)
+    # A directory's atime moves when the model listing walks it: every other field must agree.
+    assert [_no_atime(v) for v in batched] == [_no_atime(v) for v in alone]
+    assert alone[1] is None and alone[4] == {"config.json": 2, "sub/weights.bin": 1000, "no-newline.txt": 27}
+
+
+def test_a_script_that_fails_in_the_runner_keeps_its_status_and_the_next_script_still_runs():
+    jobs = [[7, "import sys\nprint('half')\nsys.exit(3)", []], [8, "import sys\nprint(sys.argv[1:])", ["a b"]], [9, "raise KeyError('x')", []]]
+    payload = base64.b64encode(zlib.compress(json.dumps(jobs).encode())).decode()
+    runner = remote.script("run_scripts") + f"\nrun_all({payload!r})\n"
+    proc = subprocess.run([sys.executable, "-"], input=runner, capture_output=True, text=True, check=True)
+    assert host_reads.split_batch(proc.stdout.splitlines(), {7, 8, 9}) == {7: (3, ["half"]), 8: (0, ["['a b']"]), 9: (1, [])}
+    assert "KeyError" in proc.stderr
+
+
+def test_a_fact_is_read_once_until_a_command_runs_on_the_host(local, tree):
+    state, host = local()
+    host_reads.install(state, host, config_digest="data-1")
+    reads = host_reads.reads_of(host)
+    path = str(tree / "config.json")
+    first = host.get_fact(Sha1File, path=path)
+    (tree / "config.json").write_text('{"changed": true}')  # behind pyinfra's back: not seen (one read per run)
+    assert host.get_fact(Sha1File, path=path) == first
+    assert reads.remote_reads == 1
+    host.run_shell_command(f"echo '{{}}' > {shlex.quote(path)}", print_output=False)  # a change made by the run
+    again = host.get_fact(Sha1File, path=path)
+    assert again != first and reads.remote_reads == 2
+    assert host.get_fact(Sha1File, path=path) == again and reads.remote_reads == 2
+
+
+def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree):
+    state, host = local()
+    host_reads.install(state, host, config_digest="data-1")
+    first = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    assert host_reads.reads_of(host).remote_reads == len(facts_for(tree))
+    state.trigger_callbacks("host_disconnect", host)
+
+    state, host = local()
+    host_reads.install(state, host, config_digest="data-1")
+    second = [host.get_fact(cls, **kwargs) for cls, kwargs in reversed(facts_for(tree))]
+    assert [_no_atime(v) for v in second[::-1]] == [_no_atime(v) for v in first]
+    assert host_reads.reads_of(host).remote_reads == 1
+
+    # Other data on the same host: another read set (none yet), so each fact is read on its own.
+    state, host = local()
+    host_reads.install(state, host, config_digest="data-2")
+    [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    assert host_reads.reads_of(host).remote_reads == len(facts_for(tree))
+
+
+def test_a_full_verify_is_never_read_ahead(local, tmp_path):
+    from operations.venv import VenvState
+
+    state, host = local()
+    host_reads.install(state, host, config_digest="d")
+    reads = host_reads.reads_of(host)
+    kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
+    host.get_fact(VenvState, verify="full", **kwargs)
+    host.get_fact(VenvState, **kwargs)  # the default, fast: the same as verify="fast"
+    host.get_fact(VenvState, verify="fast", **kwargs)
+    assert reads.remote_reads == 2
+    state.trigger_callbacks("host_disconnect", host)
+    saved = json.loads(reads.read_set.read_text())
+    assert [entry[1]["verify"] for entry in saved] == ["fast"]
