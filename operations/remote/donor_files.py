@@ -6,15 +6,12 @@
 import csv
 import glob
 import os
-import re
 import sys
+
+from _common import norm  # noqa: E402 - remote.script puts _common.py here
 
 root = os.path.realpath(sys.argv[1])
 wanted = dict(spec.split("==", 1) for spec in sys.argv[2:])
-
-
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 sites = glob.glob(os.path.join(root, "lib", "python3*", "site-packages"))

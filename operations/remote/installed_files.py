@@ -2,18 +2,14 @@
 # and the sha256 of files under site-packages.
 # whether a backup of each exists under BACKUP_DIR, and the applied-state RECORD (JSON) if any.
 # argv: SITE_PACKAGES DISTRIBUTION BACKUP_DIR RECORD REL_PATH...
-import hashlib
 import json
 import os
-import re
 import sys
+
+from _common import norm, sha256_file  # noqa: E402 - remote.script puts _common.py here
 
 site, dist, backup_dir, record_path = sys.argv[1:5]
 paths = sys.argv[5:]
-
-
-def norm(name):
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 version = None
@@ -21,14 +17,13 @@ if os.path.isdir(site):
     for entry in os.listdir(site):
         if entry.endswith(".dist-info") and "-" in entry:
             name, _, ver = entry[: -len(".dist-info")].partition("-")
-            if norm(name) == norm(dist):
+            if norm(name, "_") == norm(dist, "_"):
                 version = ver
 hashes = {}
 for rel in paths:
     path = os.path.join(site, rel)
     if os.path.isfile(path):
-        with open(path, "rb") as handle:
-            hashes[rel] = hashlib.sha256(handle.read()).hexdigest()
+        hashes[rel] = sha256_file(path)
     else:
         hashes[rel] = None
 backups = {rel: os.path.isfile(os.path.join(backup_dir, rel)) for rel in paths}

@@ -5,15 +5,10 @@ import json
 import os
 import sys
 
+from _common import walk_files  # noqa: E402 - remote.script puts _common.py here
+
 root = sys.argv[1]
 OURS = (".sglang-deploy-",)
-out = {}
-if os.path.isdir(root):
-    for base, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in names:
-            if name.startswith(OURS):
-                continue
-            path = os.path.join(base, name)
-            out[os.path.relpath(path, root)] = os.path.getsize(path)
-print(json.dumps(out or None))
+listing = walk_files(root, skip=lambda rel, name: name.startswith(OURS)) or {}
+# Sizes of what the names point at (a store may hold links into a download cache).
+print(json.dumps({rel: os.path.getsize(os.path.join(root, rel)) for rel in listing} or None))

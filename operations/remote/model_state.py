@@ -6,40 +6,25 @@
 # written after staging: those files alone are hashed (`suspect_hashes`). A same-size edit whose
 # mtime was put back is not seen that way. With `full`, every staged file is re-hashed (sha256),
 # for `verify_models: full`.
-import hashlib
 import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from _common import beside_model, manifest_paths, sha256_file, walk_files  # noqa: E402 - remote.script puts _common.py here
+
 src, dest, marker_name = sys.argv[1:4]
 src = src.rstrip("/") or "/"
 full = sys.argv[4:5] == ["full"]
-MANIFEST_NAME = ".sglang-deploy-manifest.json"
-MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
-PART_SUFFIX = ".sglang-part"
 
 
 def walk(root):
-    if not os.path.isdir(root):
-        return None
-    out = {}
-    for base, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in names:
-            path = os.path.join(base, name)
-            rel = os.path.relpath(path, root)
-            if rel == marker_name or name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME):
-                continue
-            out[rel] = os.lstat(path)
-    return out
+    return walk_files(root, skip=lambda rel, name: beside_model(rel, name, marker_name))
 
 
 def source_hashes(listing):
     """{relpath: sha256} from the cached manifest if it covers every file unchanged, else None."""
-    digest = hashlib.sha256(os.path.abspath(src).encode()).hexdigest()[:12]
-    paths = (os.path.join(src, MANIFEST_NAME), os.path.join(MANIFEST_FALLBACK_DIR, f"{os.path.basename(src.rstrip('/'))}-{digest}.json"))
-    for path in paths:
+    for path in manifest_paths(src):
         try:
             with open(path) as handle:
                 entries = json.load(handle)["files"]
@@ -55,14 +40,6 @@ def source_hashes(listing):
         if fresh:
             return {rel: entries[rel]["sha256"] for rel in listing}
     return None
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as reader:
-        for block in iter(lambda: reader.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 source = walk(src)
@@ -95,6 +72,6 @@ else:
     names = []
 if names:
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        hashes = dict(zip(names, pool.map(lambda rel: sha256(os.path.join(dest, rel)), names)))
+        hashes = dict(zip(names, pool.map(lambda rel: sha256_file(os.path.join(dest, rel)), names)))
     out["dest_hashes" if full else "suspect_hashes"] = hashes
 print(json.dumps(out))

@@ -3,28 +3,15 @@
 import glob
 import json
 import os
-import subprocess
 import sys
+
+from _common import systemctl_show  # noqa: E402 - remote.script puts _common.py here
 
 MANAGED = "# Managed by sglang-deploy"
 unit_dir = sys.argv[1]
 paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))
 names = [os.path.basename(p) for p in paths]
-props = {}
-if names:
-    try:
-        shown = subprocess.run(["systemctl", "show", "-p", "Id,ActiveState,UnitFileState,MainPID", *names], capture_output=True, text=True).stdout
-    except OSError:
-        shown = ""
-    block = {}
-    for line in shown.splitlines() + [""]:
-        if not line.strip():
-            if block.get("Id"):
-                props[block["Id"]] = block
-            block = {}
-            continue
-        key, _, value = line.partition("=")
-        block[key] = value
+props = systemctl_show(names, ("ActiveState", "UnitFileState", "MainPID"))
 out = {}
 for path, name in zip(paths, names):
     try:

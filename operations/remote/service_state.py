@@ -18,31 +18,23 @@
 #
 # argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
 #       --record UNIT [PATH...]              write the record for the running process
-import hashlib
 import http.client
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+from _common import STAMP, file_digest, systemctl_show  # noqa: E402 - remote.script puts _common.py here
+
 RECORD_DIR = "/var/lib/sglang-deploy/started"
 MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
-STAMP = os.path.join(".sglang-deploy", "installed")  # operations/venv.py: STAMP
 
 
 def show(unit):
-    props = {}
-    out = subprocess.run(
-        ["systemctl", "show", unit, "-p", "LoadState,ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestampMonotonic"],
-        capture_output=True, text=True,
-    )
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition("=")
-        props[key] = value
-    return props
+    props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic")
+    return systemctl_show([unit], props).get(unit, {})
 
 
 def identity(path):
@@ -58,11 +50,8 @@ def identity(path):
         except OSError:
             stamp = None
         return f"link {target} installed {stamp}"
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        digest = file_digest(path)
     except OSError:
         return f"unreadable {st.st_ino}"
     if os.path.basename(path) == MARKER:

@@ -24,23 +24,28 @@
 # the hold file is removed, at most HOLD_LIMIT_S. Nothing in the deploy creates that directory; /run is
 # a root-only tmpfs, emptied at boot; a hold that is never released only delays, and says so on stderr.
 import argparse
-import ctypes
 import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-MANIFEST_NAME = ".sglang-deploy-manifest.json"
-MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
-JOURNAL_NAME = ".sglang-deploy-partial.jsonl"
-PART_SUFFIX = ".sglang-part"
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    JOURNAL_NAME,
+    PART_SUFFIX,
+    beside_model,
+    exchange,
+    manifest_paths,
+    walk_files,
+)
+
 LOCK_PATH = "/run/lock/sglang-deploy-stage.lock"
 BLOCK = 1 << 22
 WORKERS = max(1, min(8, os.cpu_count() or 1))
@@ -65,25 +70,11 @@ def human(n):
 
 def walk(root, skip=()):
     """{relpath: os.stat_result} of the regular files under root, our own files left out."""
-    out = {}
-    for base, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(base, name)
-            rel = os.path.relpath(path, root)
-            if rel in skip or name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME):
-                continue
-            st = os.lstat(path)
-            if not os.path.isfile(path) or os.path.islink(path):
-                raise StageError(f"{path}: only regular files can be staged (found a link or special file)")
-            out[rel] = st
+    out = walk_files(root, skip=lambda rel, name: rel in skip or beside_model(rel, name)) or {}
+    for rel, st in out.items():
+        if not stat.S_ISREG(st.st_mode):
+            raise StageError(f"{os.path.join(root, rel)}: only regular files can be staged (found a link or special file)")
     return out
-
-
-def manifest_paths(src):
-    digest = hashlib.sha256(os.path.abspath(src).encode()).hexdigest()[:12]
-    fallback = os.path.join(MANIFEST_FALLBACK_DIR, f"{os.path.basename(src.rstrip('/'))}-{digest}.json")
-    return os.path.join(src, MANIFEST_NAME), fallback
 
 
 def load_manifest(src):
@@ -279,22 +270,13 @@ def copy_file(src_path, target, st, entry, want_sha, progress):
     return entry
 
 
-_renameat2 = None
-
-
-def exchange(a, b):
-    """Swap two paths atomically (renameat2 RENAME_EXCHANGE), so that b is never missing."""
-    global _renameat2
+def swapped(a, b):
+    """Swap two paths atomically, so that b is never missing; False where the kernel or libc cannot."""
     try:
-        if _renameat2 is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            _renameat2 = libc.renameat2
-        at_fdcwd, rename_exchange = -100, 2
-        if _renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange) == 0:
-            return True
-    except (AttributeError, OSError):
-        pass
-    return False
+        exchange(a, b)
+        return True
+    except OSError:
+        return False
 
 
 # Staging -------------------------------------------------------------------------------
@@ -488,7 +470,7 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
     os.rename(tmp_marker, os.path.join(partial, marker_name))
     os.unlink(journal_path)
     if os.path.isdir(dest):
-        if exchange(partial, dest):
+        if swapped(partial, dest):
             os.rename(partial, old)
         else:
             os.rename(dest, old)

@@ -8,7 +8,7 @@
 # directory) every distribution is listed from its .dist-info: name, version (local tag kept),
 # installer, and the files its RECORD names that are damaged:
 # - `fast` (the default): missing, another size than RECORD's, or - in a generation the deploy
-#   stamped when it last installed into it (STAMP below) - modified after that stamp and then
+#   stamped when it last installed into it (STAMP) - modified after that stamp and then
 #   found to differ from RECORD's sha256 (only such files are hashed). A same-size edit whose mtime
 #   was put back is not seen: that needs `full`. Without a stamp (a venv we did not build), size only.
 # - `full`: every file is hashed and compared with RECORD's sha256.
@@ -21,25 +21,17 @@
 import base64
 import csv
 import glob
-import hashlib
 import json
 import os
 import platform
-import re
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from _common import STAMP, file_digest, norm  # noqa: E402 - remote.script puts _common.py here
+
 live, wanted, host_cache, uv_binary = sys.argv[1:5]
 mode = (sys.argv[5:6] or ["fast"])[0]
-# Written by the deploy after each install into a generation (operations/venv.py: STAMP).
-STAMP = os.path.join(".sglang-deploy", "installed")
-
-
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def python_version(venv):
     try:
         with open(os.path.join(venv, "pyvenv.cfg")) as handle:
@@ -54,11 +46,8 @@ def python_version(venv):
 
 def record_hash(path):
     """A file's hash the way RECORD writes it: sha256=<urlsafe base64, no padding>."""
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        digest = file_digest(path)
     except OSError:
         return None
     return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()

@@ -4,12 +4,13 @@
 # rollback, which is this same switch back); older generations are deleted.
 # A plain venv directory at LIVE (from before generations) is moved in as a generation.
 # argv: LIVE ID, or LIVE --previous (roll back to the kept generation)
-import ctypes
 import json
 import os
 import shutil
 import sys
 import time
+
+from _common import exchange  # noqa: E402 - remote.script puts _common.py here
 
 live, wanted = sys.argv[1:3]
 generations = live + ".generations"
@@ -26,14 +27,6 @@ if wanted == "--previous":
 target = os.path.join(generations, wanted)
 if not os.path.isdir(target):
     sys.exit(f"{target} does not exist: nothing to switch to")
-
-
-def exchange(a, b):
-    """Swap two paths atomically (renameat2 RENAME_EXCHANGE)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno), f"{a} <-> {b}")
 
 
 tmp = f"{live}.switch-{os.getpid()}"

@@ -1,8 +1,8 @@
-"""Read back a remote-script command (`python3 - ARGS <<'PYEOF' ... PYEOF`) as (script name, argv).
+"""Remote scripts in tests: a command read back as (script name, argv); a script loaded as a module.
 
 Tests compare what an operation yields with literal expectations: the script is named by
-matching its body against the files in operations/remote/ read here from disk, and the
-arguments are split as the host's shell would split them. Building the expected command
+matching its body against the scripts of operations/remote/, and the arguments are split
+as the host's shell would split them. Building the expected command
 with `remote.command` instead would let a wrong argument order pass (it is the code under test).
 """
 
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 import shlex
+import types
 from pathlib import Path
+
+from operations import remote
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "operations" / "remote"
 _SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
@@ -21,6 +24,15 @@ def remote_call(command) -> tuple[str, list[str]]:
     assert isinstance(command, str), f"not a shell command: {command!r}"
     match = _SHAPE.match(command)
     assert match, f"not a remote-script command: {command[:120]!r}"
-    names = [p.stem for p in sorted(REMOTE_DIR.glob("*.py")) if p.read_text(encoding="utf-8") == match["body"]]
+    # Which script: its text as sent (with _common.py inlined); the arguments stay literal expectations.
+    names = [p.stem for p in sorted(REMOTE_DIR.glob("*.py")) if not p.stem.startswith("_") and remote.script(p.stem) == match["body"]]
     assert len(names) == 1, f"the script body matches {names or 'no file'} in {REMOTE_DIR}"
     return names[0], shlex.split(match["args"])
+
+
+def load_remote_module(name: str, module_name: str | None = None) -> types.ModuleType:
+    """Remote script `name` as the host runs it (_common.py inlined), as a module: its functions, its main part not run."""
+    module = types.ModuleType(module_name or name)
+    module.__file__ = str(REMOTE_DIR / f"{name}.py")
+    exec(compile(remote.script(name), module.__file__, "exec"), module.__dict__)
+    return module

@@ -4,7 +4,6 @@ remote scripts run here on temporary directories (they are stdlib scripts for an
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 from operations import models, remote, settings
 from operations.settings import HostConfig
 from tests.unit.hosts import make_host
-from tests.unit.remote_calls import remote_call
+from tests.unit.remote_calls import load_remote_module, remote_call
 from tests.unit.test_operations import run
 
 REMOTE = Path(models.__file__).parent / "remote"
@@ -216,14 +215,7 @@ def test_boot_fact_parses_sha256sum_and_is_enabled():
 # The remote scripts, run here ----------------------------------------------------------
 
 
-def load_stage_module():
-    spec = importlib.util.spec_from_file_location("stage_model", REMOTE / "stage_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stage_model = load_stage_module()
+stage_model = load_remote_module("stage_model")
 
 
 def make_model(root: Path, files: dict[str, int]) -> Path:

@@ -7,7 +7,6 @@ files, and when a `.NAME.partial` it did not make is in the way; and that DEST i
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from operations import models
+from tests.unit.remote_calls import load_remote_module
 
 MARKER = models.MARKER
 SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "remote" / "stage_model.py"
@@ -24,9 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "remote" / "stage_
 @pytest.fixture
 def sm(tmp_path, monkeypatch):
     """The script as a module, its test hook directory moved under tmp_path (the real one is /run/...)."""
-    spec = importlib.util.spec_from_file_location("stage_model_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_remote_module("stage_model", "stage_model_under_test")
     monkeypatch.setattr(module, "TEST_HOOK_DIR", str(tmp_path / "hooks"))
     return module
 

@@ -1,0 +1,66 @@
+"""operations/remote: each script is sent as one stdlib file, with what the scripts share (_common.py) inlined."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations import remote
+
+SCRIPTS = sorted(p.stem for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_is_one_file_that_imports_only_the_standard_library(name):
+    tree = ast.parse(remote.script(name))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+    assert "_common" not in imported
+    # abi_probe, preflight and engine_flags run inside the served venv and import what they probe on purpose.
+    allowed_third_party = {"abi_probe": {"torch", "sgl_kernel", "triton", "sglang"}, "preflight": {"sglang"}, "engine_flags": {"sglang"}}.get(name, set())
+    assert imported - set(sys.stdlib_module_names) <= allowed_third_party, imported - set(sys.stdlib_module_names)
+
+
+def test_a_shared_helper_is_written_once():
+    shared = {"norm", "exchange", "walk_files", "systemctl_show", "file_digest", "sha256_file", "manifest_paths"}
+    for name in SCRIPTS:
+        text = (Path(remote.__file__).parent / f"{name}.py").read_text()
+        defined = {n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+        assert not defined & shared, f"{name}.py defines {defined & shared} again"
+
+
+def make_script_dir(tmp_path, monkeypatch, common: str, script: str):
+    (tmp_path / "_common.py").write_text(common)
+    (tmp_path / "x.py").write_text(script)
+    monkeypatch.setattr(remote, "_DIR", tmp_path)
+    remote.script.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    remote.script.cache_clear()
+    yield
+    remote.script.cache_clear()
+
+
+def test_the_import_statement_is_replaced_by_the_shared_file_and_runs(tmp_path, monkeypatch):
+    make_script_dir(tmp_path, monkeypatch, "def twice(x):\n    return 2 * x\n",
+                    "import sys\nfrom _common import (\n    twice,\n)\nprint(twice(int(sys.argv[1])))\n")
+    text = remote.script("x")
+    assert "_common" not in text
+    assert subprocess.run([sys.executable, "-", "21"], input=text, capture_output=True, text=True).stdout == "42\n"
+
+
+@pytest.mark.parametrize(("script", "message"), [
+    ("from _common import twice as double\n", "cannot be inlined"),
+    ("from _common import thrice\n", "does not define"),
+    ("from _common import twice\n\ndef twice(x):\n    return x\n", "defines ['twice'] again"),
+])
+def test_an_include_that_would_change_meaning_when_inlined_is_refused(tmp_path, monkeypatch, script, message):
+    make_script_dir(tmp_path, monkeypatch, "def twice(x):\n    return 2 * x\n", script)
+    with pytest.raises(AssertionError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        remote.script("x")
