@@ -55,7 +55,7 @@ placement.install_timer(state)
 # `gpu: auto` and `attention-backend: auto` for the units below. The check shows every decision
 # (also with --dry) and fails the host, before any change, if a service's GPU is missing,
 # unhealthy, busy or too small for its models.
-gpu_plan = gpus.plan_for_host(config)
+gpu_plan = gpus.plan_for_host(config, stack)
 config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
@@ -191,7 +191,7 @@ for service in config.services:
         open_to_all=service.exposed_without_key,
         restarted=any_changed(started, restarted),
         inputs=watched,
-        rollback_plan=rollback.Plan(unit_path, service.unit_name, unit_file.did_change, [(env.path, env_ops[env.path][1].did_change)]),
+        rollback_plan=rollback.Restorable(unit_path, service.unit_name, unit_file.did_change, [(env.path, env_ops[env.path][1].did_change)]),
     )
 
 # Services no longer placed here go after the readiness gates: pyinfra runs each operation on

@@ -8,9 +8,9 @@
   non-zero, which would otherwise fail the host before anything could be said about it.
 - `decide(config, facts)` (pure) resolves `gpu: auto` and `attention-backend: auto`, checks each
   service's GPUs (present, healthy, free) and its models' size against GPU memory and
-  `mem-fraction-static`, and returns a `Plan`: the resolved config, one line per decision,
+  `mem-fraction-static`, and returns a `GpuDecisions`: the resolved config, one line per decision,
   warnings and errors.
-- `plan_for_host(config)` reads the fact at load time (the units are rendered from the plan;
+- `plan_for_host(config, stack)` reads the fact at load time (the units are rendered from the plan;
   facts read then see the host before the deploy, which is what a GPU check wants);
   `gpus.checked(plan=...)` shows the decisions (also under `--dry`) and fails the host, before
   any change, when the plan has errors.
@@ -251,7 +251,7 @@ class GpuState(FactBase):
 
 
 @dataclass(frozen=True)
-class Plan:
+class GpuDecisions:
     """What the GPUs decide for a host: its config with `auto` resolved, and what to say."""
 
     config: HostConfig
@@ -413,7 +413,7 @@ def _engine_failures(service: Service, facts: GpuFacts, engine: str | None, erro
         )
 
 
-def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> Plan:
+def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> GpuDecisions:
     """Resolve `gpu: auto` and `attention-backend: auto`, and check every service's GPUs and memory.
 
     `engine`: the stack's sglang version, for combinations known to fail on a real GPU.
@@ -422,11 +422,11 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
     so adding an `auto` service never moves another one.
     """
     if not config.services:
-        return Plan(config)
+        return GpuDecisions(config)
     if facts is None or facts.error:
         names = ", ".join(s.name for s in config.services)
         error = (facts.error if facts else "no GPU facts")
-        return Plan(config, errors=(f"{error}: services {names} need a GPU",))
+        return GpuDecisions(config, errors=(f"{error}: services {names} need a GPU",))
     decisions = [f"GPUs: {_summary(facts)}"]
     for gpu in facts.gpus:
         if not gpu.healthy:
@@ -486,16 +486,16 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
             _memory(service, facts, decisions, warnings, errors)
             _engine_failures(service, facts, engine, errors)
         services.append(service)
-    return Plan(dataclasses.replace(config, services=tuple(services)), tuple(decisions), tuple(warnings), tuple(errors))
+    return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions), tuple(warnings), tuple(errors))
 
 
-def plan_for_host(config: HostConfig) -> Plan:
-    """Read the host's GPUs (one remote call, only if it runs services) and decide."""
+def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
+    """Read the host's GPUs (one remote call, only if it runs services) and decide for `stack`'s engine."""
     if not config.services:
-        return Plan(config)
+        return GpuDecisions(config)
     paths = sorted({m.store_path for s in config.services for m in s.models})
     facts = host.get_fact(GpuState, models=paths)
-    engine = stacks.load_stack(config.stack).wanted().get("sglang")
+    engine = stack.wanted().get("sglang")
     return dataclasses.replace(decide(config, facts, engine), facts=facts)
 
 
@@ -514,11 +514,11 @@ def _refuse(state, host, errors: tuple[str, ...]) -> bool:
 
 
 @operation()
-def checked(plan: Plan):
+def checked(plan: GpuDecisions):
     """
     Show the GPU decisions for the host's services, and fail the host if they cannot run.
 
-    + plan: ``plan_for_host(config)``: the decisions, warnings and errors
+    + plan: ``plan_for_host(config, stack)``: the decisions, warnings and errors
 
     Decisions:
         Printed when the deploy is planned (so ``--dry`` shows them), or once while executing
@@ -529,7 +529,7 @@ def checked(plan: Plan):
 
     .. code:: python
 
-        gpus.checked(name="GPUs fit the services on this host", plan=gpus.plan_for_host(config))
+        gpus.checked(name="GPUs fit the services on this host", plan=gpus.plan_for_host(config, stack))
     """
     state = host.state
     if not state.is_executing or not state.should_check_for_changes():

@@ -127,7 +127,7 @@ def ready(
     + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
     + inputs: host paths read with the service's state (see `changed_since_start`); the same arguments, so one fact
-    + rollback_plan: a `rollback.Plan`: when the restarted service fails, undo this run's
+    + rollback_plan: a `rollback.Restorable`: when the restarted service fails, undo this run's
       changes to it (previous unit, previous venv generations), restart, confirm readiness
 
     **Example:**

@@ -35,7 +35,7 @@ def save_command(unit_path: str, unit_name: str) -> str:
 
 
 @dataclass
-class Plan:
+class Restorable:
     """What `undo()` may restore for one service, each part known only once the run executes."""
 
     unit_path: str
@@ -48,7 +48,7 @@ class Plan:
         return self.unit_changed(), [path for path, switched in self.venvs if switched()]
 
 
-def undo(host, plan: Plan) -> tuple[list[str], str | None]:
+def undo(host, plan: Restorable) -> tuple[list[str], str | None]:
     """Restore the saved unit and the previous venv generations; restart. Returns (what was rolled back, error)."""
     unit_changed, venvs = plan.parts()
     done, commands = [], []

@@ -201,13 +201,13 @@ def python_matches(stack: Stack, venv_state: dict | None) -> bool:
 
 
 @dataclass
-class Plan:
+class StackDiff:
     install: list[str]  # distributions to (re)install
     remove: list[str]  # distributions the stack does not name
     reasons: list[str]  # one line per decision, for the log
 
 
-def plan(stack: Stack, venv_state: dict | None) -> Plan:
+def plan(stack: Stack, venv_state: dict | None) -> StackDiff:
     """What to remove and (re)install so that a venv holds exactly `stack`."""
     dists = (venv_state or {}).get("dists", {})
     install, reasons = [], []
@@ -235,7 +235,7 @@ def plan(stack: Stack, venv_state: dict | None) -> Plan:
     remove = sorted(set(dists) - set(stack.wanted()) - BOOTSTRAP)
     if remove:
         reasons.append(f"remove {', '.join(remove)} (not in stack {stack.name})")
-    return Plan(install, remove, reasons)
+    return StackDiff(install, remove, reasons)
 
 
 def shared_after(venv_state: dict | None, stack: Stack, removed: list[str]) -> dict[str, list[str]]:
@@ -562,7 +562,7 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
 
 
 def probe_for(stack: Stack, launcher: str, gpu_args: dict) -> dict:
-    """The ABI probe's arguments: the GPUs' (`gpus.Plan.probe_args`), the stack's kernel distributions,
+    """The ABI probe's arguments: the GPUs' (`gpus.GpuDecisions.probe_args`), the stack's kernel distributions,
     and the modules to import (the unit's launcher, and sglang's server entry point when the stack has sglang)."""
     modules = [launcher, "sglang.launch_server"] if "sglang" in stack.wanted() else [launcher]
     return {

@@ -18,7 +18,7 @@ from operations import gpus, preflight, settings, stacks, units, venv
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 
-gpu_plan = gpus.plan_for_host(config)
+gpu_plan = gpus.plan_for_host(config, stack)
 config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 

@@ -36,7 +36,7 @@ class ScriptedHost:
 
 
 def plan(unit_changed=True, switched=("/root/venv_sglang",)):
-    return rollback.Plan(UNIT_PATH, UNIT, lambda: unit_changed, [(p, (lambda: True)) for p in switched] + [("/root/other", lambda: False)])
+    return rollback.Restorable(UNIT_PATH, UNIT, lambda: unit_changed, [(p, (lambda: True)) for p in switched] + [("/root/other", lambda: False)])
 
 
 def waited(ok, reason="", ready_s=3.0):
