@@ -130,6 +130,13 @@ def install(state, host, config_digest: str) -> None:
         state.add_callback_handler(_SaveReadSets())
 
 
+def changed(host) -> None:
+    """Something was written on `host` outside pyinfra's command path (a streamed channel): drop its answers."""
+    reads = reads_of(host)
+    if reads is not None:
+        reads.changed()
+
+
 def reads_of(host) -> HostReads | None:
     real = getattr(host, "_get_module", lambda: host)()
     return getattr(real, "_sglang_reads", None)

@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import time
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
-from operations import remote
+from operations import remote, streaming
 from operations.settings import GLOBAL_KEYS
 
-CHUNK = 1 << 20
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
-PROGRESS_EVERY_S = 5.0
 
 
 class StoreListing(FactBase):
@@ -38,12 +34,6 @@ class StoreListing(FactBase):
 
     def process(self, output):
         return json.loads("\n".join(output))
-
-
-def _exec(client, command: str):
-    channel = client.get_transport().open_session()
-    channel.exec_command(command)
-    return channel
 
 
 def local_listing(path: str) -> dict[str, int] | None:
@@ -73,12 +63,8 @@ class _HostSource:
             raise OSError(f"source host {self.host.name} is unreachable")
         return self.host.get_fact(StoreListing, path=self.path)
 
-    def open(self, tar_command: str):
-        self.channel = _exec(self.host.connector.client, tar_command)
-        return self.channel.recv
-
-    def close(self) -> tuple[int, str]:
-        return self.channel.recv_exit_status(), self.channel.recv_stderr(4096).decode(errors="replace")
+    def reader(self, tar_command: str) -> streaming.Reader:
+        return streaming.HostReader(self.host, tar_command)
 
 
 class _LocalSource:
@@ -90,12 +76,8 @@ class _LocalSource:
     def listing(self):
         return local_listing(self.path)
 
-    def open(self, tar_command: str):
-        self.proc = subprocess.Popen(shlex.split(tar_command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        return self.proc.stdout.read
-
-    def close(self) -> tuple[int, str]:
-        return self.proc.wait(), self.proc.stderr.read().decode(errors="replace")
+    def reader(self, tar_command: str) -> streaming.Reader:
+        return streaming.LocalReader(shlex.split(tar_command))
 
 
 def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
@@ -112,29 +94,20 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
     src_parent, src_name = str(PurePosixPath(source.path).parent), PurePosixPath(source.path).name
-    read = source.open(f"tar -C {shlex.quote(src_parent)} -cf - {shlex.quote(src_name)}")
-    writer = _exec(
-        host.connector.client,
+    reader = source.reader(f"tar -C {shlex.quote(src_parent)} -cf - {shlex.quote(src_name)}")
+
+    def progress(sent: int, elapsed: float) -> None:
+        rate = sent / max(elapsed, 1e-6)
+        eta = (total - sent) / rate if rate else 0
+        host.log(f"streaming {name} from {source.label}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
+
+    piped = streaming.pipe(
+        reader, host,
         f"rm -rf {shlex.quote(partial)} && mkdir -p {shlex.quote(partial)} && tar -C {shlex.quote(partial)} --strip-components=1 -xf -",
+        progress,
     )
-    sent, start, last = 0, time.monotonic(), time.monotonic()
-    while True:
-        block = read(CHUNK)
-        if not block:
-            break
-        writer.sendall(block)
-        sent += len(block)
-        if time.monotonic() - last >= PROGRESS_EVERY_S:
-            last = time.monotonic()
-            rate = sent / max(last - start, 1e-6)
-            eta = (total - sent) / rate if rate else 0
-            host.log(f"streaming {name} from {source.label}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
-    writer.shutdown_write()
-    read_status, read_errors = source.close()
-    write_status = writer.recv_exit_status()
-    if read_status != 0 or write_status != 0:
-        errors = (read_errors + writer.recv_stderr(4096).decode(errors="replace")).strip()
-        host.log_styled(f"streaming {name} from {source.label} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
+    if not piped.ok:
+        host.log_styled(f"streaming {name} from {source.label} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
         return False
     got = host.get_fact(StoreListing, path=partial)
     if got != src_listing:
@@ -143,8 +116,7 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}", print_output=False)
     if not ok:
         return False
-    elapsed = time.monotonic() - start
-    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {sent / 2**20:.0f} MiB in {elapsed:.1f} s")
+    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {piped.sent / 2**20:.0f} MiB in {piped.elapsed_s:.1f} s")
     return True
 
 

@@ -36,7 +36,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 from pyinfra.operations import files
 
 from operations import installer as installer_mod
-from operations import remote
+from operations import remote, streaming
 from operations import wheelhouse as wheelhouse_mod
 from operations.stacks import Package, Stack
 
@@ -489,12 +489,6 @@ def _donor_state(source: Source, verify: str = "fast") -> dict | None:
     return None if facts is None else facts["wanted"]
 
 
-def _channel(client, command: str):
-    channel = client.get_transport().open_session()
-    channel.exec_command(command)
-    return channel
-
-
 def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str:
     """Copy the donor venv's files of `specs` into the generation on the same host, then point its scripts at it.
 
@@ -519,26 +513,16 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
         return False
     args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
     tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
-    reader = _channel(donor.connector.client, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF")
-    writer = _channel(host.connector.client, f"tar -C {shlex.quote(gen.path)} -xf -")
-    sent = 0
-    while True:
-        block = reader.recv(1 << 20)
-        if not block:
-            break
-        writer.sendall(block)
-        sent += len(block)
-    writer.shutdown_write()
-    read_status, write_status = reader.recv_exit_status(), writer.recv_exit_status()
-    if read_status != 0 or write_status != 0:
-        errors = (reader.recv_stderr(4096) + writer.recv_stderr(4096)).decode(errors="replace").strip()
-        host.log_styled(f"copy from donor {donor_name} failed ({read_status}/{write_status}): {errors}", fg="red", log_func=logger.error)
+    reader = streaming.HostReader(donor, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF")
+    piped = streaming.pipe(reader, host, f"tar -C {shlex.quote(gen.path)} -xf -")
+    if not piped.ok:
+        host.log_styled(f"copy from donor {donor_name} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
         return False
     # Console scripts name the donor's interpreter; point them at this generation's.
     resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
     ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
-    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {sent / 2**20:.0f} MiB")
+    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {piped.sent / 2**20:.0f} MiB")
     return ok
 
 
