@@ -13,10 +13,8 @@ flags pass the engine's own parser (preflight), its unit is written, and it is
 and a smoke completion; services no longer placed on the host are removed last.
 """
 
-from io import StringIO
-
 from pyinfra import host, state
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from operations import (
@@ -37,6 +35,7 @@ from operations import (
     venv,
 )
 from operations.service_user import ensure_account, gpu_device_groups, group_of
+from operations.unit_file import written as unit_written
 
 # The whole inventory (every host, every service placed or not, the stacks and patch sets they use) is
 # validated once per run by the first host to get here; every host's load raises the same DataError,
@@ -151,7 +150,7 @@ for service in config.services:
         unit_text=unit_text,
         inputs_changed=any_changed(*inputs),
     )
-    unit_file = files.put(name=f"Unit {service.unit_name}", src=StringIO(unit_text), dest=unit_path, mode="644")
+    unit_file = unit_written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text)
     systemd.daemon_reload(name=f"systemd reloads {service.unit_name}", _if=unit_file.did_change)
     systemd.service(name=f"{service.unit_name} enabled", service=service.unit_name, running=None, enabled=True)
     started = systemd.service(name=f"{service.unit_name} running", service=service.unit_name, running=True)

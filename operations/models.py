@@ -23,17 +23,16 @@ like a model. So:
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
 from operations import remote, units
+from operations.file_write import replace_file
 from operations.settings import HostConfig
 
 MARKER = ".sglang-deploy-staged.json"
@@ -286,15 +285,6 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _write(path: str, content: str, mode: str) -> str:
-    encoded = base64.b64encode(content.encode()).decode()
-    tmp = shlex.quote(f"{path}.sglang-deploy.tmp")
-    return (
-        f"mkdir -p {shlex.quote(str(Path(path).parent))} && echo {encoded} | base64 -d > {tmp} "
-        f"&& chmod {mode} {tmp} && mv -f {tmp} {shlex.quote(path)}"
-    )
-
-
 @operation()
 def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, present: bool = True):
     """
@@ -324,7 +314,7 @@ def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, pres
         stale = [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
         for path in stale:
             host.log(f"{path}: {'differs' if path in state['files'] else 'missing'}: writing it")
-            yield _write(path, *wanted[path])
+            yield from replace_file(path, wanted[path][0], wanted[path][1])
         if any(path.endswith(".service") for path in stale):
             yield "systemctl daemon-reload"
         if not state["enabled"]:

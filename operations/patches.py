@@ -19,10 +19,10 @@ from pathlib import Path, PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, operation
-from pyinfra.operations import files
 
 from operations import remote
 from operations.errors import DataError
+from operations.file_write import replace_file
 from operations.yamlload import load_file
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
@@ -238,8 +238,7 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
                 )
             # Written beside and renamed over: a venv generation may share the file's inode
             # (a hard link) with the live generation, which must not change under the service.
-            yield from files.put._inner(src=str(patch_set.local(patch_file)), dest=f"{target}{_TMP}")
-            yield f"mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}"
+            yield from replace_file(target, patch_set.local(patch_file), "644")
         else:
             if patch_file.original is None:
                 if found is None:

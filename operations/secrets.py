@@ -17,14 +17,13 @@ import json
 import os
 import re
 import shlex
-from io import BytesIO
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.command import FileUploadCommand
 
 from operations.errors import DataError
+from operations.file_write import replace_file
 from operations.yamlload import load_file
 
 SECRETS_DIR = "/etc/sglang-deploy/secrets"
@@ -157,12 +156,6 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
-    tmp = f"{path}.tmp"
-    owner = shlex.quote(f"root:{group}")
-    # The directory first: the upload lands in it while only root may enter.
-    yield f"install -d -m 700 -o root -g root {shlex.quote(SECRETS_DIR)} && rm -f {shlex.quote(tmp)}"
-    yield FileUploadCommand(BytesIO(content), tmp)
-    yield (
-        f"chown {owner} {shlex.quote(tmp)} && chmod {file_mode} {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}"
-        f" && chown {owner} {shlex.quote(SECRETS_DIR)} && chmod {dir_mode} {shlex.quote(SECRETS_DIR)}"
-    )
+    # The directory first, root-only: the upload lands in it while no one else may enter.
+    yield from replace_file(path, content, file_mode, "root", group, make_parent="700")
+    yield f"chown {shlex.quote(f'root:{group}')} {shlex.quote(SECRETS_DIR)} && chmod {dir_mode} {shlex.quote(SECRETS_DIR)}"

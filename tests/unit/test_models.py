@@ -180,19 +180,15 @@ def test_boot_staging_writes_what_differs_then_reloads_and_enables():
     installed = {path: models._sha256(content) for path, (content, _mode) in wanted.items()}
     installed[models.BOOT_LIST] = "0" * 64
     result = run(models.boot_staging, boot_fact(installed, enabled=False), wanted=wanted)
-    assert len(result.commands) == 2
-    assert result.commands[0].startswith("mkdir -p /etc/sglang-deploy && echo ") and result.commands[0].endswith(f"mv -f {models.BOOT_LIST}.sglang-deploy.tmp {models.BOOT_LIST}")
-    assert result.commands[1] == "systemctl enable sglang-stage-models.service"
+    tmp = f"{models.BOOT_LIST}.sglang-deploy.tmp"
+    assert result.commands == [
+        f"install -d -m 755 /etc/sglang-deploy && rm -f {tmp}",
+        ("put", "<bytes>", tmp),
+        f"chown root:root {tmp} && chmod 644 {tmp} && mv -f {tmp} {models.BOOT_LIST}",
+        "systemctl enable sglang-stage-models.service",
+    ]
     result = run(models.boot_staging, boot_fact({}, enabled=False), wanted=wanted)
     assert result.commands[-2:] == ["systemctl daemon-reload", "systemctl enable sglang-stage-models.service"]
-
-
-def test_boot_staging_write_command_round_trips_the_content(tmp_path):
-    text = "line 'one'\n$HOME `x` \\ \"q\"\n"
-    command = models._write(str(tmp_path / "d" / "f"), text, "600")
-    subprocess.run(["sh", "-c", command], check=True)
-    assert (tmp_path / "d" / "f").read_text() == text
-    assert oct((tmp_path / "d" / "f").stat().st_mode & 0o777) == "0o600"
 
 
 def test_boot_staging_absent_removes_without_stopping():

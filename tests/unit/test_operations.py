@@ -59,7 +59,7 @@ def _shown(command) -> Any:
     if isinstance(command, str):
         return command
     if isinstance(command, FileUploadCommand):
-        return ("put", str(command.src), command.dest)
+        return ("put", str(command.src) if isinstance(command.src, (str, Path)) else "<bytes>", command.dest)
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     if isinstance(command, FunctionCommand):
@@ -242,8 +242,12 @@ def run_patches(patch_set, state, present=True) -> Result:
 
 def put(patch_set, rel) -> list:
     """The patched file is uploaded beside its target and renamed over it (a new inode)."""
-    tmp = f"{SITE}/{rel}.sglang-deploy-tmp"
-    return [("put", str(patch_set.root / rel), tmp), f"mv -f {tmp} {SITE}/{rel}"]
+    tmp = f"{SITE}/{rel}.sglang-deploy.tmp"
+    return [
+        f"install -d -m 755 {SITE}/{Path(rel).parent} && rm -f {tmp}",
+        ("put", str(patch_set.root / rel), tmp),
+        f"chown root:root {tmp} && chmod 644 {tmp} && mv -f {tmp} {SITE}/{rel}",
+    ]
 
 
 def pycache(rel) -> str:

@@ -181,9 +181,12 @@ DIGEST = hashlib.sha256(secrets.config_text(KEY, None).encode()).hexdigest()
 @pytest.mark.parametrize(("group", "dir_mode", "file_mode"), [("sglang", "710", "640"), ("root", "700", "600")])
 def test_the_secrets_file_is_readable_by_root_and_the_service_group(group, dir_mode, file_mode):
     result = run(secrets.config_file, {secrets.SecretFileState: None}, service="s", api_key=KEY, admin_api_key=None, group=group)
-    last = result.commands[-1]
-    assert f"chown root:{group} /etc/sglang-deploy/secrets/s.yml.tmp && chmod {file_mode} " in last
-    assert f"chown root:{group} /etc/sglang-deploy/secrets && chmod {dir_mode} /etc/sglang-deploy/secrets" in last
+    tmp = "/etc/sglang-deploy/secrets/s.yml.sglang-deploy.tmp"
+    # Root-only directory before the upload lands in it; owner and mode on the upload before its rename.
+    assert result.commands[0] == f"install -d -m 700 /etc/sglang-deploy/secrets && rm -f {tmp}"
+    assert result.commands[1] == ("put", "<bytes>", tmp)
+    assert result.commands[2] == f"chown root:{group} {tmp} && chmod {file_mode} {tmp} && mv -f {tmp} /etc/sglang-deploy/secrets/s.yml"
+    assert result.commands[3] == f"chown root:{group} /etc/sglang-deploy/secrets && chmod {dir_mode} /etc/sglang-deploy/secrets"
     assert KEY.reveal() not in repr(result.commands)
 
 

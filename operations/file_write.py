@@ -1,0 +1,44 @@
+"""The one way this deploy writes a file it owns on a host: whole, or not at all.
+
+Unit files, the boot unit's script and model list, secret key files and patched package files
+all go the same way: uploaded beside the target (`PATH.sglang-deploy.tmp`), given owner and
+mode there, then renamed over the target. A reader sees the old file or the new one, never a
+half-written one; and since the rename makes a new inode, a process (or a venv generation
+that hard-links it) holding the old file keeps the old content. The content travels as an
+upload (SFTP), never inside a command line, where `ps` or pyinfra's output could show it.
+
+Callers decide whether to write (from the hashes they read); this module only writes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import BytesIO
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from pyinfra.api.command import FileUploadCommand
+
+TMP_SUFFIX = ".sglang-deploy.tmp"
+
+
+def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owner: str = "root", group: str = "root",
+                 make_parent: str | None = "755") -> Iterator:
+    """Commands that make `path` hold `content` (bytes, text, or a local file) with `mode` and `owner:group`.
+
+    `make_parent`: the mode of the parent directory when it must be created (None: it exists already).
+    """
+    tmp = path + TMP_SUFFIX
+    parent = str(PurePosixPath(path).parent)
+    first = f"rm -f {shlex.quote(tmp)}"
+    if make_parent is not None:
+        first = f"install -d -m {make_parent} {shlex.quote(parent)} && {first}"
+    yield first
+    if isinstance(content, Path):
+        yield FileUploadCommand(str(content), tmp)
+    else:
+        yield FileUploadCommand(BytesIO(content.encode() if isinstance(content, str) else content), tmp)
+    yield (
+        f"chown {shlex.quote(f'{owner}:{group}')} {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)} "
+        f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+    )
