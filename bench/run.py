@@ -1,7 +1,8 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
 Each figure's script says how it is measured: bench/models.py (model staging), bench/env.py
-(the environment step), bench/locks.py (deploy locks under contention), below (the deploy).
+(the environment step), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
+re-runs with 8 services on a host, and over 16 hosts), below (the deploy).
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
                       (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's
@@ -47,9 +48,10 @@ def deploy_noop_vs_floor() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    from bench import env, locks, models
+    from bench import env, fleet, locks, models
 
     deploy_noop_vs_floor()
+    fleet.main()
     models.main()
     env.main()
     locks.main()

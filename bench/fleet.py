@@ -1,0 +1,107 @@
+"""Converged re-runs as the fleet grows: more services on a host, more hosts.
+
+deploy.services_8_vs_1       the converged re-run of one host running 8 services (8 stand-in GPUs, as the
+                             real deployment's 8-GPU host) over the same kind of host running 1: gpu-e runs
+                             8, gpu-d runs 1 (both 8 stand-in GPUs, the lab's stack, models from the store);
+                             each measured as a deploy limited to that host. At most 1.2: a service costs
+                             little once its facts come in the host's one read.
+deploy.noop_vs_floor_16_hosts  a converged re-run over 16 lab hosts (gpu-a..gpu-p; the 11 beyond the test
+                             lab run one service each on the light `lab-standin` stack) over
+                             `pyinfra ... exec -- true` on the same 16 hosts. At most 1.5.
+Runs alternate, and the median of each is used; the raw medians are printed too. The lab hosts this adds
+(gpu-f..gpu-p) and the services on gpu-d/gpu-e are removed at the end.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.run import PYINFRA, timed  # noqa: E402 - the one way a bench times a command
+
+ROUNDS = 5
+ONE, EIGHT = "gpu-d", "gpu-e"
+EXTRA = [f"gpu-{c}" for c in "fghijklmnop"]
+TEST_HOSTS = ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]
+MODEL = "Qwen3.6-27B-DFlash"
+
+
+def _lab(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "lab" / "lab.py"), *args], cwd=ROOT, check=True, capture_output=True, text=True)
+
+
+def _services(count: int, base_port: int) -> dict:
+    return {f"svc{i}": {"gpu": i, "port": base_port + i, "model": MODEL, "model_in": "store"} for i in range(count)}
+
+
+def _ratio(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str]) -> None:
+    timed(numerator)
+    timed(denominator)  # converge both first: the figure is about converged re-runs
+    top, bottom = [], []
+    for _ in range(ROUNDS):
+        top.append(timed(numerator))
+        bottom.append(timed(denominator))
+    top_s, bottom_s = statistics.median(top), statistics.median(bottom)
+    print(f"{labels[0]}: {top_s:.2f}")
+    print(f"{labels[1]}: {bottom_s:.2f}")
+    print(f"{name}: {top_s / bottom_s:.2f}")
+
+
+def services_8_vs_1() -> None:
+    from tests.lab.labutil import clean_host, write_inventory
+
+    for host in (ONE, EIGHT):
+        _lab("gpus", host, "--count", "8")
+    one = write_inventory("bench_one_service", {ONE: {"services": _services(1, 30300), "run_services": ["svc0"]}})
+    eight = write_inventory("bench_eight_services", {EIGHT: {"services": _services(8, 30300), "run_services": [f"svc{i}" for i in range(8)]}})
+    try:
+        _ratio(
+            "deploy.services_8_vs_1",
+            [PYINFRA, str(eight), "deploy.py", "-y"],
+            [PYINFRA, str(one), "deploy.py", "-y"],
+            ("deploy.services_8_s", "deploy.services_1_s"),
+        )
+    finally:
+        for host in (ONE, EIGHT):
+            clean_host(host, keep_venv=True)
+            _lab("gpus", host, "--reset")
+        one.unlink(missing_ok=True)
+        eight.unlink(missing_ok=True)
+
+
+def noop_vs_floor_16_hosts() -> None:
+    from tests.lab.labutil import clean_host, write_inventory
+
+    _lab("up", "--hosts", ",".join(TEST_HOSTS + EXTRA))
+    lab_inventory = (ROOT / "lab" / "inventory.py").read_text()
+    namespace: dict = {}
+    exec(compile(lab_inventory, "lab/inventory.py", "exec"), namespace)
+    rows = {name: {k: v for k, v in data.items() if not k.startswith("ssh_")} for name, data in namespace["lab_hosts"]}
+    for name in EXTRA:
+        rows[name] = {"stack": "lab-standin", "services": _services(1, 30400), "run_services": ["svc0"]}
+    inventory = write_inventory("bench_16_hosts", rows)
+    try:
+        _ratio(
+            "deploy.noop_vs_floor_16_hosts",
+            [PYINFRA, str(inventory), "deploy.py", "-y"],
+            [PYINFRA, str(inventory), "exec", "-y", "--", "true"],
+            ("deploy.noop_16_hosts_s", "deploy.floor_16_hosts_s"),
+        )
+    finally:
+        for name in EXTRA:
+            clean_host(name)
+        inventory.unlink(missing_ok=True)
+        _lab("down", *EXTRA)
+
+
+def main() -> None:
+    services_8_vs_1()
+    noop_vs_floor_16_hosts()
+
+
+if __name__ == "__main__":
+    main()
