@@ -324,7 +324,10 @@ class _SaveReadSets(BaseStateCallback):
 
     def host_disconnect(self, state, host):
         reads = getattr(host, "_sglang_reads", None)
-        if reads is None or reads.read_set is None or not reads.asked:
+        if reads is None:
+            return
+        logger.debug(f"{host.name}: {reads.remote_reads} read call(s) to the host, {len(reads.asked)} distinct batchable facts asked for")
+        if reads.read_set is None or not reads.asked:
             return
         entries = sorted(([name, kwargs] for name, kwargs in reads.asked.values()), key=json.dumps)
         try:
