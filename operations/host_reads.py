@@ -38,9 +38,10 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api import FactBase
 from pyinfra.api.command import StringCommand
-from pyinfra.api.facts import ShortFactBase
+from pyinfra.api.facts import ShortFactBase, _handle_fact_kwargs
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.facts.files import File
 
 from operations import remote
 
@@ -98,8 +99,9 @@ def _plain(value):
 class HostReads:
     """One host's answers in this run."""
 
-    def __init__(self, read_set: Path | None):
+    def __init__(self, read_set: Path | None, execution: str):
         self.read_set = read_set
+        self.execution = execution  # reads made the deploy's usual way (no operation's _sudo...) are shared and batched
         self.answers: dict[str, object] = {}
         self.batched = False
         self.reading = 0  # >0 while a read of ours runs: its commands change nothing
@@ -123,7 +125,7 @@ def install(state, host, config_digest: str) -> None:
     real = getattr(host, "_get_module", lambda: host)()
     if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
         return
-    real._sglang_reads = HostReads(read_set_path(real, config_digest))
+    real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
     real._sglang_reads_state = state
     _patch_host_class()
     if not any(isinstance(h, _SaveReadSets) for h in state.callback_handlers):
@@ -159,13 +161,15 @@ def _patch_host_class() -> None:
         reads = getattr(self, "_sglang_reads", None)
         if reads is None or args or not isinstance(cls, type) or issubclass(cls, ShortFactBase) or not issubclass(cls, FactBase):
             return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
-        if any(k.startswith("_") for k in kwargs) or _connector_arguments_in_use(self):
+        if any(k.startswith("_") for k in kwargs):
             return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
         canonical = _canonical(cls, kwargs)
         if canonical is None:
             return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
-        key = _key(cls, canonical)
-        if _cheap(cls, canonical):
+        # How the read runs (sudo, su, chdir, env, shell) is part of what it answers.
+        execution = _execution(self)
+        key = _key(cls, canonical) + (f" {execution}" if execution != reads.execution else "")
+        if execution == reads.execution and _cheap(cls, canonical):
             reads.asked.setdefault(key, (_name(cls), canonical))
         if key not in reads.answers and not reads.batched:
             reads.batched = True
@@ -196,9 +200,10 @@ def _patch_host_class() -> None:
     Host.put_file = put_file
 
 
-def _connector_arguments_in_use(host) -> bool:
-    current = host.current_op_global_arguments or {}
-    return any(current.get(k) for k in _CONNECTOR_KEYS)
+def _execution(host) -> str:
+    """The connector arguments a fact read on `host` would run with now (an operation's own `_sudo`...), as a key."""
+    _, arguments = _handle_fact_kwargs(host.state, host, File, (), {"path": "/"})
+    return json.dumps({k: arguments.get(k) for k in _CONNECTOR_KEYS}, sort_keys=True, default=str)
 
 
 def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
