@@ -1,47 +1,84 @@
-"""Run several of our read-only remote scripts in this one python process (stdlib only).
+"""Run several of our read-only remote scripts from one python start (stdlib only).
 
-The host reads batch (operations/host_reads.py) sends this file with PAYLOAD appended: a
-zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs as it would
-alone (`python3 - ARGS`: a fresh globals dict named __main__, sys.argv set, its stdout
-captured); its output follows a marker line that names the id and the exit status. One
-python start and one set of imports then serve every fact of a host instead of one each.
+The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD)`
+appended: a zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs as
+it would alone (`python3 - ARGS`: a fresh globals dict named __main__, its own sys.argv, its
+stdout captured) in a child forked from this process, so the scripts share one interpreter
+start-up and its imports, and run side by side on the host's CPUs (reading two venvs' files
+takes two CPUs as long as one). Outputs are printed in job order, each after a marker line
+that names its id and exit status.
 """
 
 import base64
 import contextlib
 import io
 import json
+import os
 import sys
+import tempfile
 import traceback
 import zlib
 
 MARK = "@@sglang-deploy-read"
 
 
+def _child(code, argv, out_path):
+    """In the forked child: run one script, write its stdout to out_path, exit with its status."""
+    captured = io.StringIO()
+    status = 0
+    sys.argv = ["-", *argv]
+    try:
+        with contextlib.redirect_stdout(captured):
+            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as stop:
+        if isinstance(stop.code, int):
+            status = stop.code
+        elif stop.code is not None:
+            sys.stderr.write(f"{stop.code}\n")
+            status = 1
+    except BaseException:
+        # This read is answered by its own call later, which reports the error as pyinfra does.
+        traceback.print_exc(file=sys.stderr)
+        status = 1
+    try:
+        with open(out_path, "w") as handle:
+            handle.write(captured.getvalue())
+    finally:
+        sys.stderr.flush()
+        os._exit(status)
+
+
 def run_all(payload):
     jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
     compiled = {}
-    out = sys.stdout
-    for job_id, body, argv in jobs:
-        code = compiled.get(body)
-        if code is None:
-            code = compiled[body] = compile(body, "<remote script>", "exec")
-        captured = io.StringIO()
-        status = 0
-        saved_argv = sys.argv
-        sys.argv = ["-", *argv]
-        try:
-            with contextlib.redirect_stdout(captured):
-                exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        except BaseException:
-            # The batch goes on; this read is answered by its own call, which reports the error.
-            traceback.print_exc(file=sys.stderr)
-            status = 1
-        finally:
-            sys.argv = saved_argv
-        out.write(f"{MARK} {job_id} {status}\n")
-        text = captured.getvalue()
-        out.write(text if text.endswith("\n") or not text else text + "\n")
-    out.flush()
+    for _, body, _ in jobs:
+        if body not in compiled:
+            compiled[body] = compile(body, "<remote script>", "exec")
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="sglang-deploy-read-") as tmp:
+        running, status = {}, {}
+        queue = list(enumerate(jobs))
+        while queue or running:
+            while queue and len(running) < workers:
+                index, (_, body, argv) = queue.pop(0)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(compiled[body], argv, os.path.join(tmp, str(index)))
+                running[pid] = index
+            pid, wait_status = os.wait()
+            index = running.pop(pid, None)
+            if index is not None:
+                status[index] = os.waitstatus_to_exitcode(wait_status)
+        out = sys.stdout
+        for index, (job_id, _, _) in enumerate(jobs):
+            code = status.get(index, 1)
+            try:
+                with open(os.path.join(tmp, str(index))) as handle:
+                    text = handle.read()
+            except OSError:
+                text, code = "", code or 1
+            out.write(f"{MARK} {job_id} {code if code >= 0 else 1}\n")
+            out.write(text if text.endswith("\n") or not text else text + "\n")
+        out.flush()
