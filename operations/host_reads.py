@@ -227,10 +227,12 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
 
     The same fact object must process the output: some keep what their command was given (Sha1File's path).
 
-    Our remote scripts (`python3 - ARGS <<'PYEOF'`) run together in one python process; other facts
-    run as shell segments, each after a marker line with its id and followed by its exit status.
+    Our remote scripts (`python3 - ARGS <<'PYEOF'`) run from one python start (remote/run_scripts.py);
+    every other fact is a shell segment. All run at once, each into a file of a private temporary
+    directory; then the files are printed in order: shell facts' output followed by a marker line
+    with the id and exit status, then the python jobs, each marker first.
     """
-    shell, scripts = [], []
+    shell, shell_ids, scripts = [], [], []
     for job_id, fact, kwargs in entries:
         if fact.shell_executable:
             continue
@@ -240,20 +242,28 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
         if match and match["body"] in _remote_bodies():
             scripts.append([job_id, match["body"], shlex.split(match["args"])])
             continue
+        shell_ids.append(job_id)
         requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
         if requires:
             raw = f"if command -v {requires} >/dev/null 2>&1; then ( {raw}\n); else false; fi"
         # Through a variable: output without a final newline still ends before the marker line.
-        shell.append(f"out=$( {raw}\n) </dev/null 2>/dev/null; rc=$?; [ -z \"$out\" ] || printf '%s\\n' \"$out\"; echo \"{MARK} {job_id} $rc\"")
+        shell.append(
+            f"( out=$( {raw}\n) </dev/null 2>/dev/null; rc=$?; [ -z \"$out\" ] || printf '%s\\n' \"$out\"; "
+            f"echo \"{MARK} {job_id} $rc\" ) > \"$d/s{job_id}\" &"
+        )
     if not shell and not scripts:
         return None
-    parts = [f"echo '{MARK} start'"]
-    # Shell facts print their output before their marker; python jobs print theirs after it.
+    parts = ['d=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
     parts += shell
     if scripts:
         payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
         runner = remote.script("run_scripts") + f"\nrun_all({payload!r})\n"
-        parts.append(f"python3 - <<'PYEOF'\n{runner}\nPYEOF")
+        parts.append(f"python3 - > \"$d/python\" <<'PYEOF' &\n{runner}\nPYEOF")
+    parts.append("wait")
+    parts.append(f"echo '{MARK} start'")
+    parts += [f"cat \"$d/s{job_id}\"" for job_id in shell_ids]
+    if scripts:
+        parts.append('cat "$d/python"')
     return "\n".join(parts), {job[0] for job in scripts}
 
 
