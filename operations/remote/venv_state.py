@@ -92,6 +92,7 @@ def read_venv(venv):
     except OSError:
         stamp = None
     dists, claims, to_hash = {}, {}, []
+    site_prefix = (site or "") + "/"
     for dist_info in sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else ():
         name, version = metadata(dist_info)
         if not name or not version:
@@ -107,19 +108,22 @@ def read_venv(venv):
                 rows = list(csv.reader(handle))
         except OSError:
             rows = None
+        dist_name = norm(name)
+        # Once per file of every distribution (tens of thousands): kept to plain string work.
         for row in rows or ():
             if not row or not row[0] or row[0].endswith(".pyc"):
                 continue
             rel = row[0]
             files += 1
-            path = os.path.normpath(os.path.join(site, rel))
+            plain = not rel.startswith("..") and "/./" not in rel and "//" not in rel
+            path = site_prefix + rel if plain else os.path.normpath(os.path.join(site, rel))
             try:
                 st = os.lstat(path)
             except OSError:
                 damaged.append((rel, None, None))
                 continue
             if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
-                claims.setdefault(rel, []).append((norm(name), row[2], row[1] if len(row) > 1 else ""))
+                claims.setdefault(rel, []).append((dist_name, row[2], row[1] if len(row) > 1 else ""))
             if rel in patched or not stat.S_ISREG(st.st_mode):
                 continue
             if st.st_nlink > 1:
@@ -142,7 +146,7 @@ def read_venv(venv):
             "damaged": damaged,
             "linked": linked,
         }
-        dists[norm(name)] = dist
+        dists[dist_name] = dist
     # Hashing is most of a full check's time; hashlib releases the GIL on large buffers.
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
         for (path, expected, damaged, rel), digest in zip(to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
