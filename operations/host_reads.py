@@ -125,11 +125,15 @@ def install(state, host, config_digest: str) -> None:
     real = getattr(host, "_get_module", lambda: host)()
     if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
         return
-    real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
+    reads = real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
     real._sglang_reads_state = state
     _patch_host_class()
     if not any(isinstance(h, _SaveReadSets) for h in state.callback_handlers):
         state.add_callback_handler(_SaveReadSets())
+    # Read now, while pyinfra loads the deploy for every host at once: the hosts' batches overlap,
+    # instead of each host's first fact waiting for its turn in the operation order.
+    reads.batched = True
+    _read_batch(real, reads, None, None, None)
 
 
 def changed(host) -> None:
@@ -271,11 +275,12 @@ def _remote_bodies() -> set[str]:
     return {remote.script(p.stem) for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
 
 
-def _read_batch(host, reads: HostReads, key: str, cls: type, kwargs: dict) -> None:
-    wanted = {key: (cls, kwargs)} if _cheap(cls, kwargs) else {}
+def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> None:
+    """Read the host's read set (and the fact `key` being asked for, if any) in one call."""
+    wanted = {key: (cls, kwargs)} if key is not None and _cheap(cls, kwargs) else {}
     for other_cls, other_kwargs in _load_read_set(reads.read_set):
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
-    if len(wanted) < 2:
+    if not wanted or (key is not None and len(wanted) < 2):
         return  # nothing to share a call with: the read goes on its own
     entries = [(i, c(), k) for i, (c, k) in enumerate(wanted.values())]
     try:
