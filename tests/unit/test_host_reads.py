@@ -15,8 +15,9 @@ import sys
 import zlib
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.connect import connect_all
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import Directory, File, Sha1File
 
 from operations import host_reads, remote
@@ -136,3 +137,44 @@ def test_a_full_verify_is_never_read_ahead(local, tmp_path):
     state.trigger_callbacks("host_disconnect", host)
     saved = json.loads(reads.read_set.read_text())
     assert [entry[1]["verify"] for entry in saved] == ["fast"]
+
+
+class Fails(FactBase):
+    """A fact whose command fails on the host."""
+
+    def command(self, code: int = 3) -> str:
+        return f"echo partial; exit {int(code)}"
+
+    def process(self, output):
+        return output
+
+
+def test_a_fact_that_fails_in_the_batch_is_read_on_its_own_and_fails_as_pyinfra_reports_it(local, tree, monkeypatch):
+    batched = {**host_reads._batched_facts(), host_reads._name(Fails): Fails}
+    monkeypatch.setattr(host_reads, "_batched_facts", lambda: batched)
+    state, host = local()
+    host_reads.install(state, host, config_digest="d")
+    with pytest.raises(PyinfraError):
+        host.get_fact(Fails)
+    host.get_fact(File, path=str(tree / "config.json"))
+    state.trigger_callbacks("host_disconnect", host)
+
+    state, host = local()
+    host_reads.install(state, host, config_digest="d")  # the batch: File answers, Fails is left out
+    reads = host_reads.reads_of(host)
+    assert reads.remote_reads == 1 and host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    with pytest.raises(PyinfraError):
+        host.get_fact(Fails)  # read on its own, and the host fails as it would without the batch
+    assert reads.remote_reads == 2
+
+
+def test_an_upload_drops_the_answers_too(local, tree):
+    state, host = local()
+    host_reads.install(state, host, config_digest="d")
+    reads = host_reads.reads_of(host)
+    path = str(tree / "config.json")
+    before = host.get_fact(Sha1File, path=path)
+    source = tree / "new.json"
+    source.write_text('{"new": 1}')
+    host.put_file(str(source), path)
+    assert host.get_fact(Sha1File, path=path) != before and reads.remote_reads == 2
