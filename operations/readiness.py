@@ -126,7 +126,7 @@ def ready(
     + config_file: the service's root-only `--config` file: the smoke request reads its API key there, on the host
     + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
-    + inputs: host paths read with the service's state (see `changed_since_start`); the same arguments, so one fact
+    + inputs: host paths read with the service's state (see `changed_since_start`); the same arguments, so one read (host_reads)
     + rollback_plan: a `rollback.Restorable`: when the restarted service fails, undo this run's
       changes to it (previous unit, previous venv generations), restart, confirm readiness
 

@@ -18,8 +18,8 @@ pins and the patch sets applied in it). A deploy that changes the environment:
 Facts read every installed distribution (name, version with its local tag, installer, and
 the files its RECORD names that are damaged: `verify_env: fast` compares sizes, and hashes
 files modified after the generation's install stamp; `full` compares every file's sha256
-with RECORD) of the wanted and the live generation in one remote call, so a converged
-environment costs that one call. A damaged distribution is reinstalled from its
+with RECORD) of the wanted and the live generation in one fact, which a converged host's one
+read returns with the others (operations/host_reads.py). A damaged distribution is reinstalled from its
 sha256-checked wheel, re-extracted (its uv cache entry is dropped first).
 """
 

@@ -1,5 +1,5 @@
 # Fact script: the serving venv's generations, read with the host's own python3 (stdlib only),
-# so it works before any venv exists and costs one round trip on a converged host.
+# so it works before any venv exists; on a converged host it comes in the host's one read (host_reads).
 # argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY [fast|full]
 #
 # LIVE_PATH is what units run (`LIVE_PATH/bin/python`): a symlink to the live generation, or a
