@@ -35,6 +35,7 @@ import shlex
 import zlib
 from pathlib import Path
 
+import gevent
 from pyinfra import logger
 from pyinfra.api import FactBase
 from pyinfra.api.command import StringCommand
@@ -104,12 +105,16 @@ class HostReads:
         self.execution = execution  # reads made the deploy's usual way (no operation's _sudo...) are shared and batched
         self.answers: dict[str, object] = {}
         self.batched = False
-        self.reading = 0  # >0 while a read of ours runs: its commands change nothing
+        # Greenlets whose fact read of this host is running (its commands change nothing), and a count
+        # of changes: an answer read while the host changed (another host's operation reading a donor) is not kept.
+        self.readers: set = set()
+        self.generation = 0
         self.asked: dict[str, tuple[str, dict]] = {}  # key -> (fact name, kwargs): next run's read set
         self.remote_reads = 0  # calls that went to the host (batch or single), for tests and the bench
 
     def changed(self) -> None:
-        if not self.reading:
+        if gevent.getcurrent() not in self.readers:
+            self.generation += 1
             self.answers.clear()
 
 
@@ -178,14 +183,18 @@ def _patch_host_class() -> None:
         if key not in reads.answers and not reads.batched:
             reads.batched = True
             _read_batch(self, reads, key, cls, canonical)
-        if key not in reads.answers:
-            reads.reading += 1
-            reads.remote_reads += 1
-            try:
-                reads.answers[key] = _ORIGINAL["get_fact"](self, cls, **kwargs)
-            finally:
-                reads.reading -= 1
-        return copy.deepcopy(reads.answers[key])
+        if key in reads.answers:
+            return copy.deepcopy(reads.answers[key])
+        me, generation = gevent.getcurrent(), reads.generation
+        reads.readers.add(me)
+        reads.remote_reads += 1
+        try:
+            value = _ORIGINAL["get_fact"](self, cls, **kwargs)
+        finally:
+            reads.readers.discard(me)
+        if reads.generation == generation:
+            reads.answers[key] = value
+        return copy.deepcopy(value)
 
     def run_shell_command(self, *args, **kwargs):
         reads = getattr(self, "_sglang_reads", None)
@@ -291,13 +300,10 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
     if built is None:
         return
     command, python_ids = built
-    reads.reading += 1
+    generation = reads.generation
     reads.remote_reads += 1
-    try:
-        ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)
-    finally:
-        reads.reading -= 1
-    if not ok:
+    ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)  # not a change
+    if not ok or reads.generation != generation:
         return
     keys = list(wanted)
     for job_id, (status, lines) in split_batch(output.stdout_lines, python_ids).items():

@@ -178,3 +178,28 @@ def test_an_upload_drops_the_answers_too(local, tree):
     source.write_text('{"new": 1}')
     host.put_file(str(source), path)
     assert host.get_fact(Sha1File, path=path) != before and reads.remote_reads == 2
+
+
+def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(local, tree, monkeypatch):
+    """Host A's operation reads a fact of host B (a donor) while B's own operation changes B: that answer may
+    predate the change, so it is returned to its reader but not kept for B's later reads."""
+    import gevent
+
+    state, host = local()
+    host_reads.install(state, host, config_digest="d")
+    reads = host_reads.reads_of(host)
+    original = host_reads._ORIGINAL["get_fact"]
+
+    def read_during_a_change(self, cls, **kwargs):
+        value = original(self, cls, **kwargs)
+        gevent.spawn(host.run_shell_command, "true", print_output=False).join()  # B changes meanwhile
+        return value
+
+    monkeypatch.setitem(host_reads._ORIGINAL, "get_fact", read_during_a_change)
+    path = str(tree / "config.json")
+    host.get_fact(Sha1File, path=path)
+    assert reads.answers == {}
+    monkeypatch.setitem(host_reads._ORIGINAL, "get_fact", original)
+    host.get_fact(Sha1File, path=path)
+    host.get_fact(Sha1File, path=path)
+    assert reads.remote_reads == 2  # read again once, then kept
