@@ -34,8 +34,14 @@ def _lab(*args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "lab" / "lab.py"), *args], cwd=ROOT, check=True, capture_output=True, text=True)
 
 
-def _services(count: int, base_port: int) -> dict:
-    return {f"svc{i}": {"gpu": i, "port": base_port + i, "model": MODEL, "model_in": "store"} for i in range(count)}
+def _services(count: int, base_port: int, prefix: str = "svc") -> dict:
+    return {f"{prefix}{i}": {"gpu": i, "port": base_port + i, "model": MODEL, "model_in": "store"} for i in range(count)}
+
+
+def _lab_host_names() -> list[str]:
+    namespace: dict = {}
+    exec(compile((ROOT / "lab" / "inventory.py").read_text(), "lab/inventory.py", "exec"), namespace)
+    return [name for name, _data in namespace["lab_hosts"]]
 
 
 def _ratio(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str]) -> None:
@@ -74,15 +80,16 @@ def services_8_vs_1() -> None:
 
 
 def noop_vs_floor_16_hosts() -> None:
-    from tests.lab.labutil import clean_host, write_inventory
+    from tests.lab.labutil import write_inventory
 
     _lab("up", "--hosts", ",".join(TEST_HOSTS + EXTRA))
-    lab_inventory = (ROOT / "lab" / "inventory.py").read_text()
     namespace: dict = {}
-    exec(compile(lab_inventory, "lab/inventory.py", "exec"), namespace)
+    exec(compile((ROOT / "lab" / "inventory.py").read_text(), "lab/inventory.py", "exec"), namespace)
     rows = {name: {k: v for k, v in data.items() if not k.startswith("ssh_")} for name, data in namespace["lab_hosts"]}
     for name in EXTRA:
-        rows[name] = {"stack": "lab-standin", "services": _services(1, 30400), "run_services": ["svc0"]}
+        # A service runs on one host: each extra host gets its own (one-f0, one-g0, ...).
+        prefix = f"one-{name.split('-')[-1]}"
+        rows[name] = {"stack": "lab-standin", "services": _services(1, 30400, prefix), "run_services": [f"{prefix}0"]}
     inventory = write_inventory("bench_16_hosts", rows)
     try:
         _ratio(
@@ -92,15 +99,18 @@ def noop_vs_floor_16_hosts() -> None:
             ("deploy.noop_16_hosts_s", "deploy.floor_16_hosts_s"),
         )
     finally:
-        for name in EXTRA:
-            clean_host(name)
         inventory.unlink(missing_ok=True)
-        _lab("down", *EXTRA)
+        _lab("down", "--purge", *EXTRA)  # forgotten: addresses freed, the lab as it was
 
 
 def main() -> None:
-    services_8_vs_1()
-    noop_vs_floor_16_hosts()
+    before = _lab_host_names()
+    _lab("up", "--hosts", ",".join(TEST_HOSTS))
+    try:
+        services_8_vs_1()
+        noop_vs_floor_16_hosts()
+    finally:
+        _lab("up", "--hosts", ",".join(before))  # lab/inventory.py lists the hosts it listed before
 
 
 if __name__ == "__main__":
