@@ -15,14 +15,13 @@ Runs alternate, and the median of each is used; the raw medians are printed too.
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.run import PYINFRA, timed  # noqa: E402 - the one way a bench times a command
+from bench.run import PYINFRA, side_by_side  # noqa: E402 - the one way a bench compares two commands
 
 ROUNDS = 5
 ONE, EIGHT = "gpu-d", "gpu-e"
@@ -45,19 +44,6 @@ def _lab_host_names() -> list[str]:
     return [name for name, _data in namespace["lab_hosts"]]
 
 
-def _ratio(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str]) -> None:
-    timed(numerator)
-    timed(denominator)  # converge both first: the figure is about converged re-runs
-    top, bottom = [], []
-    for _ in range(ROUNDS):
-        top.append(timed(numerator))
-        bottom.append(timed(denominator))
-    top_s, bottom_s = statistics.median(top), statistics.median(bottom)
-    print(f"{labels[0]}: {top_s:.2f}")
-    print(f"{labels[1]}: {bottom_s:.2f}")
-    print(f"{name}: {top_s / bottom_s:.2f}")
-
-
 def services_8_vs_1() -> None:
     from tests.lab.labutil import clean_host, write_inventory
 
@@ -66,11 +52,12 @@ def services_8_vs_1() -> None:
     one = write_inventory("bench_one_service", {ONE: {"services": _services(1, 30300), "run_services": ["svc0"]}})
     eight = write_inventory("bench_eight_services", {EIGHT: {"services": _services(8, 30300), "run_services": [f"svc{i}" for i in range(8)]}})
     try:
-        _ratio(
+        side_by_side(
             "deploy.services_8_vs_1",
             [PYINFRA, str(eight), "deploy.py", "-y"],
             [PYINFRA, str(one), "deploy.py", "-y"],
             ("deploy.services_8_s", "deploy.services_1_s"),
+            rounds=ROUNDS,
         )
     finally:
         for host in (ONE, EIGHT):
@@ -93,11 +80,12 @@ def noop_vs_floor_16_hosts() -> None:
         rows[name] = {"services": _services(1, 30400, prefix), "run_services": [f"{prefix}0"]}
     inventory = write_inventory("bench_16_hosts", rows)
     try:
-        _ratio(
+        side_by_side(
             "deploy.noop_vs_floor_16_hosts",
             [PYINFRA, str(inventory), "deploy.py", "-y"],
             [PYINFRA, str(inventory), "exec", "-y", "--", "true"],
             ("deploy.noop_16_hosts_s", "deploy.floor_16_hosts_s"),
+            rounds=ROUNDS,
         )
     finally:
         inventory.unlink(missing_ok=True)

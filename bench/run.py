@@ -32,18 +32,28 @@ def timed(argv: list[str]) -> float:
     return elapsed
 
 
+def side_by_side(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str], rounds: int = ROUNDS) -> None:
+    """Print the medians of `rounds` alternating runs of both commands and their ratio, after one run of each
+    (the figures are about converged re-runs)."""
+    timed(numerator)
+    timed(denominator)
+    top, bottom = [], []
+    for _ in range(rounds):
+        top.append(timed(numerator))
+        bottom.append(timed(denominator))
+    top_s, bottom_s = statistics.median(top), statistics.median(bottom)
+    print(f"{labels[0]}: {top_s:.2f}")
+    print(f"{labels[1]}: {bottom_s:.2f}")
+    print(f"{name}: {top_s / bottom_s:.2f}")
+
+
 def deploy_noop_vs_floor() -> None:
-    deploy = [PYINFRA, INVENTORY, "deploy.py", "-y"]
-    floor = [PYINFRA, INVENTORY, "exec", "-y", "--", "true"]
-    timed(deploy)  # converge first: the figure is about the converged re-run
-    noop, base = [], []
-    for _ in range(ROUNDS):
-        noop.append(timed(deploy))
-        base.append(timed(floor))
-    noop_s, floor_s = statistics.median(noop), statistics.median(base)
-    print(f"deploy.noop_s: {noop_s:.2f}")
-    print(f"deploy.floor_s: {floor_s:.2f}")
-    print(f"deploy.noop_vs_floor: {noop_s / floor_s:.2f}")
+    side_by_side(
+        "deploy.noop_vs_floor",
+        [PYINFRA, INVENTORY, "deploy.py", "-y"],
+        [PYINFRA, INVENTORY, "exec", "-y", "--", "true"],
+        ("deploy.noop_s", "deploy.floor_s"),
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -53,6 +54,7 @@ _CONNECTOR_KEYS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_u
                    "_preserve_sudo_env", "_chdir", "_env", "_shell_executable")
 
 
+@functools.lru_cache(maxsize=None)
 def _batched_facts() -> dict[str, type]:
     """Facts cheap enough to read in every batch: by 'module:Class'."""
     from pyinfra.facts import files, server, systemd
@@ -280,8 +282,9 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
     return "\n".join(parts), {job[0] for job in scripts}
 
 
-def _remote_bodies() -> set[str]:
-    return {remote.script(p.stem) for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+@functools.lru_cache(maxsize=None)
+def _remote_bodies() -> frozenset[str]:
+    return frozenset(remote.script(p.stem) for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
 
 
 def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> None:

@@ -47,6 +47,13 @@ def tree(tmp_path):
     return root
 
 
+def installed(local, digest: str = "d"):
+    """A new run on the @local host with host_reads installed: (state, host, its HostReads)."""
+    state, host = local()
+    host_reads.install(state, host, config_digest=digest)
+    return state, host, host_reads.reads_of(host)
+
+
 def facts_for(tree) -> list[tuple[type, dict]]:
     return [
         (File, {"path": str(tree / "config.json")}),
@@ -89,9 +96,7 @@ def test_a_script_that_fails_in_the_runner_keeps_its_status_and_the_next_script_
 
 
 def test_a_fact_is_read_once_until_a_command_runs_on_the_host(local, tree):
-    state, host = local()
-    host_reads.install(state, host, config_digest="data-1")
-    reads = host_reads.reads_of(host)
+    state, host, reads = installed(local, "data-1")
     path = str(tree / "config.json")
     first = host.get_fact(Sha1File, path=path)
     (tree / "config.json").write_text('{"changed": true}')  # behind pyinfra's back: not seen (one read per run)
@@ -126,9 +131,7 @@ def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree)
 def test_a_full_verify_is_never_read_ahead(local, tmp_path):
     from operations.venv import VenvState
 
-    state, host = local()
-    host_reads.install(state, host, config_digest="d")
-    reads = host_reads.reads_of(host)
+    state, host, reads = installed(local, "d")
     kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
     host.get_fact(VenvState, verify="full", **kwargs)
     host.get_fact(VenvState, **kwargs)  # the default, fast: the same as verify="fast"
@@ -169,9 +172,7 @@ def test_a_fact_that_fails_in_the_batch_is_read_on_its_own_and_fails_as_pyinfra_
 
 
 def test_an_upload_drops_the_answers_too(local, tree):
-    state, host = local()
-    host_reads.install(state, host, config_digest="d")
-    reads = host_reads.reads_of(host)
+    state, host, reads = installed(local, "d")
     path = str(tree / "config.json")
     before = host.get_fact(Sha1File, path=path)
     source = tree / "new.json"
@@ -185,9 +186,7 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
     predate the change, so it is returned to its reader but not kept for B's later reads."""
     import gevent
 
-    state, host = local()
-    host_reads.install(state, host, config_digest="d")
-    reads = host_reads.reads_of(host)
+    state, host, reads = installed(local, "d")
     original = host_reads._ORIGINAL["get_fact"]
 
     def read_during_a_change(self, cls, **kwargs):
