@@ -160,26 +160,13 @@ def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]
 
     Its unit file, venv link, staged models' markers and key file are only rewritten when they
     change, and a change restarts the service in the same run; an input whose content differs
-    from the record written at that restart (`inputs_recorded`) means a run stopped in between,
+    from the record written at that restart (`lifecycle.running`) means a run stopped in between,
     so this run restarts it. A `touch`, or a file dropped beside a staged model, changes no
     identity (operations/remote/service_state.py). Without a record for the running process,
     inputs modified after it started count as changed (the rule before records existed).
     """
     state = service_state(unit, probe_address(bind), port, inputs)
     return list(state.get("newer") or []), bool(state.get("recorded"))
-
-
-@operation(is_idempotent=False)
-def inputs_recorded(unit: str, inputs: tuple[str, ...]):
-    """
-    Record the content identity of ``inputs`` for the process ``unit`` runs now (after a (re)start).
-
-    + unit: the service's systemd unit
-    + inputs: the host paths `changed_since_start` compares (unit file, venv link, model markers, key file)
-
-    Run it with ``_if`` set to "this run started or restarted the unit, or no record covers its process".
-    """
-    yield remote.command("service_state", "--record", shlex.quote(unit), *(shlex.quote(p) for p in inputs))
 
 
 class SummaryPrinter(BaseStateCallback):

@@ -33,7 +33,8 @@ MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
 
 
 def show(unit):
-    props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic")
+    props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic",
+             "UnitFileState", "NeedDaemonReload")
     return systemctl_show([unit], props).get(unit, {})
 
 
@@ -138,6 +139,9 @@ if entered and props.get("ActiveState") == "active":
 print(json.dumps({
     "load": props.get("LoadState"), "active": props.get("ActiveState"), "sub": props.get("SubState"),
     "pid": pid, "restarts": int(props.get("NRestarts") or 0),
+    # Whether the unit starts at boot, and whether its file changed since systemd loaded it
+    # (a run that died between writing the unit and `daemon-reload`): operations/lifecycle.py.
+    "enabled": props.get("UnitFileState"), "need_reload": props.get("NeedDaemonReload") == "yes",
     "health": health, "health_error": health_error, "uptime_s": uptime, "newer": newer,
     "recorded": record is not None,
 }))

@@ -24,7 +24,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
-from operations import models, patches, readiness, remote
+from operations import lifecycle, models, patches, readiness, remote
 from operations.errors import DataError
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
@@ -67,9 +67,13 @@ def _shown(command) -> Any:
     raise AssertionError(f"unexpected command {command!r}")
 
 
-def run(op, facts: dict[type, Any], fs: FakeFs | None = None, data: dict | None = None, **kwargs) -> Result:
-    """Run `op`'s body on a fresh host (with host data `data`) whose facts come from `facts` (values or callables of the fact's kwargs)."""
+def run(op, facts: dict[type, Any], fs: FakeFs | None = None, data: dict | None = None, executing: bool = False, **kwargs) -> Result:
+    """Run `op`'s body on a fresh host (with host data `data`) whose facts come from `facts` (values or callables of the fact's kwargs).
+
+    `executing`: as pyinfra runs it to execute it (other operations' did_change known), not in its change check."""
     host = make_host({}, data)
+    if executing:
+        host.state.is_executing = True
     answers = {**(fs or FakeFs()).facts(), **facts}
 
     def get_fact(cls, *args, **fact_kwargs):
@@ -464,11 +468,103 @@ def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
         run(readiness.ready, {readiness.ServiceState: lambda **kw: None}, service="x", unit="sglang-x.service", bind="127.0.0.1", port=30000, timeout=60)
 
 
-def test_inputs_recorded_runs_the_state_script_in_record_mode():
-    result = run(readiness.inputs_recorded, {}, unit="sglang-x.service", inputs=("/etc/systemd/system/sglang-x.service", "/root/venv_sglang"))
-    assert [remote_call(c) for c in result.commands] == [
-        ("service_state", ["--record", "sglang-x.service", "/etc/systemd/system/sglang-x.service", "/root/venv_sglang"])
-    ]
+# lifecycle.running ----------------------------------------------------------------------
+
+UNIT = "sglang-x.service"
+WATCHED = ("/etc/systemd/system/sglang-x.service", "/root/venv_sglang")
+RECORD = ("service_state", ["--record", UNIT, *WATCHED])
+
+
+def unit_state(**changes) -> dict:
+    """A ServiceState answer for a converged service: loaded, enabled, running, nothing newer, recorded."""
+    state = {"load": "loaded", "active": "active", "sub": "running", "pid": 4242, "restarts": 0, "health": 200,
+             "health_error": None, "uptime_s": 100.0, "newer": [], "recorded": True, "enabled": "enabled", "need_reload": False}
+    return {**state, **changes}
+
+
+def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, inputs_changed=None, outcome=None) -> Result:
+    asked = []
+
+    def fact(**kwargs):
+        asked.append(kwargs)
+        return state
+
+    result = run(lifecycle.running, {readiness.ServiceState: fact}, executing=executing, unit=UNIT, bind="0.0.0.0", port=30000,
+                 inputs=WATCHED, unit_changed=unit_changed, inputs_changed=inputs_changed, outcome=outcome)
+    # The very read that changed_since_start and ready make: one answer from the host's read.
+    assert asked == [{"unit": UNIT, "address": "127.0.0.1", "port": 30000, "inputs": WATCHED}]
+    return result
+
+
+def calls(result: Result) -> list:
+    return [remote_call(c) if c.startswith("python3 ") else c for c in result.commands]
+
+
+def never():
+    raise AssertionError("did_change asked before the operation executes")
+
+
+def test_lifecycle_of_a_converged_service_changes_nothing():
+    result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
+    assert result.commands == [] and result.noops == [f"{UNIT} is enabled", f"{UNIT} runs its current inputs"]
+
+
+def test_lifecycle_enables_starts_and_records_a_stopped_disabled_service():
+    outcome = lifecycle.Outcome()
+    result = run_lifecycle(unit_state(active="inactive", sub="dead", enabled="disabled", recorded=False), executing=True,
+                           unit_changed=lambda: False, inputs_changed=lambda: False, outcome=outcome)
+    assert calls(result) == [f"systemctl enable {UNIT}", f"systemctl start {UNIT}", RECORD]
+    assert outcome() is True
+
+
+@pytest.mark.parametrize("enabled", [None, "", "disabled", "masked", "linked", "enabled-runtime"])
+def test_lifecycle_enables_a_unit_not_enabled_at_boot(enabled):
+    assert calls(run_lifecycle(unit_state(enabled=enabled))) == [f"systemctl enable {UNIT}"]
+
+
+@pytest.mark.parametrize("sub", ["failed", "dead", "auto-restart", "start-pre", None])
+def test_lifecycle_starts_a_unit_that_is_not_running(sub):
+    assert calls(run_lifecycle(unit_state(sub=sub))) == [f"systemctl start {UNIT}", RECORD]
+
+
+def test_lifecycle_reloads_and_restarts_when_this_run_rewrote_the_unit():
+    outcome = lifecycle.Outcome()
+    result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, outcome=outcome)
+    assert calls(result) == ["systemctl daemon-reload", f"systemctl restart {UNIT}", RECORD]
+    assert outcome() is True
+
+
+def test_lifecycle_restarts_when_another_input_changed_in_this_run():
+    result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: False, inputs_changed=lambda: True)
+    assert calls(result) == [f"systemctl restart {UNIT}", RECORD]
+
+
+def test_lifecycle_restarts_onto_inputs_that_changed_since_the_process_started():
+    # An earlier run changed the venv link and stopped before its restart.
+    result = run_lifecycle(unit_state(newer=["/root/venv_sglang"]), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
+    assert calls(result) == [f"systemctl restart {UNIT}", RECORD]
+
+
+def test_lifecycle_reloads_a_unit_systemd_holds_an_old_copy_of_without_restarting():
+    # An earlier run wrote the unit (recorded as started with it) and died before daemon-reload.
+    result = run_lifecycle(unit_state(need_reload=True), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
+    assert calls(result) == ["systemctl daemon-reload"]
+
+
+def test_lifecycle_records_a_running_process_no_record_covers():
+    outcome = lifecycle.Outcome()
+    result = run_lifecycle(unit_state(recorded=False), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False, outcome=outcome)
+    assert calls(result) == [RECORD] and outcome() is False
+
+
+def test_lifecycle_judges_by_the_host_alone_before_executing():
+    # pyinfra's change check (and --dry) run the body before other operations executed: their
+    # did_change cannot be asked, and the outcome is left for the executing run to set.
+    outcome = lifecycle.Outcome()
+    assert calls(run_lifecycle(unit_state(), unit_changed=never, inputs_changed=never, outcome=outcome)) == []
+    assert calls(run_lifecycle(unit_state(sub="dead"), unit_changed=never, inputs_changed=never, outcome=outcome)) == [
+        f"systemctl start {UNIT}", RECORD]
+    assert outcome() is False
 
 
 # operations/remote/service_state.py, run here against a stand-in systemctl ---------------------

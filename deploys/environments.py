@@ -1,0 +1,72 @@
+"""Environments: one venv per combination of stack and patch sets (settings.Environment).
+
+Each is built as a generation beside the live one, patched there, proven by the ABI probe and
+only then switched in (operations/venv.py); the previous generation stays for rollback. A host
+with nothing placed on it gets none: it stays ready to receive a service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
+from pyinfra.operations.util import any_changed
+
+from operations import patches, venv
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the services of one venv depend on: its generation and the operations that (re)made it."""
+
+    gen: venv.Generation
+    probed: OperationMeta
+    switched: OperationMeta
+
+    @property
+    def ops(self) -> tuple[OperationMeta, OperationMeta]:
+        return self.probed, self.switched
+
+
+def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
+    """A generation not yet live is probed even when nothing in it changed in this run."""
+    return lambda: not_live or changed()
+
+
+@deploy("Environments")
+def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, Environment]:
+    """Add each venv's build, patch sets, ABI probe and switch; venv path -> Environment."""
+    sources = tuple(venv.Source(*source) for source in config.stack_sources)
+    probe = venv.probe_for(stack, config.launcher, probe_args)
+    built_envs = {}
+    for env in config.environments:
+        gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+        built = venv.environment(
+            name=f"Venv generation {gen.id} holds stack {stack.name}",
+            gen=gen,
+            stack=stack,
+            sources=sources,
+            host_cache=config.host_wheel_cache,
+            installer=config.installer,
+        )
+        patched = [
+            patches.applied(
+                name=f"Patch set {name} applied in generation {gen.id}",
+                patch_set=patch_sets[name],
+                venv_path=gen.path,
+                site_packages=f"{gen.path}/{stack.site_packages}",
+            )
+            for name in env.patch_sets
+        ]
+        was = venv.live_target(gen, config.host_wheel_cache)
+        probed = venv.probed(
+            name=f"Generation {gen.id} passes the ABI probe",
+            gen=gen,
+            probe=probe,
+            _if=_probe_needed(was != gen.path, any_changed(built, *patched)),
+        )
+        switched = venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was)
+        built_envs[env.path] = Environment(gen, probed, switched)
+    return built_envs
