@@ -17,6 +17,7 @@ from pyinfra import host, state
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
+from configuration import settings, stacks
 from operations import (
     gpus,
     host_reads,
@@ -28,8 +29,6 @@ from operations import (
     readiness,
     rollback,
     secrets,
-    settings,
-    stacks,
     transfer,
     units,
     venv,
@@ -39,7 +38,7 @@ from operations.unit_file import written as unit_written
 
 # The whole inventory (every host, every service placed or not, the stacks and patch sets they use) is
 # validated once per run by the first host to get here; every host's load raises the same DataError,
-# so a bad value anywhere stops the run before any host's lock is taken (operations/settings.py).
+# so a bad value anywhere stops the run before any host's lock is taken (configuration/settings.py).
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}

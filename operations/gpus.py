@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from operations import remote, stacks
-from operations.errors import fail_dry_run
-from operations.settings import HostConfig, Service
+from configuration import stacks
+from configuration.errors import fail_dry_run
+from configuration.settings import HostConfig, Service
+from operations import remote
 
 UNIT_DIR = "/etc/systemd/system"
 MIB = 1024 * 1024

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from operations.stacks import normalize
+from configuration.stacks import normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "files" / "patches"
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     added = sum(v["original"] is None for v in files.values())
     if target.parent == DEFAULT_OUT.resolve():
         # The deploy's own reader must accept the result.
-        from operations.errors import DataError
+        from configuration.errors import DataError
         from operations.patches import load_patch_set
 
         load_patch_set.cache_clear()

@@ -24,9 +24,9 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
+from configuration.settings import HostConfig
 from operations import readiness, remote
 from operations.models import BOOT_UNIT
-from operations.settings import HostConfig
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "sglang-"

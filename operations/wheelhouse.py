@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
+from configuration.errors import DataError
+from configuration.stacks import Package, Stack, load_stack, normalize
 from operations import installer
-from operations.errors import DataError
-from operations.stacks import Package, Stack, load_stack, normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _HASH_CACHE = ".sha256-cache.json"

@@ -24,8 +24,8 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from configuration.errors import DataError
 from operations import models, patches, readiness, remote
-from operations.errors import DataError
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
 

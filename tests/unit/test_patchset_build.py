@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import patches, patchset_build, stacks
+from configuration import stacks
+from configuration.settings import REPO_ROOT
+from operations import patches, patchset_build
 from operations.patchset_build import BuildError, build, main
-from operations.settings import REPO_ROOT
 
 ORIGINAL = b"def draft():\n    return 'original'\n"
 PATCHED = b"def draft():\n    return 'patched'\n"

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import stacks, wheelhouse
-from operations.errors import DataError
-from operations.settings import GLOBAL_KEYS, REPO_ROOT
-from operations.stacks import Package, Stack
+from configuration import stacks
+from configuration.errors import DataError
+from configuration.settings import GLOBAL_KEYS, REPO_ROOT
+from configuration.stacks import Package, Stack
+from operations import wheelhouse
 
 SHA = "a" * 64
 REAL_STACKS = sorted(stacks.STACKS_DIR.glob("*.yml"))
