@@ -38,7 +38,7 @@ from pyinfra.operations import files
 from configuration.stacks import Package, Stack
 from operations import installer as installer_mod
 from operations import remote, streaming
-from operations import wheelhouse as wheelhouse_mod
+from tools import wheelhouse as wheelhouse_mod
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
@@ -134,7 +134,7 @@ def resolve(
             wanted = package.file or f"a wheel of {package.spec}"
             raise OperationError(
                 f"stack {stack.name}: {wanted} is in none of the sources tried: {'; '.join(tried)}. "
-                f"Fill a wheelhouse with: python -m operations.wheelhouse {stack.name} DIR"
+                f"Fill a wheelhouse with: python -m tools.wheelhouse {stack.name} DIR"
             )
     for name, (source, path) in chosen.items():
         package = next(p for p in packages if p.name == name)
@@ -540,7 +540,7 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
     if choice == "uv":
         raise OperationError(
             f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} is in the wheelhouse "
-            f"({house}); rebuild it with python -m operations.wheelhouse, or set installer: auto"
+            f"({house}); rebuild it with python -m tools.wheelhouse, or set installer: auto"
         )
     return "pip"
 

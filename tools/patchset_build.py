@@ -1,6 +1,6 @@
 """Build a patch set (`files/patches/NAME/`) from patched files and the pristine package.
 
-    python -m operations.patchset_build NAME --base sglang==0.5.23 --patched DIR \\
+    python -m tools.patchset_build NAME --base sglang==0.5.23 --patched DIR \\
         --pristine SITE_PACKAGES_OR_WHEEL [--out files/patches] [--description TEXT] [--force]
 
 DIR holds the patched files laid out as under site-packages (DIR/sglang/srt/server_args.py).
@@ -226,7 +226,7 @@ def build(
     added = sum(e.original is None for e in entries)
     description = description or (
         f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
-        "(python -m operations.patchset_build)"
+        "(python -m tools.patchset_build)"
     )
     manifest = render_manifest(name, distribution, version, entries, description)
 
@@ -256,7 +256,7 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m operations.patchset_build",
+        prog="python -m tools.patchset_build",
         description="Build files/patches/NAME/ (patchset.yml and the patched files) against a pristine package.",
     )
     parser.add_argument("name", metavar="NAME", help="patch set name: the directory under --out")
