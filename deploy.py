@@ -35,6 +35,7 @@ from operations import (
 )
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 from operations.unit_file import written as unit_written
+from report import health_timer, summary
 
 # The whole inventory (every host, every service placed or not, the stacks and patch sets they use) is
 # validated once per run by the first host to get here; every host's load raises the same DataError,
@@ -42,12 +43,12 @@ from operations.unit_file import written as unit_written
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
-readiness.install_summary(state)
+summary.install_summary(state)
 lock.acquire(host, state, config.lock_wait_s)
 # From here every fact of this host is read once (one batched call on a converged host) and again
 # only after a command ran there (operations/host_reads.py).
 host_reads.install(state, host, config_digest=repr(config))
-placement.install_timer(state)
+health_timer.install_timer(state)
 
 # GPUs: one nvidia-smi fact per host, read now (before this deploy changes anything), resolves
 # `gpu: auto` and `attention-backend: auto` for the units below. The check shows every decision

@@ -506,11 +506,11 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
 def _refuse(state, host, errors: tuple[str, ...]) -> bool:
     for error in errors:
         host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red", log_func=logger.error)
-    from operations import readiness  # the run's summary
+    from report import summary  # the run's summary
 
     for error in errors:
         service = error.split(":", 1)[0]
-        readiness.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
+        summary.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
     return False
 
 

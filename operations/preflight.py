@@ -28,7 +28,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import readiness, remote, rollback
+from operations import remote, rollback
+from report import summary
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -79,7 +80,7 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
     if reason:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
-        readiness.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
+        summary.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
     host.log(f"{service}: preflight passed ({result['parser']})")
     return True

@@ -26,6 +26,7 @@ from pyinfra.facts.server import TmpDir
 
 from configuration.errors import DataError
 from operations import models, patches, readiness, remote
+from report import summary
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
 
@@ -393,8 +394,8 @@ def test_unknown_patch_set(patch_set):
 
 @pytest.fixture
 def report(monkeypatch) -> dict:
-    monkeypatch.setattr(readiness, "REPORT", {})
-    return readiness.REPORT
+    monkeypatch.setattr(summary, "REPORT", {})
+    return summary.REPORT
 
 
 def run_ready(state, restarted=None) -> Result:
