@@ -44,7 +44,7 @@ lab-status:
 	$(PYTHON) lab/lab.py status
 
 wheelhouse: venv
-	$(PY) -m operations.wheelhouse $(LAB_STACKS) $(LAB_WHEELHOUSE)
+	$(PY) -m tools.wheelhouse $(LAB_STACKS) $(LAB_WHEELHOUSE)
 
 demo: lab wheelhouse
 	$(PYINFRA) lab/inventory.py deploy.py -y

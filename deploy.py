@@ -9,25 +9,27 @@ Each step is a component in deploys/ (a pyinfra @deploy; its operations are name
 
 from pyinfra import host, state
 
+from configuration import settings, stacks
 from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.service import service, service_account
-from operations import host_reads, lock, patches, placement, readiness, settings, stacks
+from operations import host_reads, lock, patches
+from report import health_timer, summary
 
 # The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
 # once per run by the first host to get here; every host's load raises the same DataError, so a bad value
-# anywhere stops the run before any host's lock is taken (operations/settings.py).
+# anywhere stops the run before any host's lock is taken (configuration/settings.py).
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
-readiness.install_summary(state)
+summary.install_summary(state)
 lock.acquire(host, state, config.lock_wait_s)
 # From here every fact of this host is read once (one batched call on a converged host) and again only
 # after a command ran there (operations/host_reads.py).
 host_reads.install(state, host, config_digest=repr(config))
-placement.install_timer(state)
+health_timer.install_timer(state)
 
 gpu_decisions = gpu_check(config, stack)
 config = gpu_decisions.config  # `gpu: auto` and `attention-backend: auto` resolved

@@ -46,7 +46,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import yaml
 
-    from operations import installer, settings, stacks
+    from configuration import settings, stacks
+    from operations import installer
 
     lab_data = yaml.safe_load((ROOT / "lab" / "group_data" / "all.yml").read_text())
     stack = stacks.load_stack(lab_data["stack"])

@@ -6,7 +6,8 @@ host's stack from its group data, without patch sets, probe or services.
 
 from pyinfra import host
 
-from operations import settings, stacks, venv
+from configuration import settings, stacks
+from operations import venv
 
 BENCH_VENV = "/root/bench_venv"
 

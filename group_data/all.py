@@ -1,5 +1,5 @@
 """Group data for every host. Edit all.yml beside this file, not this file."""
 
-from operations.settings import load_group_yaml
+from configuration.settings import load_group_yaml
 
 globals().update(load_group_yaml(__file__))

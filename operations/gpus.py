@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from operations import remote, stacks
-from operations.errors import fail_dry_run
-from operations.settings import HostConfig, Service
+from configuration import stacks
+from configuration.errors import fail_dry_run
+from configuration.settings import HostConfig, Service
+from operations import remote
 
 UNIT_DIR = "/etc/systemd/system"
 MIB = 1024 * 1024
@@ -505,11 +506,11 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
 def _refuse(state, host, errors: tuple[str, ...]) -> bool:
     for error in errors:
         host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red", log_func=logger.error)
-    from operations import readiness  # the run's summary
+    from report import summary  # the run's summary
 
     for error in errors:
         service = error.split(":", 1)[0]
-        readiness.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
+        summary.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
     return False
 
 

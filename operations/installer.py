@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from operations.stacks import Package
+from configuration.stacks import Package
 
 UV_VERSION = "0.13.9"
 # The uv wheel per host architecture (`uname -m`), pinned like a stack's files.

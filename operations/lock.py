@@ -415,7 +415,7 @@ def _raw_wait(host) -> float:
     value = getattr(getattr(host, "data", None), "get", lambda *_: None)("lock_wait_s")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return float(value)
-    from operations.settings import GLOBAL_KEYS
+    from configuration.settings import GLOBAL_KEYS
 
     return float(GLOBAL_KEYS["lock_wait_s"].default)
 

@@ -31,9 +31,9 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
+from configuration.settings import HostConfig
 from operations import remote, units
 from operations.file_write import replace_file
-from operations.settings import HostConfig
 
 MARKER = ".sglang-deploy-staged.json"
 JOURNAL = ".sglang-deploy-partial.jsonl"

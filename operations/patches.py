@@ -20,10 +20,10 @@ from pathlib import Path, PurePosixPath
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, operation
 
+from configuration.errors import DataError
+from configuration.yamlload import load_file
 from operations import remote
-from operations.errors import DataError
 from operations.file_write import replace_file
-from operations.yamlload import load_file
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -10,23 +10,20 @@
   host's service is stopped only after the new host's service answered `/health`; and when the
   service is placed on another host that is not ready in this run (failed, left out with
   `--limit`, unreachable), the old one is kept running and the run says so.
-- `install_timer(state)` prints, for each service (re)started in the run, the time from the start
-  of the deploy to its `/health` answering 200 (the migration's figure).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import time
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
-from pyinfra.api.state import BaseStateCallback
 
-from operations import readiness, remote
+from configuration.settings import HostConfig
+from operations import remote
 from operations.models import BOOT_UNIT
-from operations.settings import HostConfig
+from report import summary
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "sglang-"
@@ -86,11 +83,11 @@ def removal_commands(unit: str, path: str) -> list[str]:
 
 def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, ...]) -> bool:
     if others:
-        ready, not_ready = ready_elsewhere(service, others, readiness.REPORT)
+        ready, not_ready = ready_elsewhere(service, others, summary.REPORT)
         if not ready:
             reason = f"service {service} is placed on {', '.join(not_ready)} but did not answer /health there in this run"
             host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is ready there", fg="yellow", log_func=logger.warning)
-            readiness.record(host.name, service, "-", "kept", f"not placed here; {reason}")
+            summary.record(host.name, service, "-", "kept", f"not placed here; {reason}")
             return True
         moved = f"; it answers on {', '.join(ready)}"
     else:
@@ -100,7 +97,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, 
         host.log_styled(f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red", log_func=logger.error)
         return False
     host.log(f"{unit}: stopped, disabled and removed (no longer placed here{moved})")
-    readiness.record(host.name, service, "-", "removed", f"no longer placed here{moved}")
+    summary.record(host.name, service, "-", "removed", f"no longer placed here{moved}")
     return True
 
 
@@ -151,54 +148,3 @@ def remove_unplaced(config: HostConfig) -> None:
         keep=[s.unit_name for s in config.services],
         elsewhere=placed_elsewhere(host.inventory, host.name),
     )
-
-
-# Time to /health ------------------------------------------------------------------------
-
-
-def _process_started() -> float:
-    """Seconds on the monotonic clock when this process started (Linux /proc), else now."""
-    try:
-        import os
-
-        with open("/proc/self/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as handle:
-            uptime = float(handle.read().split()[0])
-        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        return time.monotonic() - max(age, 0.0)
-    except (OSError, ValueError, IndexError):
-        return time.monotonic()
-
-
-class HealthTimer(BaseStateCallback):
-    """Logs, for each service that became ready in this run, the time since the deploy started."""
-
-    def __init__(self):
-        self.started = _process_started()
-        self.seen: set[tuple[str, str]] = set()
-        self.disconnected: set[str] = set()
-
-    def operation_host_success(self, state, host, op_hash, retry_count: int = 0):
-        for service, row in readiness.REPORT.get(host.name, {}).items():
-            key = (host.name, service)
-            if key in self.seen or row.get("state") != "ready" or "after (re)start" not in row.get("ready", ""):
-                continue
-            self.seen.add(key)
-            elapsed = time.monotonic() - self.started
-            logger.info(f"--> {host.name}/{service} answers /health {elapsed:.1f} s after the deploy started")
-
-    def host_disconnect(self, state, host):
-        self.disconnected.add(host.name)
-        if not {h.name for h in state.activated_hosts} <= self.disconnected:
-            return  # once, after the last host
-        for name in sorted(h.name for h in state.failed_hosts if h not in state.activated_hosts):
-            logger.warning(
-                f"--> {name}: not reached (connection failed): nothing there changed; the other hosts were deployed. "
-                "Services no longer placed on it are removed by the next deploy that reaches it"
-            )
-
-
-def install_timer(state) -> None:
-    if not any(isinstance(h, HealthTimer) for h in state.callback_handlers):
-        state.add_callback_handler(HealthTimer())

@@ -11,7 +11,7 @@ Under `--dry` the same check runs at once, through the
 `Verdict` fact: it only reads (a Python process parses the flags and imports modules), so a
 dry run shows the parser's refusal, and `--dry` exits 1 for it. When the venv generation the
 unit will run is built by this very run, it does not exist yet and the check waits for the run
-(the engine flags were already resolved against the generated flag list, operations/engine_flags.py).
+(the engine flags were already resolved against the generated flag list, configuration/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from pyinfra.api import FactBase, FunctionCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
-from operations import readiness, remote, rollback
-from operations.errors import fail_dry_run, is_dry_run
+from configuration.errors import fail_dry_run, is_dry_run
+from operations import remote, rollback
+from report import summary
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -79,7 +80,7 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
     if reason:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
-        readiness.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
+        summary.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
     host.log(f"{service}: preflight passed ({result['parser']})")
     return True

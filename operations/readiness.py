@@ -15,12 +15,9 @@ from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
-from pyinfra.api.state import BaseStateCallback
 
 from operations import remote
-
-# host name -> service name -> {"endpoint", "state", "ready"}; printed when the run ends.
-REPORT: dict[str, dict[str, dict[str, str]]] = {}
+from report.summary import record
 
 
 class ServiceState(FactBase):
@@ -47,11 +44,6 @@ def service_state(unit: str, address: str, port: int, inputs: tuple[str, ...] = 
 def probe_address(bind: str) -> str:
     """Where to reach a server from its own host."""
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
-
-
-def record(host_name: str, service: str, endpoint: str, state: str, ready: str) -> None:
-    """One row of the end-of-run summary (every step that decides a service's fate writes here)."""
-    REPORT.setdefault(host_name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
 
 
 def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> dict:
@@ -167,27 +159,3 @@ def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]
     """
     state = service_state(unit, probe_address(bind), port, inputs)
     return list(state.get("newer") or []), bool(state.get("recorded"))
-
-
-class SummaryPrinter(BaseStateCallback):
-    """Prints, when the run ends, one line per host and service: endpoint, state, readiness."""
-
-    def __init__(self):
-        self.disconnected: set[str] = set()
-
-    def host_disconnect(self, state, host):
-        self.disconnected.add(host.name)
-        if not {h.name for h in state.activated_hosts} <= self.disconnected or not REPORT:
-            return  # print once, after the last host
-        width = max(len(f"{h}/{s}") for h, services in REPORT.items() for s in services)
-        lines = ["--> Services:"]
-        for host_name in sorted(REPORT):
-            for name, row in sorted(REPORT[host_name].items()):
-                lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} {row['state']:<6}  {row['ready']}")
-        logger.info("\n".join(lines))
-        REPORT.clear()
-
-
-def install_summary(state) -> None:
-    if not any(isinstance(h, SummaryPrinter) for h in state.callback_handlers):
-        state.add_callback_handler(SummaryPrinter())

@@ -22,9 +22,9 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
-from operations.errors import DataError
+from configuration.errors import DataError
+from configuration.yamlload import load_file
 from operations.file_write import replace_file
-from operations.yamlload import load_file
 
 SECRETS_DIR = "/etc/sglang-deploy/secrets"
 _ENV_PREFIX = "SGLANG_DEPLOY_SECRET_"

@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
+from configuration.settings import GLOBAL_KEYS
 from operations import remote, streaming
-from operations.settings import GLOBAL_KEYS
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 

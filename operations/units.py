@@ -8,9 +8,9 @@ from pathlib import Path
 
 import jinja2
 
+from configuration.settings import HostConfig, Service
+from configuration.stacks import Stack
 from operations import service_user
-from operations.settings import HostConfig, Service
-from operations.stacks import Stack
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:=,+@-]+$")

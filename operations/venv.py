@@ -35,10 +35,10 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 from pyinfra.operations import files
 
+from configuration.stacks import Package, Stack
 from operations import installer as installer_mod
 from operations import remote, streaming
-from operations import wheelhouse as wheelhouse_mod
-from operations.stacks import Package, Stack
+from tools import wheelhouse as wheelhouse_mod
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
@@ -134,7 +134,7 @@ def resolve(
             wanted = package.file or f"a wheel of {package.spec}"
             raise OperationError(
                 f"stack {stack.name}: {wanted} is in none of the sources tried: {'; '.join(tried)}. "
-                f"Fill a wheelhouse with: python -m operations.wheelhouse {stack.name} DIR"
+                f"Fill a wheelhouse with: python -m tools.wheelhouse {stack.name} DIR"
             )
     for name, (source, path) in chosen.items():
         package = next(p for p in packages if p.name == name)
@@ -170,7 +170,7 @@ class VenvState(FactBase):
 
 def verify_mode() -> str:
     """`verify_env` from the host's data (fast or full)."""
-    from operations.settings import GLOBAL_KEYS
+    from configuration.settings import GLOBAL_KEYS
 
     mode = host.data.get("verify_env", GLOBAL_KEYS["verify_env"].default)
     if mode not in VERIFY_MODES:
@@ -308,7 +308,7 @@ def environment(
     Make the generation ``gen`` hold exactly the distributions of ``stack``, beside the live one.
 
     + gen: the wanted `Generation` (from `venv.generation`)
-    + stack: the `Stack` to install (from `operations.stacks.load_stack`)
+    + stack: the `Stack` to install (from `configuration.stacks.load_stack`)
     + sources: where files come from, tried in order (`Source("wheelhouse", dir)`, `Source("index", url)`)
     + host_cache: directory on the host where pushed wheels (and uv) are kept
     + installer: ``auto`` (uv when the wheelhouse ships it for the host's architecture), ``uv`` or ``pip``
@@ -462,7 +462,7 @@ def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, 
 
 
 def _donor_path(source: Source) -> str:
-    from operations.settings import GLOBAL_KEYS
+    from configuration.settings import GLOBAL_KEYS
 
     return source.path or host.inventory.get_host(source.location).data.get("venv_path", GLOBAL_KEYS["venv_path"].default)
 
@@ -540,7 +540,7 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
     if choice == "uv":
         raise OperationError(
             f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} is in the wheelhouse "
-            f"({house}); rebuild it with python -m operations.wheelhouse, or set installer: auto"
+            f"({house}); rebuild it with python -m tools.wheelhouse, or set installer: auto"
         )
     return "pip"
 

@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(session, config, items):
 def _fresh_key_sources(monkeypatch):
     """settings remembers which group file each key came from (module state, filled by whatever test loaded a
     group file first); every test starts without it, so an error's source name does not depend on test order."""
-    from operations import settings
+    from configuration import settings
 
     if hasattr(settings, "_KEY_SOURCES"):
         monkeypatch.setattr(settings, "_KEY_SOURCES", {})

@@ -13,7 +13,8 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.operations import files
 
-from operations import gpus, preflight, settings, stacks, units, venv
+from configuration import settings, stacks
+from operations import gpus, preflight, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)

@@ -1,5 +1,5 @@
 """The lab's group data: overrides group_data/all.yml for the lab's hosts. Edit all.yml beside this file."""
 
-from operations.settings import load_group_yaml
+from configuration.settings import load_group_yaml
 
 globals().update(load_group_yaml(__file__))

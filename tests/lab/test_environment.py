@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.stacks import load_stack
+from configuration.stacks import load_stack
 from operations.venv import generation
 from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, http_get, lab_hosts, main_pid, ssh, write_inventory
 

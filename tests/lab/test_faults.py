@@ -258,7 +258,8 @@ exec "$0.real" "$@"
 @pytest.fixture
 def uv_held():
     """The host's uv behind a wrapper that can hold an install (put back afterwards)."""
-    from operations import installer, settings
+    from configuration import settings
+    from operations import installer
 
     uv = installer.uv_binary(settings.GLOBAL_KEYS["host_wheel_cache"].default)
     assert host_ssh(f"test -x {uv} && echo ok").strip() == "ok", f"{uv} missing: the deploy installs with uv on the lab"

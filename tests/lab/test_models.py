@@ -33,7 +33,8 @@ STAGING_DEPLOY_TEXT = f"""# Written by tests/lab/test_models.py: only the model 
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pyinfra import host
-from operations import models, settings
+from configuration import settings
+from operations import models
 models.stage_for_host(settings.host_config(host))
 """
 

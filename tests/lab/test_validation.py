@@ -1,7 +1,7 @@
 """A bad value for one host stops the whole run before any host is touched (issue 11).
 
 pyinfra connects every host, then loads deploy.py per host in parallel; the first load validates
-the whole inventory (operations/settings.py `validate_inventory`) and every load raises the same
+the whole inventory (configuration/settings.py `validate_inventory`) and every load raises the same
 error, so no host's deploy lock is taken and nothing on any host changes. Checked by a fingerprint
 of each host's relevant state (the lock file, units, our directories, the services' processes),
 read before and after a real run (`-y`) and a `--dry` run with one bad value on one host.
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from operations import engine_flags
+from configuration import engine_flags
 from tests.lab.labutil import ROOT, deploy, lab_hosts, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
@@ -84,5 +84,5 @@ def test_the_checked_in_engine_flags_are_the_lab_venvs_parser():
     assert len(patch_sets) <= 1, patch_sets
     stored = json.loads(engine_flags.file_for(live["version"], patch_sets[0] if patch_sets else None).read_text())
     assert {k: v for k, v in stored.items() if k != "patch_set"} == live, (
-        f"{generation} on {host}: regenerate with python -m operations.engine_flags generate VENV_PYTHON"
+        f"{generation} on {host}: regenerate with python -m configuration.engine_flags generate VENV_PYTHON"
     )

@@ -29,8 +29,9 @@ import pytest
 import yaml
 from pyinfra.api import Config, Inventory, State
 
-from operations import patches, settings, stacks
-from operations.errors import DataError
+from configuration import settings, stacks
+from configuration.errors import DataError
+from operations import patches
 
 CORPUS = Path(__file__).parent / "bad_data"
 CASES = sorted(p for p in CORPUS.glob("*/*.yml"))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import gpus, remote, settings
-from operations.settings import REPO_ROOT
+from configuration import settings
+from configuration.settings import REPO_ROOT
+from operations import gpus, remote
 from tests.unit.hosts import make_host
 
 # Real output of driver 580.159.04 on one H200 (shared/fixtures/h200-probe.txt).
@@ -455,7 +456,7 @@ def test_settings_accept_gpu_auto_and_failed_gpus():
 
 
 def test_bad_failed_gpus_is_refused():
-    from operations.errors import DataError
+    from configuration.errors import DataError
 
     with pytest.raises(DataError, match="failed_gpus: .*must be a list of GPU indexes"):
         config_for(["dflash"], {"failed_gpus": "1"})

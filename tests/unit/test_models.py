@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import models, remote, settings
-from operations.settings import HostConfig
+from configuration import settings
+from configuration.settings import HostConfig
+from operations import models, remote
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import load_remote_module, remote_call
 from tests.unit.test_operations import run

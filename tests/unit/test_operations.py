@@ -24,8 +24,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from configuration.errors import DataError
 from operations import lifecycle, models, patches, readiness, remote
-from operations.errors import DataError
+from report import summary
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
 
@@ -397,8 +398,8 @@ def test_unknown_patch_set(patch_set):
 
 @pytest.fixture
 def report(monkeypatch) -> dict:
-    monkeypatch.setattr(readiness, "REPORT", {})
-    return readiness.REPORT
+    monkeypatch.setattr(summary, "REPORT", {})
+    return summary.REPORT
 
 
 def run_ready(state, restarted=None) -> Result:

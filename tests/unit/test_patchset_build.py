@@ -1,4 +1,4 @@
-"""`python -m operations.patchset_build`: patch set manifests from patched files and a pristine package."""
+"""`python -m tools.patchset_build`: patch set manifests from patched files and a pristine package."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import patches, patchset_build, stacks
-from operations.patchset_build import BuildError, build, main
-from operations.settings import REPO_ROOT
+from configuration import stacks
+from configuration.settings import REPO_ROOT
+from operations import patches
+from tools import patchset_build
+from tools.patchset_build import BuildError, build, main
 
 ORIGINAL = b"def draft():\n    return 'original'\n"
 PATCHED = b"def draft():\n    return 'patched'\n"
@@ -229,4 +231,4 @@ def test_ddtree_sample_originals_are_the_pinned_wheels_files(tmp_path):
 
 
 def test_module_docstring_shows_the_command():
-    assert "python -m operations.patchset_build NAME --base sglang==0.5.23" in patchset_build.__doc__
+    assert "python -m tools.patchset_build NAME --base sglang==0.5.23" in patchset_build.__doc__

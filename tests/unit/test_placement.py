@@ -11,7 +11,8 @@ from unittest import mock
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import placement, readiness, remote
+from operations import placement, remote
+from report import summary
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy.\n"
 
@@ -110,16 +111,16 @@ class FakeHost:
 
 
 def test_remove_keeps_the_unit_when_the_new_host_is_not_ready(monkeypatch):
-    monkeypatch.setattr(readiness, "REPORT", {"gpu-e": {"dflash": {"state": "FAILED"}}})
+    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "FAILED"}}})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
     assert host.commands == []
     assert host.logs[0].startswith("sglang-dflash.service KEPT running here: service dflash is placed on gpu-e but did not answer /health")
-    assert readiness.REPORT["gpu-d"]["dflash"]["state"] == "kept"
+    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "kept"
 
 
 def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
-    monkeypatch.setattr(readiness, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
     assert host.commands == [
@@ -127,11 +128,11 @@ def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
         " && { systemctl reset-failed sglang-dflash.service 2>/dev/null || true; }"
     ]
     assert host.logs == ["sglang-dflash.service: stopped, disabled and removed (no longer placed here; it answers on gpu-e)"]
-    assert readiness.REPORT["gpu-d"]["dflash"]["state"] == "removed"
+    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "removed"
 
 
 def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
-    monkeypatch.setattr(readiness, "REPORT", {})
+    monkeypatch.setattr(summary, "REPORT", {})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-tmp.service", "/p", "tmp", ()) is True
     assert host.commands == [
@@ -141,7 +142,7 @@ def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
 
 
 def test_a_failed_removal_fails_the_host(monkeypatch):
-    monkeypatch.setattr(readiness, "REPORT", {})
+    monkeypatch.setattr(summary, "REPORT", {})
     assert placement._remove(None, FakeHost(ok=False), "sglang-tmp.service", "/p", "tmp", ()) is False
 
 

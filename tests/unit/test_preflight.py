@@ -6,8 +6,9 @@ import shlex
 import pytest
 import yaml
 
-from operations import preflight, settings
-from operations.settings import REPO_ROOT
+from configuration import settings
+from configuration.settings import REPO_ROOT
+from operations import preflight
 from tests.unit.hosts import make_host
 
 

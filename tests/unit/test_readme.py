@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from operations.settings import GLOBAL_KEYS, HOST_KEYS, REPO_ROOT, SERVICE_KEYS
+from configuration.settings import GLOBAL_KEYS, HOST_KEYS, REPO_ROOT, SERVICE_KEYS
 
 README = (REPO_ROOT / "README.md").read_text()
 ROWS = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)` \| ([^|]+) \|", README, re.M)}

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import gpus, preflight, remote, settings
-from operations.errors import DataError
-from operations.settings import REPO_ROOT
+from configuration import settings
+from configuration.errors import DataError
+from configuration.settings import REPO_ROOT
+from operations import gpus, preflight, remote
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_config, lab_data, render
 from tests.unit.test_venv import _fake_venv, _remote

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from operations import readiness, rollback
+from report import summary
 from tests.unit.test_operations import run
 
 UNIT = "sglang-x.service"
@@ -46,8 +47,8 @@ def waited(ok, reason="", ready_s=3.0):
 
 @pytest.fixture(autouse=True)
 def report(monkeypatch):
-    monkeypatch.setattr(readiness, "REPORT", {})
-    return readiness.REPORT
+    monkeypatch.setattr(summary, "REPORT", {})
+    return summary.REPORT
 
 
 def test_undo_restores_the_saved_unit_then_switches_back_the_venvs_this_run_switched_then_restarts():

@@ -3,9 +3,10 @@
 import pytest
 import yaml
 
-from operations import secrets, settings
-from operations.errors import DataError
-from operations.settings import REPO_ROOT
+from configuration import settings
+from configuration.errors import DataError
+from configuration.settings import REPO_ROOT
+from operations import secrets
 from tests.unit.hosts import make_host
 
 KEY = "unit-test-key-0123456789abcdef"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import settings
-from operations.errors import DataError
-from operations.settings import HostConfig, ModelUse, Service
+from configuration import settings
+from configuration.errors import DataError
+from configuration.settings import HostConfig, ModelUse, Service
 from tests.unit.hosts import make_host
 
 TARGET = "Qwen3.6-27B"
@@ -565,7 +565,7 @@ def test_source_of_a_bad_default_names_the_defaults(monkeypatch):
     data = merged(base_data(), {"readiness_timeout_s": DELETE})
     with pytest.raises(DataError) as caught:
         config(data)
-    assert str(caught.value).startswith("defaults (operations/settings.py): readiness_timeout_s: 0: ")
+    assert str(caught.value).startswith("defaults (configuration/settings.py): readiness_timeout_s: 0: ")
 
 
 def test_a_bad_value_hidden_by_a_higher_layer_is_not_reported(group_dir):

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import stacks, wheelhouse
-from operations.errors import DataError
-from operations.settings import GLOBAL_KEYS, REPO_ROOT
-from operations.stacks import Package, Stack
+from configuration import stacks
+from configuration.errors import DataError
+from configuration.settings import GLOBAL_KEYS, REPO_ROOT
+from configuration.stacks import Package, Stack
+from tools import wheelhouse
 
 SHA = "a" * 64
 REAL_STACKS = sorted(stacks.STACKS_DIR.glob("*.yml"))
@@ -364,7 +365,7 @@ def test_locate_names_the_missing_file_and_the_wheelhouse(tmp_path, house):
     message = str(caught.value)
     assert "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl not found" in message
     assert f"looked in wheelhouse {house.resolve()}" in message
-    assert f"python -m operations.wheelhouse demo {house}" in message
+    assert f"python -m tools.wheelhouse demo {house}" in message
 
 
 def test_locate_names_the_missing_distribution_when_no_file_is_pinned(tmp_path, house):
@@ -399,7 +400,7 @@ def test_sha256_of_is_cached_and_follows_a_changed_file(house):
 
 def test_wheelhouse_cli_help_exits_zero(capsys):
     assert wheelhouse.main(["--help"]) == 0
-    assert "python -m operations.wheelhouse STACK" in capsys.readouterr().out
+    assert "python -m tools.wheelhouse STACK" in capsys.readouterr().out
     assert wheelhouse.main([]) == 2
 
 

@@ -8,8 +8,9 @@ import hashlib
 import pytest
 from pyinfra.api import OperationError
 
-from operations import gpus, secrets, service_user, settings, stacks, units
-from operations.errors import DataError
+from configuration import settings, stacks
+from configuration.errors import DataError
+from operations import gpus, secrets, service_user, units
 from tests.unit.hosts import make_host
 from tests.unit.test_operations import run
 from tests.unit.test_units import LAB_GPUS, environment_lines, lab_config, lab_data, render

@@ -7,9 +7,10 @@ import shlex
 
 import pytest
 
-from operations import gpus, service_user, settings, stacks, units
-from operations.errors import DataError
-from operations.settings import REPO_ROOT
+from configuration import settings, stacks
+from configuration.errors import DataError
+from configuration.settings import REPO_ROOT
+from operations import gpus, service_user, units
 from tests.unit.hosts import make_host
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy."

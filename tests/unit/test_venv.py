@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationError
 
+from configuration.stacks import Package, Stack
 from operations import installer, remote, venv
-from operations.stacks import Package, Stack
 from tests.unit.test_operations import FakeFs, Result, run
 
 LIVE = "/root/venv_sglang"

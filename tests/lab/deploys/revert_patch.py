@@ -5,7 +5,8 @@
 
 from pyinfra import host
 
-from operations import patches, stacks
+from configuration import stacks
+from operations import patches
 
 stack = stacks.load_stack(host.data.stack)
 patches.applied(

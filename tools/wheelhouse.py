@@ -8,7 +8,7 @@ stand-ins with a `build:` script are built locally. Beside the stack's files it 
 pinned uv wheel (operations/installer.py `UV_WHEELS`) for the stack's architecture, so that
 hosts install with uv (`installer: auto`); it is sha256-checked like any pinned file.
 
-    python -m operations.wheelhouse STACK[,STACK...] [DIR]     # fill DIR (default: ./wheelhouse)
+    python -m tools.wheelhouse STACK[,STACK...] [DIR]     # fill DIR (default: ./wheelhouse)
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
+from configuration.errors import DataError
+from configuration.stacks import Package, Stack, load_stack, normalize
 from operations import installer
-from operations.errors import DataError
-from operations.stacks import Package, Stack, load_stack, normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _HASH_CACHE = ".sha256-cache.json"
@@ -83,7 +83,7 @@ def locate(stack: Stack, wheelhouse: Path, packages: list[Package] | None = None
             wanted = package.file or f"a wheel of {package.spec}"
             raise WheelhouseError(
                 f"stack {stack.name}: {wanted} not found; looked in wheelhouse {wheelhouse.resolve()}. "
-                f"Fill it with: python -m operations.wheelhouse {stack.name} {wheelhouse}"
+                f"Fill it with: python -m tools.wheelhouse {stack.name} {wheelhouse}"
             )
         if verify and package.sha256 and sha256_of(path) != package.sha256:
             raise WheelhouseError(

@@ -8,7 +8,7 @@ before `deploy.py` adds a single operation on any host: a bad value anywhere sto
 with a `DataError` naming the file, the key path, the value and the fix. Each kind of value
 has one rule wherever it appears (`_unit_safe`, `_argv_word`, `_abs_path` + `_no_overlap`,
 `_control_dir`, service names), and `args` are resolved as the engine's parser resolves them
-(operations/engine_flags.py) before the derived-flag, exposure and value rules apply.
+(configuration/engine_flags.py) before the derived-flag, exposure and value rules apply.
 
 Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
 `SERVICE_KEYS` below; the README's variables table repeats them (a test checks it).
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from operations import engine_flags
-from operations.errors import DataError
+from configuration import engine_flags
+from configuration.errors import DataError
+from configuration.yamlload import load_file
 from operations.secrets import Secret, config_path, resolve
-from operations.yamlload import load_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,7 +116,7 @@ def _display_path(path: Path) -> str:
 def load_group_yaml(group_py_file: str) -> dict[str, Any]:
     """Load `<group>.yml` beside a `group_data/<group>.py` file and return its keys.
 
-    The file's syntax (operations/yamlload.py: no duplicate keys, no YAML 1.1 surprises, UTF-8)
+    The file's syntax (configuration/yamlload.py: no duplicate keys, no YAML 1.1 surprises, UTF-8)
     and top-level key names are checked here; values are validated for the whole inventory
     by `validate_inventory`, once all layers are merged.
     """
@@ -319,7 +319,7 @@ class _Reader:
                 return _KEY_SOURCES.get((group, key), f"group_data/{group}.py")
         if key in inventory.get_data():
             return _KEY_SOURCES.get(("all", key), "group_data/all.py")
-        return "defaults (operations/settings.py)"
+        return "defaults (configuration/settings.py)"
 
     def get(self, key: str, spec: Key) -> Any:
         return self.host.data.get(key, spec.default)
@@ -833,7 +833,7 @@ def _stray_group_files() -> None:
 
 def _host_config(host) -> HostConfig:
     """Validate everything `host` sees into a `HostConfig`, or raise `DataError`."""
-    from operations.stacks import load_stack  # stacks import settings' helpers
+    from configuration.stacks import load_stack  # stacks import settings' helpers
 
     _no_unknown_keys(host)
     reader = _Reader(host)
@@ -846,7 +846,7 @@ def _host_config(host) -> HostConfig:
     if values["engine_version"] is not None and engine_flags.load(values["engine_version"]) is None:
         raise DataError(src("stack"), "stack", values["stack"],
                         f"pins {engine_flags.ENGINE} {values['engine_version']}, whose flag list is not in files/engine_flags/: "
-                        "generate it (python -m operations.engine_flags generate VENV_PYTHON; see operations/engine_flags.py)")
+                        "generate it (python -m configuration.engine_flags generate VENV_PYTHON; see configuration/engine_flags.py)")
     for key in ("venv_path", "model_store", "shm_dir", "host_wheel_cache"):
         values[key] = _abs_path(src(key), key, values[key])
     _require(isinstance(values["wheelhouse"], str) and values["wheelhouse"] != "", src("wheelhouse"), "wheelhouse", values["wheelhouse"], "must be a directory path on the control machine")

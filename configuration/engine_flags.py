@@ -4,7 +4,7 @@ sglang's server parser is a plain `argparse.ArgumentParser` (`allow_abbrev` on):
 any unambiguous prefix of an option (`--hos` is `--host`) and aliases (`--model` is
 `--model-path`). A check by string equality on `args` keys is therefore no check at all. This
 module resolves an `args` key the way that parser does, against the parser's real option
-strings, so the derived-flag, exposure and value rules (operations/settings.py) apply to
+strings, so the derived-flag, exposure and value rules (configuration/settings.py) apply to
 what the engine will actually set.
 
 The option strings live in `files/engine_flags/<dist>-<version>.json` (one per sglang
@@ -13,8 +13,8 @@ applied: a patch set may add flags and speculative algorithms). They are generat
 real parser, never written by hand:
 
     # a venv (any Python the wheel supports) with the engine installed, e.g. the lab's:
-    python -m operations.engine_flags generate /path/to/venv/bin/python
-    python -m operations.engine_flags generate /path/to/venv/bin/python --patch-set ddtree-sample
+    python -m configuration.engine_flags generate /path/to/venv/bin/python
+    python -m configuration.engine_flags generate /path/to/venv/bin/python --patch-set ddtree-sample
 
 `generate` runs operations/remote/engine_flags.py (it builds the parser exactly as
 `prepare_server_args` does and prints its actions) with that Python; with `--patch-set` it
@@ -147,7 +147,7 @@ def any_engine() -> EngineFlags:
 
 def dump(python: str, pythonpath: str | None = None) -> dict:
     """Run the dump script with `python` (a venv with the engine); return its JSON."""
-    script = Path(__file__).resolve().parent / "remote" / "engine_flags.py"
+    script = Path(__file__).resolve().parent.parent / "operations" / "remote" / "engine_flags.py"
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -186,5 +186,5 @@ def generate(python: str, patch_set: str | None = None) -> Path:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) not in (2, 4) or args[0] != "generate" or (len(args) == 4 and args[2] != "--patch-set"):
-        raise SystemExit("usage: python -m operations.engine_flags generate VENV_PYTHON [--patch-set NAME]")
+        raise SystemExit("usage: python -m configuration.engine_flags generate VENV_PYTHON [--patch-set NAME]")
     print(generate(args[1], args[3] if len(args) == 4 else None))

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from operations.errors import DataError
-from operations.yamlload import load_file
+from configuration.errors import DataError
+from configuration.yamlload import load_file
 
 _REPO = Path(__file__).resolve().parent.parent
 STACKS_DIR = _REPO / "files" / "stacks"

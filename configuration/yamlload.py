@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from operations.errors import DataError
+from configuration.errors import DataError
 
 _BOOL_OK = {"true", "false", "True", "False", "TRUE", "FALSE"}
 _INT_OK = re.compile(r"^[-+]?(0|[1-9][0-9]*)$|^0x[0-9a-fA-F]+$")

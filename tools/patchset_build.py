@@ -1,6 +1,6 @@
 """Build a patch set (`files/patches/NAME/`) from patched files and the pristine package.
 
-    python -m operations.patchset_build NAME --base sglang==0.5.23 --patched DIR \\
+    python -m tools.patchset_build NAME --base sglang==0.5.23 --patched DIR \\
         --pristine SITE_PACKAGES_OR_WHEEL [--out files/patches] [--description TEXT] [--force]
 
 DIR holds the patched files laid out as under site-packages (DIR/sglang/srt/server_args.py).
@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from operations.stacks import normalize
+from configuration.stacks import normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "files" / "patches"
@@ -226,7 +226,7 @@ def build(
     added = sum(e.original is None for e in entries)
     description = description or (
         f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
-        "(python -m operations.patchset_build)"
+        "(python -m tools.patchset_build)"
     )
     manifest = render_manifest(name, distribution, version, entries, description)
 
@@ -256,7 +256,7 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m operations.patchset_build",
+        prog="python -m tools.patchset_build",
         description="Build files/patches/NAME/ (patchset.yml and the patched files) against a pristine package.",
     )
     parser.add_argument("name", metavar="NAME", help="patch set name: the directory under --out")
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     added = sum(v["original"] is None for v in files.values())
     if target.parent == DEFAULT_OUT.resolve():
         # The deploy's own reader must accept the result.
-        from operations.errors import DataError
+        from configuration.errors import DataError
         from operations.patches import load_patch_set
 
         load_patch_set.cache_clear()
