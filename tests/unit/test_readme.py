@@ -26,3 +26,21 @@ def test_every_key_is_in_the_readme_with_its_default(key, spec):
 
 def test_readme_names_both_commands():
     assert "make demo" in README and "make test" in README
+
+
+def _layout_section() -> str:
+    start = README.index("## Layout")
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def test_layout_table_names_every_package_and_module():
+    # The layout table is how a newcomer finds a thing: each top-level package is a row, and each module of the
+    # packages that hold the deploy's code is named in its row.
+    layout = _layout_section()
+    packages = sorted(p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests")
+    assert packages, "no packages found"
+    missing = [f"{p}/" for p in packages if f"`{p}/`" not in layout]
+    for package in ("configuration", "deploys", "operations", "report", "tools"):
+        missing += [f"{package}/{m.stem}" for m in sorted((REPO_ROOT / package).glob("*.py"))
+                    if m.stem != "__init__" and f"`{m.stem}`" not in layout]
+    assert missing == [], f"README's layout table does not name: {missing}"
