@@ -85,6 +85,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
     lifecycle.running(
         name=f"{service.unit_name} enabled and running its current inputs",
         unit=service.unit_name,
+        unit_path=unit_path,
         bind=service.bind,
         port=service.port,
         inputs=watched,

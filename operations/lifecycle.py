@@ -2,8 +2,8 @@
 
 One read of the unit's state (`readiness.ServiceState`, the same fact and arguments that
 `readiness.changed_since_start` and `readiness.ready` read, so one answer from the host's read)
-decides every command: `daemon-reload` when the unit file changed in this run or systemd says
-its loaded copy is out of date, `enable` when it is not, `start` when it is not running,
+decides every command: `daemon-reload` when the unit file changed in this run, or systemd's loaded
+copy is out of date and the unit is about to (re)start, `enable` when it is not, `start` when it is not running,
 `restart` when it runs and something it loaded changed, and the record of what the (re)started
 process loaded. pyinfra's `systemd.service` would read two more facts per call and take four
 operations per service to say the same.
@@ -44,6 +44,7 @@ def _called(flag: Callable[[], bool] | None) -> bool:
 @operation()
 def running(
     unit: str,
+    unit_path: str,
     bind: str,
     port: int,
     inputs: tuple[str, ...],
@@ -55,6 +56,7 @@ def running(
     Make ``unit`` loaded, enabled and running the inputs it has now; record what it started with.
 
     + unit: the service's systemd unit
+    + unit_path: its unit file (one of ``inputs``)
     + bind: the address it binds (its /health is read from the host itself)
     + port: its port
     + inputs: the host paths its process loads (unit file, venv link, staged models' markers, key
@@ -70,17 +72,22 @@ def running(
     """
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
     quoted = shlex.quote(unit)
-    if _called(unit_changed) or state.get("need_reload"):
+    running = state.get("sub") in RUNNING
+    newer = state.get("newer") or []
+    # systemd flags a unit whose file is newer than its loaded copy, also after a mere `touch`: a
+    # reload is due when this run rewrote the file, or when it will start the unit or restart it onto
+    # a file whose content the process was not started with (a run that died before its reload).
+    if _called(unit_changed) or (state.get("need_reload") and (not running or unit_path in newer)):
         yield "systemctl daemon-reload"
     if state.get("enabled") not in ENABLED:
         yield f"systemctl enable {quoted}"
     else:
         host.noop(f"{unit} is enabled")
     started = False
-    if state.get("sub") not in RUNNING:
+    if not running:
         yield f"systemctl start {quoted}"
         started = True
-    elif _called(inputs_changed) or state.get("newer"):
+    elif _called(inputs_changed) or newer:
         yield f"systemctl restart {quoted}"
         started = True
     else:

@@ -490,7 +490,7 @@ def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, input
         asked.append(kwargs)
         return state
 
-    result = run(lifecycle.running, {readiness.ServiceState: fact}, executing=executing, unit=UNIT, bind="0.0.0.0", port=30000,
+    result = run(lifecycle.running, {readiness.ServiceState: fact}, executing=executing, unit=UNIT, unit_path=WATCHED[0], bind="0.0.0.0", port=30000,
                  inputs=WATCHED, unit_changed=unit_changed, inputs_changed=inputs_changed, outcome=outcome)
     # The very read that changed_since_start and ready make: one answer from the host's read.
     assert asked == [{"unit": UNIT, "address": "127.0.0.1", "port": 30000, "inputs": WATCHED}]
@@ -546,10 +546,22 @@ def test_lifecycle_restarts_onto_inputs_that_changed_since_the_process_started()
     assert calls(result) == [f"systemctl restart {UNIT}", RECORD]
 
 
-def test_lifecycle_reloads_a_unit_systemd_holds_an_old_copy_of_without_restarting():
-    # An earlier run wrote the unit (recorded as started with it) and died before daemon-reload.
+def test_lifecycle_reloads_a_unit_systemd_holds_an_old_copy_of_before_restarting_onto_it():
+    # An earlier run wrote the unit and died before daemon-reload and restart: its content is not the one
+    # the process was started with, and systemd still holds the old copy.
+    result = run_lifecycle(unit_state(need_reload=True, newer=[WATCHED[0]]), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
+    assert calls(result) == ["systemctl daemon-reload", f"systemctl restart {UNIT}", RECORD]
+
+
+def test_lifecycle_reloads_a_unit_systemd_holds_an_old_copy_of_before_starting_it():
+    result = run_lifecycle(unit_state(need_reload=True, sub="dead", recorded=False), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
+    assert calls(result) == ["systemctl daemon-reload", f"systemctl start {UNIT}", RECORD]
+
+
+def test_lifecycle_leaves_a_touched_unit_of_a_running_service_alone():
+    # A touch makes systemd flag the file as newer than its loaded copy; the content is what the process runs.
     result = run_lifecycle(unit_state(need_reload=True), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False)
-    assert calls(result) == ["systemctl daemon-reload"]
+    assert calls(result) == []
 
 
 def test_lifecycle_records_a_running_process_no_record_covers():
