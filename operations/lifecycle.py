@@ -1,17 +1,18 @@
 """A service's systemd lifecycle in one operation: loaded, enabled, running what its inputs are now.
 
-One read of the unit's state (`readiness.ServiceState`, the same fact and arguments that
-`readiness.changed_since_start` and `readiness.ready` read, so one answer from the host's read)
-decides every command: `daemon-reload` when the unit file changed in this run, or systemd's loaded
-copy is out of date and the unit is about to (re)start, `enable` when it is not, `start` when it is not running,
-`restart` when it runs and something it loaded changed, and the record of what the (re)started
-process loaded. pyinfra's `systemd.service` would read two more facts per call and take four
-operations per service to say the same.
+The operation reads the unit's state once (`readiness.ServiceState`, the same fact and arguments
+that `readiness.changed_since_start` and `readiness.ready` read: one answer from the host's read)
+and `steps()`, a pure function of that state and of what this run changed, decides every command:
+`daemon-reload` (the unit file changed in this run, or systemd's copy is out of date and the unit
+is about to (re)start), `enable`, `start` or `restart` (something it loads changed), and the
+record of what the (re)started process loaded. pyinfra's `systemd.service` would read two more
+facts per call and take four operations per service to say the same.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Callable
 
 from pyinfra import host
@@ -39,6 +40,37 @@ def _called(flag: Callable[[], bool] | None) -> bool:
     # OperationMeta.did_change is only known while executing; before, pyinfra's change check
     # and --dry judge by the host's state alone.
     return bool(host.state.is_executing and flag is not None and flag())
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What a unit needs, in this order: reload systemd, enable it, start or restart it, record its inputs."""
+
+    reload: bool
+    enable: bool
+    start: bool
+    restart: bool
+    record: bool
+
+
+def steps(state: dict, unit_path: str, unit_changed: bool, inputs_changed: bool) -> Steps:
+    """The decision, from the unit's state (`readiness.ServiceState`) and what this run changed; no host access."""
+    running = state.get("sub") in RUNNING
+    newer = state.get("newer") or []
+    start = not running
+    restart = running and (inputs_changed or bool(newer))
+    return Steps(
+        # systemd flags a unit whose file is newer than its loaded copy, also after a mere `touch`: a
+        # reload is due when this run rewrote the file, or before a start, or before a restart onto a
+        # file whose content the process was not started with (a run that died before its reload).
+        reload=unit_changed or (bool(state.get("need_reload")) and (start or unit_path in newer)),
+        enable=state.get("enabled") not in ENABLED,
+        start=start,
+        restart=restart,
+        # After any (re)start, and where no record covers the running process (started before records
+        # existed, or by hand).
+        record=start or restart or not state.get("recorded"),
+    )
 
 
 @operation()
@@ -71,28 +103,21 @@ def running(
     records existed, or by hand).
     """
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
+    todo = steps(state, unit_path, unit_changed=_called(unit_changed), inputs_changed=_called(inputs_changed))
     quoted = shlex.quote(unit)
-    running = state.get("sub") in RUNNING
-    newer = state.get("newer") or []
-    # systemd flags a unit whose file is newer than its loaded copy, also after a mere `touch`: a
-    # reload is due when this run rewrote the file, or when it will start the unit or restart it onto
-    # a file whose content the process was not started with (a run that died before its reload).
-    if _called(unit_changed) or (state.get("need_reload") and (not running or unit_path in newer)):
+    if todo.reload:
         yield "systemctl daemon-reload"
-    if state.get("enabled") not in ENABLED:
+    if todo.enable:
         yield f"systemctl enable {quoted}"
     else:
         host.noop(f"{unit} is enabled")
-    started = False
-    if not running:
+    if todo.start:
         yield f"systemctl start {quoted}"
-        started = True
-    elif _called(inputs_changed) or newer:
+    elif todo.restart:
         yield f"systemctl restart {quoted}"
-        started = True
     else:
         host.noop(f"{unit} runs its current inputs")
-    if started or not state.get("recorded"):
+    if todo.record:
         yield remote.command("service_state", "--record", quoted, *(shlex.quote(p) for p in inputs))
     if outcome is not None and host.state.is_executing:
-        outcome.restarted = started
+        outcome.restarted = todo.start or todo.restart
