@@ -64,6 +64,15 @@ def main_pid(host: str, unit: str) -> int:
     return int(ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
 
 
+def component_name(full: str) -> str:
+    """`Service | Unit sglang-x.service` -> `Service` (pyinfra names an operation of a @deploy after it)."""
+    return full.split(" | ", 1)[0] if " | " in full else ""
+
+
+def operation_name(full: str) -> str:
+    return full.split(" | ", 1)[1] if " | " in full else full
+
+
 class DeployResult:
     def __init__(self, proc: subprocess.CompletedProcess):
         self.returncode = proc.returncode
@@ -76,13 +85,20 @@ class DeployResult:
 
     @property
     def changed(self) -> list[tuple[str, list[str]]]:
-        """(operation name, hosts it changed) for every operation that changed something."""
+        """(operation name, hosts it changed) for every operation that changed something; the name without its
+        component's (pyinfra prints `Service | Unit sglang-x.service`; this says `Unit sglang-x.service`)."""
         ops = self.results.get("operations", [])
-        return [(op["name"], op["success"]) for op in ops if op.get("success")]
+        return [(operation_name(op["name"]), op["success"]) for op in ops if op.get("success")]
 
     @property
     def errors(self) -> list[tuple[str, list[str]]]:
-        return [(op["name"], op["error"]) for op in self.results.get("operations", []) if op.get("error")]
+        return [(operation_name(op["name"]), op["error"]) for op in self.results.get("operations", []) if op.get("error")]
+
+    @property
+    def components(self) -> list[str]:
+        """The deploy's components (deploy.py's @deploy steps), in the order their operations ran."""
+        names = [component_name(op["name"]) for op in self.results.get("operations", [])]
+        return [name for i, name in enumerate(names) if name not in names[:i]]
 
     @property
     def results(self) -> dict:

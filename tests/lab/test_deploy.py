@@ -38,6 +38,8 @@ def test_first_run_serves_every_placed_service(first_run):
         reply = chat("gpu-a", port, "hello")
         assert reply["choices"][0]["message"]["content"]
     assert "--> Services:" in first_run.stderr
+    # deploy.py's steps, each a component whose operations pyinfra names after it, in order.
+    assert first_run.components == ["GPU check", "Environments", "Models", "Service account", "Service", "Cleanup"], first_run.components
     for name, port in SERVICES.items():  # each service's own row says ready (not just the word somewhere)
         assert re.search(rf"gpu-a/{name}\s+http://127\.0\.0\.1:{port}\s+ready\b", first_run.stderr), first_run.stderr[-3000:]
 
