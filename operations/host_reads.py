@@ -2,7 +2,7 @@
 
 pyinfra 3 caches no fact, and this deploy's operations each read what they decide from
 (a venv's state by its build, probe and switch; a unit's hash by the preflight and the file
-write; systemd's status by three service operations). A converged re-run, what operators run
+write; systemd's status by each service's enable, start and restart). A converged re-run, what operators run
 most, cost several times the floor of merely reaching the hosts, and more with every service.
 
 The mechanism, for every fact of a host, ours and pyinfra's alike:

@@ -17,7 +17,7 @@ like a model. So:
   the same script at boot from `/etc/sglang-deploy/models.json`, so a rebooted host serves
   again without a deploy run. The service units are ordered after it and require it
   (`boot_unit_name(config)`).
-- `stage_for_host(config)` adds all of these for a host; deploy.py restarts a service when
+- `stage_for_host(config)` adds all of these for a host (the `Models` component); a service is restarted when
   one of its models' operations changed something.
 """
 

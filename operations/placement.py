@@ -5,7 +5,7 @@
   that carry our "Managed by sglang-deploy" header, never the boot staging unit, nothing else.
   Their staged models are released by `models.unused_removed` (it keeps the models of the
   services still placed on the host).
-- `remove_unplaced(config)` adds it for a host; deploy.py calls it after the readiness gates.
+- `remove_unplaced(config)` adds it for a host; the `Cleanup` component (deploys/cleanup.py) calls it after the readiness gates.
   pyinfra runs each operation on every host before the next one, so in a migration the old
   host's service is stopped only after the new host's service answered `/health`; and when the
   service is placed on another host that is not ready in this run (failed, left out with
