@@ -186,6 +186,24 @@ def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
     return True
 
 
+def free_lock_command(owner: str) -> str:
+    """`lock_host.py acquire OWNER 0`, its free-lock path in sh: mkdir (atomic), owner.json written beside and renamed in.
+
+    The script's guard (flock) orders takeovers of a stale lock, which remove a directory; this
+    path removes only a directory its own mkdir just made (when owner.json cannot be written), and
+    its mkdir fails while any lock, stale or not, exists: then the script runs and answers as it
+    always does.
+    """
+    lock = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'  # SGLANG_DEPLOY_LOCK: as in lock_host.py (unit tests)
+    return (
+        f"if mkdir -m 700 {lock} 2>/dev/null; then "
+        f"{{ printf '%s' {owner} > {lock}/owner.json.tmp && mv -f {lock}/owner.json.tmp {lock}/owner.json && "
+        # A lock this command made and could not name is its own to remove (no output: the caller fails the host).
+        f"echo '{{\"acquired\": true}}'; }} || rm -rf {lock}; else\n"
+        f"{remote.command('lock_host', 'acquire', owner, '0')}\nfi"
+    )
+
+
 @dataclass
 class Outcome:
     held: bool
@@ -222,12 +240,21 @@ class RunLocks:
         except (ValueError, IndexError):
             raise HostLocked(f"{host.name}: the deploy lock command failed: {output.stderr.strip()[-300:]}") from None
 
+    def _take_free(self, host, owner: str, timeout: float) -> dict:
+        """Take a free lock in a shell `mkdir` (what the script does when it is free, without a python start on the
+        host: the uncontended pass costs one round trip per host, in order); a busy one goes to the script."""
+        ok, output = host.run_shell_command(free_lock_command(owner), print_output=False, _timeout=timeout)
+        try:
+            return json.loads(output.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise HostLocked(f"{host.name}: the deploy lock command failed: {output.stderr.strip()[-300:]}") from None
+
     def _try(self, slot: _Slot, wait_s: float) -> dict:
         host = slot.hosts[0]
         token = uuid.uuid4().hex
         owner = shlex.quote(json.dumps({**self.owner, "token": token}))
         timeout = wait_s + 60  # the command returns by itself after wait_s; this only bounds a hung host
-        result = self._command(host, "acquire", owner, "0", timeout=timeout)
+        result = self._take_free(host, owner, timeout=timeout)
         holder = result.get("held_by") or {}
         if not result["acquired"]:
             why = is_stale(holder, self.owner["control"])

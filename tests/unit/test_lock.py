@@ -249,6 +249,40 @@ def test_a_lock_its_run_could_not_give_back_is_taken_over_while_that_run_still_l
     second.host_done(next(iter(second.slots.values())).hosts[0], "test")
 
 
+def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path):
+    # The uncontended path (free_lock_command) writes what lock_host.py writes: another run's script sees it
+    # busy and names its holder, peek names it, and only its owner gives it back.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    first = lock.RunLocks()
+    assert first.take_all([(a, 0)])["a"].held
+    assert stat_mode(a.lock_dir) == 0o700 and not (a.lock_dir / "owner.json.tmp").exists()
+    assert {k: a.holder()[k] for k in first.owner} == first.owner and a.holder()["token"]
+    second = lock.RunLocks()
+    outcome = second.take_all([(a, 0)])["a"]
+    assert not outcome.held and outcome.holder == a.holder()
+    assert second._command(a, "peek", timeout=10)["held_by"] == a.holder()
+    second._command(a, "release", second.owner["id"], timeout=10)
+    assert a.lock_dir.exists()
+    release_all(first, [a])
+    assert not a.lock_dir.exists()
+
+
+def test_a_free_lock_whose_owner_cannot_be_written_is_removed_and_the_host_fails(tmp_path, monkeypatch):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "mv").write_text("#!/bin/sh\necho 'mv: cannot move: No space left on device' >&2\nexit 1\n")
+    (bindir / "mv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    outcome = lock.RunLocks().take_all([(a, 0)])["a"]
+    assert not outcome.held and "the deploy lock command failed: mv: cannot move: No space left on device" in outcome.error
+    assert not a.lock_dir.exists(), "a nameless lock left behind would block every later run"
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
 def test_release_gives_back_only_its_own_lock(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a)
