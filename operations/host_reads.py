@@ -65,7 +65,7 @@ def _batched_facts() -> dict[str, type]:
         files.File, files.Directory, files.Link, files.Sha1File, files.Sha256File,
         systemd.SystemdStatus, systemd.SystemdEnabled, server.Users, server.Groups, server.Os,
         gpus.GpuState, models.StagedModel, models.OwnedInShm, models.BootStaging, patches.InstalledFiles,
-        placement.ManagedUnits, readiness.ServiceState, secrets.SecretFileState, service_user.GpuDevices,
+        placement.ManagedUnits, readiness.ServiceState, secrets.SecretFileState, service_user.Account, service_user.GpuDevices,
         transfer.StoreListing, venv.VenvState,
     )
     return {_name(cls): cls for cls in classes}

@@ -24,8 +24,10 @@ What the account must reach, and how:
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import server
 
@@ -145,19 +147,59 @@ def devices_reachable(user: str):
     yield from ()
 
 
+class Account(FactBase):
+    """One account's passwd entry and its primary group's name, or None when it does not exist.
+
+    pyinfra's `server.user` reads `Users`, every account of the host with its groups (a command
+    per account): the most expensive read of a converged host, for the one account we own.
+    """
+
+    def command(self, user: str) -> str:
+        quoted = shlex.quote(user)
+        return f"getent passwd {quoted} || true; echo @@; id -gn {quoted} 2>/dev/null || true"
+
+    def process(self, output):
+        lines = list(output)
+        split = lines.index("@@") if "@@" in lines else len(lines)
+        entry = next((line for line in lines[:split] if line.count(":") >= 6), None)
+        if entry is None:
+            return None
+        name, _pw, uid, _gid, _gecos, home, shell = entry.split(":", 6)
+        group = lines[split + 1].strip() if len(lines) > split + 1 else ""
+        return {"user": name, "uid": int(uid), "home": home, "shell": shell, "group": group}
+
+
+@operation()
+def account(user: str, group: str, home: str, shell: str):
+    """
+    A system account ``user`` with primary group ``group``, home ``home`` (not created) and login shell ``shell``.
+
+    + user: the account
+    + group: its primary group (which must exist)
+    + home: its home directory, set in passwd only (systemd's `StateDirectory=` makes it for the unit)
+    + shell: its login shell (`/usr/sbin/nologin`)
+    """
+    found = host.get_fact(Account, user=user)
+    if found is None:
+        yield StringCommand("useradd", "-d", QuoteString(home), "-s", QuoteString(shell), "-g", QuoteString(group), "-r", "-M", QuoteString(user))
+        return
+    changes: list = []
+    if found["home"] != home:
+        changes += ["-d", QuoteString(home)]
+    if found["shell"] != shell:
+        changes += ["-s", QuoteString(shell)]
+    if found["group"] != group:
+        changes += ["-g", QuoteString(group)]
+    if changes:
+        yield StringCommand("usermod", *changes, QuoteString(user))
+    else:
+        host.noop(f"account {user} is a system account of group {group}, home {home}, shell {shell}")
+
+
 def ensure_account(user: str) -> None:
     """Add the operations that create the service account (nothing for root)."""
     devices_reachable(name=f"GPU devices reachable by {user}", user=user)
     if user == "root":
         return
     server.group(name=f"System group {user}", group=group_of(user), system=True)
-    server.user(
-        name=f"System user {user} (no login shell) runs the services",
-        user=user,
-        group=group_of(user),
-        home=STATE_DIR,
-        shell=NOLOGIN,
-        system=True,
-        ensure_home=False,
-        create_home=False,
-    )
+    account(name=f"System user {user} (no login shell) runs the services", user=user, group=group_of(user), home=STATE_DIR, shell=NOLOGIN)

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
 from configuration.errors import DataError
-from operations import lifecycle, models, patches, readiness, remote
+from operations import lifecycle, models, patches, readiness, remote, service_user
 from report import summary
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
@@ -690,3 +691,39 @@ def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service
     state = service_host("sglang-x.service", "127.0.0.1", str(server.getsockname()[1]))
     server.close()
     assert state["health"] is None and "not with HTTP" in state["health_error"]
+
+
+# service_user.account ---------------------------------------------------------------------
+
+
+def test_account_fact_reads_one_passwd_entry_and_its_primary_group():
+    fact = service_user.Account()
+    assert fact.process(["sglang:x:999:997::/var/lib/sglang:/usr/sbin/nologin", "@@", "sglang"]) == {
+        "user": "sglang", "uid": 999, "home": "/var/lib/sglang", "shell": "/usr/sbin/nologin", "group": "sglang"}
+    assert fact.process(["@@"]) is None
+    assert fact.process([]) is None
+    # The command answers for an absent account too (getent exits 2): the read must not fail the host.
+    proc = subprocess.run(["sh", "-c", fact.command(user="no-such-account-here")], capture_output=True, text=True)
+    assert proc.returncode == 0 and fact.process(proc.stdout.splitlines()) is None
+    proc = subprocess.run(["sh", "-c", fact.command(user="root")], capture_output=True, text=True)
+    assert fact.process(proc.stdout.splitlines())["uid"] == 0
+
+
+ACCOUNT = {"user": "sglang", "group": "sglang", "home": "/var/lib/sglang", "shell": "/usr/sbin/nologin"}
+
+
+def test_account_is_created_as_a_system_user_without_a_home_dir():
+    result = run(service_user.account, {service_user.Account: None}, **ACCOUNT)
+    assert result.commands == ["useradd -d /var/lib/sglang -s /usr/sbin/nologin -g sglang -r -M sglang"]
+
+
+def test_account_that_matches_changes_nothing():
+    found = {"user": "sglang", "uid": 999, "home": "/var/lib/sglang", "shell": "/usr/sbin/nologin", "group": "sglang"}
+    result = run(service_user.account, {service_user.Account: found}, **ACCOUNT)
+    assert result.commands == [] and result.noops
+
+
+def test_account_drifted_by_hand_is_put_back():
+    found = {"user": "sglang", "uid": 999, "home": "/home/sglang", "shell": "/bin/bash", "group": "users"}
+    result = run(service_user.account, {service_user.Account: found}, **ACCOUNT)
+    assert result.commands == ["usermod -d /var/lib/sglang -s /usr/sbin/nologin -g sglang sglang"]
