@@ -186,22 +186,44 @@ def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
     return True
 
 
-def free_lock_command(owner: str) -> str:
-    """`lock_host.py acquire OWNER 0`, its free-lock path in sh: mkdir (atomic), owner.json written beside and renamed in.
+_LOCK_SH = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'  # SGLANG_DEPLOY_LOCK: as in lock_host.py (unit tests)
+
+
+def free_lock_command(owner: str, owner_id: str) -> str:
+    """`lock_host.py acquire OWNER 0` with its free-lock path in sh, where no python need start on the host:
+    mkdir (atomic), the owner's marker file, owner.json written beside and renamed in.
 
     The script's guard (flock) orders takeovers of a stale lock, which remove a directory; this
-    path removes only a directory its own mkdir just made (when owner.json cannot be written), and
+    path removes only a directory its own mkdir just made (when the owner cannot be written), and
     its mkdir fails while any lock, stale or not, exists: then the script runs and answers as it
     always does.
     """
-    lock = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'  # SGLANG_DEPLOY_LOCK: as in lock_host.py (unit tests)
+    lock = _LOCK_SH
     return (
         f"if mkdir -m 700 {lock} 2>/dev/null; then "
-        f"{{ printf '%s' {owner} > {lock}/owner.json.tmp && mv -f {lock}/owner.json.tmp {lock}/owner.json && "
+        f"{{ : > {lock}/{_marker(owner_id)} && printf '%s' {owner} > {lock}/owner.json.tmp && "
+        f"mv -f {lock}/owner.json.tmp {lock}/owner.json && "
         # A lock this command made and could not name is its own to remove (no output: the caller fails the host).
         f"echo '{{\"acquired\": true}}'; }} || rm -rf {lock}; else\n"
         f"{remote.command('lock_host', 'acquire', owner, '0')}\nfi"
     )
+
+
+def release_command(owner_id: str) -> str:
+    """`lock_host.py release OWNER_ID`: a lock holding this owner's marker is removed in sh; any other (held by
+    another run, or taken by a deploy from before markers) goes to the script, which compares owner.json."""
+    lock = _LOCK_SH
+    return (
+        f"if [ -e {lock}/{_marker(owner_id)} ]; then rm -rf {lock} && echo '{{\"released\": true}}'; else\n"
+        f"{remote.command('lock_host', 'release', shlex.quote(owner_id))}\nfi"
+    )
+
+
+def _marker(owner_id: str) -> str:
+    # The owner id is new_owner()'s uuid hex: a plain file name (lock_host.py writes the same marker).
+    if not owner_id.isalnum():
+        raise ValueError(f"owner id {owner_id!r} is not a uuid hex")
+    return f"owner-{owner_id}"
 
 
 @dataclass
@@ -234,16 +256,11 @@ class RunLocks:
 
     # -- remote ---------------------------------------------------------------------------
     def _command(self, host, *args: str, timeout: float) -> dict:
-        ok, output = host.run_shell_command(remote.command("lock_host", *args), print_output=False, _timeout=timeout)
-        try:
-            return json.loads(output.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise HostLocked(f"{host.name}: the deploy lock command failed: {output.stderr.strip()[-300:]}") from None
+        return self._run(host, remote.command("lock_host", *args), timeout)
 
-    def _take_free(self, host, owner: str, timeout: float) -> dict:
-        """Take a free lock in a shell `mkdir` (what the script does when it is free, without a python start on the
-        host: the uncontended pass costs one round trip per host, in order); a busy one goes to the script."""
-        ok, output = host.run_shell_command(free_lock_command(owner), print_output=False, _timeout=timeout)
+    @staticmethod
+    def _run(host, command: str, timeout: float) -> dict:
+        ok, output = host.run_shell_command(command, print_output=False, _timeout=timeout)
         try:
             return json.loads(output.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -254,7 +271,8 @@ class RunLocks:
         token = uuid.uuid4().hex
         owner = shlex.quote(json.dumps({**self.owner, "token": token}))
         timeout = wait_s + 60  # the command returns by itself after wait_s; this only bounds a hung host
-        result = self._take_free(host, owner, timeout=timeout)
+        # A free lock is taken in sh (free_lock_command): the uncontended pass costs one round trip per host.
+        result = self._run(host, free_lock_command(owner, self.owner["id"]), timeout)
         holder = result.get("held_by") or {}
         if not result["acquired"]:
             why = is_stale(holder, self.owner["control"])
@@ -276,7 +294,7 @@ class RunLocks:
         self.events.append(f"release {key_text(slot.key)}")
         for host in slot.hosts:
             try:
-                self._command(host, "release", shlex.quote(self.owner["id"]), timeout=30)
+                self._run(host, release_command(self.owner["id"]), timeout=30)
                 return
             except Exception as exc:  # the connection died (network cut, host rebooted)
                 error = exc

@@ -1,5 +1,5 @@
 # One deploy at a time per host: take, look at, or give back the host's deploy lock.
-# The lock is a directory (mkdir is atomic) holding owner.json; /run is emptied on reboot.
+# The lock is a directory (mkdir is atomic) holding owner.json and an `owner-<id>` marker; /run is emptied on reboot.
 # A side file is flock()ed around a takeover, so that two runs taking over the same stale
 # lock cannot both win (the second would otherwise remove the first's fresh lock).
 # Every wait is bounded by WAIT_S: the control side waits in short commands and decides
@@ -59,6 +59,9 @@ with open(LOCK + ".guard", "a") as guard:
             time.sleep(0.2)
             fcntl.flock(guard, fcntl.LOCK_EX)
             continue
+        # A marker named by the owner id: its release (operations/lock.py: release_command) checks it in sh.
+        if str(owner.get("id", "")).isalnum():
+            open(os.path.join(LOCK, "owner-" + owner["id"]), "w").close()
         with open(OWNER + ".tmp", "w") as handle:
             json.dump(owner, handle)
         os.rename(OWNER + ".tmp", OWNER)

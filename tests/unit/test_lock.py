@@ -267,6 +267,30 @@ def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path
     assert not a.lock_dir.exists()
 
 
+def test_both_ways_of_taking_mark_the_owner_and_each_lock_goes_back_only_to_its_owner(tmp_path):
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    hold(a, control=socket.gethostname(), pid=os.getpid())
+    threading.Timer(0.5, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
+    run = lock.RunLocks()
+    assert all(o.held for o in run.take_all([(a, 30), (b, 30)]).values())  # a by the script (it waited), b in sh
+    for host in (a, b):
+        assert sorted(p.name for p in host.lock_dir.iterdir()) == ["owner-" + run.owner["id"], "owner.json"]
+    other = lock.RunLocks()
+    for host in (a, b):
+        assert other._run(host, lock.release_command(other.owner["id"]), timeout=10) == {"released": True}
+        assert host.lock_dir.exists(), "another run's release removed this run's lock"
+    release_all(run, [a, b])
+    assert not a.lock_dir.exists() and not b.lock_dir.exists()
+
+
+def test_a_lock_from_a_deploy_before_markers_is_given_back_by_the_script(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    run = lock.RunLocks()
+    hold(a, id=run.owner["id"])  # owner.json alone, as lock_host.py wrote it before markers
+    run._run(a, lock.release_command(run.owner["id"]), timeout=10)
+    assert not a.lock_dir.exists()
+
+
 def test_a_free_lock_whose_owner_cannot_be_written_is_removed_and_the_host_fails(tmp_path, monkeypatch):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     bindir = tmp_path / "bin"
