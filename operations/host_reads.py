@@ -71,6 +71,14 @@ def _batched_facts() -> dict[str, type]:
     return {_name(cls): cls for cls in classes}
 
 
+@functools.lru_cache(maxsize=None)
+def _slow_facts() -> frozenset[str]:
+    """Facts whose read takes far longer than the rest (a venv's RECORD check; nvidia-smi)."""
+    from operations import gpus, venv
+
+    return frozenset(_name(cls) for cls in (venv.VenvState, gpus.GpuState))
+
+
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
@@ -294,7 +302,11 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
     if not wanted or (key is not None and len(wanted) < 2):
         return  # nothing to share a call with: the read goes on its own
-    entries = [(i, c(), k) for i, (c, k) in enumerate(wanted.values())]
+    # The longest reads start first (the batch's children run a few at a time): a venv's file check
+    # queued behind a dozen short reads would add their time to its own.
+    ordered = sorted(wanted.items(), key=lambda item: _name(item[1][0]) not in _slow_facts())
+    keys = [fact_key for fact_key, _ in ordered]
+    entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
     try:
         built = batch_command(entries)
     except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
@@ -308,7 +320,6 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
     ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)  # not a change
     if not ok or reads.generation != generation:
         return
-    keys = list(wanted)
     for job_id, (status, lines) in split_batch(output.stdout_lines, python_ids).items():
         fact = entries[job_id][1]
         if status != 0:

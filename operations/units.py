@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -45,7 +46,9 @@ def template(name: str) -> jinja2.Template:
     return _environment().get_template(name)
 
 
+@functools.lru_cache(maxsize=None)
 def _environment() -> jinja2.Environment:
+    # One per process: it compiles each template once (a host's services share the unit template).
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
