@@ -23,16 +23,22 @@ TMP_SUFFIX = ".sglang-deploy.tmp"
 
 
 def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owner: str = "root", group: str = "root",
-                 make_parent: str | None = "755") -> Iterator:
+                 make_parent: str | None = "755", parent_group: str | None = None) -> Iterator:
     """Commands that make `path` hold `content` (bytes, text, or a local file) with `mode` and `owner:group`.
 
-    `make_parent`: the mode of the parent directory when it must be created (None: it exists already).
+    `make_parent`: the mode of the parent directory, which is created if need be and given that mode
+    (None: it exists already and is left alone); `parent_group`: its owner root and this group too.
+
+    The file beside the target is made empty and root-only (0600) before the upload fills it (an
+    upload into an existing file keeps its mode), so its content is never readable by anyone else
+    before its own mode is set, whatever the directory's mode.
     """
     tmp = path + TMP_SUFFIX
     parent = str(PurePosixPath(path).parent)
-    first = f"rm -f {shlex.quote(tmp)}"
+    first = f"rm -f {shlex.quote(tmp)} && install -m 600 /dev/null {shlex.quote(tmp)}"
     if make_parent is not None:
-        first = f"install -d -m {make_parent} {shlex.quote(parent)} && {first}"
+        group_flag = f" -o root -g {shlex.quote(parent_group)}" if parent_group else ""
+        first = f"install -d -m {make_parent}{group_flag} {shlex.quote(parent)} && {first}"
     yield first
     if isinstance(content, Path):
         yield FileUploadCommand(str(content), tmp)

@@ -131,8 +131,9 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
     + group: the service user's group (``root``: the file is 0600 root-only; else 0640 root:group in a 0710 directory)
 
     Secrecy:
-        The file is uploaded into a 0700/0710 directory, made 0600/0640, then renamed into place;
-        only its sha256 is read back. Nothing prints its content.
+        The content is uploaded into a root-only (0600) file beside the target, made 0600/0640,
+        then renamed into place; the directory stays 0700/0710 throughout. Only the file's
+        sha256 is read back. Nothing prints its content.
 
     **Example:**
 
@@ -156,6 +157,6 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
-    # The directory first, root-only: the upload lands in it while no one else may enter.
-    yield from replace_file(path, content, file_mode, "root", group, make_parent="700")
-    yield f"chown {shlex.quote(f'root:{group}')} {shlex.quote(SECRETS_DIR)} && chmod {dir_mode} {shlex.quote(SECRETS_DIR)}"
+    # The directory keeps its final mode and group throughout (a service starting meanwhile can still read its
+    # key); the upload fills a root-only file beside the target (replace_file), which is then made 0640/0600.
+    yield from replace_file(path, content, file_mode, "root", group, make_parent=dir_mode, parent_group=group)

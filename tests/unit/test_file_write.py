@@ -51,8 +51,24 @@ def test_a_replaced_file_is_a_new_inode_and_a_reader_of_the_old_one_keeps_its_co
 
 
 def test_the_content_travels_as_an_upload_never_in_a_command():
-    commands = list(replace_file("/etc/sglang-deploy/secrets/s.yml", b"api-key: hunter2\n", "600", group="sglang", make_parent="700"))
+    commands = list(replace_file("/etc/sglang-deploy/secrets/s.yml", b"api-key: hunter2\n", "640", group="sglang", make_parent="710",
+                                 parent_group="sglang"))
     shell = [c for c in commands if isinstance(c, str)]
     assert len(commands) == 3 and isinstance(commands[1], FileUploadCommand)
     assert all("hunter2" not in c for c in shell)
-    assert shell[0].startswith("install -d -m 700 /etc/sglang-deploy/secrets && ")
+    # The directory gets its final mode and group (never a narrower one that would lock the service out meanwhile),
+    # and the file the upload fills is root-only before the upload.
+    assert shell[0] == ("install -d -m 710 -o root -g sglang /etc/sglang-deploy/secrets && rm -f /etc/sglang-deploy/secrets/s.yml.sglang-deploy.tmp"
+                        " && install -m 600 /dev/null /etc/sglang-deploy/secrets/s.yml.sglang-deploy.tmp")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_the_file_an_upload_fills_is_root_only_until_its_mode_is_set(local_host, tmp_path):
+    path = tmp_path / "secrets" / "s.yml"
+    first, upload, last = replace_file(str(path), "api-key: x\n", "640", group="nogroup", make_parent="710", parent_group="nogroup")
+    apply(local_host, [first])
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    assert oct(tmp.stat().st_mode & 0o777) == "0o600" and tmp.stat().st_size == 0
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o710" and path.parent.group() == "nogroup"
+    apply(local_host, [upload, last])
+    assert path.read_text() == "api-key: x\n" and oct(path.stat().st_mode & 0o777) == "0o640" and path.group() == "nogroup"
