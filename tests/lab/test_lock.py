@@ -111,17 +111,25 @@ def opposite_order_race(tries: int) -> list[dict]:
         clean_host(STUCK, keep_venv=True)
 
 
+def race_inventories(attempt) -> tuple[Path, Path]:
+    """The race's two inventories (gpu-c then gpu-d, and the other way round) for try `attempt`.
+
+    The meeting is made certain, not left to timing: whichever run takes the locks first
+    restarts a service whose warm-up lasts HOLD_S (its unit changes with `attempt`), so it holds
+    both locks in its readiness gate far longer than the other run takes to reach its lock step.
+    """
+    hold = {"hold": {"gpu": 0, "port": 30121, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+                     "env": {"STANDIN_WARMUP_S": HOLD_S, "LOCK_TRY": attempt}}}
+    stuck = {"services": hold, "run_services": ["hold"], "lock_wait_s": 300}
+    one = write_inventory("test_lock_order_cd", {STUCK: stuck, OTHER: {"run_services": [], "lock_wait_s": 300}})
+    two = write_inventory("test_lock_order_dc", {OTHER: {"run_services": [], "lock_wait_s": 300}, STUCK: stuck})
+    return one, two
+
+
 def _race(tries: int) -> list[dict]:
     rows = []
     for attempt in range(tries):
-        # The meeting is made certain, not left to timing: whichever run takes the locks first
-        # restarts a service whose warm-up lasts HOLD_S (its unit changes every try), so it holds
-        # both locks in its readiness gate far longer than the other run takes to reach its lock step.
-        hold = {"hold": {"gpu": 0, "port": 30121, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
-                         "env": {"STANDIN_WARMUP_S": HOLD_S, "LOCK_TRY": attempt}}}
-        stuck = {"services": hold, "run_services": ["hold"], "lock_wait_s": 300}
-        one = write_inventory("test_lock_order_cd", {STUCK: stuck, OTHER: {"run_services": [], "lock_wait_s": 300}})
-        two = write_inventory("test_lock_order_dc", {OTHER: {"run_services": [], "lock_wait_s": 300}, STUCK: stuck})
+        one, two = race_inventories(attempt)
         start_at = time.monotonic()
         runs = [start(one, f"order{attempt}.cd"), start(two, f"order{attempt}.dc")]
         codes = []
