@@ -17,7 +17,7 @@ import json
 import os
 import re
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
@@ -101,18 +101,24 @@ def config_text(api_key: Secret | None, admin_api_key: Secret | None) -> str:
 
 
 class SecretFileState(FactBase):
-    """sha256 and mode of a secret file (never its content), or None if absent."""
+    """sha256, mode and owner of a secret file (never its content), with its directory's mode and owner
+    (`dir`); None if the file is absent."""
 
     def command(self, path: str) -> str:
         quoted = shlex.quote(path)
-        return f"if [ -f {quoted} ]; then stat -c '%a %U %G' {quoted} && sha256sum < {quoted}; fi"
+        parent = shlex.quote(str(PurePosixPath(path).parent))
+        return f"if [ -f {quoted} ]; then stat -c '%a %U %G' {quoted} && sha256sum < {quoted} && stat -c 'dir %a %U %G' {parent}; fi"
 
     def process(self, output):
         lines = [line for line in output if line.strip()]
         if len(lines) < 2:
             return None
         mode, owner, group = lines[0].split()
-        return {"mode": mode, "owner": owner, "group": group, "sha256": lines[1].split()[0]}
+        state = {"mode": mode, "owner": owner, "group": group, "sha256": lines[1].split()[0], "dir": None}
+        if len(lines) > 2 and lines[2].startswith("dir "):
+            dir_mode, dir_owner, dir_group = lines[2].split()[1:4]
+            state["dir"] = {"mode": dir_mode, "owner": dir_owner, "group": dir_group}
+        return state
 
 
 def file_modes(group: str) -> tuple[str, str]:
@@ -153,8 +159,15 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
     digest = hashlib.sha256(content).hexdigest()
     dir_mode, file_mode = file_modes(group)
     wanted = {"sha256": digest, "mode": file_mode, "owner": "root", "group": group}
+    wanted_dir = {"mode": dir_mode, "owner": "root", "group": group}
     if state and all(state.get(k) == v for k, v in wanted.items()):
-        host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
+        if state.get("dir") == wanted_dir:
+            host.noop(f"secret file of {service} is current ({file_mode} root:{group} in a {dir_mode} directory)")
+            return
+        # The file is right; its directory was changed by hand (a looser mode shows every key's name and
+        # lets anyone open a key file whose own mode is loosened next; a narrower one locks the service out).
+        host.log(f"secrets directory {SECRETS_DIR}: {state.get('dir')} -> {dir_mode} root:{group}")
+        yield f"install -d -m {dir_mode} -o root -g {shlex.quote(group)} {shlex.quote(SECRETS_DIR)}"
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
     # The directory keeps its final mode and group throughout (a service starting meanwhile can still read its

@@ -183,7 +183,7 @@ def test_boot_staging_writes_what_differs_then_reloads_and_enables():
     result = run(models.boot_staging, boot_fact(installed, enabled=False), wanted=wanted)
     tmp = f"{models.BOOT_LIST}.sglang-deploy.tmp"
     assert result.commands == [
-        f"install -d -m 755 /etc/sglang-deploy && rm -f {tmp}",
+        f"install -d -m 755 /etc/sglang-deploy && rm -f {tmp} && install -m 600 /dev/null {tmp}",
         ("put", "<bytes>", tmp),
         f"chown root:root {tmp} && chmod 644 {tmp} && mv -f {tmp} {models.BOOT_LIST}",
         "systemctl enable sglang-stage-models.service",

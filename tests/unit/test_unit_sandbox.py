@@ -183,20 +183,25 @@ DIGEST = hashlib.sha256(secrets.config_text(KEY, None).encode()).hexdigest()
 def test_the_secrets_file_is_readable_by_root_and_the_service_group(group, dir_mode, file_mode):
     result = run(secrets.config_file, {secrets.SecretFileState: None}, service="s", api_key=KEY, admin_api_key=None, group=group)
     tmp = "/etc/sglang-deploy/secrets/s.yml.sglang-deploy.tmp"
-    # Root-only directory before the upload lands in it; owner and mode on the upload before its rename.
-    assert result.commands[0] == f"install -d -m 700 /etc/sglang-deploy/secrets && rm -f {tmp}"
+    # The directory with its final mode and group throughout (a service starting meanwhile still reads its key);
+    # the upload fills a root-only file made beforehand; owner and mode on it before its rename.
+    assert result.commands[0] == (f"install -d -m {dir_mode} -o root -g {group} /etc/sglang-deploy/secrets && rm -f {tmp} "
+                                  f"&& install -m 600 /dev/null {tmp}")
     assert result.commands[1] == ("put", "<bytes>", tmp)
     assert result.commands[2] == f"chown root:{group} {tmp} && chmod {file_mode} {tmp} && mv -f {tmp} /etc/sglang-deploy/secrets/s.yml"
-    assert result.commands[3] == f"chown root:{group} /etc/sglang-deploy/secrets && chmod {dir_mode} /etc/sglang-deploy/secrets"
+    assert len(result.commands) == 3
     assert KEY.reveal() not in repr(result.commands)
 
 
 def test_a_secrets_file_of_another_group_is_rewritten_and_a_current_one_left():
     old = {"mode": "600", "owner": "root", "group": "root", "sha256": DIGEST}
     assert run(secrets.config_file, {secrets.SecretFileState: old}, service="s", api_key=KEY, admin_api_key=None, group="sglang").commands
-    current = {**old, "mode": "640", "group": "sglang"}
+    current = {**old, "mode": "640", "group": "sglang", "dir": {"mode": "710", "owner": "root", "group": "sglang"}}
     assert run(secrets.config_file, {secrets.SecretFileState: current}, service="s", api_key=KEY, admin_api_key=None, group="sglang").commands == []
 
 
 def test_secret_file_state_reads_the_group():
-    assert secrets.SecretFileState().process(["640 root sglang", "abc  -"]) == {"mode": "640", "owner": "root", "group": "sglang", "sha256": "abc"}
+    assert secrets.SecretFileState().process(["640 root sglang", "abc  -"]) == {"mode": "640", "owner": "root", "group": "sglang", "sha256": "abc",
+                                                                               "dir": None}
+    assert secrets.SecretFileState().process(["640 root sglang", "abc  -", "dir 710 root sglang"])["dir"] == {
+        "mode": "710", "owner": "root", "group": "sglang"}
