@@ -23,11 +23,13 @@ from operations.unit_file import written as unit_written
 @deploy("Service account")
 def service_account(config) -> tuple[str, ...]:
     """The account the services run as (`service_user`, a system user; root where the data says so),
-    and the groups of this host's GPU device files, for the units' sandbox. Nothing on a host with
-    no service placed on it."""
+    the directory of their key files, and the groups of this host's GPU device files, for the units'
+    sandbox. Nothing on a host with no service placed on it."""
     if not config.services:
         return ()
     ensure_account(config.service_user)
+    if any(service.config_file for service in config.services):
+        secrets.ensure_directory(group_of(config.service_user))
     return gpu_device_groups(config.service_user)
 
 

@@ -17,10 +17,11 @@ import json
 import os
 import re
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
+from pyinfra.operations import files
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
@@ -101,29 +102,34 @@ def config_text(api_key: Secret | None, admin_api_key: Secret | None) -> str:
 
 
 class SecretFileState(FactBase):
-    """sha256, mode and owner of a secret file (never its content), with its directory's mode and owner
-    (`dir`); None if the file is absent."""
+    """sha256 and mode of a secret file (never its content), or None if absent."""
 
     def command(self, path: str) -> str:
         quoted = shlex.quote(path)
-        parent = shlex.quote(str(PurePosixPath(path).parent))
-        return f"if [ -f {quoted} ]; then stat -c '%a %U %G' {quoted} && sha256sum < {quoted} && stat -c 'dir %a %U %G' {parent}; fi"
+        return f"if [ -f {quoted} ]; then stat -c '%a %U %G' {quoted} && sha256sum < {quoted}; fi"
 
     def process(self, output):
         lines = [line for line in output if line.strip()]
         if len(lines) < 2:
             return None
         mode, owner, group = lines[0].split()
-        state = {"mode": mode, "owner": owner, "group": group, "sha256": lines[1].split()[0], "dir": None}
-        if len(lines) > 2 and lines[2].startswith("dir "):
-            dir_mode, dir_owner, dir_group = lines[2].split()[1:4]
-            state["dir"] = {"mode": dir_mode, "owner": dir_owner, "group": dir_group}
-        return state
+        return {"mode": mode, "owner": owner, "group": group, "sha256": lines[1].split()[0]}
 
 
 def file_modes(group: str) -> tuple[str, str]:
     """(directory mode, file mode) of the secrets for a service running with `group`: root-only for root."""
     return ("700", "600") if group == "root" else ("710", "640")
+
+
+def ensure_directory(group: str) -> None:
+    """Add the operation that keeps the key files' directory root's and only the service group's to enter.
+
+    Its own operation, apart from the key files: putting back a mode changed by hand changes no key, so it
+    restarts no service (a key file's operation is one of its service's inputs).
+    """
+    dir_mode, _ = file_modes(group)
+    files.directory(name=f"Secrets directory {SECRETS_DIR} is {dir_mode} root:{group}", path=SECRETS_DIR, present=True,
+                    user="root", group=group, mode=dir_mode)
 
 
 @operation()
@@ -159,15 +165,8 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
     digest = hashlib.sha256(content).hexdigest()
     dir_mode, file_mode = file_modes(group)
     wanted = {"sha256": digest, "mode": file_mode, "owner": "root", "group": group}
-    wanted_dir = {"mode": dir_mode, "owner": "root", "group": group}
     if state and all(state.get(k) == v for k, v in wanted.items()):
-        if state.get("dir") == wanted_dir:
-            host.noop(f"secret file of {service} is current ({file_mode} root:{group} in a {dir_mode} directory)")
-            return
-        # The file is right; its directory was changed by hand (a looser mode shows every key's name and
-        # lets anyone open a key file whose own mode is loosened next; a narrower one locks the service out).
-        host.log(f"secrets directory {SECRETS_DIR}: {state.get('dir')} -> {dir_mode} root:{group}")
-        yield f"install -d -m {dir_mode} -o root -g {shlex.quote(group)} {shlex.quote(SECRETS_DIR)}"
+        host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")
     # The directory keeps its final mode and group throughout (a service starting meanwhile can still read its

@@ -70,6 +70,18 @@ def test_a_second_run_changes_nothing(exposed):
     assert result.returncode == 0 and result.changed == [], result
 
 
+def test_a_secrets_directory_loosened_by_hand_is_put_back_and_the_service_keeps_running(exposed):
+    inventory, _ = exposed
+    pid = main_pid(SPARE, "sglang-exposed.service")
+    ssh(SPARE, "chmod 755 /etc/sglang-deploy/secrets && chgrp root /etc/sglang-deploy/secrets")
+    result = deploy(inventory, env=ENV)
+    assert result.returncode == 0, result
+    assert [name for name, _ in result.changed] == ["Secrets directory /etc/sglang-deploy/secrets is 710 root:sglang"], result
+    assert ssh(SPARE, "stat -c '%a %U %G' /etc/sglang-deploy/secrets").stdout.split() == ["710", "root", "sglang"]
+    assert main_pid(SPARE, "sglang-exposed.service") == pid  # the key did not change: no restart
+    assert deploy(inventory, env=ENV).changed == []
+
+
 def test_a_missing_secret_is_refused_before_any_host_is_touched(exposed):
     inventory, _ = exposed
     result = deploy(inventory, env={**ENV, "SGLANG_DEPLOY_SECRET_EXPOSED_KEY": ""})

@@ -26,7 +26,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
 from configuration.errors import DataError
-from operations import lifecycle, models, patches, readiness, remote, secrets, service_user
+from operations import lifecycle, models, patches, readiness, remote, service_user
 from report import summary
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
@@ -728,44 +728,3 @@ def test_account_drifted_by_hand_is_put_back():
     result = run(service_user.account, {service_user.Account: found}, **ACCOUNT)
     assert result.commands == ["usermod -d /var/lib/sglang -s /usr/sbin/nologin -g sglang sglang"]
 
-
-# secrets.config_file -----------------------------------------------------------------------
-
-
-def secret_state(content: bytes, **changes) -> dict:
-    state = {"mode": "640", "owner": "root", "group": "sglang", "sha256": hashlib.sha256(content).hexdigest(),
-             "dir": {"mode": "710", "owner": "root", "group": "sglang"}}
-    return {**state, **changes}
-
-
-def run_config_file(state) -> Result:
-    key = secrets.Secret("k", "lab-test-key-0000")  # a test value: never a real key
-    return run(secrets.config_file, {secrets.SecretFileState: state}, service="svc", api_key=key, admin_api_key=None, group="sglang")
-
-
-def test_secret_file_state_reads_the_file_and_its_directory(tmp_path):
-    path = tmp_path / "secrets" / "svc.yml"
-    path.parent.mkdir()
-    path.write_text("api-key: x\n")
-    path.chmod(0o640)
-    path.parent.chmod(0o710)
-    fact = secrets.SecretFileState()
-    proc = subprocess.run(["sh", "-c", fact.command(path=str(path))], capture_output=True, text=True)
-    state = fact.process(proc.stdout.splitlines())
-    assert state["mode"] == "640" and state["sha256"] == hashlib.sha256(b"api-key: x\n").hexdigest()
-    assert state["dir"]["mode"] == "710"
-    assert fact.process([]) is None
-
-
-def test_a_current_key_file_in_its_directory_changes_nothing():
-    content = secrets.config_text(secrets.Secret("k", "lab-test-key-0000"), None).encode()
-    result = run_config_file(secret_state(content))
-    assert result.commands == [] and result.noops == ["secret file of svc is current (640 root:sglang in a 710 directory)"]
-
-
-@pytest.mark.parametrize("drifted", [{"mode": "755", "owner": "root", "group": "sglang"}, {"mode": "710", "owner": "root", "group": "root"},
-                                     {"mode": "700", "owner": "root", "group": "sglang"}, None])
-def test_a_secrets_directory_changed_by_hand_is_put_back_without_rewriting_the_key(drifted):
-    content = secrets.config_text(secrets.Secret("k", "lab-test-key-0000"), None).encode()
-    result = run_config_file(secret_state(content, dir=drifted))
-    assert result.commands == ["install -d -m 710 -o root -g sglang /etc/sglang-deploy/secrets"]

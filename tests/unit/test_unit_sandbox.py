@@ -196,12 +196,9 @@ def test_the_secrets_file_is_readable_by_root_and_the_service_group(group, dir_m
 def test_a_secrets_file_of_another_group_is_rewritten_and_a_current_one_left():
     old = {"mode": "600", "owner": "root", "group": "root", "sha256": DIGEST}
     assert run(secrets.config_file, {secrets.SecretFileState: old}, service="s", api_key=KEY, admin_api_key=None, group="sglang").commands
-    current = {**old, "mode": "640", "group": "sglang", "dir": {"mode": "710", "owner": "root", "group": "sglang"}}
+    current = {**old, "mode": "640", "group": "sglang"}
     assert run(secrets.config_file, {secrets.SecretFileState: current}, service="s", api_key=KEY, admin_api_key=None, group="sglang").commands == []
 
 
 def test_secret_file_state_reads_the_group():
-    assert secrets.SecretFileState().process(["640 root sglang", "abc  -"]) == {"mode": "640", "owner": "root", "group": "sglang", "sha256": "abc",
-                                                                               "dir": None}
-    assert secrets.SecretFileState().process(["640 root sglang", "abc  -", "dir 710 root sglang"])["dir"] == {
-        "mode": "710", "owner": "root", "group": "sglang"}
+    assert secrets.SecretFileState().process(["640 root sglang", "abc  -"]) == {"mode": "640", "owner": "root", "group": "sglang", "sha256": "abc"}
