@@ -33,10 +33,10 @@ def service_account(config) -> tuple[str, ...]:
     return gpu_device_groups(config.service_user)
 
 
-def watched_inputs(service) -> tuple[str, ...]:
+def watched_inputs(service, unit_path: str) -> tuple[str, ...]:
     """The host paths the service's process loads besides its code: unit file, venv link, staged models'
     markers, key file. Their content at each (re)start is recorded; a later difference means restart."""
-    paths = (f"/etc/systemd/system/{service.unit_name}", service.environment.path)
+    paths = (unit_path, service.environment.path)
     paths += tuple(f"{m.load_path}/{models.MARKER}" for m in service.models if m.location == "shm")
     return paths + ((service.config_file,) if service.config_file else ())
 
@@ -79,8 +79,8 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
     # Read before this run changes anything (one answer from the host's read): inputs whose content
     # differs from what the running process was started with. A touched file, or a file dropped beside
     # a staged model, is no change.
-    watched = watched_inputs(service)
-    stale, _recorded = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
+    watched = watched_inputs(service, unit_path)
+    stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
         host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
     started = lifecycle.Outcome()

@@ -146,9 +146,8 @@ def ready(
     yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})
 
 
-def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> tuple[list[str], bool]:
-    """Inputs of a running service that changed in content since it started (read now, before this run changes anything),
-    and whether the deploy's record of what it started with covers the running process.
+def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:
+    """Inputs of a running service that changed in content since it started (read now, before this run changes anything).
 
     Its unit file, venv link, staged models' markers and key file are only rewritten when they
     change, and a change restarts the service in the same run; an input whose content differs
@@ -157,5 +156,4 @@ def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]
     identity (operations/remote/service_state.py). Without a record for the running process,
     inputs modified after it started count as changed (the rule before records existed).
     """
-    state = service_state(unit, probe_address(bind), port, inputs)
-    return list(state.get("newer") or []), bool(state.get("recorded"))
+    return list(service_state(unit, probe_address(bind), port, inputs).get("newer") or [])
