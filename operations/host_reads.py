@@ -24,6 +24,7 @@ missing one a round trip; every answer still comes from the host in this run.
 
 from __future__ import annotations
 
+import ast
 import base64
 import copy
 import functools
@@ -280,7 +281,8 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
     parts += shell
     if scripts:
         payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
-        runner = remote.script("run_scripts") + f"\nrun_all({payload!r})\n"
+        imports = sorted({module for _, body, _ in scripts for module in _top_level_imports(body)})
+        runner = remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports!r})\n"
         parts.append(f"python3 - > \"$d/python\" <<'PYEOF' &\n{runner}\nPYEOF")
     parts.append("wait")
     parts.append(f"echo '{MARK} start'")
@@ -288,6 +290,19 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
     if scripts:
         parts.append('cat "$d/python"')
     return "\n".join(parts), {job[0] for job in scripts}
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_imports(body: str) -> tuple[str, ...]:
+    """The modules a remote script imports at its top level: the batch's runner imports them before it forks
+    (found here, once per run, not parsed again on every host)."""
+    names = []
+    for node in ast.parse(body).body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return tuple(names)
 
 
 @functools.lru_cache(maxsize=None)

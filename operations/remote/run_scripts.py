@@ -1,6 +1,6 @@
 """Run several of our read-only remote scripts from one python start (stdlib only).
 
-The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD)`
+The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD, IMPORTS)`
 appended: a zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs as
 it would alone (`python3 - ARGS`: a fresh globals dict named __main__, its own sys.argv, its
 stdout captured) in a child forked from this process, so the scripts share one interpreter
@@ -9,7 +9,6 @@ CPUs (reading two venvs' files takes two CPUs as long as one). Outputs are print
 that names its id and exit status.
 """
 
-import ast
 import base64
 import contextlib
 import importlib
@@ -50,28 +49,20 @@ def _child(code, argv, out_path):
         os._exit(status)
 
 
-def _imported(body):
-    """The modules a script imports at its top level (what each child would import again)."""
-    for node in ast.parse(body).body:
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            yield node.module
-
-
-def run_all(payload):
+def run_all(payload, imports=()):
+    """Run the jobs of `payload`, after importing `imports` (the modules the scripts import at their top level)."""
     jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
+    # Imported once here, before the forks: every child finds them loaded (urllib.request alone costs a
+    # service's state read more than the read itself). A failing import is the script's to report.
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except Exception:
+            pass
     compiled = {}
     for _, body, _ in jobs:
         if body not in compiled:
             compiled[body] = compile(body, "<remote script>", "exec")
-            # Imported once here, before the forks: every child finds it loaded (urllib.request alone
-            # costs a service's state read more than the read itself). A failing import is the script's to report.
-            for module in _imported(body):
-                try:
-                    importlib.import_module(module)
-                except Exception:
-                    pass
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="sglang-deploy-read-") as tmp:
         running, status = {}, {}

@@ -7,6 +7,7 @@ first read a single call that answers the rest.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import shlex
@@ -202,3 +203,13 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
     host.get_fact(Sha1File, path=path)
     host.get_fact(Sha1File, path=path)
     assert reads.remote_reads == 2  # read again once, then kept
+
+
+def test_the_batch_has_its_scripts_imports_made_once_before_the_forks():
+    from operations import readiness
+
+    command, python_ids = host_reads.batch_command([(0, readiness.ServiceState(), {"unit": "u.service", "address": "127.0.0.1", "port": 1})])
+    assert python_ids == {0}
+    call = next(line for line in command.splitlines() if line.startswith("run_all("))
+    imports = ast.literal_eval(call[len("run_all("):-1])[1]
+    assert "urllib.request" in imports and "json" in imports
