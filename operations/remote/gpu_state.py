@@ -21,20 +21,48 @@ WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 MANAGED = "# Managed by sglang-deploy"
 
 
-def run(argv):
+def start(argv):
+    """A command started now: its output is collected by `finish` (several run side by side)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-    except subprocess.TimeoutExpired:
-        return {"rc": 124, "stdout": "", "stderr": f"{argv[0]} timed out after 60 s"}
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), argv
     except OSError as exc:
-        return {"rc": 127, "stdout": "", "stderr": str(exc)}
+        return exc, argv
+
+
+def finish(started):
+    proc, argv = started
+    if isinstance(proc, OSError):
+        return {"rc": 127, "stdout": "", "stderr": str(proc)}
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+        return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr}
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"rc": 124, "stdout": "", "stderr": f"{argv[0]} timed out after 60 s"}
+
+
+def run(argv):
+    return finish(start(argv))
 
 
 smi = shutil.which("nvidia-smi", path=os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
 out = {"nvidia_smi": smi, "query": None, "apps": None, "table": None, "units": {}, "models": {}}
+# Our units: their GPUs (CUDA_VISIBLE_DEVICES) and every process in their cgroup.
+paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))
+names = [os.path.basename(p) for p in paths]
+# nvidia-smi takes from tens of milliseconds to seconds per call on a loaded 8-GPU host: its three
+# calls and systemd's answer run side by side, so this read costs the slowest of them, not their sum.
+started = {}
 if smi:
-    query = run([smi, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"])
+    started["query"] = start([smi, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"])
+    started["apps"] = start([smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"])
+    started["table"] = start([smi])
+if names:
+    started["show"] = start(["systemctl", "show", "-p", "Id,ActiveState,MainPID,ControlGroup", *names])
+done = {key: finish(value) for key, value in started.items()}
+if smi:
+    query = done["query"]
     if "is not a valid field" in query["stdout"] + query["stderr"]:
         # Older drivers lack some health fields: ask for the basic ones.
         query = run([smi, f"--query-gpu={BASIC_FIELDS}", "--format=csv,noheader,nounits"])
@@ -42,15 +70,12 @@ if smi:
     else:
         query["fields"] = FIELDS
     out["query"] = query
-    out["apps"] = run([smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"])
-    out["table"] = run([smi])
+    out["apps"] = done["apps"]
+    out["table"] = done["table"]
 
-# Our units: their GPUs (CUDA_VISIBLE_DEVICES) and every process in their cgroup.
-paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))
-names = [os.path.basename(p) for p in paths]
 props = {}
 if names:
-    show = run(["systemctl", "show", "-p", "Id,ActiveState,MainPID,ControlGroup", *names])
+    show = done["show"]
     block = {}
     for line in show["stdout"].splitlines() + [""]:
         if not line.strip():

@@ -20,13 +20,13 @@
 # Files that two distributions both claim (two kernel builds owning `sgl_kernel/`) are reported.
 import base64
 import csv
+import functools
 import glob
 import json
 import os
 import platform
 import stat
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from _common import STAMP, file_digest, norm  # noqa: E402 - remote.script puts _common.py here
 
@@ -80,6 +80,49 @@ def metadata(dist_info):
     return name, version
 
 
+def lstat_or_none(path, dir_fd=None):
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def stat_all(site, rels):
+    """os.lstat of each RECORD path (None where it fails), in the order given.
+
+    This is most of a converged run's read (tens of thousands of files per venv): each directory is
+    opened once and its files are stat'ed relative to it, by a C-level map where none fails (a path walk
+    of one name instead of ten takes a quarter off on the lab's hosts).
+    """
+    out = [None] * len(rels)
+    by_dir = {}
+    for i, rel in enumerate(rels):
+        if rel.startswith("..") or "/./" in rel or "//" in rel:
+            out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rel)))
+            continue
+        head, _, name = rel.rpartition("/")
+        group = by_dir.get(head)
+        if group is None:
+            group = by_dir[head] = ([], [])
+        group[0].append(i)
+        group[1].append(name)
+    for head, (indexes, names) in by_dir.items():
+        try:
+            fd = os.open(os.path.join(site, head), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
+        except OSError:
+            continue  # a directory gone: none of its files is there
+        try:
+            try:
+                stats = list(map(functools.partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
+            except OSError:
+                stats = [lstat_or_none(name, fd) for name in names]
+        finally:
+            os.close(fd)
+        for i, st in zip(indexes, stats):
+            out[i] = st
+    return out
+
+
 def read_venv(venv):
     python = python_version(venv)
     if python is None:
@@ -91,8 +134,10 @@ def read_venv(venv):
         stamp = os.lstat(os.path.join(venv, STAMP)).st_mtime_ns
     except OSError:
         stamp = None
-    dists, claims, to_hash = {}, {}, []
-    site_prefix = (site or "") + "/"
+    # Files modified after this are hashed (`fast`); `full` hashes every file (a time no file reaches = none).
+    hash_after = -1 if mode == "full" else stamp if stamp is not None else float("inf")
+    dists, to_hash = {}, []
+    claimants, owner, multi = [], {}, {}  # RECORD rows with a size, by distribution; rel -> a claimant; rels with several
     for dist_info in sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else ():
         name, version = metadata(dist_info)
         if not name or not version:
@@ -102,56 +147,73 @@ def read_venv(venv):
                 installer = handle.read().strip()
         except OSError:
             installer = ""
-        damaged, linked, files = [], [], 0
+        damaged, linked = [], []
         try:
             with open(os.path.join(dist_info, "RECORD"), newline="", encoding="utf-8") as handle:
                 rows = list(csv.reader(handle))
         except OSError:
             rows = None
         dist_name = norm(name)
-        # Once per file of every distribution (tens of thousands): kept to plain string work.
-        for row in rows or ():
-            if not row or not row[0] or row[0].endswith(".pyc"):
-                continue
-            rel = row[0]
-            files += 1
-            plain = not rel.startswith("..") and "/./" not in rel and "//" not in rel
-            path = site_prefix + rel if plain else os.path.normpath(os.path.join(site, rel))
-            try:
-                st = os.lstat(path)
-            except OSError:
+        # Tens of thousands of files per venv, on every converged run: the files are stat'ed in one C-level
+        # pass, and only the rows that pass a one-line test (missing, other size, linked, modified after the
+        # stamp, or no size in RECORD) go through the row-by-row rules below.
+        entries = [row for row in rows or () if row and row[0] and not row[0].endswith(".pyc")]
+        rels = [row[0] for row in entries]
+        stats = stat_all(site, rels)
+        sizes = [int(row[2]) if len(row) > 2 and row[2].isdigit() else -1 for row in entries]
+        suspects = [i for i, (st, size) in enumerate(zip(stats, sizes))
+                    if st is None or st.st_size != size or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
+        for i in suspects:
+            row, rel, st = entries[i], rels[i], stats[i]
+            if st is None:
                 damaged.append((rel, None, None))
                 continue
-            if len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
-                claims.setdefault(rel, []).append((dist_name, row[2], row[1] if len(row) > 1 else ""))
-            if rel in patched or not stat.S_ISREG(st.st_mode):
+            if rel in patched:
+                continue
+            # Scripts outside site-packages (bin/) name their venv's path, which a generation's
+            # copy rewrites: for them only presence counts.
+            if not stat.S_ISREG(st.st_mode):
+                if not rel.startswith(".."):
+                    damaged.append((rel, None, None))  # a wheel installs files only: a symlink or directory is not its
                 continue
             if st.st_nlink > 1:
                 linked.append(rel)
-            # Scripts outside site-packages (bin/) name their venv's path, which a generation's
-            # copy rewrites: for them only presence counts.
             if rel.startswith(".."):
                 continue
-            if len(row) > 2 and row[2].isdigit() and int(row[2]) != st.st_size:
+            if sizes[i] >= 0 and sizes[i] != st.st_size:
                 damaged.append((rel, str(st.st_size), None))
                 continue
             expected = row[1] if len(row) > 1 and row[1].startswith("sha256=") else None
-            if expected and (mode == "full" or (stamp is not None and st.st_mtime_ns > stamp)):
-                to_hash.append((path, expected, damaged, rel))
-        dist = {
+            if expected and st.st_mtime_ns > hash_after:
+                to_hash.append((os.path.normpath(os.path.join(site, rel)), expected, damaged, rel))
+        # Who else claims a file (two wheels shipping one path): only files present, with a size.
+        claimed = {row[0]: row for row, st in zip(entries, stats)
+                   if st is not None and len(row) > 2 and row[2] not in ("", "0")
+                   and not row[0].startswith("..") and ".dist-info/" not in row[0]}
+        for rel in claimed.keys() & owner.keys():
+            multi.setdefault(rel, {owner[rel]}).add(dist_name)
+        owner.update(dict.fromkeys(claimed, dist_name))
+        claimants.append((dist_name, claimed))
+        dists[dist_name] = {
             "version": version,
             "installer": installer,
-            "files": files,
+            "files": len(entries),
             "record": rows is not None,
             "damaged": damaged,
             "linked": linked,
         }
-        dists[dist_name] = dist
-    # Hashing is most of a full check's time; hashlib releases the GIL on large buffers.
-    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        for (path, expected, damaged, rel), digest in zip(to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
-            if digest != expected:
-                damaged.append((rel, None, digest))
+    if to_hash:
+        # Hashing is most of a full check's time; hashlib releases the GIL on large buffers.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+            for (path, expected, damaged, rel), digest in zip(to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
+                if digest != expected:
+                    damaged.append((rel, None, digest))
+
+    def claims(rel):
+        return [(d, c[rel][2], c[rel][1] if len(c[rel]) > 1 else "") for d, c in claimants if rel in c]
+
     for dist in dists.values():
         # A file two wheels both ship (sglang 0.5.11's flashinfer-python and torch-c-dlpack-ext
         # each carry their own top-level build_backend.py) holds the copy installed last: it is
@@ -159,19 +221,18 @@ def read_venv(venv):
         damaged = [
             rel for rel, size, digest in dist["damaged"]
             if (size is None and digest is None)
-            or not any((size is not None and size == s) or (digest is not None and digest == h) for _, s, h in claims.get(rel, ()))
+            or not any((size is not None and size == s) or (digest is not None and digest == h) for _, s, h in claims(rel))
         ]
         dist["damaged_count"] = len(damaged)
         dist["damaged"] = damaged[:5]
         dist["linked_count"] = len(dist["linked"])
         dist["linked"] = dist["linked"][:5]
     shared = {}
-    for rel, owners in claims.items():
+    for rel, owners in multi.items():
         # Two distributions owning one package directory (two kernel builds, both `sgl_kernel/`)
         # is a conflict; a loose top-level file both ship is not one (see above).
-        if len(owners) > 1 and "/" in rel:
-            top = rel.split("/", 1)[0]
-            shared.setdefault(top, set()).update(o for o, *_ in owners)
+        if "/" in rel:
+            shared.setdefault(rel.split("/", 1)[0], set()).update(owners)
     return {
         "path": venv,
         "python": python,

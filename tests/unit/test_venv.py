@@ -532,3 +532,37 @@ def test_state_script_reports_files_sharing_an_inode_and_leaves_patched_files_to
     state = _state(root, "full")["dists"]["demo"]
     assert (state["linked"], state["linked_count"]) == (["demo/a.py"], 1)
     assert state["damaged_count"] == 0
+
+
+def test_state_script_sees_every_kind_of_damage_through_its_per_directory_stat_pass(tmp_path):
+    """Files are stat'ed relative to their directory, in one pass: a directory gone, a file turned into a
+    symlink, an unnormalised RECORD path, a missing script outside site-packages, and a file that two wheels
+    ship (right when it matches either) all read as a per-file lstat would read them."""
+    import os
+    import shutil
+
+    root = tmp_path / "g"
+    site = _recorded_venv(root, {
+        "demo/__init__.py": b"init\n", "demo/sub/x.py": b"x\n", "demo/sub/y.py": b"y\n", "demo/link.py": b"target\n",
+        "demo/./dotted.py": b"dotted\n", "../../../bin/demo-tool": b"#!python\n", "shared_top.py": b"mine\n",
+    })
+    other = site / "other-1.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other\nVersion: 1.0\n\nbody\n")
+    # `other` ships shared_top.py too, a longer copy; the one on disk is demo's: right for demo.
+    (other / "RECORD").write_text("shared_top.py,sha256=x,99\nother-1.0.dist-info/RECORD,,\n")
+    assert _state(root, "fast")["dists"]["demo"]["damaged_count"] == 0
+
+    shutil.rmtree(site / "demo/sub")  # a whole directory gone
+    (site / "demo/link.py").unlink()
+    (site / "demo/link.py").symlink_to("/etc/hostname")  # another kind of file, another size
+    (root / "bin/demo-tool").unlink()
+    state = _state(root, "fast")
+    demo = state["dists"]["demo"]
+    assert demo["damaged_count"] == 4
+    assert sorted(demo["damaged"]) == sorted(["demo/sub/x.py", "demo/sub/y.py", "demo/link.py", "../../../bin/demo-tool"])
+    # shared_top.py matches demo's RECORD; for `other` it has another size but matches a claimant: not damaged.
+    assert state["dists"]["other"]["damaged_count"] == 0
+    assert state["shared"] == {}  # a loose top-level file two wheels ship is no package conflict
+    os.unlink(site / "demo/./dotted.py")
+    assert "demo/./dotted.py" in _state(root, "fast")["dists"]["demo"]["damaged"]
