@@ -26,9 +26,10 @@ config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 summary.install_summary(state)
-lock.acquire(host, state, config.lock_wait_s)
-# From here every fact of this host is read once (one batched call on a converged host) and again only
-# after a command ran there (operations/host_reads.py).
+# From here every fact of this host is read once (one batched call on a converged host, begun as soon as
+# the run holds the host's lock) and again only after a command ran there (operations/host_reads.py).
+host_reads.prepare(state, host, config_digest=repr(config))
+lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read)
 host_reads.install(state, host, config_digest=repr(config))
 health_timer.install_timer(state)
 

@@ -24,7 +24,6 @@ missing one a round trip; every answer still comes from the host in this run.
 
 from __future__ import annotations
 
-import ast
 import base64
 import copy
 import functools
@@ -122,6 +121,7 @@ class HostReads:
         self.generation = 0
         self.asked: dict[str, tuple[str, dict]] = {}  # key -> (fact name, kwargs): next run's read set
         self.remote_reads = 0  # calls that went to the host (batch or single), for tests and the bench
+        self.pending: list = []  # reads begun when the run took the host's lock (start_read), not yet joined
 
     def changed(self) -> None:
         if gevent.getcurrent() not in self.readers:
@@ -136,19 +136,56 @@ def _key(cls: type, kwargs: dict) -> str:
 _ORIGINAL = {}
 
 
-def install(state, host, config_digest: str) -> None:
-    """Answer `host`'s facts through this module for the rest of the run (once per host per run)."""
+def prepare(state, host, config_digest: str) -> HostReads:
+    """Answer `host`'s facts through this module for the rest of the run (once per host per run); reads nothing yet."""
     real = getattr(host, "_get_module", lambda: host)()
     if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
-        return
+        return real._sglang_reads
     reads = real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
     real._sglang_reads_state = state
     _patch_host_class()
     if not any(isinstance(h, _SaveReadSets) for h in state.callback_handlers):
         state.add_callback_handler(_SaveReadSets())
+    return reads
+
+
+def start_read(host) -> None:
+    """Begin `host`'s one read in the background: called as soon as the run holds its lock (operations/lock.py),
+    so each host's read overlaps the lock pass's next hosts instead of waiting for all of them.
+
+    A read begun under a lock the pass then gives back (to wait for another host's) is dropped with it:
+    giving the lock back is a command on the host, which drops the host's answers and any read in flight
+    (`HostReads.changed`); the read begins again when the lock is taken again.
+    """
+    reads = reads_of(host)
+    if reads is None:
+        return  # a host pyinfra has not loaded yet: its own install reads it
+    reads.changed()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
+    real = getattr(host, "_get_module", lambda: host)()
+    reads.pending.append(gevent.spawn(_background_read, real, reads))
+
+
+def _background_read(host, reads: HostReads) -> bool:
+    try:
+        return _read_batch(host, reads, None, None, None)
+    except Exception as exc:  # the host's own install reads again, and reports what fails as pyinfra does
+        logger.debug(f"{host.name}: read begun with the lock failed: {exc}")
+        return False
+
+
+def install(state, host, config_digest: str) -> None:
+    """Prepare `host` if not yet, and make its one read now unless a read begun under its lock answered."""
+    reads = prepare(state, host, config_digest)
+    if reads.batched:
+        return
+    pending, reads.pending = reads.pending, []
+    gevent.joinall(pending)
+    reads.batched = True
+    if reads.answers and any(g.value for g in pending):
+        return  # answered by a read begun with the lock, and nothing ran on the host since
     # Read now, while pyinfra loads the deploy for every host at once: the hosts' batches overlap,
     # instead of each host's first fact waiting for its turn in the operation order.
-    reads.batched = True
+    real = getattr(host, "_get_module", lambda: host)()
     _read_batch(real, reads, None, None, None)
 
 
@@ -263,7 +300,7 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
         command = fact.command(**kwargs)
         raw = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         match = _SCRIPT_SHAPE.match(raw)
-        if match and match["body"] in _remote_bodies():
+        if match and remote.is_script(match["body"]):
             scripts.append([job_id, match["body"], shlex.split(match["args"])])
             continue
         shell_ids.append(job_id)
@@ -292,31 +329,19 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
     return "\n".join(parts), {job[0] for job in scripts}
 
 
-@functools.lru_cache(maxsize=None)
 def _top_level_imports(body: str) -> tuple[str, ...]:
     """The modules a remote script imports at its top level: the batch's runner imports them before it forks
-    (found here, once per run, not parsed again on every host)."""
-    names = []
-    for node in ast.parse(body).body:
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.append(node.module)
-    return tuple(names)
+    (found on this machine when the script was inlined, not parsed again on every host)."""
+    return remote.top_level_imports(body)
 
 
-@functools.lru_cache(maxsize=None)
-def _remote_bodies() -> frozenset[str]:
-    return frozenset(remote.script(p.stem) for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
-
-
-def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> None:
-    """Read the host's read set (and the fact `key` being asked for, if any) in one call."""
+def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:
+    """Read the host's read set (and the fact `key` being asked for, if any) in one call; whether answers were kept."""
     wanted = {key: (cls, kwargs)} if key is not None and _cheap(cls, kwargs) else {}
     for other_cls, other_kwargs in _load_read_set(reads.read_set):
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
     if not wanted or (key is not None and len(wanted) < 2):
-        return  # nothing to share a call with: the read goes on its own
+        return False  # nothing to share a call with: the read goes on its own
     # The longest reads start first (the batch's children run a few at a time): a venv's file check
     # queued behind a dozen short reads would add their time to its own.
     ordered = sorted(wanted.items(), key=lambda item: _name(item[1][0]) not in _slow_facts())
@@ -326,15 +351,15 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
         built = batch_command(entries)
     except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
         logger.debug(f"{host.name}: host reads batch not built: {exc}")
-        return
+        return False
     if built is None:
-        return
+        return False
     command, python_ids = built
     generation = reads.generation
     reads.remote_reads += 1
     ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)  # not a change
     if not ok or reads.generation != generation:
-        return
+        return False
     for job_id, (status, lines) in split_batch(output.stdout_lines, python_ids).items():
         fact = entries[job_id][1]
         if status != 0:
@@ -344,6 +369,7 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
         except Exception:
             continue
         reads.answers[keys[job_id]] = value
+    return True
 
 
 def split_batch(stdout_lines: list[str], python_ids: set[int]) -> dict[int, tuple[int, list[str]]]:

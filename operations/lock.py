@@ -56,6 +56,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
@@ -247,8 +248,9 @@ class _Slot:
 class RunLocks:
     """One run's locks: take them all in order (never waiting while holding), give each back when done."""
 
-    def __init__(self, owner: dict | None = None):
+    def __init__(self, owner: dict | None = None, on_taken: Callable[[_Slot], None] | None = None):
         self.owner = owner or new_owner()
+        self.on_taken = on_taken  # called as each lock is taken, before the pass goes on to the next
         self.slots: dict[tuple, _Slot] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.events: list[str] = []  # what was done, in order (read by tests and the bench)
@@ -285,6 +287,8 @@ class RunLocks:
         if result["acquired"]:
             slot.held, slot.token = True, token
             self.events.append(f"take {key_text(slot.key)}")
+            if self.on_taken is not None:
+                self.on_taken(slot)
         return result
 
     def _give_back(self, slot: _Slot, why: str) -> None:
@@ -406,12 +410,20 @@ class _Run(BaseStateCallback):
         self.arrived: dict[str, tuple[object, float]] = {}
         self.taking = False
         self.ready = threading.Event()
-        self.locks = RunLocks()
+        self.on_held: dict[str, Callable[[object], None]] = {}
+        self.locks = RunLocks(on_taken=self._taken)
         self.mutex = threading.Lock()
 
-    def arrive(self, host, wait_s: float) -> None:
+    def _taken(self, slot: _Slot) -> None:
+        for host in slot.hosts:
+            if host.name in self.on_held:
+                self.on_held[host.name](host)
+
+    def arrive(self, host, wait_s: float, on_held: Callable[[object], None] | None = None) -> None:
         with self.mutex:
             self.arrived[host.name] = (host, wait_s)
+            if on_held is not None:
+                self.on_held[host.name] = on_held
             full = set(self.arrived) >= set(self.expected) or len(self.arrived) >= self.at_once
             take, self.taking = full and not self.taking, self.taking or full
         if take:
@@ -442,6 +454,8 @@ class _Run(BaseStateCallback):
                 holder = None  # the plan's own facts will say what is wrong with the host
             if holder:
                 host.log(f"--dry takes no lock; another deploy holds it: {describe(holder)} (this plan may change when it ends)", log_func=logger.warning)
+            if host.name in self.on_held:
+                self.on_held[host.name](host)
 
     # -- pyinfra callbacks ----------------------------------------------------------------
     def operation_end(self, state, op_hash):
@@ -492,15 +506,19 @@ def _executing(argv: list[str] | None = None) -> bool:
     return not dry and not (as_json and not yes)
 
 
-def acquire(host, state, wait_s: int) -> None:
-    """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had."""
+def acquire(host, state, wait_s: int, on_held: Callable[[object], None] | None = None) -> None:
+    """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had.
+
+    `on_held(host)` is called as soon as the host's lock is taken (with `--dry`, once its lock is looked at),
+    while the pass goes on to the next host: the deploy begins the host's read there (host_reads.start_read).
+    """
     global _RUN
     host, state = _real(host), _real(state)
     if _RUN is None or _RUN.state is not state:
         _RUN = _Run(state, _executing())
         state.add_callback_handler(_RUN)
     run = _RUN
-    run.arrive(host, wait_s)
+    run.arrive(host, wait_s, on_held)
     if not run.executing:
         return
     outcome = run.locks.outcomes.get(host.name)

@@ -23,26 +23,75 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def _imports(tree: ast.Module) -> list[str]:
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != "_common":
+            names.append(node.module)
+    return names
+
+
 @functools.lru_cache(maxsize=None)
+def _common_tree(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
+# Every script text `script()` has returned in this process, with the modules it imports at its top level:
+# a command built from one of them is ours.
+_GIVEN: dict[str, tuple[str, ...]] = {}
+
+
+def is_script(body: str) -> bool:
+    """Is `body` the text of one of our scripts, as `script()` gave it? (Every fact builds its command with
+    `script()` before anything asks: no other script need be read, inlined and parsed to answer.)"""
+    return body in _GIVEN
+
+
+def top_level_imports(body: str) -> tuple[str, ...]:
+    """The modules a script (as `script()` gave it) imports at its top level, found when it was inlined."""
+    if body not in _GIVEN:
+        return tuple(_imports(ast.parse(body)))
+    return _GIVEN[body]
+
+
 def script(name: str) -> str:
     """The text of remote script `name`, with _common.py in place of its `from _common import` statement."""
+    text, imports = _script(name)
+    _GIVEN.setdefault(text, imports)
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _script(name: str) -> tuple[str, tuple[str, ...]]:
+    """`script(name)` and its top-level imports, read, inlined and parsed once per process."""
     body = (_DIR / f"{name}.py").read_text(encoding="utf-8")
-    includes = [n for n in ast.parse(body).body if isinstance(n, ast.ImportFrom) and n.module == "_common"]
+    tree = ast.parse(body)
+    includes = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "_common"]
     if not includes:
-        return body
+        return body, tuple(_imports(tree))
     assert len(includes) == 1, f"{name}.py: one `from _common import` statement"
     include = includes[0]
     common = (_DIR / "_common.py").read_text(encoding="utf-8")
+    common_tree = _common_tree(common)
     # Inlined, an import is a definition: an alias would not exist, and a name the script
     # defines again would replace the shared one for every use in the script.
     assert all(a.asname is None for a in include.names), f"{name}.py: `from _common import x as y` cannot be inlined"
-    shared = _top_level_names(ast.parse(common))
+    shared = _top_level_names(common_tree)
     assert {a.name for a in include.names} <= shared, f"{name}.py imports what _common.py does not define"
-    lines = body.splitlines(keepends=True)
-    rest = lines[: include.lineno - 1] + lines[include.end_lineno:]
-    clash = shared & _top_level_names(ast.parse("".join(rest)))
+    # The import statement itself defines no top-level name: the script's own names are those of its tree.
+    clash = shared & _top_level_names(tree)
     assert not clash, f"{name}.py defines {sorted(clash)} again: rename it, _common.py defines it"
-    return "".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n" + "".join(lines[include.end_lineno:])
+    lines = body.splitlines(keepends=True)
+    text = "".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n" + "".join(lines[include.end_lineno:])
+    # In the text, _common's imports come where the import statement stood: before the script's later ones.
+    before = [n for node in tree.body[: tree.body.index(include)] for n in _imports(ast.Module(body=[node], type_ignores=[]))]
+    after = [n for node in tree.body[tree.body.index(include) + 1:] for n in _imports(ast.Module(body=[node], type_ignores=[]))]
+    return text, tuple(before + _imports(common_tree) + after)
+
+
+script.cache_clear = _script.cache_clear  # tests that swap the scripts' directory
 
 
 def command(name: str, *args: str) -> str:
