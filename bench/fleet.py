@@ -6,9 +6,9 @@ deploy.services_8_vs_1       the converged re-run of one host running 8 services
                              each measured as a deploy limited to that host. At most 1.2: a service costs
                              little once its facts come in the host's one read.
 deploy.noop_vs_floor_16_hosts  a converged re-run over 16 lab hosts (gpu-a..gpu-p; the 11 beyond the test
-                             lab run one service each, on the lab's stack: `lab-standin` has no torch, and
-                             the ABI probe needs one) over `pyinfra ... exec -- true` on the same 16 hosts.
-                             At most 1.5. The first (converging) run builds 11 venvs: a few minutes.
+                             lab run one service each on the light `lab-standin` stack, the stand-in server
+                             alone, as the issue allows) over `pyinfra ... exec -- true` on the same 16 hosts.
+                             At most 1.5. The first (converging) run builds 11 small venvs.
 Runs alternate, and the median of each is used; the raw medians are printed too. The lab hosts this adds
 (gpu-f..gpu-p) and the services on gpu-d/gpu-e are removed at the end.
 """
@@ -77,7 +77,7 @@ def noop_vs_floor_16_hosts() -> None:
     for name in EXTRA:
         # A service runs on one host: each extra host gets its own (one-f0, one-g0, ...).
         prefix = f"one-{name.split('-')[-1]}"
-        rows[name] = {"services": _services(1, 30400, prefix), "run_services": [f"{prefix}0"]}
+        rows[name] = {"stack": "lab-standin", "services": _services(1, 30400, prefix), "run_services": [f"{prefix}0"]}
     inventory = write_inventory("bench_16_hosts", rows)
     try:
         side_by_side(

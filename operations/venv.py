@@ -553,6 +553,7 @@ def probe_for(stack: Stack, launcher: str, gpu_args: dict) -> dict:
         **gpu_args,
         "kernels": [p.name for p in stack.packages if p.name in ("sgl-kernel", "sglang-kernel")],
         "modules": list(dict.fromkeys(modules)),
+        "torch": "torch" in stack.wanted(),
     }
 
 

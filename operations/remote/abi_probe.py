@@ -1,6 +1,6 @@
 # The ABI probe, run by a generation's own python before it may become live.
 # argv: JSON {"kernels": [dist, ...], "modules": [module, ...], "driver_cuda": "13.0"|null,
-#             "compute_caps": ["9.0", ...]}
+#             "compute_caps": ["9.0", ...], "torch": true|false (does the stack have torch; default true)}
 # Imports torch, the kernel distributions' packages, flashinfer (when installed) and the server
 # entry point; compares torch's CUDA version with the kernel's CUDA tag, with the CUDA version
 # the driver supports, and torch's compiled GPU architectures with the GPUs' compute capability.
@@ -71,12 +71,21 @@ def load(module):
         fail(f"import {module}: {type(exc).__name__}: {text[:300]}")
 
 
-torch = load("torch")
-found["torch"] = torch.__version__
-torch_cuda = getattr(torch.version, "cuda", None)
+if args.get("torch", True):
+    torch = load("torch")
+    found["torch"] = torch.__version__
+    torch_cuda = getattr(torch.version, "cuda", None)
+else:
+    # A stack without torch (the lab's stand-in server alone) has no CUDA-bound set to prove: only its entry
+    # point is imported. A kernel in it would have no torch to match.
+    torch, torch_cuda = None, None
+    found["torch"] = None
+    for dist in args.get("kernels", []):
+        if version(dist):
+            fail(f"{dist} {version(dist)} is installed, and the stack names no torch for it: add torch to the stack")
 found["torch_cuda"] = torch_cuda
 
-for dist in args.get("kernels", []):
+for dist in args.get("kernels", []) if torch is not None else ():
     dist_version = version(dist)
     if dist_version is None:
         continue

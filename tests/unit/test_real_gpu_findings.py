@@ -207,3 +207,42 @@ def test_a_same_host_donor_copy_fails_when_the_donor_lacks_the_pin(tmp_path):
     Path(gen.path, "bin").mkdir(parents=True)
     result = subprocess.run(["sh", "-c", venv._copy_within_host(str(donor), gen, ["torch==9.9"])], capture_output=True, text=True)
     assert result.returncode != 0
+
+
+# 3. The lab's lightest stack (lab-standin: the stand-in server alone) has no torch: the probe imported it anyway.
+
+
+def _probe_without_torch(tmp_path: Path, with_kernel: bool) -> subprocess.CompletedProcess:
+    site = tmp_path / "site"
+    (site / "standin_entry").mkdir(parents=True)
+    (site / "standin_entry/__init__.py").write_text("ENTRY = True\n")
+    kernels = []
+    if with_kernel:
+        info = site / "sglang_kernel-0.4.2.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.2\n\n")
+        kernels = ["sglang-kernel"]
+    args = json.dumps({"kernels": kernels, "modules": ["standin_entry"], "driver_cuda": None, "compute_caps": [], "torch": False})
+    return subprocess.run([sys.executable, "-", args], input=remote.script("abi_probe"), capture_output=True, text=True, env={"PYTHONPATH": str(site)})
+
+
+def test_a_stack_without_torch_is_probed_for_its_entry_point_alone(tmp_path):
+    result = _probe_without_torch(tmp_path, with_kernel=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["torch"] is None
+
+
+def test_a_kernel_in_a_stack_without_torch_fails_the_probe_and_says_why(tmp_path):
+    result = _probe_without_torch(tmp_path, with_kernel=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "ABI probe failed: sglang-kernel 0.4.2 is installed, and the stack names no torch for it: add torch to the stack"
+    )
+
+
+def test_the_probe_is_told_whether_the_stack_has_torch():
+    from configuration import stacks
+    from operations import venv
+
+    assert venv.probe_for(stacks.load_stack("lab-standin"), "sglang.launch_server", {})["torch"] is False
+    assert venv.probe_for(stacks.load_stack("lab-cpu-sglang"), "sglang.launch_server", {})["torch"] is True
