@@ -18,7 +18,7 @@ from typing import Callable
 from pyinfra import host
 from pyinfra.api import operation
 
-from operations import readiness, remote
+from operations import readiness, remote, this_run
 
 # pyinfra's SystemdStatus counts these sub-states as running (facts/systemd.py); so does this.
 RUNNING = ("running", "waiting", "exited", "listening", "mounted")
@@ -34,12 +34,6 @@ class Outcome:
 
     def __call__(self) -> bool:
         return self.restarted
-
-
-def _called(flag: Callable[[], bool] | None) -> bool:
-    # OperationMeta.did_change is only known while executing; before, pyinfra's change check
-    # and --dry judge by the host's state alone.
-    return bool(host.state.is_executing and flag is not None and flag())
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,7 @@ def running(
     records existed, or by hand).
     """
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
-    todo = steps(state, unit_path, unit_changed=_called(unit_changed), inputs_changed=_called(inputs_changed))
+    todo = steps(state, unit_path, unit_changed=this_run.changed(unit_changed), inputs_changed=this_run.changed(inputs_changed))
     quoted = shlex.quote(unit)
     if todo.reload:
         yield "systemctl daemon-reload"
@@ -119,5 +113,5 @@ def running(
         host.noop(f"{unit} runs its current inputs")
     if todo.record:
         yield remote.command("service_state", "--record", quoted, *(shlex.quote(p) for p in inputs))
-    if outcome is not None and host.state.is_executing:
+    if outcome is not None and this_run.executing():
         outcome.restarted = todo.start or todo.restart

@@ -22,7 +22,7 @@ from pyinfra.api import FactBase, OperationError, operation
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
-from operations import remote
+from operations import remote, this_run
 from operations.file_write import replace_file
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
@@ -194,7 +194,7 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
         paths=paths,
     )
     found_version = state["version"]
-    if found_version is None and present and not host.state.is_executing:
+    if found_version is None and present and not this_run.executing():
         # Planning (--dry, or the diff before a run): the generation this set goes into is built
         # by an earlier operation of this run and does not exist yet. Preview the set over a fresh
         # install of its base (every file its original); the real run checks the built one.

@@ -28,7 +28,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import remote, rollback
+from operations import remote, rollback, this_run
 from report import summary
 
 
@@ -173,7 +173,7 @@ def passed(
     """
     current = host.get_fact(Sha1File, path=unit_path)
     unit_changes = current != hashlib.sha1(unit_text.encode()).hexdigest()
-    inputs_change = bool(host.state.is_executing and inputs_changed and inputs_changed())
+    inputs_change = this_run.changed(inputs_changed)
     if not unit_changes and not inputs_change:
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return

@@ -16,7 +16,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
-from operations import remote
+from operations import remote, this_run
 from report.summary import record
 
 
@@ -133,9 +133,9 @@ def ready(
     """
     address = probe_address(bind)
     endpoint = f"http://{bind}:{port}" + (" (NO API KEY)" if open_to_all else "")
-    # Whether this run (re)started the unit is known only while executing; a dry run or the
-    # change check before execution judges by the service's current answer.
-    just_started = bool(host.state.is_executing and restarted and restarted())
+    # Whether this run (re)started the unit is known only while executing (operations/this_run.py); a dry
+    # run or the change check before execution judges by the service's current answer.
+    just_started = this_run.changed(restarted)
     if not just_started:
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
