@@ -283,8 +283,9 @@ def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
     return out
 
 
-def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[int]] | None:
+def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int] = frozenset()) -> tuple[str, set[int]] | None:
     """One shell command reading every entry (id, fact, kwargs), and the ids run by python; None when none can be.
+    The runner imports what the `slow` ids' scripts need before its first forks, the rest after them.
 
     The same fact object must process the output: some keep what their command was given (Sha1File's path).
 
@@ -319,7 +320,8 @@ def batch_command(entries: list[tuple[int, FactBase, dict]]) -> tuple[str, set[i
     if scripts:
         payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
         imports = sorted({module for _, body, _ in scripts for module in _top_level_imports(body)})
-        runner = remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports!r})\n"
+        early = sorted({module for job_id, body, _ in scripts if job_id in slow for module in _top_level_imports(body)})
+        runner = remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports!r}, {early!r})\n"
         parts.append(f"python3 - > \"$d/python\" <<'PYEOF' &\n{runner}\nPYEOF")
     parts.append("wait")
     parts.append(f"echo '{MARK} start'")
@@ -348,7 +350,7 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
     keys = [fact_key for fact_key, _ in ordered]
     entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
     try:
-        built = batch_command(entries)
+        built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
     except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
         logger.debug(f"{host.name}: host reads batch not built: {exc}")
         return False

@@ -1,6 +1,6 @@
 """Run several of our read-only remote scripts from one python start (stdlib only).
 
-The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD, IMPORTS)`
+The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD, IMPORTS, EARLY)`
 appended: a zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs as
 it would alone (`python3 - ARGS`: a fresh globals dict named __main__, its own sys.argv, its
 stdout captured) in a child forked from this process, so the scripts share one interpreter
@@ -49,20 +49,26 @@ def _child(code, argv, out_path):
         os._exit(status)
 
 
-def run_all(payload, imports=()):
-    """Run the jobs of `payload`, after importing `imports` (the modules the scripts import at their top level)."""
-    jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
-    # Imported once here, before the forks: every child finds them loaded (urllib.request alone costs a
-    # service's state read more than the read itself). A failing import is the script's to report.
-    for module in imports:
+def _import(modules):
+    for module in modules:
         try:
             importlib.import_module(module)
         except Exception:
-            pass
+            pass  # a failing import is the script's to report
+
+
+def run_all(payload, imports=(), early=()):
+    """Run the jobs of `payload`, after importing `imports` (the modules the scripts import at their top level).
+
+    `early` is what the first jobs (the longest reads: a venv's file check) import: only those are made before
+    the first forks, and the rest while those first jobs run, so the longest start as soon as they can.
+    """
+    jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
+    # Imported here, before the forks: every child finds them loaded (urllib.request alone costs a
+    # service's state read more than the read itself).
+    _import(early or imports)
+    rest_imported = not early
     compiled = {}
-    for _, body, _ in jobs:
-        if body not in compiled:
-            compiled[body] = compile(body, "<remote script>", "exec")
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="sglang-deploy-read-") as tmp:
         running, status = {}, {}
@@ -70,12 +76,19 @@ def run_all(payload, imports=()):
         while queue or running:
             while queue and len(running) < workers:
                 index, (_, body, argv) = queue.pop(0)
+                if body not in compiled:
+                    compiled[body] = compile(body, "<remote script>", "exec")
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
                     _child(compiled[body], argv, os.path.join(tmp, str(index)))
                 running[pid] = index
+            if not rest_imported:
+                rest_imported = True
+                if queue:
+                    _import(imports)
+                    continue
             pid, wait_status = os.wait()
             index = running.pop(pid, None)
             if index is not None:
