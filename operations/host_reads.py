@@ -122,6 +122,7 @@ class HostReads:
         self.asked: dict[str, tuple[str, dict]] = {}  # key -> (fact name, kwargs): next run's read set
         self.remote_reads = 0  # calls that went to the host (batch or single), for tests and the bench
         self.pending: list = []  # reads begun when the run took the host's lock (start_read), not yet joined
+        self.executions: dict[tuple[str, str], str] = {}  # _execution's answers by operation and deploy arguments
 
     def changed(self) -> None:
         if gevent.getcurrent() not in self.readers:
@@ -262,9 +263,25 @@ def _patch_host_class() -> None:
 
 
 def _execution(host) -> str:
-    """The connector arguments a fact read on `host` would run with now (an operation's own `_sudo`...), as a key."""
+    """The connector arguments a fact read on `host` would run with now (an operation's own `_sudo`...), as a key.
+
+    pyinfra works them out from the current operation's and deploy's arguments over the host's data and the
+    run's config (half a millisecond, on every fact asked for); within a run only the first two change, so the
+    answer is kept by them, per host.
+    """
+    reads = getattr(host, "_sglang_reads", None)
+    context = (_connector_view(host.current_op_global_arguments), _connector_view(getattr(host, "current_deploy_kwargs", None)))
+    if reads is not None and context in reads.executions:
+        return reads.executions[context]
     _, arguments = _handle_fact_kwargs(host.state, host, File, (), {"path": "/"})
-    return json.dumps({k: arguments.get(k) for k in _CONNECTOR_KEYS}, sort_keys=True, default=str)
+    execution = json.dumps({k: arguments.get(k) for k in _CONNECTOR_KEYS}, sort_keys=True, default=str)
+    if reads is not None:
+        reads.executions[context] = execution
+    return execution
+
+
+def _connector_view(arguments) -> str:
+    return json.dumps({k: arguments[k] for k in _CONNECTOR_KEYS if arguments and k in arguments}, sort_keys=True, default=str)
 
 
 def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
