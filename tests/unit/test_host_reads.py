@@ -213,3 +213,73 @@ def test_the_batch_has_its_scripts_imports_made_once_before_the_forks():
     call = next(line for line in command.splitlines() if line.startswith("run_all("))
     imports = ast.literal_eval(call[len("run_all("):-1])[1]
     assert "urllib.request" in imports and "json" in imports
+
+
+def _a_run_that_asked(local, tree, digest: str):
+    """Leave a read set behind: one run on @local that asked for every fact of facts_for(tree)."""
+    state, host = local()
+    host_reads.install(state, host, config_digest=digest)
+    [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    state.trigger_callbacks("host_disconnect", host)
+
+
+def test_a_read_begun_when_the_lock_is_taken_answers_the_run(local, tree):
+    _a_run_that_asked(local, tree, "lock-1")
+    state, host = local()
+    host_reads.prepare(state, host, config_digest="lock-1")
+    reads = host_reads.reads_of(host)
+    assert reads.remote_reads == 0  # prepared: nothing read yet
+    host_reads.start_read(host)  # what lock.acquire's on_held does as the host's lock is taken
+    host_reads.install(state, host, config_digest="lock-1")
+    answers = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    assert reads.remote_reads == 1 and answers[1] is None and answers[4]["config.json"] == 2
+
+
+def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
+    # The pass gives a lock back (to wait for another host's) with a command on the host: what was read under
+    # it may be stale once another run has had the host, so the run reads again.
+    _a_run_that_asked(local, tree, "lock-2")
+    state, host = local()
+    host_reads.prepare(state, host, config_digest="lock-2")
+    reads = host_reads.reads_of(host)
+    host_reads.start_read(host)
+    import gevent
+
+    gevent.joinall(reads.pending)  # the read is done...
+    assert reads.answers
+    (tree / "config.json").write_text('{"another run": 1}')
+    host.run_shell_command("true", print_output=False)  # ...then the lock is given back: a command on the host
+    assert not reads.answers
+    host_reads.install(state, host, config_digest="lock-2")
+    assert reads.remote_reads == 2  # read again, in one call
+    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == len('{"another run": 1}')
+    assert reads.remote_reads == 2
+
+
+def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatch):
+    # Two holds of one lock in a run (given back, taken again): the first hold's read, answering late, must not
+    # overwrite what the second read found.
+    import gevent
+
+    _a_run_that_asked(local, tree, "lock-3")
+    state, host = local()
+    host_reads.prepare(state, host, config_digest="lock-3")
+    reads = host_reads.reads_of(host)
+    real_run, calls = host_reads._ORIGINAL["run_shell_command"], []
+
+    def slow_first(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            gevent.sleep(0.5)  # read now, answer late
+        return result
+
+    monkeypatch.setitem(host_reads._ORIGINAL, "run_shell_command", slow_first)
+    host_reads.start_read(host)  # the first hold
+    while not calls:
+        gevent.sleep(0.01)
+    (tree / "config.json").write_text('{"taken again": true}')
+    host_reads.start_read(host)  # the second
+    host_reads.install(state, host, config_digest="lock-3")
+    assert len(calls) == 2 and not reads.pending
+    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == len('{"taken again": true}')

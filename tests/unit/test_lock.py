@@ -429,3 +429,36 @@ def test_with_fewer_load_slots_than_hosts_the_arrived_ones_lock_them_all(tmp_pat
     for host in (a, b, c):
         run.host_disconnect(state, host)
     assert not any(h.lock_dir.exists() for h in (a, b, c))
+
+
+def test_each_host_is_told_its_lock_is_held_before_the_pass_goes_on(tmp_path):
+    # The deploy begins a host's read there (host_reads.start_read): it overlaps the rest of the pass.
+    c, a, b = machines(tmp_path, ("c-host", "10.0.0.3"), ("a-host", "10.0.0.1"), ("b-host", "10.0.0.2"))
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [c, a, b]))
+    run = lock._Run(state, executing=True)
+    told = []
+    for_each = {h.name: (lambda host: told.append((host.name, list(run.locks.events)))) for h in (a, b)}  # c: none
+    threads = [threading.Thread(target=run.arrive, args=(h, 5, for_each.get(h.name))) for h in (a, b, c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    # a-host (10.0.0.1) is told right after its own take, before b-host's; a host that gave no callback is not told.
+    assert told == [("a-host", ["take 10.0.0.1:22"]), ("b-host", ["take 10.0.0.1:22", "take 10.0.0.2:22"])]
+    for host in (a, b, c):
+        run.host_disconnect(state, host)
+
+
+def test_a_lock_taken_again_after_a_wait_is_told_again(tmp_path):
+    # The pass takes a, finds b busy, gives a back and waits: a's first read is dropped, and a is told again
+    # when its lock is taken again.
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    hold(b, control=socket.gethostname(), pid=os.getpid())
+    threading.Timer(1.0, lambda: __import__("shutil").rmtree(b.lock_dir)).start()
+    told = []
+    run = lock.RunLocks(on_taken=lambda slot: told.append(lock.key_text(slot.key)))
+    outcomes = run.take_all([(a, 30), (b, 30)])
+    assert outcomes["a"].held and outcomes["b"].held
+    assert run.events == ["take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "take 10.0.0.2:22", "take 10.0.0.1:22"]
+    assert told == ["10.0.0.1:22", "10.0.0.2:22", "10.0.0.1:22"]
+    release_all(run, [a, b])
