@@ -368,6 +368,10 @@ RemainAfterExit=yes
 EnvironmentFile=/etc/lab/net.env
 ExecStart=/sbin/ip addr replace ${ADDRESS} dev host0
 ExecStart=/sbin/ip link set host0 up
+# Five containers booting at once on this machine's cgroup v1: systemd once failed to attach the unit's process
+# to its cgroup (status 219/CGROUP) on one of them, and the unit stayed failed. Such a start is tried again.
+Restart=on-failure
+RestartSec=1
 
 [Install]
 WantedBy=multi-user.target
