@@ -336,8 +336,10 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
     parts += shell
     if scripts:
         payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
-        imports = sorted({module for _, body, _ in scripts for module in _top_level_imports(body)})
-        early = sorted({module for job_id, body, _ in scripts if job_id in slow for module in _top_level_imports(body)})
+        # What the scripts import at their top level (found here when each was inlined): the runner imports it
+        # before forking, the slow reads' share before the first forks.
+        imports = sorted({module for _, body, _ in scripts for module in remote.top_level_imports(body)})
+        early = sorted({module for job_id, body, _ in scripts if job_id in slow for module in remote.top_level_imports(body)})
         runner = remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports!r}, {early!r})\n"
         parts.append(f"python3 - > \"$d/python\" <<'PYEOF' &\n{runner}\nPYEOF")
     parts.append("wait")
@@ -346,12 +348,6 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
     if scripts:
         parts.append('cat "$d/python"')
     return "\n".join(parts), {job[0] for job in scripts}
-
-
-def _top_level_imports(body: str) -> tuple[str, ...]:
-    """The modules a remote script imports at its top level: the batch's runner imports them before it forks
-    (found on this machine when the script was inlined, not parsed again on every host)."""
-    return remote.top_level_imports(body)
 
 
 def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:

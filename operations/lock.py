@@ -416,8 +416,11 @@ class _Run(BaseStateCallback):
 
     def _taken(self, slot: _Slot) -> None:
         for host in slot.hosts:
-            if host.name in self.on_held:
-                self.on_held[host.name](host)
+            self._tell_held(host)
+
+    def _tell_held(self, host) -> None:
+        if host.name in self.on_held:
+            self.on_held[host.name](host)
 
     def arrive(self, host, wait_s: float, on_held: Callable[[object], None] | None = None) -> None:
         with self.mutex:
@@ -454,8 +457,7 @@ class _Run(BaseStateCallback):
                 holder = None  # the plan's own facts will say what is wrong with the host
             if holder:
                 host.log(f"--dry takes no lock; another deploy holds it: {describe(holder)} (this plan may change when it ends)", log_func=logger.warning)
-            if host.name in self.on_held:
-                self.on_held[host.name](host)
+            self._tell_held(host)
 
     # -- pyinfra callbacks ----------------------------------------------------------------
     def operation_end(self, state, op_hash):

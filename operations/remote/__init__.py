@@ -51,9 +51,7 @@ def is_script(body: str) -> bool:
 
 def top_level_imports(body: str) -> tuple[str, ...]:
     """The modules a script (as `script()` gave it) imports at its top level, found when it was inlined."""
-    if body not in _GIVEN:
-        return tuple(_imports(ast.parse(body)))
-    return _GIVEN[body]
+    return _GIVEN.get(body, ())
 
 
 def script(name: str) -> str:
@@ -85,10 +83,7 @@ def _script(name: str) -> tuple[str, tuple[str, ...]]:
     assert not clash, f"{name}.py defines {sorted(clash)} again: rename it, _common.py defines it"
     lines = body.splitlines(keepends=True)
     text = "".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n" + "".join(lines[include.end_lineno:])
-    # In the text, _common's imports come where the import statement stood: before the script's later ones.
-    before = [n for node in tree.body[: tree.body.index(include)] for n in _imports(ast.Module(body=[node], type_ignores=[]))]
-    after = [n for node in tree.body[tree.body.index(include) + 1:] for n in _imports(ast.Module(body=[node], type_ignores=[]))]
-    return text, tuple(before + _imports(common_tree) + after)
+    return text, tuple(_imports(tree) + _imports(common_tree))
 
 
 script.cache_clear = _script.cache_clear  # tests that swap the scripts' directory
