@@ -2,7 +2,8 @@
 #     from _common import walk_files, sha256_file  # noqa: E402 - remote.script puts _common.py here
 # and remote.script() puts this whole file in that line's place, so each script still travels
 # and runs as one file (`python3 - ARGS`, or the boot unit's installed copy of stage_model.py).
-import ctypes as _ctypes
+# ctypes is imported where it is used (a venv switch): the converged read, which imports every script's
+# top-level imports once before it forks (remote/run_scripts.py), never needs it.
 import hashlib as _hashlib
 import os as _os
 import re as _re
@@ -65,14 +66,16 @@ def walk_files(root, skip=lambda rel, name: False):
 
 def exchange(a, b):
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE): neither name is ever missing. Raises OSError."""
-    libc = _ctypes.CDLL(None, use_errno=True)
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
     at_fdcwd, rename_exchange = -100, 2
     try:
         renameat2 = libc.renameat2
     except AttributeError:
         raise OSError(38, "renameat2 is not available (glibc < 2.28)", f"{a} <-> {b}") from None
     if renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange) != 0:
-        err = _ctypes.get_errno()
+        err = ctypes.get_errno()
         raise OSError(err, _os.strerror(err), f"{a} <-> {b}")
 
 

@@ -64,8 +64,7 @@ def run_all(payload, imports=(), early=()):
     the first forks, and the rest while those first jobs run, so the longest start as soon as they can.
     """
     jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
-    # Imported here, before the forks: every child finds them loaded (urllib.request alone costs a
-    # service's state read more than the read itself).
+    # Imported here, before the forks: every child finds them loaded, instead of each paying for its own.
     _import(early or imports)
     rest_imported = not early
     compiled = {}

@@ -693,6 +693,54 @@ def test_service_state_reports_a_port_that_does_not_speak_http(tmp_path, service
     assert state["health"] is None and "not with HTTP" in state["health_error"]
 
 
+@pytest.mark.parametrize(
+    "answer, health, error",
+    [
+        ([b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"], 200, None),
+        ([b"HTTP/1.1 503 Service Unavailable\r\n\r\n"], 503, None),
+        ([b"HTTP/1.0 30", b"2 Found\r\nLocation: /elsewhere\r\n\r\n"], 302, None),  # status line in two packets; not followed
+        ([], None, None),  # accepted, then closed without a word: nothing answers
+        ([b"220 smtp.example ESMTP\r\n"], None, "not with HTTP"),
+        ([b"HTTP/1.1 OK\r\n\r\n"], None, "not with HTTP"),
+    ],
+)
+def test_service_state_reads_the_health_status_line_as_http_defines_it(service_host, answer, health, error):
+    import socket
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    asked = []
+
+    def serve():
+        conn, _ = server.accept()
+        asked.append(conn.recv(4096))
+        for part in answer:
+            conn.sendall(part)
+            time.sleep(0.1)  # each part arrives on its own
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    state = service_host("sglang-x.service", "127.0.0.1", str(server.getsockname()[1]))
+    thread.join(5)
+    server.close()
+    assert (state["health"], state["health_error"] and "not with HTTP") == (health, error)
+    assert asked and asked[0].startswith(b"GET /health HTTP/1.1\r\n")
+
+
+def test_service_state_says_nothing_answers_on_a_closed_port(service_host):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: connections are refused
+        state = service_host("sglang-x.service", "127.0.0.1", str(port))
+    assert (state["health"], state["health_error"]) == (None, None)
+
+
 # service_user.account ---------------------------------------------------------------------
 
 
