@@ -19,12 +19,12 @@
 # change them unseen, so the deploy reinstalls them as copies of their own.
 # Files that two distributions both claim (two kernel builds owning `sgl_kernel/`) are reported.
 import base64
+import bisect
 import csv
 import functools
 import glob
 import json
 import os
-import platform
 import stat
 import sys
 
@@ -100,26 +100,64 @@ def lstat_or_none(path, dir_fd=None):
         return None
 
 
-def stat_all(site, rels):
-    """os.lstat of each RECORD path (None where it fails), in the order given.
+def stat_pass(site, rels, sizes, hash_after, workers=None):
+    """(stats, suspects): os.lstat of each RECORD path (None where it fails), and the sorted indexes of the rows
+    that need the row-by-row rules: missing, another size than RECORD's (-1: none given), linked, or modified
+    after `hash_after`. The stats of the other rows are only known to be there (PRESENT).
 
-    This is most of a converged run's read (tens of thousands of files per venv): each directory is
-    opened once and its files are stat'ed relative to it, by a C-level map where none fails (a path walk
-    of one name instead of ten takes a quarter off on the lab's hosts).
+    This is most of a converged run's read (tens of thousands of files per venv): each directory is opened
+    once and its files are stat'ed relative to it, by a C-level map where none fails. On a host with CPUs to
+    spare (a GPU host has dozens) the directories are split among forked workers, which send back the
+    suspects alone; on a small host, one pass here.
     """
-    out = [None] * len(rels)
-    by_dir = {}
+    groups, singles = group_by_directory(rels)
+    if workers is None:
+        workers = stat_workers(len(rels))
+    if workers > 1 and len(groups) > 1:
+        return forked_stat_pass(site, rels, groups, singles, sizes, hash_after, workers)
+    stats = [None] * len(rels)
+    stat_groups(site, rels, groups, singles, stats)
+    return stats, suspects_among(stats, sizes, hash_after, range(len(rels)))
+
+
+PRESENT = True  # a file a worker saw and found no suspect: only its presence is used
+
+
+def stat_workers(files):
+    """Forked workers for a venv's stat pass: one below a few thousand files (a fork costs about a thousand
+    stat calls), else half the CPUs this process may run on (the host's read runs other jobs beside it), at
+    most 8. SGLANG_DEPLOY_STAT_WORKERS sets it (the unit tests compare both ways on a 2-CPU machine)."""
+    forced = os.environ.get("SGLANG_DEPLOY_STAT_WORKERS", "")
+    if forced.isdigit() and int(forced) > 0:
+        return int(forced)
+    if files < 8000:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus // 2))
+
+
+def group_by_directory(rels):
+    """({directory: ([index], [name])}, [index of a path stat'ed whole: outside site-packages, or unnormalised])."""
+    groups, singles = {}, []
     for i, rel in enumerate(rels):
         if rel.startswith("..") or "/./" in rel or "//" in rel:
-            out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rel)))
+            singles.append(i)
             continue
         head, _, name = rel.rpartition("/")
-        group = by_dir.get(head)
+        group = groups.get(head)
         if group is None:
-            group = by_dir[head] = ([], [])
+            group = groups[head] = ([], [])
         group[0].append(i)
         group[1].append(name)
-    for head, (indexes, names) in by_dir.items():
+    return groups, singles
+
+
+def stat_groups(site, rels, groups, singles, out):
+    """Set out[i] to the lstat of each path of `groups` and `singles` that is there (a list or a dict)."""
+    for head, (indexes, names) in groups.items():
         try:
             fd = os.open(os.path.join(site, head), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
         except OSError:
@@ -133,7 +171,88 @@ def stat_all(site, rels):
             os.close(fd)
         for i, st in zip(indexes, stats):
             out[i] = st
-    return out
+    for i in singles:
+        out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rels[i])))
+
+
+def suspects_among(stats, sizes, hash_after, indexes):
+    """The indexes whose stat (from a list, or a dict that lacks the missing) fails the one-line test."""
+    get = stats.get if isinstance(stats, dict) else stats.__getitem__
+    return [i for i in indexes if (st := get(i)) is None
+            or st.st_size != sizes[i] or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
+
+
+def share_suspects(site, rels, groups, singles, sizes, hash_after):
+    """A worker's answer for its directories: {index: None (missing) | (mode, size, nlink, mtime_ns)} of the suspects."""
+    found = {}
+    stat_groups(site, rels, groups, singles, found)
+    indexes = [i for group_indexes, _ in groups.values() for i in group_indexes] + list(singles)
+    sent = {}
+    for i in suspects_among(found, sizes, hash_after, indexes):
+        st = found.get(i)
+        sent[i] = None if st is None else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
+    return sent
+
+
+class Seen:
+    """A suspect's stat as a worker sent it back: all that the row rules read."""
+
+    __slots__ = ("st_mode", "st_size", "st_nlink", "st_mtime_ns")
+
+    def __init__(self, st_mode, st_size, st_nlink, st_mtime_ns):
+        self.st_mode, self.st_size, self.st_nlink, self.st_mtime_ns = st_mode, st_size, st_nlink, st_mtime_ns
+
+
+def forked_stat_pass(site, rels, groups, singles, sizes, hash_after, workers):
+    import marshal
+
+    # Directories to workers, the largest first, each to the least loaded (a few directories hold most files).
+    shares = [[0, {}, []] for _ in range(workers)]
+    for head, group in sorted(groups.items(), key=lambda item: -len(item[1][0])):
+        share = min(shares, key=lambda s: s[0])
+        share[0] += len(group[0])
+        share[1][head] = group
+    shares[0][2] = singles
+    children = []
+    for _, share_groups, share_singles in shares:
+        try:
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+        except OSError:
+            children.append((None, None, share_groups, share_singles))
+            continue
+        if pid == 0:
+            status = 1
+            try:
+                os.close(read_end)
+                view = memoryview(marshal.dumps(share_suspects(site, rels, share_groups, share_singles, sizes, hash_after)))
+                while view:
+                    view = view[os.write(write_end, view):]
+                status = 0
+            finally:
+                os._exit(status)  # never the parent's exit path: its buffered output is the parent's to write
+        os.close(write_end)
+        children.append((pid, read_end, share_groups, share_singles))
+    stats = [PRESENT] * len(rels)
+    suspects = []
+    for pid, read_end, share_groups, share_singles in children:
+        sent = None
+        if pid is not None:
+            with os.fdopen(read_end, "rb") as reader:
+                data = reader.read()
+            _, wait_status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(wait_status) == 0:
+                try:
+                    sent = marshal.loads(data)
+                except (EOFError, ValueError, TypeError):
+                    sent = None
+        if sent is None:  # no worker could start, or it failed: its share is stat'ed here
+            sent = share_suspects(site, rels, share_groups, share_singles, sizes, hash_after)
+        for i, values in sent.items():
+            stats[i] = None if values is None else Seen(*values)
+            suspects.append(i)
+    suspects.sort()
+    return stats, suspects
 
 
 def read_venv(venv):
@@ -151,6 +270,7 @@ def read_venv(venv):
     hash_after = -1 if mode == "full" else stamp if stamp is not None else float("inf")
     dists, to_hash = {}, []
     claimants, owner, multi = [], {}, {}  # (distribution, its RECORD rows by rel); rel -> the last to list it; rel -> all
+    listings = []
     for dist_info in sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else ():
         name, version = metadata(dist_info)
         if not name or not version:
@@ -160,18 +280,24 @@ def read_venv(venv):
                 installer = handle.read().strip()
         except OSError:
             installer = ""
-        damaged, linked = [], []
         rows = read_record(os.path.join(dist_info, "RECORD"))
-        dist_name = norm(name)
-        # Tens of thousands of files per venv, on every converged run: the files are stat'ed in one C-level
-        # pass, and only the rows that pass a one-line test (missing, other size, linked, modified after the
-        # stamp, or no size in RECORD) go through the row-by-row rules below.
         entries = [row for row in rows or () if row[0] and not row[0].endswith(".pyc")]
-        rels = [row[0] for row in entries]
-        stats = stat_all(site, rels)
-        sizes = [int(row[2]) if len(row) > 2 and row[2].isdigit() else -1 for row in entries]
-        suspects = [i for i, (st, size) in enumerate(zip(stats, sizes))
-                    if st is None or st.st_size != size or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
+        listings.append((norm(name), version, installer, rows is not None, entries))
+    # Tens of thousands of files per venv, on every converged run: every distribution's files are stat'ed
+    # in one pass (split among forked workers on a host with CPUs to spare), and only the rows that pass a
+    # one-line test (missing, other size, linked, modified after the stamp, or no size in RECORD) go
+    # through the row-by-row rules below.
+    all_rels = [row[0] for _, _, _, _, entries in listings for row in entries]
+    all_sizes = [int(row[2]) if len(row) > 2 and row[2].isdigit() else -1
+                 for _, _, _, _, entries in listings for row in entries]
+    all_stats, all_suspects = stat_pass(site, all_rels, all_sizes, hash_after)
+    start = 0
+    for dist_name, version, installer, has_record, entries in listings:
+        end = start + len(entries)
+        rels, stats, sizes = all_rels[start:end], all_stats[start:end], all_sizes[start:end]
+        suspects = [i - start for i in all_suspects[bisect.bisect_left(all_suspects, start):bisect.bisect_left(all_suspects, end)]]
+        start = end
+        damaged, linked = [], []
         for i in suspects:
             row, rel, st = entries[i], rels[i], stats[i]
             if st is None:
@@ -205,7 +331,7 @@ def read_venv(venv):
             "version": version,
             "installer": installer,
             "files": len(entries),
-            "record": rows is not None,
+            "record": has_record,
             "damaged": damaged,
             "linked": linked,
         }
@@ -275,7 +401,7 @@ try:
 except OSError:
     cache = {}
 print(json.dumps({
-    "machine": platform.machine(),
+    "machine": os.uname().machine,  # what platform.machine() says, without importing it
     "live": {"kind": kind, "target": target},
     "wanted": wanted_state,
     "live_state": live_state,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -485,9 +486,17 @@ def _recorded_venv(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def _state(root: Path, mode: str) -> dict:
-    out = _remote("venv_state", str(root), str(root), "/nonexistent", "/nonexistent/uv", mode)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["wanted"]
+    """The script's answer for `root`, the same whether its files are stat'ed here or by forked workers
+    (a GPU host's many CPUs split the pass; SGLANG_DEPLOY_STAT_WORKERS forces either way here)."""
+    answers = []
+    for workers in ("1", "3"):
+        out = subprocess.run([sys.executable, "-", str(root), str(root), "/nonexistent", "/nonexistent/uv", mode],
+                             input=remote.script("venv_state"), capture_output=True, text=True,
+                             env={**os.environ, "SGLANG_DEPLOY_STAT_WORKERS": workers})
+        assert out.returncode == 0, out.stderr
+        answers.append(json.loads(out.stdout)["wanted"])
+    assert answers[0] == answers[1], "the stat pass split among workers answers otherwise than one pass"
+    return answers[0]
 
 
 def test_state_script_fast_hashes_only_files_modified_after_the_install_stamp_full_hashes_all(tmp_path):
