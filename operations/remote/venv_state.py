@@ -103,20 +103,19 @@ def lstat_or_none(path, dir_fd=None):
 def stat_pass(site, rels, sizes, hash_after, workers=None):
     """(stats, suspects): os.lstat of each RECORD path (None where it fails), and the sorted indexes of the rows
     that need the row-by-row rules: missing, another size than RECORD's (-1: none given), linked, or modified
-    after `hash_after`. The stats of the other rows are only known to be there (PRESENT).
+    after `hash_after`. Where workers stat'ed the files, the others are only known to be there (PRESENT).
 
     This is most of a converged run's read (tens of thousands of files per venv): each directory is opened
     once and its files are stat'ed relative to it, by a C-level map where none fails. On a host with CPUs to
-    spare (a GPU host has dozens) the directories are split among forked workers, which send back the
-    suspects alone; on a small host, one pass here.
+    spare (a GPU host has dozens) the rows are split in equal runs among forked workers, which group their
+    own by directory and send back their suspects alone; on a small host, one pass here.
     """
-    groups, singles = group_by_directory(rels)
     if workers is None:
         workers = stat_workers(len(rels))
-    if workers > 1 and len(groups) > 1:
-        return forked_stat_pass(site, rels, groups, singles, sizes, hash_after, workers)
+    if workers > 1 and len(rels) > 1:
+        return forked_stat_pass(site, rels, sizes, hash_after, workers)
     stats = [None] * len(rels)
-    stat_groups(site, rels, groups, singles, stats)
+    stat_rows(site, rels, 0, len(rels), stats)
     return stats, suspects_among(stats, sizes, hash_after, range(len(rels)))
 
 
@@ -139,12 +138,16 @@ def stat_workers(files):
     return max(1, min(8, cpus // 2))
 
 
-def group_by_directory(rels):
-    """({directory: ([index], [name])}, [index of a path stat'ed whole: outside site-packages, or unnormalised])."""
-    groups, singles = {}, []
-    for i, rel in enumerate(rels):
+def stat_rows(site, rels, start, end, out):
+    """Set out[i] to the lstat of rels[i], for i in [start, end), where the file is there (out: a list or a dict).
+
+    Each directory is opened once and its files stat'ed by name; a path outside site-packages (`..`) or not
+    normalised is stat'ed whole."""
+    groups = {}
+    for i in range(start, end):
+        rel = rels[i]
         if rel.startswith("..") or "/./" in rel or "//" in rel:
-            singles.append(i)
+            out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rel)))
             continue
         head, _, name = rel.rpartition("/")
         group = groups.get(head)
@@ -152,11 +155,6 @@ def group_by_directory(rels):
             group = groups[head] = ([], [])
         group[0].append(i)
         group[1].append(name)
-    return groups, singles
-
-
-def stat_groups(site, rels, groups, singles, out):
-    """Set out[i] to the lstat of each path of `groups` and `singles` that is there (a list or a dict)."""
     for head, (indexes, names) in groups.items():
         try:
             fd = os.open(os.path.join(site, head), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
@@ -171,24 +169,24 @@ def stat_groups(site, rels, groups, singles, out):
             os.close(fd)
         for i, st in zip(indexes, stats):
             out[i] = st
-    for i in singles:
-        out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rels[i])))
 
 
 def suspects_among(stats, sizes, hash_after, indexes):
-    """The indexes whose stat (from a list, or a dict that lacks the missing) fails the one-line test."""
-    get = stats.get if isinstance(stats, dict) else stats.__getitem__
-    return [i for i in indexes if (st := get(i)) is None
-            or st.st_size != sizes[i] or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
+    """The indexes whose stat (from a list of all, or a dict that lacks the missing) fails the one-line test."""
+    if isinstance(stats, dict):
+        pairs = ((i, stats.get(i), sizes[i]) for i in indexes)
+    else:
+        pairs = zip(indexes, stats, sizes)  # a list of all: indexes is range(len(stats))
+    return [i for i, st, size in pairs
+            if st is None or st.st_size != size or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
 
 
-def share_suspects(site, rels, groups, singles, sizes, hash_after):
-    """A worker's answer for its directories: {index: None (missing) | (mode, size, nlink, mtime_ns)} of the suspects."""
+def run_suspects(site, rels, sizes, hash_after, start, end):
+    """A worker's answer for rows [start, end): {index: None (missing) | (mode, size, nlink, mtime_ns)} of its suspects."""
     found = {}
-    stat_groups(site, rels, groups, singles, found)
-    indexes = [i for group_indexes, _ in groups.values() for i in group_indexes] + list(singles)
+    stat_rows(site, rels, start, end, found)
     sent = {}
-    for i in suspects_among(found, sizes, hash_after, indexes):
+    for i in suspects_among(found, sizes, hash_after, range(start, end)):
         st = found.get(i)
         sent[i] = None if st is None else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
     return sent
@@ -203,39 +201,33 @@ class Seen:
         self.st_mode, self.st_size, self.st_nlink, self.st_mtime_ns = st_mode, st_size, st_nlink, st_mtime_ns
 
 
-def forked_stat_pass(site, rels, groups, singles, sizes, hash_after, workers):
+def forked_stat_pass(site, rels, sizes, hash_after, workers):
     import marshal
 
-    # Directories to workers, the largest first, each to the least loaded (a few directories hold most files).
-    shares = [[0, {}, []] for _ in range(workers)]
-    for head, group in sorted(groups.items(), key=lambda item: -len(item[1][0])):
-        share = min(shares, key=lambda s: s[0])
-        share[0] += len(group[0])
-        share[1][head] = group
-    shares[0][2] = singles
+    bounds = [len(rels) * k // workers for k in range(workers + 1)]
     children = []
-    for _, share_groups, share_singles in shares:
+    for start, end in zip(bounds, bounds[1:]):
         try:
             read_end, write_end = os.pipe()
             pid = os.fork()
         except OSError:
-            children.append((None, None, share_groups, share_singles))
+            children.append((None, None, start, end))
             continue
         if pid == 0:
             status = 1
             try:
                 os.close(read_end)
-                view = memoryview(marshal.dumps(share_suspects(site, rels, share_groups, share_singles, sizes, hash_after)))
+                view = memoryview(marshal.dumps(run_suspects(site, rels, sizes, hash_after, start, end)))
                 while view:
                     view = view[os.write(write_end, view):]
                 status = 0
             finally:
                 os._exit(status)  # never the parent's exit path: its buffered output is the parent's to write
         os.close(write_end)
-        children.append((pid, read_end, share_groups, share_singles))
+        children.append((pid, read_end, start, end))
     stats = [PRESENT] * len(rels)
     suspects = []
-    for pid, read_end, share_groups, share_singles in children:
+    for pid, read_end, start, end in children:
         sent = None
         if pid is not None:
             with os.fdopen(read_end, "rb") as reader:
@@ -246,8 +238,8 @@ def forked_stat_pass(site, rels, groups, singles, sizes, hash_after, workers):
                     sent = marshal.loads(data)
                 except (EOFError, ValueError, TypeError):
                     sent = None
-        if sent is None:  # no worker could start, or it failed: its share is stat'ed here
-            sent = share_suspects(site, rels, share_groups, share_singles, sizes, hash_after)
+        if sent is None:  # no worker could start, or it failed: its rows are stat'ed here
+            sent = run_suspects(site, rels, sizes, hash_after, start, end)
         for i, values in sent.items():
             stats[i] = None if values is None else Seen(*values)
             suspects.append(i)

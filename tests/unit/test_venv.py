@@ -575,3 +575,44 @@ def test_state_script_sees_every_kind_of_damage_through_its_per_directory_stat_p
     assert state["shared"] == {}  # a loose top-level file two wheels ship is no package conflict
     os.unlink(site / "demo/./dotted.py")
     assert "demo/./dotted.py" in _state(root, "fast")["dists"]["demo"]["damaged"]
+
+
+@pytest.mark.parametrize("workers", ["2", "3", "7"])
+def test_a_stat_pass_split_among_workers_sees_each_damaged_file_wherever_the_split_falls(tmp_path, monkeypatch, workers):
+    """Rows split in runs among workers: a damaged file first or last in a run, or in a directory two runs
+    share, is seen exactly as one pass sees it (every file of three distributions, damage in each)."""
+    import random
+
+    root = tmp_path / "g"
+    _fake_venv(root, {})
+    site = root / "lib/python3.11/site-packages"
+    files = {}
+    for dist in ("alpha", "beta", "gamma"):
+        info = site / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n\nbody\n")
+        rows = []
+        for n in range(23):
+            rel = f"{dist}/d{n % 4}/f{n}.py" if n % 5 else f"shared_dir/{dist}_{n}.py"  # shared_dir: three wheels' files
+            data = f"{dist} {n}\n".encode()
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_bytes(data)
+            rows.append(f"{rel},sha256=unchecked,{len(data)}")
+            files[rel] = dist
+        (info / "RECORD").write_text("\n".join(rows) + "\n")  # no RECORD row: a dist's last row is one of its files
+    rels = list(files)
+    rng = random.Random(int(workers))
+    damaged = set(rng.sample(rels, 9)) | {rels[0], rels[-1], rels[len(rels) // 2]}
+    for rel in sorted(damaged):
+        if rng.random() < 0.5:
+            (site / rel).unlink()
+        else:
+            (site / rel).write_bytes(b"another size\n")
+    monkeypatch.setenv("SGLANG_DEPLOY_STAT_WORKERS", workers)
+    out = _remote("venv_state", str(root), str(root), "/nonexistent", "/nonexistent/uv", "fast")
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout)["wanted"]
+    expected = {dist: sum(files[rel] == dist for rel in damaged) for dist in ("alpha", "beta", "gamma")}
+    assert {name: dist["damaged_count"] for name, dist in state["dists"].items()} == expected
+    assert {rel for dist in state["dists"].values() for rel in dist["damaged"]} <= damaged  # (the first 5 of each)
+    assert state == _state(root, "fast")  # and the same answer as one pass
