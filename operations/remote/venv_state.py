@@ -123,8 +123,8 @@ PRESENT = True  # a file a worker saw and found no suspect: only its presence is
 
 
 def stat_workers(files):
-    """Forked workers for a venv's stat pass: one below a few thousand files (a fork costs about a thousand
-    stat calls), else half the CPUs this process may run on (the host's read runs other jobs beside it), at
+    """Forked workers for a venv's stat pass: one below a few thousand files (a fork costs as much as some
+    hundreds of stat calls), else half the CPUs this process may run on (the host's read runs other jobs beside it), at
     most 8. SGLANG_DEPLOY_STAT_WORKERS sets it (the unit tests compare both ways on a 2-CPU machine)."""
     forced = os.environ.get("SGLANG_DEPLOY_STAT_WORKERS", "")
     if forced.isdigit() and int(forced) > 0:
@@ -202,15 +202,21 @@ class Seen:
 
 
 def forked_stat_pass(site, rels, sizes, hash_after, workers):
+    """stat_pass over `workers` forked processes, each given an equal run of rows; a run whose worker could not
+    start or failed is stat'ed here."""
     import marshal
 
     bounds = [len(rels) * k // workers for k in range(workers + 1)]
     children = []
     for start, end in zip(bounds, bounds[1:]):
+        read_end = write_end = None
         try:
             read_end, write_end = os.pipe()
             pid = os.fork()
         except OSError:
+            for fd in (read_end, write_end):
+                if fd is not None:
+                    os.close(fd)
             children.append((None, None, start, end))
             continue
         if pid == 0:
