@@ -46,6 +46,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.facts.files import File
 
 from operations import remote
+from operations.this_run import unproxied
 
 MARK = "@@sglang-deploy-read"
 _SCRIPT_SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
@@ -139,7 +140,7 @@ _ORIGINAL = {}
 
 def prepare(state, host, config_digest: str) -> HostReads:
     """Answer `host`'s facts through this module for the rest of the run (once per host per run); reads nothing yet."""
-    real = getattr(host, "_get_module", lambda: host)()
+    real = unproxied(host)
     if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
         return real._sglang_reads
     reads = real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
@@ -162,7 +163,7 @@ def start_read(host) -> None:
     if reads is None:
         return  # a host pyinfra has not loaded yet: its own install reads it
     reads.changed()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
-    real = getattr(host, "_get_module", lambda: host)()
+    real = unproxied(host)
     reads.pending.append(gevent.spawn(_background_read, real, reads))
 
 
@@ -186,7 +187,7 @@ def install(state, host, config_digest: str) -> None:
         return  # answered by a read begun with the lock, and nothing ran on the host since
     # Read now, while pyinfra loads the deploy for every host at once: the hosts' batches overlap,
     # instead of each host's first fact waiting for its turn in the operation order.
-    real = getattr(host, "_get_module", lambda: host)()
+    real = unproxied(host)
     _read_batch(real, reads, None, None, None)
 
 
@@ -198,7 +199,7 @@ def changed(host) -> None:
 
 
 def reads_of(host) -> HostReads | None:
-    real = getattr(host, "_get_module", lambda: host)()
+    real = unproxied(host)
     return getattr(real, "_sglang_reads", None)
 
 

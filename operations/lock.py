@@ -61,9 +61,9 @@ from typing import Callable
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.context import ContextObject
 
 from operations import remote
+from operations.this_run import unproxied
 
 LOCK_PATH = "/run/sglang-deploy.lock"
 # A peer that acknowledges nothing for this long is gone: TCP keepalive probes start after
@@ -481,11 +481,6 @@ def _raw_wait(host) -> float:
     return float(GLOBAL_KEYS["lock_wait_s"].default)
 
 
-def _real(obj):
-    """The object behind pyinfra's context proxy (`from pyinfra import host`), which is empty outside the host's load."""
-    return obj._get_module() if isinstance(obj, ContextObject) else obj
-
-
 def _executing(argv: list[str] | None = None) -> bool:
     """Will this pyinfra run execute operations (not `--dry`, not a `--json` plan without `-y`)?
 
@@ -515,7 +510,7 @@ def acquire(host, state, wait_s: int, on_held: Callable[[object], None] | None =
     while the pass goes on to the next host: the deploy begins the host's read there (host_reads.start_read).
     """
     global _RUN
-    host, state = _real(host), _real(state)
+    host, state = unproxied(host), unproxied(state)
     if _RUN is None or _RUN.state is not state:
         _RUN = _Run(state, _executing())
         state.add_callback_handler(_RUN)

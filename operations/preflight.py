@@ -98,7 +98,7 @@ def _planned_changes(inputs_changed) -> list[str]:
         metas += [m for m in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(m, OperationMeta)]
     if not metas:
         return ["(its inputs)"]
-    real = host._get_module() if hasattr(host, "_get_module") else host
+    real = this_run.unproxied(host)
     changing = []
     for meta in metas:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pyinfra import host
+from pyinfra.context import ContextObject
 
 
 def changed(flag: Callable[[], bool] | None) -> bool:
@@ -21,3 +22,9 @@ def changed(flag: Callable[[], bool] | None) -> bool:
 def executing() -> bool:
     """Is the run executing operations (not adding them, not `--dry`)?"""
     return bool(host.state.is_executing)
+
+
+def unproxied(obj):
+    """The object behind pyinfra's context proxy (`from pyinfra import host`, `state`), which is empty outside the
+    host's load; any other object as it is. Kept on the real host, a value outlives the load (host_reads, lock)."""
+    return obj._get_module() if isinstance(obj, ContextObject) else obj
