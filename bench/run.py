@@ -11,6 +11,7 @@ deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exe
 
 from __future__ import annotations
 
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,27 +25,44 @@ ROUNDS = 5
 
 
 def timed(argv: list[str]) -> float:
+    return timed_with_cpu(argv)[0]
+
+
+def timed_with_cpu(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds of the command, and the CPU seconds it used on this (the control) machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def side_by_side(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str], rounds: int = ROUNDS) -> None:
     """Print the medians of `rounds` alternating runs of both commands and their ratio, after one run of each
-    (the figures are about converged re-runs)."""
+    (the figures are about converged re-runs).
+
+    Also printed: the CPU seconds each used on the control machine (medians, `LABEL.control_cpu_s`) and their
+    ratio (`NAME.control_cpu`).
+    On the lab the hosts share this machine's CPUs, so the wall-time ratio counts their reads too; on real
+    hosts, each with its own CPUs, the control machine's CPU is what every further host adds to a fleet's run.
+    """
     timed(numerator)
     timed(denominator)
     top, bottom = [], []
     for _ in range(rounds):
-        top.append(timed(numerator))
-        bottom.append(timed(denominator))
-    top_s, bottom_s = statistics.median(top), statistics.median(bottom)
+        top.append(timed_with_cpu(numerator))
+        bottom.append(timed_with_cpu(denominator))
+    top_s, bottom_s = statistics.median(t for t, _ in top), statistics.median(t for t, _ in bottom)
+    top_cpu, bottom_cpu = statistics.median(c for _, c in top), statistics.median(c for _, c in bottom)
     print(f"{labels[0]}: {top_s:.2f}")
     print(f"{labels[1]}: {bottom_s:.2f}")
     print(f"{name}: {top_s / bottom_s:.2f}")
+    print(f"{labels[0]}.control_cpu_s: {top_cpu:.2f}")
+    print(f"{labels[1]}.control_cpu_s: {bottom_cpu:.2f}")
+    print(f"{name}.control_cpu: {top_cpu / bottom_cpu:.2f}")
 
 
 def deploy_noop_vs_floor() -> None:
