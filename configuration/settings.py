@@ -17,6 +17,7 @@ Every key, its default and its meaning lives in `GLOBAL_KEYS`, `HOST_KEYS` and
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import re
 import sys
@@ -728,16 +729,18 @@ def _placement(reader: _Reader) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _pyinfra_keys() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _pyinfra_keys() -> frozenset[str]:
     """Data keys pyinfra itself reads: its connectors' keys (ssh_hostname, ssh_user, ...) and its
-    global arguments (_sudo, ...). Only these pass; `ssh_usr` is a typo like any other."""
+    global arguments (_sudo, ...). Only these pass; `ssh_usr` is a typo like any other.
+    Found once per process: pyinfra lists its connectors from the installed packages' entry points."""
     from pyinfra.api.arguments import all_global_arguments
     from pyinfra.api.connectors import get_all_connectors
 
     keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
     for connector in get_all_connectors().values():
         keys |= set(getattr(connector, "data_meta", None) or {})
-    return keys
+    return frozenset(keys)
 
 
 def _no_unknown_keys(host) -> None:

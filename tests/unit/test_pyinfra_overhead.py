@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyinfra
@@ -57,3 +58,15 @@ def test_install_replaces_what_pyinfra_calls(monkeypatch):
     pyinfra_overhead.install()
     assert operation_module.get_operation_order_from_stack is pyinfra_overhead.operation_order_from_stack
     assert arguments.all_global_arguments is facts_module.all_global_arguments is pyinfra_overhead.all_global_arguments
+
+
+def test_operation_order_is_pyinfras_from_a_deploy_file_loaded_by_a_relative_name(monkeypatch):
+    """pyinfra compiles deploy.py under the name given on its command line (`deploy.py`, relative): the frames'
+    own filenames match it as getframeinfo's do."""
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # where deploy.py is, as when pyinfra runs
+    state = SimpleNamespace(current_deploy_filename="deploy.py", current_op_file_number=3)
+    namespace = {"both": both, "state": state}
+    exec(compile("\n\nresult = both(state)\n", "deploy.py", "exec"), namespace)
+    original, ours = namespace["result"]
+    assert ours == original and ours[:2] == [3, 3]  # the op number, then the line in "deploy.py"
