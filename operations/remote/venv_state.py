@@ -114,9 +114,8 @@ def stat_pass(site, rels, sizes, hash_after, workers=None):
         workers = stat_workers(len(rels))
     if workers > 1 and len(rels) > 1:
         return forked_stat_pass(site, rels, sizes, hash_after, workers)
-    stats = [None] * len(rels)
-    stat_rows(site, rels, 0, len(rels), stats)
-    return stats, suspects_among(stats, sizes, hash_after, range(len(rels)))
+    stats = stat_rows(site, rels)
+    return stats, suspects_among(stats, sizes, hash_after)
 
 
 PRESENT = True  # a file a worker saw and found no suspect: only its presence is used
@@ -138,14 +137,14 @@ def stat_workers(files):
     return max(1, min(8, cpus // 2))
 
 
-def stat_rows(site, rels, start, end, out):
-    """Set out[i] to the lstat of rels[i], for i in [start, end), where the file is there (out: a list or a dict).
+def stat_rows(site, rels):
+    """The lstat of each of `rels` (None where the file is not there), in order.
 
     Each directory is opened once and its files stat'ed by name; a path outside site-packages (`..`) or not
     normalised is stat'ed whole."""
+    out = [None] * len(rels)
     groups = {}
-    for i in range(start, end):
-        rel = rels[i]
+    for i, rel in enumerate(rels):
         if rel.startswith("..") or "/./" in rel or "//" in rel:
             out[i] = lstat_or_none(os.path.normpath(os.path.join(site, rel)))
             continue
@@ -169,26 +168,22 @@ def stat_rows(site, rels, start, end, out):
             os.close(fd)
         for i, st in zip(indexes, stats):
             out[i] = st
+    return out
 
 
-def suspects_among(stats, sizes, hash_after, indexes):
-    """The indexes whose stat (from a list of all, or a dict that lacks the missing) fails the one-line test."""
-    if isinstance(stats, dict):
-        pairs = ((i, stats.get(i), sizes[i]) for i in indexes)
-    else:
-        pairs = zip(indexes, stats, sizes)  # a list of all: indexes is range(len(stats))
-    return [i for i, st, size in pairs
+def suspects_among(stats, sizes, hash_after):
+    """The indexes whose stat fails the one-line test."""
+    return [i for i, (st, size) in enumerate(zip(stats, sizes))
             if st is None or st.st_size != size or st.st_nlink > 1 or st.st_mtime_ns > hash_after]
 
 
 def run_suspects(site, rels, sizes, hash_after, start, end):
     """A worker's answer for rows [start, end): {index: None (missing) | (mode, size, nlink, mtime_ns)} of its suspects."""
-    found = {}
-    stat_rows(site, rels, start, end, found)
+    stats = stat_rows(site, rels[start:end])
     sent = {}
-    for i in suspects_among(found, sizes, hash_after, range(start, end)):
-        st = found.get(i)
-        sent[i] = None if st is None else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
+    for i in suspects_among(stats, sizes[start:end], hash_after):
+        st = stats[i]
+        sent[start + i] = None if st is None else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
     return sent
 
 
