@@ -5,7 +5,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -46,7 +45,17 @@ def run(argv):
     return finish(start(argv))
 
 
-smi = shutil.which("nvidia-smi", path=os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
+def which(name, path):
+    """shutil.which(name, path=path), without importing shutil (and the bz2, lzma and fnmatch it imports) into
+    every host's read."""
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        if os.path.exists(candidate) and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+smi = which("nvidia-smi", os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
 out = {"nvidia_smi": smi, "query": None, "apps": None, "table": None, "units": {}, "models": {}}
 # Our units: their GPUs (CUDA_VISIBLE_DEVICES) and every process in their cgroup.
 paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))

@@ -9,7 +9,6 @@
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from _common import beside_model, manifest_paths, sha256_file, walk_files  # noqa: E402 - remote.script puts _common.py here
 
@@ -71,6 +70,9 @@ elif staged and marker is not None:
 else:
     names = []
 if names:
+    # Imported only when files are hashed: concurrent.futures brings logging and traceback into every host's read.
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
         hashes = dict(zip(names, pool.map(lambda rel: sha256_file(os.path.join(dest, rel)), names)))
     out["dest_hashes" if full else "suspect_hashes"] = hashes
