@@ -174,6 +174,25 @@ def watch_connection(host, dead_peer_s: int = DEAD_PEER_S) -> bool:
     return set_dead_peer_options(sock, dead_peer_s)
 
 
+def send_without_delay(host) -> bool:
+    """Turn Nagle's algorithm off on `host`'s SSH connection (TCP_NODELAY), as OpenSSH does for its sessions.
+
+    Each command is a few small SSH messages each way. With Nagle on (paramiko's default, and pyinfra's), a
+    message written while the last one is not yet acknowledged waits for that acknowledgement, which the peer's
+    kernel delays by up to 40 ms: on the lab, 48.8 ms per `true` against 6.6 ms with it off (20 commands each, one
+    host). A converged run sends at least three commands per host (the lock, the read, the lock's release), on the
+    run's critical path, and every change more."""
+    transport = _transport(host)
+    sock = getattr(transport, "sock", None)
+    if sock is None or not hasattr(sock, "setsockopt"):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # not TCP (a proxy command's pipe)
+        return False
+    return True
+
+
 def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -444,6 +463,7 @@ class _Run(BaseStateCallback):
         hosts = [self.arrived.get(name) or (h, _raw_wait(h)) for name, h in sorted(self.expected.items())]
         for host, _ in hosts:
             watch_connection(host)
+            send_without_delay(host)
         if self.executing:
             self.locks.take_all(hosts)
         else:

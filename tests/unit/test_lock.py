@@ -346,6 +346,33 @@ def test_dead_peer_options_are_set_on_a_real_tcp_socket():
         server.close()
 
 
+def test_every_host_of_a_run_sends_its_commands_without_delay(tmp_path):
+    """Nagle's algorithm off (TCP_NODELAY) on each host's connection before the lock pass: with it on, each SSH
+    command waited for a delayed acknowledgement (48.8 ms per `true` on the lab, 6.6 ms with it off)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    sockets = [socket.create_connection(server.getsockname()) for _ in range(2)]
+    try:
+        hosts = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+        for host, sock in zip(hosts, sockets):
+            transport = SimpleNamespace(getpeername=lambda name=host.name: (name, 22), sock=sock)
+            host.connector = SimpleNamespace(client=SimpleNamespace(get_transport=lambda transport=transport: transport))
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: hosts))
+        run = lock._Run(state, executing=True)
+        threads = [threading.Thread(target=run.arrive, args=(h, 5)) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets] == [1, 1]
+        for host in hosts:
+            run.host_disconnect(state, host)
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.close()
+
+
 @pytest.mark.parametrize(
     "params, executing",
     [({"dry": True}, False), ({"json_output": True, "yes": False}, False), ({"json_output": True, "yes": True}, True), ({"yes": True}, True), ({"dry": False}, True)],
