@@ -180,8 +180,9 @@ def send_without_delay(host) -> bool:
     Each command is a few small SSH messages each way. With Nagle on (paramiko's default, and pyinfra's), a
     message written while the last one is not yet acknowledged waits for that acknowledgement, which the peer's
     kernel delays by up to 40 ms: on the lab, 48.8 ms per `true` against 6.6 ms with it off (20 commands each, one
-    host). A converged run sends at least three commands per host (the lock, the read, the lock's release), on the
-    run's critical path, and every change more."""
+    host). An operation that changes something sends several commands in a row: a run rewriting one host's boot
+    unit files took 2.83 s with it on and 2.26 s with it off. A converged run's few commands per host (the lock, the
+    read, the lock's release) did not wait this way measurably."""
     transport = _transport(host)
     sock = getattr(transport, "sock", None)
     if sock is None or not hasattr(sock, "setsockopt"):
