@@ -165,13 +165,16 @@ def _transport(host):
     return get_transport() if get_transport else None
 
 
+def _socket(host):
+    """The socket under `host`'s SSH connection, or None (not connected, or a proxy command's pipe)."""
+    sock = getattr(_transport(host), "sock", None)
+    return sock if hasattr(sock, "setsockopt") else None
+
+
 def watch_connection(host, dead_peer_s: int = DEAD_PEER_S) -> bool:
     """Make the kernel abort `host`'s SSH connection once the peer has answered nothing for `dead_peer_s`."""
-    transport = _transport(host)
-    sock = getattr(transport, "sock", None)
-    if sock is None or not hasattr(sock, "setsockopt"):
-        return False
-    return set_dead_peer_options(sock, dead_peer_s)
+    sock = _socket(host)
+    return sock is not None and set_dead_peer_options(sock, dead_peer_s)
 
 
 def send_without_delay(host) -> bool:
@@ -183,13 +186,10 @@ def send_without_delay(host) -> bool:
     host). An operation that changes something sends several commands in a row: a run rewriting one host's boot
     unit files took 2.83 s with it on and 2.26 s with it off. A converged run's few commands per host (the lock, the
     read, the lock's release) did not wait this way measurably."""
-    transport = _transport(host)
-    sock = getattr(transport, "sock", None)
-    if sock is None or not hasattr(sock, "setsockopt"):
-        return False
+    sock = _socket(host)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError):  # not TCP (a proxy command's pipe)
+    except (OSError, AttributeError):  # no socket, or not TCP
         return False
     return True
 

@@ -128,7 +128,7 @@ def run_all(payload, imports=(), early=()):
             code = status.get(index, 1)
             try:
                 text = _read_back(outputs.pop(index))
-            except (KeyError, OSError):
+            except OSError:
                 text, code = "", code or 1
             out.write(f"{MARK} {job_id} {code if code >= 0 else 1}\n")
             out.write(text if text.endswith("\n") or not text else text + "\n")

@@ -87,19 +87,17 @@ def test_a_batch_answers_every_fact_as_its_own_read_does(local, tree):
     assert alone[1] is None and alone[4] == {"config.json": 2, "sub/weights.bin": 1000, "no-newline.txt": 27}
 
 
-def test_a_script_that_fails_in_the_runner_keeps_its_status_and_the_next_script_still_runs():
-    jobs = [[7, "import sys\nprint('half')\nsys.exit(3)", []], [8, "import sys\nprint(sys.argv[1:])", ["a b"]], [9, "raise KeyError('x')", []]]
-    payload = base64.b64encode(zlib.compress(json.dumps(jobs).encode())).decode()
-    runner = remote.script("run_scripts") + f"\nrun_all({payload!r})\n"
-    proc = subprocess.run([sys.executable, "-"], input=runner, capture_output=True, text=True, check=True)
-    assert host_reads.split_batch(proc.stdout.splitlines(), {7, 8, 9}) == {7: (3, ["half"]), 8: (0, ["['a b']"]), 9: (1, [])}
-    assert "KeyError" in proc.stderr
-
-
 def _run_runner(jobs, prelude: str = "", imports: list[str] | None = None) -> subprocess.CompletedProcess:
     payload = base64.b64encode(zlib.compress(json.dumps(jobs).encode())).decode()
     runner = prelude + remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports or []!r})\n"
     return subprocess.run([sys.executable, "-"], input=runner, capture_output=True, text=True, check=True)
+
+
+def test_a_script_that_fails_in_the_runner_keeps_its_status_and_the_next_script_still_runs():
+    jobs = [[7, "import sys\nprint('half')\nsys.exit(3)", []], [8, "import sys\nprint(sys.argv[1:])", ["a b"]], [9, "raise KeyError('x')", []]]
+    proc = _run_runner(jobs)
+    assert host_reads.split_batch(proc.stdout.splitlines(), {7, 8, 9}) == {7: (3, ["half"]), 8: (0, ["['a b']"]), 9: (1, [])}
+    assert "KeyError" in proc.stderr
 
 
 @pytest.mark.parametrize("prelude", ["", "import os\ndel os.memfd_create\n"], ids=["memory-file", "temporary-file"])
