@@ -51,6 +51,13 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             host_cache=config.host_wheel_cache,
             installer=config.installer,
         )
+        # Where the build changed nothing, the index it writes after an install may be missing or stale.
+        venv.record_index(
+            name=f"Generation {gen.id}'s RECORD index is current",
+            gen=gen,
+            host_cache=config.host_wheel_cache,
+            _if=built.did_not_change,
+        )
         patched = [
             patches.applied(
                 name=f"Patch set {name} applied in generation {gen.id}",

@@ -168,6 +168,21 @@ class VenvState(FactBase):
         return json.loads("\n".join(output))
 
 
+# What a fast check said of a generation's RECORD index (remote/venv_state.py) that the deploy writes again.
+INDEX_REWRITTEN = {
+    "missing": "missing (a generation from before the deploy wrote indexes, or one it did not finish)",
+    "stale": "stale (written for other .dist-info files than the generation holds now, or unreadable)",
+}
+
+
+def index_command(gen: Generation, host_cache: str) -> str:
+    """Write the generation's RECORD index (remote/venv_state.py `write-index`)."""
+    return remote.command(
+        "venv_state", shlex.quote(gen.live), shlex.quote(gen.path), shlex.quote(host_cache),
+        shlex.quote(installer_mod.uv_binary(host_cache)), "write-index",
+    )
+
+
 def verify_mode() -> str:
     """`verify_env` from the host's data (fast or full)."""
     from configuration.settings import GLOBAL_KEYS
@@ -383,9 +398,32 @@ def environment(
         host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions; checked: {checked})")
         return
     yield from _changes(gen, stack, facts, base, build, build_why if build else "", todo, packages, chosen, kind, tool, sources, host_cache, log)
-    # Last, once everything is in: a later fast check hashes the files modified after this.
+    # Once everything is in: the index a later fast check reads instead of every RECORD, then, last, the stamp:
+    # that check hashes the files modified after it.
+    yield index_command(gen, host_cache)
     stamp = f"{gen.path}/{STAMP}"
     yield f"mkdir -p {shlex.quote(str(Path(stamp).parent))} && touch {shlex.quote(stamp)}"
+
+
+@operation()
+def record_index(gen: Generation, host_cache: str):
+    """
+    Keep the generation's RECORD index current: the list of every distribution's files that a fast check reads
+    instead of each RECORD (remote/venv_state.py). `environment` writes it after each install; this writes it
+    where a check found it missing (a generation from before indexes) or stale (a .dist-info file changed
+    since). Only a cache of what the RECORDs say: writing it changes nothing the services run, and restarts
+    nothing.
+
+    + gen: the `Generation` whose index to keep
+    + host_cache: as for `environment` (the venv read is the same, shared with it)
+    """
+    verify = verify_mode()
+    wanted = state_of(gen, host_cache, verify)["wanted"]
+    if wanted is None or wanted.get("index") not in INDEX_REWRITTEN:
+        host.noop(f"generation {gen.id}'s RECORD index: {(wanted or {}).get('index', 'no generation')}")
+        return
+    host.log(f"venv {gen.live}: generation {gen.id}: its RECORD index is {INDEX_REWRITTEN[wanted['index']]}: writing it")
+    yield index_command(gen, host_cache)
 
 
 def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, kind, tool, sources, host_cache, log):

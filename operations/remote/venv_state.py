@@ -1,6 +1,6 @@
 # Fact script: the serving venv's generations, read with the host's own python3 (stdlib only),
 # so it works before any venv exists; on a converged host it comes in the host's one read (host_reads).
-# argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY [fast|full]
+# argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY [fast|full|write-index]
 #
 # LIVE_PATH is what units run (`LIVE_PATH/bin/python`): a symlink to the live generation, or a
 # plain venv directory from before generations existed. GENERATION_PATH is the generation this
@@ -18,6 +18,13 @@
 # generation, from a hard-linked install or copy) are counted as `linked`: an edit there would
 # change them unseen, so the deploy reinstalls them as copies of their own.
 # Files that two distributions both claim (two kernel builds owning `sgl_kernel/`) are reported.
+#
+# The listing (every RECORD's rows, each distribution's name, version and installer) comes, in a fast check,
+# from the generation's index (INDEX) when its .dist-info files are still those it was written from (their
+# inode, size, mtime and ctime; the answer says "index": used, missing or stale); otherwise they are read.
+# Either way the answer is the same: the index only spares reading and splitting every RECORD. The deploy
+# writes it (`write-index`: the one mode that writes, run as a command of the venv operation, never as a
+# read) after each install into a generation, and again where a check found it missing or stale.
 import base64
 import bisect
 import csv
@@ -248,23 +255,44 @@ def forked_stat_pass(site, rels, sizes, hash_after, workers):
     return stats, suspects
 
 
-def read_venv(venv):
-    python = python_version(venv)
-    if python is None:
-        return None
+INDEX = os.path.join(".sglang-deploy", "record-index.json")  # beside STAMP: the generation's listing, written by the deploy
+INDEX_FORMAT = 1
+KEY_FILES = ("METADATA", "INSTALLER", "RECORD")
+
+
+def site_of(venv):
     sites = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
-    site = sites[0] if sites else None
-    patched = patched_files(venv)
-    try:
-        stamp = os.lstat(os.path.join(venv, STAMP)).st_mtime_ns
-    except OSError:
-        stamp = None
-    # Files modified after this are hashed (`fast`); `full` hashes every file (a time no file reaches = none).
-    hash_after = -1 if mode == "full" else stamp if stamp is not None else float("inf")
-    dists, to_hash = {}, []
-    claimants, owner, multi = [], {}, {}  # (distribution, its RECORD rows by rel); rel -> the last to list it; rel -> all
-    listings = []
-    for dist_info in sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else ():
+    return sites[0] if sites else None
+
+
+def dist_infos(site):
+    return sorted(glob.glob(os.path.join(site, "*.dist-info"))) if site else []
+
+
+def listing_key(site, infos):
+    """What a listing is read from: every .dist-info's METADATA, INSTALLER and RECORD as (inode, size, mtime,
+    ctime). Writing one, replacing one, putting an mtime back (which sets the ctime), adding or removing a
+    distribution: each changes it. A few hundred stat calls, against reading and splitting every RECORD."""
+    key = [site]
+    for dist_info in infos:
+        entry = [os.path.basename(dist_info)]
+        for name in KEY_FILES:
+            try:
+                st = os.stat(os.path.join(dist_info, name))
+                entry.append([st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+            except OSError:
+                entry.append(None)
+        key.append(entry)
+    return key
+
+
+def parse_listing(infos):
+    """(dists, rels, hashes, sizes) read from the .dist-info directories: each distribution with a name and a version
+    as [normalised name, version, installer, has a RECORD, its number of rows], and the RECORD rows of all of
+    them in one flat list, in that order (path, hash and size as RECORD writes them, "" where absent; bytecode
+    left out)."""
+    dists, rels, hashes, sizes = [], [], [], []
+    for dist_info in infos:
         name, version = metadata(dist_info)
         if not name or not version:
             continue
@@ -275,24 +303,106 @@ def read_venv(venv):
             installer = ""
         rows = read_record(os.path.join(dist_info, "RECORD"))
         entries = [row for row in rows or () if row[0] and not row[0].endswith(".pyc")]
-        listings.append((norm(name), version, installer, rows is not None, entries))
+        rels += [row[0] for row in entries]
+        hashes += [row[1] if len(row) > 1 else "" for row in entries]
+        sizes += [row[2] if len(row) > 2 else "" for row in entries]
+        dists.append([norm(name), version, installer, rows is not None, len(entries)])
+    return dists, rels, hashes, sizes
+
+
+def indexed_listing(venv, key):
+    """(listing, how): the generation's index when it was written from exactly the files of `key` ("used"), else
+    None and why not: "missing", or "stale" (the .dist-info files changed since, or it cannot be read)."""
+    try:
+        with open(os.path.join(venv, INDEX), encoding="utf-8") as handle:
+            index = json.load(handle)
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError):
+        return None, "stale"
+    try:
+        if index["format"] != INDEX_FORMAT or index["key"] != key:
+            return None, "stale"
+        dists, rels, hashes, sizes = index["dists"], index["rels"], index["hashes"], index["sizes"]
+        if not len(rels) == len(hashes) == len(sizes) == sum(dist[4] for dist in dists):
+            return None, "stale"
+    except (KeyError, TypeError, IndexError):
+        return None, "stale"
+    return (dists, rels, hashes, sizes), "used"
+
+
+def write_index(venv):
+    """Write `venv`'s index (INDEX) of its distributions' RECORD rows, for the fast checks after this one.
+
+    What it says, as (written, why not): not written when the .dist-info files changed while they were read
+    (the next check finds the index stale and the deploy writes it again)."""
+    site = site_of(venv)
+    if site is None:
+        return False, "no site-packages"
+    infos = dist_infos(site)
+    key = listing_key(site, infos)
+    dists, rels, hashes, sizes = parse_listing(infos)
+    if dist_infos(site) != infos or listing_key(site, infos) != key:
+        return False, "its .dist-info files changed while they were read"
+    index = {"format": INDEX_FORMAT, "key": key, "dists": dists, "rels": rels, "hashes": hashes, "sizes": sizes}
+    path = os.path.join(venv, INDEX)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # Written beside and renamed in: a reader finds the old index or the new one, never part of one (and a
+    # part left by a crash is unreadable JSON: stale, so the RECORDs are read instead).
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(index, handle)
+    os.replace(path + ".tmp", path)
+    return True, ""
+
+
+def read_venv(venv):
+    python = python_version(venv)
+    if python is None:
+        return None
+    site = site_of(venv)
+    patched = patched_files(venv)
+    try:
+        stamp = os.lstat(os.path.join(venv, STAMP)).st_mtime_ns
+    except OSError:
+        stamp = None
+    # Files modified after this are hashed (`fast`); `full` hashes every file (a time no file reaches = none).
+    hash_after = -1 if mode == "full" else stamp if stamp is not None else float("inf")
+    # Every distribution's RECORD rows: from the index the deploy wrote at its last install into this
+    # generation, while the .dist-info files are those it was written from; else (and in a `full` check) read.
+    infos = dist_infos(site)
+    listing, index = None, "not used"
+    if mode != "full":
+        listing, index = indexed_listing(venv, listing_key(site, infos))
+    dists_listed, all_rels, all_hashes, size_texts = listing or parse_listing(infos)
+    all_sizes = [int(text) if text.isdigit() else -1 for text in size_texts]
     # Tens of thousands of files per venv, on every converged run: every distribution's files are stat'ed
     # in one pass (split among forked workers on a host with CPUs to spare), and only the rows that pass a
     # one-line test (missing, other size, linked, modified after the stamp, or no size in RECORD) go
     # through the row-by-row rules below.
-    all_rels = [row[0] for _, _, _, _, entries in listings for row in entries]
-    all_sizes = [int(row[2]) if len(row) > 2 and row[2].isdigit() else -1
-                 for _, _, _, _, entries in listings for row in entries]
     all_stats, all_suspects = stat_pass(site, all_rels, all_sizes, hash_after)
-    start = 0
-    for dist_name, version, installer, has_record, entries in listings:
-        end = start + len(entries)
-        rels, stats, sizes = all_rels[start:end], all_stats[start:end], all_sizes[start:end]
-        suspects = [i - start for i in all_suspects[bisect.bisect_left(all_suspects, start):bisect.bisect_left(all_suspects, end)]]
-        start = end
+    bounds, start = [], 0
+    for dist in dists_listed:
+        bounds.append((start, start + dist[4]))
+        start += dist[4]
+    # Paths that more than one distribution lists: {rel: {distribution's position: its (last) row listing rel}}.
+    multi = {}
+    if len(set(all_rels)) < len(all_rels):
+        seen, twice = set(), set()
+        for rel in all_rels:
+            if rel in seen:
+                twice.add(rel)
+            seen.add(rel)
+        for position, (first, end) in enumerate(bounds):
+            for i in range(first, end):
+                if all_rels[i] in twice:
+                    multi.setdefault(all_rels[i], {})[position] = i
+        multi = {rel: rows for rel, rows in multi.items() if len(rows) > 1}
+    dists, to_hash = {}, []
+    for (dist_name, version, installer, has_record, _), (first, end) in zip(dists_listed, bounds):
+        suspects = all_suspects[bisect.bisect_left(all_suspects, first):bisect.bisect_left(all_suspects, end)]
         damaged, linked = [], []
         for i in suspects:
-            row, rel, st = entries[i], rels[i], stats[i]
+            rel, st = all_rels[i], all_stats[i]
             if st is None:
                 damaged.append((rel, None, None))
                 continue
@@ -308,22 +418,16 @@ def read_venv(venv):
                 linked.append(rel)
             if rel.startswith(".."):
                 continue
-            if sizes[i] >= 0 and sizes[i] != st.st_size:
+            if all_sizes[i] >= 0 and all_sizes[i] != st.st_size:
                 damaged.append((rel, str(st.st_size), None))
                 continue
-            expected = row[1] if len(row) > 1 and row[1].startswith("sha256=") else None
+            expected = all_hashes[i] if all_hashes[i].startswith("sha256=") else None
             if expected and st.st_mtime_ns > hash_after:
                 to_hash.append((os.path.normpath(os.path.join(site, rel)), expected, damaged, rel))
-        # Who else ships a file: rel -> (row, stat) here, and which distributions list each rel seen twice.
-        listed = dict(zip(rels, zip(entries, stats)))
-        for rel in listed.keys() & owner.keys():
-            multi.setdefault(rel, {owner[rel]}).add(len(claimants))
-        owner.update(dict.fromkeys(listed, len(claimants)))
-        claimants.append((dist_name, listed))
         dists[dist_name] = {
             "version": version,
             "installer": installer,
-            "files": len(entries),
+            "files": end - first,
             "record": has_record,
             "damaged": damaged,
             "linked": linked,
@@ -340,11 +444,9 @@ def read_venv(venv):
     def claims(rel):
         """(distribution, RECORD size, RECORD hash) of each that ships `rel`, present, with a size (a claim)."""
         out = []
-        for index in sorted(multi.get(rel, ())):
-            dist_name, listed = claimants[index]
-            row, st = listed[rel]
-            if st is not None and len(row) > 2 and row[2] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
-                out.append((dist_name, row[2], row[1]))
+        for position, i in sorted(multi.get(rel, {}).items()):
+            if all_stats[i] is not None and size_texts[i] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
+                out.append((dists_listed[position][0], size_texts[i], all_hashes[i]))
         return out
 
     for dist in dists.values():
@@ -373,10 +475,16 @@ def read_venv(venv):
         # What the check compared, for the log: a fast check of an unstamped venv compares sizes only.
         "checked": "sha256" if mode == "full" else "size, mtime" if stamp is not None else "size",
         "hashed": len(to_hash),
+        "index": index,
         "dists": dists,
         "shared": {top: sorted(owners) for top, owners in sorted(shared.items())},
     }
 
+
+if mode == "write-index":
+    written, why = write_index(wanted)
+    print(json.dumps({"written": written, "why": why}))
+    sys.exit(0)
 
 if os.path.islink(live):
     kind, target = "link", os.path.realpath(live)

@@ -116,7 +116,8 @@ def uploads(result) -> list[str]:
 
 
 def installs(result) -> list[str]:
-    return [c for c in result.commands if isinstance(c, str) and " install " in c]
+    # The command line only: a remote script's text (a heredoc: the index write after each install) is not one.
+    return [c for c in result.commands if isinstance(c, str) and " install " in c.split("<<'PYEOF'")[0]]
 
 
 # Generations -------------------------------------------------------------------------------
@@ -485,18 +486,32 @@ def _recorded_venv(root: Path, files: dict[str, bytes]) -> Path:
     return site
 
 
+def _venv_state(root: Path, mode: str, workers: str = "1") -> dict:
+    out = subprocess.run([sys.executable, "-", str(root), str(root), "/nonexistent", "/nonexistent/uv", mode],
+                         input=remote.script("venv_state"), capture_output=True, text=True,
+                         env={**os.environ, "SGLANG_DEPLOY_STAT_WORKERS": workers})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def _state(root: Path, mode: str) -> dict:
     """The script's answer for `root`, the same whether its files are stat'ed here or by forked workers
-    (a GPU host's many CPUs split the pass; SGLANG_DEPLOY_STAT_WORKERS forces either way here)."""
-    answers = []
-    for workers in ("1", "3"):
-        out = subprocess.run([sys.executable, "-", str(root), str(root), "/nonexistent", "/nonexistent/uv", mode],
-                             input=remote.script("venv_state"), capture_output=True, text=True,
-                             env={**os.environ, "SGLANG_DEPLOY_STAT_WORKERS": workers})
-        assert out.returncode == 0, out.stderr
-        answers.append(json.loads(out.stdout)["wanted"])
+    (a GPU host's many CPUs split the pass; SGLANG_DEPLOY_STAT_WORKERS forces either way here), and whether
+    its RECORDs are read or their index is (written here for the second pair of answers, removed after)."""
+    index = root / INDEX
+    index.unlink(missing_ok=True)
+    answers = [_venv_state(root, mode, workers)["wanted"] for workers in ("1", "3")]
+    assert _venv_state(root, "write-index") == {"written": True, "why": ""}
+    answers += [_venv_state(root, mode, workers)["wanted"] for workers in ("1", "3")]
+    index.unlink()
+    used = [answer.pop("index") for answer in answers]
+    assert used == (["missing"] * 2 + ["used"] * 2 if mode == "fast" else ["not used"] * 4)
     assert answers[0] == answers[1], "the stat pass split among workers answers otherwise than one pass"
+    assert answers[0] == answers[2] == answers[3], "read from the index, the answer differs from the RECORDs'"
     return answers[0]
+
+
+INDEX = ".sglang-deploy/record-index.json"
 
 
 def test_state_script_fast_hashes_only_files_modified_after_the_install_stamp_full_hashes_all(tmp_path):
@@ -615,4 +630,144 @@ def test_a_stat_pass_split_among_workers_sees_each_damaged_file_wherever_the_spl
     expected = {dist: sum(files[rel] == dist for rel in damaged) for dist in ("alpha", "beta", "gamma")}
     assert {name: dist["damaged_count"] for name, dist in state["dists"].items()} == expected
     assert {rel for dist in state["dists"].values() for rel in dist["damaged"]} <= damaged  # (the first 5 of each)
+    assert state.pop("index") == "missing"
     assert state == _state(root, "fast")  # and the same answer as one pass
+
+
+# The RECORD index -------------------------------------------------------------------------------
+
+
+def _two_dist_venv(root: Path) -> Path:
+    """A venv of `demo` (real sizes and hashes) and `other`, stamped, its files older than the stamp."""
+    site = _recorded_venv(root, {"demo/a.py": b"alpha\n", "demo/b.py": b"bravo\n", "shared.py": b"mine\n"})
+    other = site / "other-1.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other\nVersion: 1.0\n\nbody\n")
+    (other / "INSTALLER").write_text("uv\n")
+    (site / "other").mkdir()
+    (site / "other/o.py").write_bytes(b"other\n")
+    (other / "RECORD").write_text("other/o.py,sha256=x,6\nshared.py,sha256=y,5\nother-1.0.dist-info/RECORD,,\n")
+    (root / ".sglang-deploy").mkdir(exist_ok=True)
+    (root / venv.STAMP).write_text("")
+    return site
+
+
+def _keep_mtime(path: Path, change) -> None:
+    """`change(path)`, then its mtime put back: what a fast check of the files would not see."""
+    before = path.stat()
+    change(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _edit_record(path: Path) -> None:
+    # Same length: demo/a.py's size in RECORD becomes 7 (it is 6 on disk): a damaged file, once RECORD is read.
+    path.write_text(path.read_text().replace(",6\n", ",7\n", 1))
+
+
+STALE = {
+    "a RECORD edited, its mtime put back": lambda site: _keep_mtime(site / "demo-1.0.dist-info/RECORD", _edit_record),
+    "a version changed in METADATA, its mtime put back": lambda site: _keep_mtime(
+        site / "demo-1.0.dist-info/METADATA", lambda p: p.write_text(p.read_text().replace("Version: 1.0", "Version: 9.0"))),
+    "an INSTALLER removed": lambda site: (site / "other-1.0.dist-info/INSTALLER").unlink(),
+    "an INSTALLER replaced by another file of the same text": lambda site: (
+        (site / "other-1.0.dist-info/INSTALLER.new").write_text("uv\n"),
+        os.replace(site / "other-1.0.dist-info/INSTALLER.new", site / "other-1.0.dist-info/INSTALLER")),
+    "a distribution added": lambda site: (
+        (site / "late-2.0.dist-info").mkdir(),
+        (site / "late-2.0.dist-info/METADATA").write_text("Name: late\nVersion: 2.0\n\n"),
+        (site / "late-2.0.dist-info/RECORD").write_text("late.py,sha256=z,3\n")),
+    "a distribution's .dist-info removed": lambda site: __import__("shutil").rmtree(site / "other-1.0.dist-info"),
+    "the index cut short": lambda site: (site.parents[2] / INDEX).write_text(
+        (site.parents[2] / INDEX).read_text()[:100]),
+    "the index of another format": lambda site: (site.parents[2] / INDEX).write_text(
+        json.dumps({**json.loads((site.parents[2] / INDEX).read_text()), "format": 0})),
+    "the index's columns disagree": lambda site: (site.parents[2] / INDEX).write_text(
+        json.dumps({**json.loads((site.parents[2] / INDEX).read_text()), "sizes": ["1"]})),
+}
+
+
+@pytest.mark.parametrize("change", list(STALE), ids=list(STALE))
+def test_an_index_no_longer_matching_its_dist_info_files_is_not_used_and_the_answer_is_the_records(tmp_path, change):
+    """Any change to what the listing is read from (a .dist-info file written, replaced, added or removed, even with
+    its mtime put back), or an index that cannot be read, makes the fast check read the RECORDs again: its answer
+    is then exactly that of a check with no index."""
+    root = tmp_path / "g"
+    site = _two_dist_venv(root)
+    assert _venv_state(root, "write-index") == {"written": True, "why": ""}
+    assert _venv_state(root, "fast")["wanted"]["index"] == "used"
+    STALE[change](site)
+    answers = [_venv_state(root, "fast", workers)["wanted"] for workers in ("1", "3")]
+    assert [answer.pop("index") for answer in answers] == ["stale", "stale"]
+    (root / INDEX).unlink()
+    unindexed = _venv_state(root, "fast")["wanted"]
+    assert unindexed.pop("index") == "missing"
+    assert answers[0] == answers[1] == unindexed
+    if change.startswith("a RECORD"):
+        assert unindexed["dists"]["demo"]["damaged"] == ["demo/a.py"]  # what the edited RECORD says now
+    if change.startswith("a version"):
+        assert unindexed["dists"]["demo"]["version"] == "9.0"
+
+
+def test_an_index_copied_with_its_generation_is_stale_there(tmp_path):
+    """A new generation starts as a copy of the live one (`cp -a`): the copy's index names other files."""
+    root = tmp_path / "g1"
+    _two_dist_venv(root)
+    assert _venv_state(root, "write-index")["written"] is True
+    copy_root = tmp_path / "g2"
+    subprocess.run(["cp", "-a", str(root), str(copy_root)], check=True)
+    assert _venv_state(copy_root, "fast")["wanted"]["index"] == "stale"
+    assert _venv_state(root, "fast")["wanted"]["index"] == "used"
+
+
+def test_files_damaged_after_the_index_was_written_are_found_through_it(tmp_path):
+    """The index lists what each RECORD says, not the state of the files: damage done after it is seen."""
+    root = tmp_path / "g"
+    site = _two_dist_venv(root)
+    assert _venv_state(root, "write-index")["written"] is True
+    (site / "demo/a.py").unlink()
+    (site / "other/o.py").write_bytes(b"longer than before\n")
+    state = _venv_state(root, "fast")["wanted"]
+    assert state["index"] == "used"
+    assert (state["dists"]["demo"]["damaged"], state["dists"]["other"]["damaged"]) == (["demo/a.py"], ["other/o.py"])
+
+
+def test_a_record_with_quotes_answers_the_same_through_its_index(tmp_path):
+    """A RECORD with quoted fields (a path with a comma; one quoting a line break, which read_record reads as the
+    lines it splits into) is indexed exactly as it is read."""
+    root = tmp_path / "g"
+    site = _two_dist_venv(root)
+    (site / "odd,name.py").write_bytes(b"odd\n")
+    record = site / "other-1.0.dist-info/RECORD"
+    record.write_text(record.read_text() + '"odd,name.py",sha256=q,4\n"odd\nbreak.py",sha256=r,5\n')
+    state = _state(root, "fast")["dists"]["other"]
+    assert "odd,name.py" in state["damaged"]  # read whole (written after the stamp, and not the hash RECORD gives)
+
+
+def test_the_index_is_written_after_each_install_and_before_the_stamp(stack, house):
+    gen = gen_of(stack)
+    result = run_env(facts(gen, wanted=venv_facts(gen.path, torch="2.10.0+cu130")), stack, house)
+    index_write, stamp = result.commands[-2:]
+    assert index_write.startswith(f"python3 - {LIVE} {gen.path} {CACHE} ") and " write-index <<'PYEOF'" in index_write
+    assert stamp.endswith(f"touch {gen.path}/{venv.STAMP}")
+
+
+def _record_index(fact) -> Result:
+    stack_gen = venv.Generation(LIVE, "demo-0000000000")
+    return run(venv.record_index, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
+               gen=stack_gen, host_cache=CACHE)
+
+
+@pytest.mark.parametrize("index, writes", [("missing", True), ("stale", True), ("used", False), ("not used", False)])
+def test_the_index_operation_writes_an_index_only_where_the_check_found_none_it_could_use(index, writes):
+    """Written where missing or stale; never where used, or where a full check did not look at it."""
+    gen_path = f"{LIVE}.generations/demo-0000000000"
+    fact = facts(venv.Generation(LIVE, "demo-0000000000"), wanted={**venv_facts(gen_path), "index": index})
+    result = _record_index(fact)
+    assert bool(result.commands) is writes
+    if writes:
+        assert len(result.commands) == 1 and " write-index <<'PYEOF'" in result.commands[0]
+        assert any(f"its RECORD index is {index}" in line for line in result.logs)
+
+
+def test_the_index_operation_leaves_a_host_without_the_generation_alone():
+    assert _record_index(facts(venv.Generation(LIVE, "demo-0000000000"), wanted=None, live="absent")).commands == []
