@@ -70,3 +70,66 @@ def test_operation_order_is_pyinfras_from_a_deploy_file_loaded_by_a_relative_nam
     exec(compile("\n\nresult = both(state)\n", "deploy.py", "exec"), namespace)
     original, ours = namespace["result"]
     assert ours == original and ours[:2] == [3, 3]  # the op number, then the line in "deploy.py"
+
+
+def _host_with_layered_data():
+    """A host whose data comes from every layer pyinfra reads: override, host, two groups, all, deploy data."""
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory(
+        ([("web", {"_sudo_user": "from-host", "_env": {"A": "host"}})], {"_timeout": 9, "_shell_executable": "bash"}),
+        override_data={"_retries": 2},
+        first=(["web"], {"_sudo": True, "_env": {"A": "first group"}, "_chdir": "/srv"}),
+        second=(["web"], {"_sudo": False, "_get_pty": True}),
+    )
+    state = State(inventory, Config())
+    host = inventory.get_host("web")
+    host.data._use_sudo_password = "from-override"  # set during a deploy: the override layer
+    return state, host
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"_sudo": False, "name": "an operation argument, left in place"},
+    {"_env": {"B": "call"}, "_timeout": 3, "_if": [lambda: True]},
+    {"_serial": True, "_run_once": True, "path": "/etc/x"},
+])
+@pytest.mark.parametrize("deploy_kwargs", [None, {"_sudo_user": "from-deploy", "_chdir": "/deploy"}])
+def test_global_arguments_popped_are_pyinfras(kwargs, deploy_kwargs):
+    """Every layer of host data, a @deploy's arguments and the call's own, in pyinfra's precedence; what is popped
+    and what is left in the call's arguments are the same."""
+    state, host = _host_with_layered_data()
+    host.current_deploy_kwargs = deploy_kwargs
+    theirs_kwargs, ours_kwargs = dict(kwargs), dict(kwargs)
+    theirs = pyinfra_overhead._PYINFRA_POP_GLOBAL_ARGUMENTS(state, host, theirs_kwargs)
+    ours = pyinfra_overhead.pop_global_arguments(state, host, ours_kwargs)
+    assert ours == theirs and ours_kwargs == theirs_kwargs
+    assert ours[0]["_retries"] == 2 and ours[0]["_get_pty"] is True  # the layers were read, not only defaults
+    # Values are copies, as HostData gives them: changing one does not change the host's data.
+    ours[0]["_env"]["changed"] = "here"
+    assert "changed" not in host.data._env
+
+
+def test_a_bad_global_argument_fails_as_in_pyinfra():
+    from pyinfra.api.exceptions import ArgumentTypeError
+
+    state, host = _host_with_layered_data()
+    errors = []
+    for pop in (pyinfra_overhead._PYINFRA_POP_GLOBAL_ARGUMENTS, pyinfra_overhead.pop_global_arguments):
+        with pytest.raises(ArgumentTypeError) as caught:
+            pop(state, host, {"_timeout": "soon"})
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+
+
+def test_install_makes_every_caller_pop_global_arguments_our_way(monkeypatch):
+    import importlib
+
+    modules = [importlib.import_module(f"pyinfra.api.{name}") for name in ("arguments", "deploy", "facts", "operation")]
+    for module in modules:
+        monkeypatch.setattr(module, "pop_global_arguments", module.pop_global_arguments)
+    for module, name in ((modules[3], "get_operation_order_from_stack"), (arguments, "all_global_arguments"), (modules[2], "all_global_arguments")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(pyinfra_overhead, "_ORIGINAL", {})
+    pyinfra_overhead.install()
+    assert all(module.pop_global_arguments is pyinfra_overhead.pop_global_arguments for module in modules)
