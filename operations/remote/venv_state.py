@@ -371,7 +371,7 @@ def read_venv(venv):
     # generation, while the .dist-info files are those it was written from; else (and in a `full` check) read.
     infos = dist_infos(site)
     listing, index = None, "not used"
-    if mode != "full":
+    if mode != "full" and site is not None:  # without site-packages there is nothing to index (nor to write)
         listing, index = indexed_listing(venv, listing_key(site, infos))
     dists_listed, all_rels, all_hashes, size_texts = listing or parse_listing(infos)
     all_sizes = [int(text) if text.isdigit() else -1 for text in size_texts]

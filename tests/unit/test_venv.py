@@ -771,3 +771,12 @@ def test_the_index_operation_writes_an_index_only_where_the_check_found_none_it_
 
 def test_the_index_operation_leaves_a_host_without_the_generation_alone():
     assert _record_index(facts(venv.Generation(LIVE, "demo-0000000000"), wanted=None, live="absent")).commands == []
+
+
+def test_a_venv_without_site_packages_asks_for_no_index(tmp_path):
+    """Nothing to index: a check must not ask for one, which the deploy would then try to write on every run."""
+    root = tmp_path / "g"
+    root.mkdir()
+    (root / "pyvenv.cfg").write_text("version = 3.11.7\n")
+    assert _venv_state(root, "fast")["wanted"]["index"] == "not used"
+    assert _venv_state(root, "write-index") == {"written": False, "why": "no site-packages"}
