@@ -159,10 +159,7 @@ class VenvState(FactBase):
     """
 
     def command(self, live: str, wanted: str, host_cache: str, verify: str = "fast") -> str:
-        return remote.command(
-            "venv_state", shlex.quote(live), shlex.quote(wanted), shlex.quote(host_cache),
-            shlex.quote(installer_mod.uv_binary(host_cache)), shlex.quote(verify),
-        )
+        return _venv_script(live, wanted, host_cache, verify)
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -175,12 +172,17 @@ INDEX_REWRITTEN = {
 }
 
 
+def _venv_script(live: str, wanted: str, host_cache: str, mode: str) -> str:
+    """remote/venv_state.py with its arguments: a read (`fast`, `full`: the fact), or `write-index`."""
+    return remote.command(
+        "venv_state", shlex.quote(live), shlex.quote(wanted), shlex.quote(host_cache),
+        shlex.quote(installer_mod.uv_binary(host_cache)), shlex.quote(mode),
+    )
+
+
 def index_command(gen: Generation, host_cache: str) -> str:
     """Write the generation's RECORD index (remote/venv_state.py `write-index`)."""
-    return remote.command(
-        "venv_state", shlex.quote(gen.live), shlex.quote(gen.path), shlex.quote(host_cache),
-        shlex.quote(installer_mod.uv_binary(host_cache)), "write-index",
-    )
+    return _venv_script(gen.live, gen.path, host_cache, "write-index")
 
 
 def verify_mode() -> str:
