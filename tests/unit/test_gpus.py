@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -483,3 +484,66 @@ def test_a_planned_refusal_fails_a_dry_run_and_only_a_dry_run(monkeypatch):
     with ctx_state.use(host.state), ctx_host.use(host):
         list(gpus.checked._inner(plan=bad))
     assert host not in host.state.failed_hosts  # the operation fails it when it executes
+
+
+def _standin(config: Path, cache: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"LAB_GPUS_JSON": str(config), "LAB_GPUS_CACHE": str(cache), "PATH": os.environ.get("PATH", "")}
+    # The stand-in run as its launcher runs it (python -IS), then asked whether it imported json.
+    probe = ("import sys, runpy\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+             "finally:\n    print('json imported:', 'json' in sys.modules, file=sys.stderr)")
+    return subprocess.run([sys.executable, "-IS", "-c", probe, str(STANDIN), *args], capture_output=True, text=True, env=env)
+
+
+def _query(config: Path, cache: Path) -> tuple[str, bool]:
+    proc = _standin(config, cache, "--query-gpu=index,name,memory.used", "--format=csv,noheader,nounits")
+    return proc.stdout, "json imported: True" in proc.stderr
+
+
+def test_standin_keeps_its_config_by_the_files_identity_and_reads_every_change(tmp_path):
+    """The lab's stand-in keeps what gpus.json said (without importing json) until the file changes in any way:
+    replaced, edited at the same size with its mtime put back, or the kept copy damaged or removed."""
+    config, cache = standin_config(tmp_path), tmp_path / "cache"
+    first, imported = _query(config, cache)
+    assert imported and cache.exists() and first.count("\n") == 2
+    assert _query(config, cache) == (first, False)  # answered from the kept copy
+
+    def rewrite(change, keep_mtime):
+        before = config.stat()
+        text = json.dumps(change(json.loads(config.read_text())))
+        if keep_mtime:  # same length, same mtime: only the inode's ctime tells
+            assert len(text) == before.st_size
+            with open(config, "r+") as handle:
+                handle.write(text)
+            os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+        else:
+            tmp = config.with_suffix(".new")
+            tmp.write_text(text)
+            os.replace(tmp, config)
+
+    def with_name(name):
+        return lambda c: {**c, "gpus": [{**g, "name": name} for g in c["gpus"]]}
+
+    same_length = "X" * len("NVIDIA H200")
+    for change, keep_mtime, expected in (
+        (with_name("NVIDIA H200"), False, "NVIDIA H200"),
+        (with_name(same_length), True, same_length),
+    ):
+        rewrite(change, keep_mtime)
+        out, imported = _query(config, cache)
+        assert imported and out.count(expected) == 2, (expected, out)
+        assert _query(config, cache) == (out, False)
+    for damage in (lambda: cache.write_bytes(b"\x00garbage"), lambda: cache.unlink(), lambda: cache.write_bytes(b"")):
+        damage()
+        out2, imported = _query(config, cache)
+        assert imported and out2 == out
+
+
+def test_standin_given_a_config_keeps_nothing_unless_told_where(tmp_path):
+    config, default_cache = standin_config(tmp_path), Path("/run/lab-nvidia-smi.cache")
+    before = default_cache.stat().st_mtime_ns if default_cache.exists() else None
+    env = {"LAB_GPUS_JSON": str(config), "PATH": os.environ.get("PATH", "")}
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(STANDIN), "-L"], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0 and proc.stdout.startswith("GPU 0:")
+    assert (default_cache.stat().st_mtime_ns if default_cache.exists() else None) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus.json"]
