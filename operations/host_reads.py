@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -151,9 +152,13 @@ def prepare(state, host, config_digest: str) -> HostReads:
     return reads
 
 
-def start_read(host) -> None:
+def start_read(host, running: tuple[Batch, object] | None = None) -> None:
     """Begin `host`'s one read in the background: called as soon as the run holds its lock (operations/lock.py),
     so each host's read overlaps the lock pass's next hosts instead of waiting for all of them.
+
+    `running` is a read already running on the host, begun by the very command that took its lock (`lock_read`):
+    the batch it runs and a greenlet that gives that command's (exit status, output lines, stderr). Without it the
+    read is sent now, in a call of its own.
 
     A read begun under a lock the pass then gives back (to wait for another host's) is dropped with it:
     giving the lock back is a command on the host, which drops the host's answers and any read in flight
@@ -164,12 +169,35 @@ def start_read(host) -> None:
         return  # a host pyinfra has not loaded yet: its own install reads it
     reads.changed()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
     real = unproxied(host)
-    reads.pending.append(gevent.spawn(_background_read, real, reads))
+    reads.pending.append(gevent.spawn(_background_read, real, reads, running, reads.generation))
 
 
-def _background_read(host, reads: HostReads) -> bool:
+def lock_read(host) -> Batch | None:
+    """The read to make in the same call that takes `host`'s lock (operations/lock.py runs its command once the
+    lock is taken, and hands it back to `start_read`); None where there is nothing to read yet (no read set) or
+    the host's facts are already being read."""
+    reads = reads_of(host)
+    if reads is None or reads.batched or reads.pending:
+        return None
     try:
-        return _read_batch(host, reads, None, None, None)
+        return plan_batch(reads, None, None, None)
+    except Exception as exc:  # read on its own, later, where the error is reported as pyinfra does
+        logger.debug(f"{host.name}: read with the lock not planned: {exc}")
+        return None
+
+
+def _background_read(host, reads: HostReads, running: tuple[Batch, object] | None, generation: int) -> bool:
+    try:
+        if running is None:
+            return _read_batch(host, reads, None, None, None)
+        batch, output = running
+        reads.remote_reads += 1
+        status, lines, stderr = output.get()
+        if status != 0 or reads.generation != generation:
+            logger.debug(f"{host.name}: read begun with the lock not kept (exit status {status}): {stderr.strip()[-300:]}")
+            return False
+        absorb(batch, reads, lines)
+        return True
     except Exception as exc:  # the host's own install reads again, and reports what fails as pyinfra does
         logger.debug(f"{host.name}: read begun with the lock failed: {exc}")
         return False
@@ -351,40 +379,62 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
     return "\n".join(parts), {job[0] for job in scripts}
 
 
-def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:
-    """Read the host's read set (and the fact `key` being asked for, if any) in one call; whether answers were kept."""
+@dataclasses.dataclass
+class Batch:
+    """One planned read of a host: the command, and what each of its jobs answers."""
+
+    command: str
+    keys: list[str]  # the answer's key of each job, by id
+    facts: list[FactBase]  # the fact object that processes each job's output (some keep what their command was given)
+    python_ids: set[int]
+
+
+def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> Batch | None:
+    """The batch reading the host's read set (and the fact `key` being asked for, if any); None when there is
+    nothing to share a call with."""
     wanted = {key: (cls, kwargs)} if key is not None and _cheap(cls, kwargs) else {}
     for other_cls, other_kwargs in _load_read_set(reads.read_set):
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
     if not wanted or (key is not None and len(wanted) < 2):
-        return False  # nothing to share a call with: the read goes on its own
+        return None  # nothing to share a call with: the read goes on its own
     # The longest reads start first (the batch's children run a few at a time): a venv's file check
     # queued behind a dozen short reads would add their time to its own.
     ordered = sorted(wanted.items(), key=lambda item: _name(item[1][0]) not in _slow_facts())
-    keys = [fact_key for fact_key, _ in ordered]
     entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
-    try:
-        built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
-    except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
-        logger.debug(f"{host.name}: host reads batch not built: {exc}")
-        return False
+    built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
     if built is None:
-        return False
-    command, python_ids = built
-    generation = reads.generation
-    reads.remote_reads += 1
-    ok, output = _ORIGINAL["run_shell_command"](host, command, print_output=False)  # not a change
-    if not ok or reads.generation != generation:
-        return False
-    for job_id, (status, lines) in split_batch(output.stdout_lines, python_ids).items():
-        fact = entries[job_id][1]
+        return None
+    return Batch(built[0], [fact_key for fact_key, _ in ordered], [fact for _, fact, _ in entries], built[1])
+
+
+def absorb(batch: Batch, reads: HostReads, stdout_lines: list[str]) -> None:
+    """Keep the answers of the batch's jobs that succeeded (the others are read on their own when asked for)."""
+    for job_id, (status, lines) in split_batch(stdout_lines, batch.python_ids).items():
+        fact = batch.facts[job_id]
         if status != 0:
             continue  # read on its own when asked for, so the error is reported as pyinfra does
         try:
             value = fact.process(lines) if lines else fact.default()
         except Exception:
             continue
-        reads.answers[keys[job_id]] = value
+        reads.answers[batch.keys[job_id]] = value
+
+
+def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:
+    """Read the host's read set (and the fact `key` being asked for, if any) in one call; whether answers were kept."""
+    try:
+        batch = plan_batch(reads, key, cls, kwargs)
+    except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
+        logger.debug(f"{host.name}: host reads batch not built: {exc}")
+        return False
+    if batch is None:
+        return False
+    generation = reads.generation
+    reads.remote_reads += 1
+    ok, output = _ORIGINAL["run_shell_command"](host, batch.command, print_output=False)  # not a change
+    if not ok or reads.generation != generation:
+        return False
+    absorb(batch, reads, output.stdout_lines)
     return True
 
 

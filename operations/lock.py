@@ -265,14 +265,70 @@ class _Slot:
     token: str | None = None
     held: bool = False
     done: set = field(default_factory=set)
+    running: tuple | None = None  # the host's read begun by the command that took this lock (RunLocks.read_for)
+
+
+def open_channel(host):
+    """A new session channel on `host`'s SSH connection; None where it has none (another connector)."""
+    transport = _transport(host)
+    if transport is None or not hasattr(transport, "open_session") or not transport.is_active():
+        return None
+    try:
+        return transport.open_session()
+    except Exception:  # the server refused another channel: the caller goes through pyinfra's command path
+        return None
+
+
+def first_line(channel) -> tuple[str, bytes]:
+    """The channel's first line of output (as soon as it comes), and what came after it."""
+    data = b""
+    while b"\n" not in data:
+        chunk = channel.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line.decode("utf-8", "replace"), rest
+
+
+def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
+    """Read `channel` to its end: (exit status, its output lines after the first, its stderr)."""
+    channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
+    chunks = [head]
+    try:
+        while True:
+            chunk = channel.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        errors = []
+        while True:
+            chunk = channel.recv_stderr(1 << 16)
+            if not chunk:
+                break
+            errors.append(chunk)
+        status = channel.recv_exit_status()
+    finally:
+        channel.close()
+    return status, b"".join(chunks).decode("utf-8", "replace").splitlines(), b"".join(errors).decode("utf-8", "replace")
+
+
+def gevent_spawn(function, *args):
+    import gevent
+
+    return gevent.spawn(function, *args)
 
 
 class RunLocks:
     """One run's locks: take them all in order (never waiting while holding), give each back when done."""
 
-    def __init__(self, owner: dict | None = None, on_taken: Callable[[_Slot], None] | None = None):
+    def __init__(self, owner: dict | None = None, on_taken: Callable[[_Slot], None] | None = None,
+                 read_for: Callable[[object], object | None] | None = None):
         self.owner = owner or new_owner()
         self.on_taken = on_taken  # called as each lock is taken, before the pass goes on to the next
+        # read_for(host): the host's read (an object with a shell `command`) to run in the same call that takes its
+        # lock, or None. Once taken, slot.running holds (that read, a greenlet giving (exit status, output lines, stderr)).
+        self.read_for = read_for
         self.slots: dict[tuple, _Slot] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.events: list[str] = []  # what was done, in order (read by tests and the bench)
@@ -295,8 +351,16 @@ class RunLocks:
         token = uuid.uuid4().hex
         owner = shlex.quote(json.dumps({**self.owner, "token": token}))
         timeout = wait_s + 60  # the command returns by itself after wait_s; this only bounds a hung host
-        # A free lock is taken in sh (free_lock_command): the uncontended pass costs one round trip per host.
-        result = self._run(host, free_lock_command(owner, self.owner["id"]), timeout)
+        # A free lock is taken in sh (free_lock_command): the uncontended pass costs one round trip per host,
+        # which also begins the host's read where the deploy has one (the host's one call of the run).
+        slot.running = None
+        result = None
+        if wait_s == 0 and len(slot.hosts) == 1 and self.read_for is not None:
+            read = self.read_for(host)
+            if read is not None:
+                result = self._run_with_read(slot, free_lock_command(owner, self.owner["id"]), read, timeout)
+        if result is None:
+            result = self._run(host, free_lock_command(owner, self.owner["id"]), timeout)
         holder = result.get("held_by") or {}
         if not result["acquired"]:
             why = is_stale(holder, self.owner["control"])
@@ -311,6 +375,40 @@ class RunLocks:
             self.events.append(f"take {key_text(slot.key)}")
             if self.on_taken is not None:
                 self.on_taken(slot)
+        return result
+
+    def _run_with_read(self, slot: _Slot, lock_command: str, read, timeout: float) -> dict | None:
+        """Take the lock and, where it was taken, go straight on to the host's read, in one command: its first
+        line answers the lock (read as soon as it comes, so the pass goes on), the rest is the read's output.
+
+        pyinfra returns a command's output only when it ends, so this command runs on a channel of its own over
+        the host's SSH connection, wrapped as pyinfra wraps the lock's own command. None where the host has no
+        such connection (another connector): the lock is then taken on its own."""
+        host = slot.hosts[0]
+        channel = open_channel(host)
+        if channel is None:
+            return None
+        from pyinfra.connectors.util import make_unix_command_for_host
+
+        script = f"{lock_command}\nif [ -e {_LOCK_SH}/{_marker(self.owner['id'])} ]; then\n{read.command}\nfi"
+        command = make_unix_command_for_host(getattr(host, "state", None), host, script).get_raw_value()
+        logger.debug(f"{host.name}: taking the deploy lock and reading the host in one command")
+        channel.settimeout(timeout)
+        try:
+            channel.exec_command(command)
+            line, rest = first_line(channel)
+        except Exception as exc:
+            channel.close()
+            raise HostLocked(f"{host.name}: the deploy lock command failed: {type(exc).__name__}: {exc}") from None
+        output = gevent_spawn(rest_of_output, channel, rest)
+        try:
+            result = json.loads(line)
+            result["acquired"]  # noqa: B018 - an answer without it is no answer
+        except (ValueError, KeyError, TypeError):
+            stderr = output.get()[2]
+            raise HostLocked(f"{host.name}: the deploy lock command failed: {stderr.strip()[-300:]}") from None
+        if result["acquired"]:
+            slot.running = (read, output)
         return result
 
     def _give_back(self, slot: _Slot, why: str) -> None:
@@ -432,23 +530,34 @@ class _Run(BaseStateCallback):
         self.arrived: dict[str, tuple[object, float]] = {}
         self.taking = False
         self.ready = threading.Event()
-        self.on_held: dict[str, Callable[[object], None]] = {}
-        self.locks = RunLocks(on_taken=self._taken)
+        self.on_held: dict[str, Callable[..., None]] = {}
+        self.reads: dict[str, Callable[[object], object | None]] = {}
+        self.locks = RunLocks(on_taken=self._taken, read_for=self._read_for)
         self.mutex = threading.Lock()
 
     def _taken(self, slot: _Slot) -> None:
         for host in slot.hosts:
-            self._tell_held(host)
+            self._tell_held(host, slot.running)
 
-    def _tell_held(self, host) -> None:
+    def _tell_held(self, host, running=None) -> None:
         if host.name in self.on_held:
-            self.on_held[host.name](host)
+            if running is None:
+                self.on_held[host.name](host)
+            else:
+                self.on_held[host.name](host, running)
 
-    def arrive(self, host, wait_s: float, on_held: Callable[[object], None] | None = None) -> None:
+    def _read_for(self, host):
+        read = self.reads.get(host.name)
+        return read(host) if read is not None else None
+
+    def arrive(self, host, wait_s: float, on_held: Callable[..., None] | None = None,
+               read: Callable[[object], object | None] | None = None) -> None:
         with self.mutex:
             self.arrived[host.name] = (host, wait_s)
             if on_held is not None:
                 self.on_held[host.name] = on_held
+            if read is not None:
+                self.reads[host.name] = read
             full = set(self.arrived) >= set(self.expected) or len(self.arrived) >= self.at_once
             take, self.taking = full and not self.taking, self.taking or full
         if take:
@@ -526,11 +635,14 @@ def _executing(argv: list[str] | None = None) -> bool:
     return not dry and not (as_json and not yes)
 
 
-def acquire(host, state, wait_s: int, on_held: Callable[[object], None] | None = None) -> None:
+def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None,
+            read: Callable[[object], object | None] | None = None) -> None:
     """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had.
 
     `on_held(host)` is called as soon as the host's lock is taken (with `--dry`, once its lock is looked at),
     while the pass goes on to the next host: the deploy begins the host's read there (host_reads.start_read).
+    `read(host)` gives the host's read to begin in the very command that takes its lock (host_reads.lock_read):
+    then `on_held(host, (that read, its output))` is called instead.
     """
     global _RUN
     host, state = unproxied(host), unproxied(state)
@@ -538,7 +650,7 @@ def acquire(host, state, wait_s: int, on_held: Callable[[object], None] | None =
         _RUN = _Run(state, _executing())
         state.add_callback_handler(_RUN)
     run = _RUN
-    run.arrive(host, wait_s, on_held)
+    run.arrive(host, wait_s, on_held, read)
     if not run.executing:
         return
     outcome = run.locks.outcomes.get(host.name)

@@ -309,3 +309,57 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
     host_reads.install(state, host, config_digest="lock-3")
     assert len(calls) == 2 and not reads.pending
     assert host.get_fact(StoreListing, path=str(tree))["config.json"] == len('{"taken again": true}')
+
+
+def _run_locally(command: str, answer_after_s: float = 0.0):
+    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock.py hands on for the
+    read it ran in the command that took the host's lock. The command runs at once; its answer may come later."""
+    import gevent
+
+    def run():
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        gevent.sleep(answer_after_s)
+        return proc.returncode, proc.stdout.splitlines(), proc.stderr
+
+    return gevent.spawn(run)
+
+
+def test_a_read_run_by_the_command_that_took_the_lock_answers_the_run_without_another_call(local, tree, monkeypatch):
+    _a_run_that_asked(local, tree, "with-lock-1")
+    state, host = local()
+    assert host_reads.lock_read(host) is None  # not prepared: nothing to read with the lock
+    host_reads.prepare(state, host, config_digest="with-lock-1")
+    batch = host_reads.lock_read(host)
+    assert batch is not None and len(batch.keys) == len(facts_for(tree))
+    calls = []
+    real_run = host_reads._ORIGINAL["run_shell_command"]
+    monkeypatch.setitem(host_reads._ORIGINAL, "run_shell_command", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    host_reads.start_read(host, (batch, _run_locally(batch.command)))
+    host_reads.install(state, host, config_digest="with-lock-1")
+    reads = host_reads.reads_of(host)
+    answers = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    assert calls == [] and reads.remote_reads == 1
+    assert answers[1] is None and answers[4]["config.json"] == 2
+
+
+@pytest.mark.parametrize("spoil", ["fails", "host changed"])
+def test_a_read_run_with_the_lock_that_failed_or_went_stale_is_read_again(local, tree, spoil):
+    import gevent
+
+    _a_run_that_asked(local, tree, f"with-lock-{spoil}")
+    state, host = local()
+    host_reads.prepare(state, host, config_digest=f"with-lock-{spoil}")
+    reads = host_reads.reads_of(host)
+    batch = host_reads.lock_read(host)
+    if spoil == "fails":
+        host_reads.start_read(host, (batch, _run_locally(f"{batch.command}\nexit 3")))
+    else:
+        host_reads.start_read(host, (batch, _run_locally(batch.command, answer_after_s=0.5)))
+        gevent.sleep(0.2)  # read, not yet answered...
+        (tree / "config.json").write_text('{"changed": 1}')
+        host.run_shell_command("true", print_output=False)  # ...when a command runs on the host (the lock given back)
+    host_reads.install(state, host, config_digest=f"with-lock-{spoil}")
+    assert reads.remote_reads == 2  # the lock's read, then one call of its own
+    expected = len('{"changed": 1}') if spoil == "host changed" else 2
+    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == expected
+    assert reads.remote_reads == 2

@@ -489,3 +489,124 @@ def test_a_lock_taken_again_after_a_wait_is_told_again(tmp_path):
     assert run.events == ["take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "take 10.0.0.2:22", "take 10.0.0.1:22"]
     assert told == ["10.0.0.1:22", "10.0.0.2:22", "10.0.0.1:22"]
     release_all(run, [a, b])
+
+
+class LocalChannel:
+    """A paramiko channel's calls that operations/lock.py makes, run on this machine (bash, the host's lock dir)."""
+
+    def __init__(self, host: FakeHost):
+        self.host, self.proc, self.timeout, self.closed = host, None, None, False
+
+    def settimeout(self, timeout):
+        self.timeout = timeout
+
+    def exec_command(self, command):
+        env = {**os.environ, "SGLANG_DEPLOY_LOCK": str(self.host.lock_dir)}
+        self.proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+    def recv(self, size):
+        return os.read(self.proc.stdout.fileno(), size)
+
+    def recv_stderr(self, size):
+        return os.read(self.proc.stderr.fileno(), size)
+
+    def recv_exit_status(self):
+        return self.proc.wait()
+
+    def close(self):
+        self.closed = True
+
+
+class ChannelHost(FakeHost):
+    """A FakeHost whose connection opens channels (as an SSH connection does), counting them."""
+
+    def __init__(self, name, machine, address):
+        super().__init__(name, machine, address)
+        self.channels: list[LocalChannel] = []
+        transport = SimpleNamespace(getpeername=lambda: (address, 22), sock=None, is_active=lambda: True, open_session=self._open)
+        self.connector = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport))
+        self.commands = 0
+
+    def _open(self):
+        self.channels.append(LocalChannel(self))
+        return self.channels[-1]
+
+    def run_shell_command(self, command, print_output=False, _timeout=None):
+        self.commands += 1
+        return super().run_shell_command(command, print_output, _timeout)
+
+
+def channel_machines(tmp_path, *specs):
+    hosts = []
+    for name, address in specs:
+        machine = tmp_path / address
+        machine.mkdir(exist_ok=True)
+        hosts.append(ChannelHost(name, machine, address))
+    return hosts
+
+
+def read_writing(marker_dir: Path, seconds: float = 0.0):
+    """A host's read for RunLocks.read_for: prints a line and leaves a file, after `seconds`."""
+    return lambda host: SimpleNamespace(command=f"sleep {seconds}; echo read-of-{host.name}; : > {marker_dir}/read-{host.name}")
+
+
+def test_each_lock_and_its_hosts_read_are_one_command_and_the_pass_does_not_wait_for_the_read(tmp_path):
+    a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    told = []
+    run = lock.RunLocks(on_taken=lambda slot: told.append((lock.key_text(slot.key), slot.running)), read_for=read_writing(tmp_path, 2))
+    start = time.monotonic()
+    outcomes = run.take_all([(a, 5), (b, 5)])
+    assert time.monotonic() - start < 1.5, "the pass waited for the reads (2 s each)"
+    assert all(o.held for o in outcomes.values()) and a.holder()["id"] == run.owner["id"] == b.holder()["id"]
+    assert run.events == ["take 10.0.0.1:22", "take 10.0.0.2:22"]  # as when the lock is taken alone
+    assert (a.commands, b.commands, len(a.channels), len(b.channels)) == (0, 0, 1, 1)
+    assert [key for key, _ in told] == ["10.0.0.1:22", "10.0.0.2:22"]
+    for (key, (read, output)), host in zip(told, (a, b)):
+        assert output.get(timeout=10) == (0, [f"read-of-{host.name}"], "")
+        assert read.command.startswith("sleep 2")
+    assert all(c.closed for c in a.channels + b.channels)
+    release_all(run, [a, b])
+    assert not a.lock_dir.exists() and not b.lock_dir.exists()
+
+
+def test_a_busy_lock_runs_no_read_and_the_pass_goes_as_before(tmp_path):
+    # As test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails, with each first try also
+    # carrying the host's read: the same events, and no read where the lock was not taken.
+    a, b, c = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"))
+    holder = hold(b, control=socket.gethostname(), pid=os.getpid())
+    reads = tmp_path / "reads"
+    reads.mkdir()
+    run = lock.RunLocks(read_for=read_writing(reads))
+    outcomes = run.take_all([(a, 2), (b, 2), (c, 2)])
+    assert run.events == [
+        "take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "give up 10.0.0.2:22",
+        "take 10.0.0.1:22", "take 10.0.0.3:22",
+    ]
+    assert outcomes["a"].held and outcomes["c"].held and not outcomes["b"].held and b.holder() == holder
+    time.sleep(0.5)
+    assert sorted(p.name for p in reads.iterdir()) == ["read-a", "read-c"]  # b's lock was never had: not read
+    release_all(run, [a, b, c])
+
+
+def test_a_lock_command_with_the_read_that_answers_nothing_fails_that_host_with_its_stderr(tmp_path):
+    a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    b.machine.rmdir()  # no /run: mkdir fails, and the script's guard file cannot be opened (a traceback, no answer)
+    run = lock.RunLocks(read_for=read_writing(tmp_path))
+    outcomes = run.take_all([(a, 0), (b, 0)])
+    assert outcomes["a"].held and not outcomes["b"].held
+    assert "b: the deploy lock command failed: Traceback" in outcomes["b"].error
+    assert "No such file or directory" in outcomes["b"].error
+    assert not (tmp_path / "read-b").exists()
+    release_all(run, [a, b])
+
+
+def test_hosts_sharing_an_address_or_without_channels_take_the_lock_alone_and_read_after(tmp_path):
+    first, second = channel_machines(tmp_path, ("svc-old", "10.0.0.5"), ("svc-new", "10.0.0.5"))
+    (plain,) = machines(tmp_path, ("plain", "10.0.0.6"))
+    run = lock.RunLocks(read_for=read_writing(tmp_path))
+    outcomes = run.take_all([(first, 0), (second, 0), (plain, 0)])
+    assert all(o.held for o in outcomes.values())
+    assert (len(first.channels), first.commands + second.commands) == (0, 1)  # one lock for both, taken alone
+    assert not (tmp_path / "read-svc-old").exists() and not (tmp_path / "read-plain").exists()
+    assert run.slots[lock.lock_key(plain)].running is None
+    release_all(run, [first, second, plain])
