@@ -292,25 +292,26 @@ def first_line(channel) -> tuple[str, bytes]:
 
 
 def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
-    """Read `channel` to its end: (exit status, its output lines after the first, its stderr)."""
+    """Read `channel` to its end: (exit status, its output lines after the first, its stderr). Both streams are
+    read as they come (as pyinfra does), so a command writing much to one never waits on the other."""
     channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
-    chunks = [head]
     try:
-        while True:
-            chunk = channel.recv(1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        errors = []
-        while True:
-            chunk = channel.recv_stderr(1 << 16)
-            if not chunk:
-                break
-            errors.append(chunk)
+        errors = gevent_spawn(_read_to_end, channel.recv_stderr)
+        out = _read_to_end(channel.recv, head)
         status = channel.recv_exit_status()
+        err = errors.get()
     finally:
         channel.close()
-    return status, b"".join(chunks).decode("utf-8", "replace").splitlines(), b"".join(errors).decode("utf-8", "replace")
+    return status, out.decode("utf-8", "replace").splitlines(), err.decode("utf-8", "replace")
+
+
+def _read_to_end(recv, head: bytes = b"") -> bytes:
+    chunks = [head]
+    while True:
+        chunk = recv(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def gevent_spawn(function, *args):
