@@ -13,7 +13,8 @@ The mechanism, for every fact of a host, ours and pyinfra's alike:
   other fact that the same data read on that host the last time (the *read set*, kept on the
   control machine, see `read_set_path`). Our python scripts run in one python process
   (remote/run_scripts.py); pyinfra's shell facts run in the same shell. So a converged re-run
-  makes one read call per host.
+  makes one read call per host, and that call is the one that takes the host's deploy lock
+  (`lock_read`, run by operations/lock.py once the lock is taken; `start_read` collects it).
 - Only cheap facts join a batch (`_BATCHED`; a full-verify hash or the engine's parser is read
   only when asked for). A read the batch did not have, or that failed in it, is made on its
   own, as before, so errors are reported exactly as pyinfra reports them.

@@ -9,6 +9,9 @@ How a run takes, holds and gives back its locks, and why:
   (`--parallel`); the last to arrive takes all the run's locks, over the connections pyinfra already opened, in the order of the machines'
   addresses (the peer address of each SSH connection). Hosts of one inventory that share
   an address share one lock: it is taken once, and given back when the last of them is done.
+  The command that takes a host's lock goes on, once it has it, to the host's one read
+  (`RunLocks.read_for`): its first line answers the lock, so the pass goes on as soon as that
+  line comes, while the read's output is collected beside it.
 - **It never waits while holding.** A pass takes the locks in order without waiting; at the
   first one held by another run, it gives back what the pass took and then waits for that
   one alone (in commands of at most `WAIT_STEP_S`, checking between them whether the holder
