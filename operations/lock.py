@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import gevent
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
@@ -299,7 +300,7 @@ def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
     read as they come (as pyinfra does), so a command writing much to one never waits on the other."""
     channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
     try:
-        errors = gevent_spawn(_read_to_end, channel.recv_stderr)
+        errors = gevent.spawn(_read_to_end, channel.recv_stderr)
         out = _read_to_end(channel.recv, head)
         status = channel.recv_exit_status()
         err = errors.get()
@@ -315,12 +316,6 @@ def _read_to_end(recv, head: bytes = b"") -> bytes:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
-
-
-def gevent_spawn(function, *args):
-    import gevent
-
-    return gevent.spawn(function, *args)
 
 
 class RunLocks:
@@ -404,7 +399,7 @@ class RunLocks:
         except Exception as exc:
             channel.close()
             raise HostLocked(f"{host.name}: the deploy lock command failed: {type(exc).__name__}: {exc}") from None
-        output = gevent_spawn(rest_of_output, channel, rest)
+        output = gevent.spawn(rest_of_output, channel, rest)
         try:
             result = json.loads(line)
             result["acquired"]  # noqa: B018 - an answer without it is no answer
@@ -669,6 +664,4 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     # This host alone fails (pyinfra goes on with the others): its load ends here, before any operation is added.
     host.log_styled(message, fg="red", log_func=logger.error)
     state.fail_hosts({host})
-    import gevent
-
     raise gevent.GreenletExit
