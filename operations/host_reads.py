@@ -349,7 +349,7 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
         raw = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         match = _SCRIPT_SHAPE.match(raw)
         if match and remote.is_script(match["body"]):
-            scripts.append([job_id, match["body"], shlex.split(match["args"])])
+            scripts.append([job_id, match["body"], split_args(match["args"])])
             continue
         shell_ids.append(job_id)
         requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
@@ -365,7 +365,9 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
     parts = ['d=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
     parts += shell
     if scripts:
-        payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 9)).decode("ascii")
+        # zlib's fastest level: 0.8 ms against 3.6 ms at level 9 for a GPU host's 120 kB of scripts, for 6 kB more
+        # on the wire (23 kB against 17 kB), on every host of every run.
+        payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 1)).decode("ascii")
         # What the scripts import at their top level (found here when each was inlined): the runner imports it
         # before forking, the slow reads' share before the first forks.
         imports = sorted({module for _, body, _ in scripts for module in remote.top_level_imports(body)})
@@ -419,6 +421,20 @@ def absorb(batch: Batch, reads: HostReads, stdout_lines: list[str]) -> None:
         except Exception:
             continue
         reads.answers[batch.keys[job_id]] = value
+
+
+_QUOTED_ARG = re.compile(r"""''|[\w@%+=:,./-]+|'(?:[^']|'"'"')*'""")
+
+
+def split_args(args: str) -> list[str]:
+    """`shlex.split(args)` for arguments as our scripts' commands write them (each `shlex.quote`d, one space apart),
+    in a tenth of its time (pure-python shlex took 1.7 ms of each host's read plan); anything else goes to shlex.
+    The answer is checked by quoting it again: it must give `args` back exactly."""
+    tokens = _QUOTED_ARG.findall(args)
+    words = [token[1:-1].replace("'\"'\"'", "'") if token.startswith("'") else token for token in tokens]
+    if " ".join(shlex.quote(word) for word in words) != args:
+        return shlex.split(args)
+    return words
 
 
 def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:

@@ -363,3 +363,26 @@ def test_a_read_run_with_the_lock_that_failed_or_went_stale_is_read_again(local,
     expected = len('{"changed": 1}') if spoil == "host changed" else 2
     assert host.get_fact(StoreListing, path=str(tree))["config.json"] == expected
     assert reads.remote_reads == 2
+
+
+def test_the_scripts_arguments_are_split_as_shlex_splits_them():
+    """split_args is shlex.split made fast for what our commands write (shlex.quote'd words, one space apart): any
+    word, quoted that way, comes back as it was; any other text is split exactly as shlex splits it."""
+    import random
+    import string
+
+    rnd = random.Random(13)
+    alphabet = string.printable + "üé'\"$`\\"
+    texts = ["", "a b", "'it'\"'\"'s' plain", "a  b", " a", "a\tb", "'a'b'c'", "\"a b\" c"]
+    for _ in range(2000):
+        words = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 8))) for _ in range(rnd.randint(0, 5))]
+        assert host_reads.split_args(" ".join(shlex.quote(w) for w in words)) == words
+        texts.append(" ".join(words))
+    for text in texts:
+        try:
+            expected = shlex.split(text)
+        except ValueError:
+            with pytest.raises(ValueError):
+                host_reads.split_args(text)
+            continue
+        assert host_reads.split_args(text) == expected, text
