@@ -52,13 +52,13 @@ class FakeHost:
             return None
 
 
-def machines(tmp_path: Path, *specs: tuple[str, str]) -> list[FakeHost]:
-    """FakeHosts for (name, address); one machine directory per distinct address."""
+def machines(tmp_path: Path, *specs: tuple[str, str], host_class: type | None = None) -> list[FakeHost]:
+    """FakeHosts (or `host_class`) for (name, address); one machine directory per distinct address."""
     hosts = []
     for name, address in specs:
         machine = tmp_path / address
         machine.mkdir(exist_ok=True)
-        hosts.append(FakeHost(name, machine, address))
+        hosts.append((host_class or FakeHost)(name, machine, address))
     return hosts
 
 
@@ -537,12 +537,7 @@ class ChannelHost(FakeHost):
 
 
 def channel_machines(tmp_path, *specs):
-    hosts = []
-    for name, address in specs:
-        machine = tmp_path / address
-        machine.mkdir(exist_ok=True)
-        hosts.append(ChannelHost(name, machine, address))
-    return hosts
+    return machines(tmp_path, *specs, host_class=ChannelHost)
 
 
 def read_writing(marker_dir: Path, seconds: float = 0.0):
