@@ -65,8 +65,10 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.util import make_unix_command_for_host
 
 from operations import remote
+from operations.streaming import first_line, open_session, rest_of_output, ssh_transport
 from operations.this_run import unproxied
 
 LOCK_PATH = "/run/sglang-deploy.lock"
@@ -149,7 +151,7 @@ def lock_key(host) -> tuple:
 
     Sorting by it gives every run the same order; two inventory hosts with one address get one key.
     """
-    transport = _transport(host)
+    transport = ssh_transport(host)
     if transport is not None:
         try:
             address, port = transport.getpeername()[:2]
@@ -163,15 +165,9 @@ def key_text(key: tuple) -> str:
     return f"{key[3]}:{key[2]}" if key[0] == 0 else key[3]
 
 
-def _transport(host):
-    client = getattr(getattr(host, "connector", None), "client", None)
-    get_transport = getattr(client, "get_transport", None)
-    return get_transport() if get_transport else None
-
-
 def _socket(host):
     """The socket under `host`'s SSH connection, or None (not connected, or a proxy command's pipe)."""
-    sock = getattr(_transport(host), "sock", None)
+    sock = getattr(ssh_transport(host), "sock", None)
     return sock if hasattr(sock, "setsockopt") else None
 
 
@@ -272,52 +268,6 @@ class _Slot:
     running: tuple | None = None  # the host's read begun by the command that took this lock (RunLocks.read_for)
 
 
-def open_channel(host):
-    """A new session channel on `host`'s SSH connection; None where it has none (another connector)."""
-    transport = _transport(host)
-    if transport is None or not hasattr(transport, "open_session") or not transport.is_active():
-        return None
-    try:
-        return transport.open_session()
-    except Exception:  # the server refused another channel: the caller goes through pyinfra's command path
-        return None
-
-
-def first_line(channel) -> tuple[str, bytes]:
-    """The channel's first line of output (as soon as it comes), and what came after it."""
-    data = b""
-    while b"\n" not in data:
-        chunk = channel.recv(1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    line, _, rest = data.partition(b"\n")
-    return line.decode("utf-8", "replace"), rest
-
-
-def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
-    """Read `channel` to its end: (exit status, its output lines after the first, its stderr). Both streams are
-    read as they come (as pyinfra does), so a command writing much to one never waits on the other."""
-    channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
-    try:
-        errors = gevent.spawn(_read_to_end, channel.recv_stderr)
-        out = _read_to_end(channel.recv, head)
-        status = channel.recv_exit_status()
-        err = errors.get()
-    finally:
-        channel.close()
-    return status, out.decode("utf-8", "replace").splitlines(), err.decode("utf-8", "replace")
-
-
-def _read_to_end(recv, head: bytes = b"") -> bytes:
-    chunks = [head]
-    while True:
-        chunk = recv(1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
 class RunLocks:
     """One run's locks: take them all in order (never waiting while holding), give each back when done."""
 
@@ -384,11 +334,9 @@ class RunLocks:
         the host's SSH connection, wrapped as pyinfra wraps the lock's own command. None where the host has no
         such connection (another connector): the lock is then taken on its own."""
         host = slot.hosts[0]
-        channel = open_channel(host)
+        channel = open_session(host)
         if channel is None:
             return None
-        from pyinfra.connectors.util import make_unix_command_for_host
-
         script = f"{lock_command}\nif [ -e {_LOCK_SH}/{_marker(self.owner['id'])} ]; then\n{read.command}\nfi"
         command = make_unix_command_for_host(getattr(host, "state", None), host, script).get_raw_value()
         logger.debug(f"{host.name}: taking the deploy lock and reading the host in one command")

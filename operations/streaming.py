@@ -5,6 +5,10 @@ produces a byte stream; a command on the target host consumes it. Both ends run 
 SSH connections pyinfra already holds, so nothing is written to the control machine's disk
 and no host needs a key to reach another. Used by transfer.py (a model into a host's store)
 and venv.py (installed distributions copied from a donor host).
+
+The same channels serve a command whose output is wanted as it comes, not only when it ends (what
+pyinfra gives): lock.py reads the deploy lock's answer as the first line of the command that goes
+on to read the host (`open_session`, `first_line`, `rest_of_output`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+import gevent
 
 from operations import host_reads
 
@@ -26,9 +32,64 @@ def channel(host, command: str):
     What the command writes is not in the answers host_reads keeps for that host: they are dropped.
     """
     host_reads.changed(host)
-    opened = host.connector.client.get_transport().open_session()
+    opened = open_session(host)
+    if opened is None:
+        raise RuntimeError(f"{host.name}: streaming needs an SSH connection to the host")
     opened.exec_command(command)
     return opened
+
+
+def ssh_transport(host):
+    """The paramiko transport under `host`'s pyinfra SSH connection; None where it has none (another connector)."""
+    client = getattr(getattr(host, "connector", None), "client", None)
+    get_transport = getattr(client, "get_transport", None)
+    return get_transport() if get_transport else None
+
+
+def open_session(host):
+    """A new session channel on `host`'s SSH connection; None where it has none (another connector)."""
+    transport = ssh_transport(host)
+    if transport is None or not hasattr(transport, "open_session") or not transport.is_active():
+        return None
+    try:
+        return transport.open_session()
+    except Exception:  # the server refused another channel: the caller goes through pyinfra's command path
+        return None
+
+
+def first_line(channel) -> tuple[str, bytes]:
+    """The channel's first line of output (as soon as it comes), and what came after it."""
+    data = b""
+    while b"\n" not in data:
+        chunk = channel.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line.decode("utf-8", "replace"), rest
+
+
+def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
+    """Read `channel` to its end: (exit status, its output lines after the first, its stderr). Both streams are
+    read as they come (as pyinfra does), so a command writing much to one never waits on the other."""
+    channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
+    try:
+        errors = gevent.spawn(_read_to_end, channel.recv_stderr)
+        out = _read_to_end(channel.recv, head)
+        status = channel.recv_exit_status()
+        err = errors.get()
+    finally:
+        channel.close()
+    return status, out.decode("utf-8", "replace").splitlines(), err.decode("utf-8", "replace")
+
+
+def _read_to_end(recv, head: bytes = b"") -> bytes:
+    chunks = [head]
+    while True:
+        chunk = recv(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 class Reader:
