@@ -10,19 +10,25 @@
   host's service is stopped only after the new host's service answered `/health`; and when the
   service is placed on another host that is not ready in this run (failed, left out with
   `--limit`, unreachable), the old one is kept running and the run says so.
+- The removal is destructive, so what gates it is read at the moment of the decision: the other
+  host's service must have passed this run's readiness gate there AND answer `/health` now, read
+  by a command on that host right before the stop (`answers_now`), not the answer its readiness
+  gate or its host read gave minutes earlier.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from configuration.settings import HostConfig
+from configuration.settings import HostConfig, validate_inventory
 from operations import remote
 from operations.models import BOOT_UNIT
+from operations.readiness import probe_address
 from report import summary
 
 UNIT_DIR = "/etc/systemd/system"
@@ -51,23 +57,54 @@ def leftovers(units: dict[str, dict], keep: tuple[str, ...] | list[str]) -> list
     )
 
 
-def placed_elsewhere(inventory, this_host: str) -> dict[str, list[str]]:
-    """service -> the other hosts of the inventory that place it (whether or not they are in this run)."""
-    out: dict[str, list[str]] = {}
-    for other in inventory:
-        if other.name == this_host:
+@dataclass(frozen=True)
+class Placed:
+    """A service placed on another host of the inventory: where to ask it whether it answers."""
+
+    host: str
+    unit: str
+    address: str
+    port: int
+
+    def __str__(self) -> str:
+        return self.host
+
+
+def placed_elsewhere(configs: dict[str, HostConfig], this_host: str) -> dict[str, list[Placed]]:
+    """service -> where the other hosts of the inventory place it (whether or not they are in this run), from
+    every host's validated configuration."""
+    out: dict[str, list[Placed]] = {}
+    for name, config in sorted(configs.items()):
+        if name == this_host:
             continue
-        placed = other.data.get("run_services") or []
-        for name in placed if isinstance(placed, (list, dict)) else []:
-            if isinstance(name, str):
-                out.setdefault(name, []).append(other.name)
+        for service in config.services:
+            out.setdefault(service.name, []).append(Placed(name, service.unit_name, probe_address(service.bind), service.port))
     return out
 
 
-def ready_elsewhere(service: str, others: tuple[str, ...] | list[str], report: dict) -> tuple[list[str], list[str]]:
-    """(hosts where `service` answered /health in this run, hosts where it did not or was not deployed)."""
-    ready = [h for h in others if report.get(h, {}).get(service, {}).get("state") == "ready"]
-    return ready, [h for h in others if h not in ready]
+def ready_elsewhere(service: str, others, report: dict) -> tuple[list, list]:
+    """(placements whose host's readiness gate passed for `service` in this run, the others)."""
+    ready = [p for p in others if report.get(str(p), {}).get(service, {}).get("state") == "ready"]
+    return ready, [p for p in others if p not in ready]
+
+
+def answers_now(state, placed: Placed) -> str | None:
+    """None when `placed`'s service is active and answers /health with 200 now, read by a command on its host at
+    this moment; else why not. A host not in this run, failed, or unreachable does not answer."""
+    other = state.inventory.get_host(placed.host) if state is not None else None
+    if other is None or other not in state.activated_hosts or other in state.failed_hosts:
+        return f"{placed.host} is not in this run or has failed"
+    command = remote.command("service_state", shlex.quote(placed.unit), shlex.quote(placed.address), str(int(placed.port)))
+    try:
+        ok, output = other.run_shell_command(command, print_output=False, _timeout=60)
+        found = json.loads(output.stdout.strip().splitlines()[-1]) if ok else None
+    except Exception as exc:  # the connection is gone, or the answer is not the script's
+        return f"{placed.host} could not be read now ({type(exc).__name__}: {exc})"
+    if not isinstance(found, dict):
+        return f"{placed.host} could not be read now"
+    if found.get("active") != "active" or found.get("health") != 200:
+        return f"{placed.unit} on {placed.host} is {found.get('active')}, /health {found.get('health')} now"
+    return None
 
 
 def removal_commands(unit: str, path: str) -> list[str]:
@@ -81,15 +118,21 @@ def removal_commands(unit: str, path: str) -> list[str]:
     ]
 
 
-def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, ...]) -> bool:
+def _remove(state, host, unit: str, path: str, service: str, others: tuple = ()) -> bool:
     if others:
         ready, not_ready = ready_elsewhere(service, others, summary.REPORT)
-        if not ready:
-            reason = f"service {service} is placed on {', '.join(not_ready)} but did not answer /health there in this run"
+        # Read now, on those hosts: their gate may have passed minutes ago, and this stop cannot be undone.
+        why_not = {str(p): answers_now(state, p) for p in ready}
+        answering = [str(p) for p in ready if why_not[str(p)] is None]
+        if not answering:
+            if ready:
+                reason = f"service {service} passed its readiness gate on {', '.join(map(str, ready))} in this run but does not answer there now ({'; '.join(why_not.values())})"
+            else:
+                reason = f"service {service} is placed on {', '.join(map(str, not_ready))} but did not answer /health there in this run"
             host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is ready there", fg="yellow", log_func=logger.warning)
             summary.record(host.name, service, "-", "kept", f"not placed here; {reason}")
             return True
-        moved = f"; it answers on {', '.join(ready)}"
+        moved = f"; it answers on {', '.join(answering)}"
     else:
         moved = ""
     ok, output = host.run_shell_command(" && ".join(removal_commands(unit, path)), print_output=False)
@@ -102,12 +145,13 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple[str, 
 
 
 @operation()
-def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str, list[str]] | None = None, unit_dir: str = UNIT_DIR):
+def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str, list[Placed]] | None = None, unit_dir: str = UNIT_DIR):
     """
     Stop, disable and remove our service units that no placed service owns.
 
     + keep: unit names of the services placed on this host
-    + elsewhere: service -> other hosts that place it: there it must answer /health first
+    + elsewhere: service -> where other hosts place it (`Placed`): there it must have passed this run's
+      readiness gate and answer /health at the moment of the removal
     + unit_dir: where the units live
 
     Ownership:
@@ -118,6 +162,8 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
         Added after the readiness gates: when the service moved to another host of the same
         run, this host stops it only once the new host's service answered ``/health``; if it
         did not (failed, or the host is not in this run), the unit is kept and the run says so.
+        Right before the stop, the new host's service is asked again (``answers_now``): an answer
+        read earlier in the run does not decide a removal.
 
     **Example:**
 
@@ -125,7 +171,8 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
 
         placement.unplaced_removed(
             name="Services no longer placed on this host removed",
-            keep=["sglang-ddtree.service"], elsewhere={"dflash": ["gpu-e"]},
+            keep=["sglang-ddtree.service"],
+            elsewhere={"dflash": [Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001)]},
         )
     """
     units = host.get_fact(ManagedUnits, unit_dir=unit_dir)
@@ -136,7 +183,7 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
     for unit in remove:
         service = service_of(unit)
         others = tuple((elsewhere or {}).get(service, ()))
-        when = f"once it answers /health on {', '.join(others)}" if others else "now"
+        when = f"once it answers /health on {', '.join(map(str, others))}" if others else "now"
         host.log(f"{unit}: service {service} is no longer placed on this host: stop, disable and remove it {when}")
         yield FunctionCommand(_remove, (unit, units[unit]["path"], service, others), {})
 
@@ -146,5 +193,5 @@ def remove_unplaced(config: HostConfig) -> None:
     unplaced_removed(
         name="Services no longer placed on this host removed",
         keep=[s.unit_name for s in config.services],
-        elsewhere=placed_elsewhere(host.inventory, host.name),
+        elsewhere=placed_elsewhere(validate_inventory(host.state), host.name),
     )

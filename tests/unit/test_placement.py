@@ -32,19 +32,33 @@ def test_leftovers_are_our_units_that_no_placed_service_owns():
     assert placement.leftovers(units, ["sglang-ddtree.service", "sglang-dflash.service"]) == []
 
 
-def test_placed_elsewhere_reads_every_other_hosts_run_services():
-    inventory = Inventory((
-        [("gpu-d", {"run_services": []}), ("gpu-e", {"run_services": {"dflash": {"gpu": 1}, "tmp": None}}), ("gpu-f", {"run_services": ["dflash"]})],
-        {},
+def _config(*services):
+    return SimpleNamespace(services=tuple(
+        SimpleNamespace(name=name, unit_name=f"sglang-{name}.service", bind=bind, port=port) for name, bind, port in services
     ))
-    State(inventory, Config())
-    assert placement.placed_elsewhere(inventory, "gpu-d") == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e"]}
-    assert placement.placed_elsewhere(inventory, "gpu-e") == {"dflash": ["gpu-f"]}
+
+
+def test_placed_elsewhere_reads_every_other_hosts_validated_services():
+    configs = {
+        "gpu-d": _config(),
+        "gpu-e": _config(("dflash", "0.0.0.0", 30001), ("tmp", "127.0.0.1", 30002)),
+        "gpu-f": _config(("dflash", "10.0.0.7", 30001)),
+    }
+    elsewhere = placement.placed_elsewhere(configs, "gpu-d")
+    assert {s: [str(p) for p in placed] for s, placed in elsewhere.items()} == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e"]}
+    assert elsewhere["dflash"][0] == placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001)  # probed from its own host
+    assert elsewhere["dflash"][1] == placement.Placed("gpu-f", "sglang-dflash.service", "10.0.0.7", 30001)
+    assert {s: [str(p) for p in placed] for s, placed in placement.placed_elsewhere(configs, "gpu-e").items()} == {"dflash": ["gpu-f"]}
+
+
+def placed(name="gpu-e", service="dflash"):
+    return placement.Placed(name, f"sglang-{service}.service", "127.0.0.1", 30001)
 
 
 def test_ready_elsewhere_needs_a_ready_row_in_this_runs_report():
     report = {"gpu-e": {"dflash": {"state": "ready"}}, "gpu-f": {"dflash": {"state": "FAILED"}}}
-    assert placement.ready_elsewhere("dflash", ["gpu-e", "gpu-f", "gpu-g"], report) == (["gpu-e"], ["gpu-f", "gpu-g"])
+    e, f, g = placed("gpu-e"), placed("gpu-f"), placed("gpu-g")
+    assert placement.ready_elsewhere("dflash", [e, f, g], report) == ([e], [f, g])
 
 
 def test_removal_commands_stop_disable_remove_reload():
@@ -88,8 +102,8 @@ def test_nothing_unplaced_is_a_noop():
 
 
 def test_an_unplaced_unit_is_removed_once_ready_elsewhere():
-    commands, _, logs = run_op({"sglang-dflash.service": unit()}, [], {"dflash": ["gpu-e"]})
-    assert [(c.function, c.args[1:]) for c in commands] == [(placement._remove, ("/etc/systemd/system/x", "dflash", ("gpu-e",)))]
+    commands, _, logs = run_op({"sglang-dflash.service": unit()}, [], {"dflash": [placed()]})
+    assert [(c.function, c.args[1:]) for c in commands] == [(placement._remove, ("/etc/systemd/system/x", "dflash", (placed(),)))]
     assert logs == ["sglang-dflash.service: service dflash is no longer placed on this host: stop, disable and remove it once it answers /health on gpu-e"]
 
 
@@ -112,8 +126,9 @@ class FakeHost:
 
 def test_remove_keeps_the_unit_when_the_new_host_is_not_ready(monkeypatch):
     monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "FAILED"}}})
+    monkeypatch.setattr(placement, "answers_now", lambda state, p: None)  # answering now does not replace the gate
     host = FakeHost()
-    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
     assert host.commands == []
     assert host.logs[0].startswith("sglang-dflash.service KEPT running here: service dflash is placed on gpu-e but did not answer /health")
     assert summary.REPORT["gpu-d"]["dflash"]["state"] == "kept"
@@ -121,8 +136,11 @@ def test_remove_keeps_the_unit_when_the_new_host_is_not_ready(monkeypatch):
 
 def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
     monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    asked = []
+    monkeypatch.setattr(placement, "answers_now", lambda state, p: asked.append(p))
     host = FakeHost()
-    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", ("gpu-e",)) is True
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
+    assert asked == [placed()]  # read at the moment of the decision
     assert host.commands == [
         "systemctl disable --now sglang-dflash.service && rm -f -- /p && systemctl daemon-reload"
         " && { systemctl reset-failed sglang-dflash.service 2>/dev/null || true; }"
@@ -139,6 +157,50 @@ def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
         "systemctl disable --now sglang-tmp.service && rm -f -- /p && systemctl daemon-reload"
         " && { systemctl reset-failed sglang-tmp.service 2>/dev/null || true; }"
     ]
+
+
+def test_remove_keeps_the_unit_when_the_new_host_passed_its_gate_but_does_not_answer_now(monkeypatch):
+    """A gate passed earlier in the run does not decide a stop: the new host is read again right before it."""
+    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    monkeypatch.setattr(placement, "answers_now", lambda state, p: f"{p.unit} on {p.host} is failed, /health None now")
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
+    assert host.commands == []
+    assert host.logs[0] == (
+        "sglang-dflash.service KEPT running here: service dflash passed its readiness gate on gpu-e in this run but does not "
+        "answer there now (sglang-dflash.service on gpu-e is failed, /health None now); run the deploy again once it is ready there"
+    )
+    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "kept"
+
+
+class OtherHost:
+    """A host of the run whose service_state script answers `answer` (or whose command fails)."""
+
+    def __init__(self, answer, ok=True):
+        self.answer, self.ok, self.commands = answer, ok, []
+
+    def run_shell_command(self, command, print_output=False, _timeout=None):
+        self.commands.append(command)
+        return self.ok, SimpleNamespace(stdout=json.dumps(self.answer) + "\n", stderr="")
+
+
+def _state(other, active=True, failed=False):
+    return SimpleNamespace(
+        inventory=SimpleNamespace(get_host=lambda name: other if name == "gpu-e" else None),
+        activated_hosts={other} if active else set(), failed_hosts={other} if failed else set(),
+    )
+
+
+def test_answers_now_runs_the_service_state_script_on_the_other_host_at_the_moment_of_asking():
+    other = OtherHost({"active": "active", "health": 200})
+    assert placement.answers_now(_state(other), placed()) is None
+    assert len(other.commands) == 1 and "sglang-dflash.service 127.0.0.1 30001" in other.commands[0]
+    other.answer = {"active": "failed", "health": None}
+    assert placement.answers_now(_state(other), placed()) == "sglang-dflash.service on gpu-e is failed, /health None now"
+    assert len(other.commands) == 2  # asked again: no answer is kept between two decisions
+    assert placement.answers_now(_state(OtherHost({}, ok=False)), placed()) == "gpu-e could not be read now"
+    assert placement.answers_now(_state(other, failed=True), placed()) == "gpu-e is not in this run or has failed"
+    assert placement.answers_now(_state(other, active=False), placed()) == "gpu-e is not in this run or has failed"
 
 
 def test_a_failed_removal_fails_the_host(monkeypatch):
