@@ -28,8 +28,27 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import remote, rollback, this_run
+from operations import remote, rollback, service_user, this_run
 from report import summary
+
+
+# The preflight runs as root, outside the unit's sandbox: the environment it takes from the unit must not make root's
+# python load code from somewhere else. Refused in the data already (configuration); left out here as well, so
+# that no path to root's process depends on one check. The engine's caches and home (service_user.runtime_environment)
+# are the service user's to write: root's parser never reads them.
+_LOADER_PREFIXES = ("LD_", "PYTHON", "MALLOC_", "GLIBC_")
+_LOADER_NAMES = frozenset({"BASH_ENV", "ENV", "GCONV_PATH", "HOSTALIASES", "LOCALDOMAIN", "NLSPATH", "RES_OPTIONS", "TMPDIR",
+                           "HOME", "PATH", "PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS",
+                           # huggingface's caches hold the python of trust_remote_code models
+                           "HF_HOME", "HF_MODULES_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"})
+_CACHE_SUFFIXES = ("_CACHE", "_CACHE_DIR", "_CACHE_PATH", "_CACHE_HOME", "_WORKSPACE_BASE")
+
+
+def root_may_inherit(name: str) -> bool:
+    """Whether the root preflight takes the unit's variable `name` (loader, interpreter and cache variables: no)."""
+    upper = name.upper()
+    return not (upper.startswith(_LOADER_PREFIXES) or upper in _LOADER_NAMES or upper.startswith("XDG_")
+                or upper.endswith(_CACHE_SUFFIXES) or name in service_user.runtime_environment())
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
@@ -37,12 +56,16 @@ def command(venv_path: str, launcher: str, argv: list[str], environment: dict[st
 
     The service's GPUs stay visible: a real engine's parser asks the device for its defaults
     (sglang 0.5.11 on an H200 stops with "No accelerator ... is available" when they are hidden).
+    Python runs isolated (`-I`: no PYTHON* variable, no user site-packages, not the current
+    directory on sys.path), with none of the variables that steer a loader or point at the engine's
+    writable caches (`root_may_inherit`).
     """
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **environment}
+    kept = {k: v for k, v in environment.items() if root_may_inherit(k)}
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **kept}
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     script = remote.script("preflight")
     return (
-        f"env -i {assignments} {shlex.quote(venv_path + '/bin/python')} - "
+        f"cd / && env -i {assignments} {shlex.quote(venv_path + '/bin/python')} -I - "
         f"{shlex.quote(json.dumps(argv))} {shlex.quote(launcher)} <<'PYEOF'\n{script}\nPYEOF"
     )
 

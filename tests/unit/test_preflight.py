@@ -40,13 +40,46 @@ def test_a_services_venv_does_not_depend_on_its_neighbours():
 def test_preflight_command_runs_the_venv_python_in_a_clean_environment_with_the_units_gpus():
     cmd = preflight.command("/root/venv_sglang", "sglang.launch_server", ["--port", "30000"], {"CUDA_VISIBLE_DEVICES": "1", "SGLANG_X": "a b"})
     first_line = cmd.splitlines()[0]
-    words = shlex.split(first_line.split("<<")[0])
+    words = shlex.split(first_line.split("<<")[0].removeprefix("cd / && "))
     assert words[:2] == ["env", "-i"]
     # A real engine's parser asks the GPU for defaults: hidden GPUs fail it on a GPU host (H200, sglang 0.5.11).
     assert "CUDA_VISIBLE_DEVICES=1" in words and "CUDA_VISIBLE_DEVICES=" not in words
     assert "SGLANG_X=a b" in words
-    assert words[-4:] == ["/root/venv_sglang/bin/python", "-", json.dumps(["--port", "30000"]), "sglang.launch_server"]
+    assert words[-5:] == ["/root/venv_sglang/bin/python", "-I", "-", json.dumps(["--port", "30000"]), "sglang.launch_server"]
     assert "prepare_server_args" in cmd
+
+
+@pytest.mark.parametrize("name", [
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "ld_audit", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "BASH_ENV",
+    "GCONV_PATH", "MALLOC_CHECK_", "GLIBC_TUNABLES", "HOME", "PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH",
+    "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "HF_MODULES_CACHE", "TORCH_EXTENSIONS_CACHE",
+])
+def test_the_root_preflight_takes_no_variable_that_steers_a_loader_or_points_at_the_engines_caches(name):
+    """The preflight runs as root, unsandboxed: a unit variable such as LD_PRELOAD, or PYTHONPATH into a directory the
+    engine writes, would run the engine's code as root. Whatever the data's validation lets through, it is not passed."""
+    cmd = preflight.command("/root/v", "sglang.launch_server", [], {name: "/var/lib/sglang/x", "SGLANG_DDTREE_MAX_TOPK": "8"})
+    words = shlex.split(cmd.splitlines()[0].split("<<")[0].removeprefix("cd / && "))
+    assigned = dict(w.split("=", 1) for w in words[2:words.index("/root/v/bin/python")])
+    assert assigned.get(name) != "/var/lib/sglang/x"
+    assert assigned["SGLANG_DDTREE_MAX_TOPK"] == "8" and assigned["HOME"] == "/root"
+    assert "-I" in words  # isolated: PYTHON* ignored even if one got through, no user site, no cwd on sys.path
+
+
+def test_the_isolated_preflight_still_parses_in_a_real_venv(tmp_path):
+    """`python -I -` with the script on stdin still finds the venv's packages (pyvenv.cfg), and ignores PYTHONPATH."""
+    import subprocess
+    import sys
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "sglang.py").write_text("raise SystemExit('planted sglang imported')\n")
+    cmd = preflight.command(sys.prefix, "json", [], {"PYTHONPATH": str(planted)}).replace(
+        f"{sys.prefix}/bin/python", sys.executable)
+    # The data's own checks would refuse PYTHONPATH; force it past the filter to show -I alone also holds.
+    cmd = cmd.replace("env -i ", f"env -i PYTHONPATH={planted} ", 1)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "planted" not in json.dumps(result)
 
 
 @pytest.mark.parametrize(("result", "expected"), [
