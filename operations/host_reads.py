@@ -324,10 +324,33 @@ def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
     known = _batched_facts()
     out = []
     for entry in entries if isinstance(entries, list) else ():
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] in known and isinstance(entry[1], dict):
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] in known and plain_arguments(entry[1]):
             if _cheap(known[entry[0]], entry[1]):
                 out.append((known[entry[0]], entry[1]))
     return out
+
+
+# What a read set may hold as a fact's arguments: the words this deploy derives from validated data (paths, unit and
+# model names, addresses, ports). Some facts put their arguments into a shell command unquoted, and the file lives on
+# the control machine between runs: an entry holding anything else (a space, a quote, `;`, `$`, a newline) is not
+# something this deploy wrote, and is dropped (a dropped entry costs one read, never an answer).
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_./:@+=,%-]*")
+
+
+def plain_arguments(value, depth: int = 0) -> bool:
+    """Whether `value` (a read-set entry's arguments) holds only plain data: words of `_PLAIN_WORD` not starting
+    with `-`, numbers, booleans, None, and lists and maps of them."""
+    if depth > 4:
+        return False
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) < 4096 and not value.startswith("-") and _PLAIN_WORD.fullmatch(value) is not None
+    if isinstance(value, list):
+        return all(plain_arguments(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _PLAIN_WORD.fullmatch(k) and plain_arguments(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int] = frozenset()) -> tuple[str, set[int]] | None:

@@ -386,3 +386,36 @@ def test_the_scripts_arguments_are_split_as_shlex_splits_them():
                 host_reads.split_args(text)
             continue
         assert host_reads.split_args(text) == expected, text
+
+
+@pytest.mark.parametrize("path", [
+    "/x; touch {pwned}", "/x$(touch {pwned})", "/x`touch {pwned}`", "/x\ntouch {pwned}", "/x' ; touch '{pwned}",
+    "/x && touch {pwned}", "/x|touch {pwned}", "-x; touch {pwned}",
+])
+def test_a_planted_read_set_runs_nothing_but_the_reads_this_deploy_derives(local, tree, tmp_path, path):
+    """The read set is a file on the control machine, and some facts put their arguments into a shell command
+    unquoted: an entry whose arguments are not the plain words the deploy derives is dropped, never run."""
+    pwned = tmp_path / "pwned"
+    state, host = local()
+    read_set = host_reads.read_set_path(host, "d")
+    read_set.parent.mkdir(parents=True, exist_ok=True)
+    planted = [["pyinfra.facts.files:File", {"path": path.format(pwned=pwned)}],
+               # pyinfra's SystemdStatus puts `machine` into its command unquoted
+               ["pyinfra.facts.systemd:SystemdStatus", {"machine": path.format(pwned=pwned)}],
+               ["pyinfra.facts.files:File", {"path": str(tree / "config.json")}],
+               ["pyinfra.facts.files:Directory", {"path": str(tree)}]]
+    read_set.write_text(json.dumps(planted))
+    host_reads.install(state, host, config_digest="d")
+    assert host_reads.reads_of(host).remote_reads == 1  # the plain entries still share one read
+    assert host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize(("value", "plain"), [
+    ("/root/venv_sglang", True), ("sglang-ddtree.service", True), ("127.0.0.1", True), (30000, True), (None, True),
+    (["/dev/shm/Qwen3.6-27B/.sglang-deploy-staged.json", "/etc/systemd/system/x.service"], True), ({"a": ["b", 1]}, True),
+    ("a b", False), ("a;b", False), ("$(x)", False), ("a\n", False), ("'", False), ("-rf", False), ({"a b": 1}, False),
+    ([[[[[["deep"]]]]]], False), (b"bytes", False),
+])
+def test_plain_arguments(value, plain):
+    assert host_reads.plain_arguments(value) is plain
