@@ -93,12 +93,12 @@ DERIVED_ENV = {"CUDA_VISIBLE_DEVICES": "gpu"}
 LOCATIONS = ("shm", "store")
 # Service names whose unit `sglang-<name>.service` (or whose files) the deploy uses itself.
 RESERVED_SERVICE_NAMES = frozenset({"stage-models", "stage", "deploy"})
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,62}\Z")
+_FLAG_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
+_ENV_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+_MODEL_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_USER_RE = re.compile(r"\A[a-z_][a-z0-9_-]{0,31}\Z")
+_MODULE_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 # (group, key) -> YAML file that set it last (for error messages). pyinfra merges the
 # group_data folders of the deploy dir and of the inventory's dir key by key, last wins.
@@ -365,7 +365,7 @@ def _unit_safe(src: str, path: str, value: Any, shown: Any = None, rule: str = "
     return text
 
 
-_NUMBER_WORD = re.compile(r"^-[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$|^-\.[0-9]+$")
+_NUMBER_WORD = re.compile(r"\A(-[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?|-\.[0-9]+)\Z")
 
 
 def _argv_word(src: str, path: str, word: Any, shown: Any) -> str:
@@ -403,7 +403,7 @@ def _abs_path(src: str, path: str, value: Any) -> str:
     _require(isinstance(value, str) and value.startswith("/"), src, path, value, "must be an absolute path on the host, without '..'")
     _unit_safe(src, path, value)
     _require(
-        bool(re.match(r"^[A-Za-z0-9_./+@:-]+$", value)), src, path, value,
+        bool(re.fullmatch(r"[A-Za-z0-9_./+@:-]+", value)), src, path, value,
         "may hold only letters, digits and _ . / + @ : - (no spaces, quotes, % or $: it is written into unit files)",
     )
     _require(".." not in value.split("/"), src, path, value, "must be an absolute path on the host, without '..'")
@@ -947,7 +947,7 @@ def _host_config(host) -> HostConfig:
     )
 
 
-_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+_URL_RE = re.compile(r"\Ahttps?://[^\s/]+(/\S*)?\Z")
 
 
 def _stack_sources(src: str, raw: Any, wheelhouse: str, hosts: list[str], this_host: str, venv_path: str) -> tuple[tuple[str, ...], ...]:

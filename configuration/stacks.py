@@ -26,13 +26,13 @@ from configuration.yamlload import load_file
 
 _REPO = Path(__file__).resolve().parent.parent
 STACKS_DIR = _REPO / "files" / "stacks"
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
-_PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
+_SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+_VERSION_RE = re.compile(r"\A[0-9][0-9A-Za-z.+!_-]*\Z")
+_PY_RE = re.compile(r"\A3\.[0-9]{1,2}\Z")
 # Pythons a serving venv may use: sglang needs 3.10 or later; 3.15 is not released.
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 # name-version(-build)?-python-abi-platform.whl (PEP 427; name and version escaped with '_').
-_WHEEL_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-[0-9][A-Za-z0-9_.]*)?-(?P<py>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)-(?P<plat>[A-Za-z0-9_.]+)\.whl$")
+_WHEEL_RE = re.compile(r"\A(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-[0-9][A-Za-z0-9_.]*)?-(?P<py>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)-(?P<plat>[A-Za-z0-9_.]+)\.whl\Z")
 
 
 def normalize(name: str) -> str:
@@ -80,7 +80,7 @@ def available_stacks() -> list[str]:
     return sorted(p.stem for p in STACKS_DIR.glob("*.yml"))
 
 
-_STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_STACK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9._-]*\Z")
 
 
 def load_stack(name: object, source: str = "stack", key_path: str = "stack") -> Stack:
@@ -190,7 +190,7 @@ def _python_tags_fit(shown: str, key: str, file: str, py_tags: str, abi: str, py
     want = int(python.split(".")[1])
     fits = []
     for tag in py_tags.split("."):
-        m = re.match(r"^cp3([0-9]+)$", tag)
+        m = re.fullmatch(r"cp3([0-9]+)", tag)
         if not m:
             fits.append(tag.startswith("py3") or tag == "py2.py3")
             continue

@@ -26,8 +26,8 @@ import yaml
 from configuration.errors import DataError
 
 _BOOL_OK = {"true", "false", "True", "False", "TRUE", "FALSE"}
-_INT_OK = re.compile(r"^[-+]?(0|[1-9][0-9]*)$|^0x[0-9a-fA-F]+$")
-_FLOAT_OK = re.compile(r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
+_INT_OK = re.compile(r"\A([-+]?(0|[1-9][0-9]*)|0x[0-9a-fA-F]+)\Z")
+_FLOAT_OK = re.compile(r"\A([-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z")
 
 
 class _Refused(Exception):

@@ -26,7 +26,7 @@ from operations import remote, this_run
 from operations.file_write import replace_file
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 _TMP = ".sglang-deploy-tmp"
 # The manifest's keys: anything else is a typo (`orignal:` would leave an original never backed up).
 _TOP_KEYS = ("name", "description", "base", "files")

@@ -14,7 +14,7 @@ from configuration.stacks import Stack
 from operations import service_user
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:=,+@-]+$")
+_PLAIN = re.compile(r"\A[A-Za-z0-9_./:=,+@-]+\Z")
 
 
 def systemd_quote(value: str, expands_variables: bool = True) -> str:

@@ -35,9 +35,9 @@ from configuration.stacks import normalize
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "files" / "patches"
 MANIFEST = "patchset.yml"
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # what settings accepts in `patch_sets`
-_BASE_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*$")
-_PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./+-]*$")
+_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,62}\Z")  # what settings accepts in `patch_sets`
+_BASE_RE = re.compile(r"\A\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*\Z")
+_PLAIN_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_./+-]*\Z")
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
