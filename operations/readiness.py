@@ -16,7 +16,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
-from operations import remote, this_run
+from operations import redact, remote, this_run
 from report.summary import record
 
 
@@ -57,6 +57,11 @@ def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bo
         result = {"ok": False, "reason": f"readiness probe failed to run: {output.stderr.strip()[-500:]}", "journal": ""}
     if not ok:
         result["ok"] = False
+    # The engine's words (its journal, an error it answered) may hold credentials: the host masked those it
+    # knows of; here every value this run knows, and any secret-named value, before anything prints or records it.
+    for field in ("reason", "journal"):
+        if isinstance(result.get(field), str):
+            result[field] = redact.engine_text(result[field])
     return result
 
 

@@ -6,8 +6,10 @@ map name -> value) or from the environment (`SGLANG_DEPLOY_SECRET_DDTREE_KEY`), 
 On the host the value lives only in `/etc/sglang-deploy/secrets/<service>.yml`, which sglang
 reads through `--config`: owned by root, readable by the service user's group only (0640 in a
 0710 directory; 0600 in a 0700 one when the services run as root): so it is in no unit file, no
-process argv, no journal line, and - because the value is never an operation argument and
-the file is never diffed - in no pyinfra output, `-vvv` and `--diff` included.
+process argv, and - because the value is never an operation argument and the file is never
+diffed - in no command pyinfra prints, `-vvv` and `--diff` included. The engine itself logs it
+(sglang's `server_args=ServerArgs(...)` line, sgl-project/sglang#37457): every value loaded here
+is registered with `operations/redact.py`, which keeps it out of everything the run prints.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyinfra.operations import files
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
+from operations import redact
 from operations.file_write import replace_file
 
 SECRETS_DIR = "/etc/sglang-deploy/secrets"
@@ -60,7 +63,8 @@ def env_name(secret_name: str) -> str:
 
 
 def load_secrets_file(path: Path) -> dict[str, str]:
-    """name -> value from the control machine's secrets file ({} when there is none)."""
+    """name -> value from the control machine's secrets file ({} when there is none); each value is
+    registered for redaction (operations/redact.py), whether a service uses it or not."""
     if not path.exists():
         return {}
     if path.is_dir():
@@ -69,11 +73,58 @@ def load_secrets_file(path: Path) -> dict[str, str]:
     data = load_file(path, str(path), secret=True) or {}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in data.items()):
         raise DataError(str(path), "(top level)", "<not shown>", "must be a map of secret name -> string value")
-    return {k: str(v) for k, v in data.items()}
+    values = {k: str(v) for k, v in data.items()}
+    for name, value in values.items():
+        redact.register(name, value)
+    return values
+
+
+def register_environment_secrets() -> None:
+    """Register every `$SGLANG_DEPLOY_SECRET_<NAME>` value for redaction: the run knows them all, used or not."""
+    for variable, value in os.environ.items():
+        if variable.startswith(_ENV_PREFIX):
+            redact.register(variable, value)
+
+
+# Bytes a key may hold: printable ASCII without spaces. A carriage return, a line break or another control
+# character would end or split the `Authorization` header and the key file's line (and an HTTP client quotes
+# the whole key back in its error); a space at either end is stripped from a header value; non-ASCII is
+# encoded differently by each client.
+KEY_CHARACTERS = re.compile(r"[!-~]+")
+MIN_KEY_LENGTH = 16
+
+
+def value_problem(value: str) -> str | None:
+    """What makes `value` unusable as a key, in words that never quote it; None when it is usable."""
+    if len(value) < MIN_KEY_LENGTH:
+        return f"it has {len(value)} characters"
+    if KEY_CHARACTERS.fullmatch(value):
+        return None
+    kinds = []
+    for char in value:
+        if char == "\n":
+            kind = "a line break (\\n)"
+        elif char == "\r":
+            kind = "a carriage return (\\r)"
+        elif char in " \t":
+            kind = "a space or tab"
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            kind = f"a control character (0x{ord(char):02x})"
+        elif ord(char) > 0x7F:
+            kind = "a non-ASCII character"
+        else:
+            continue
+        if kind not in kinds:
+            kinds.append(kind)
+    return "it holds " + " and ".join(kinds)
 
 
 def resolve(name: str, secrets_file: Path, source: str, key_path: str) -> Secret:
-    """The secret called `name`, from the environment or the secrets file, or a DataError saying where to put it."""
+    """The secret called `name`, from the environment or the secrets file, or a DataError saying where to put it.
+
+    Every secret value the run can know (the environment's, the secrets file's) is registered for redaction
+    first, so that no message printed from here on shows one, this one's refusal included."""
+    register_environment_secrets()
     value = os.environ.get(env_name(name))
     if value is None:
         value = load_secrets_file(secrets_file).get(name)
@@ -82,8 +133,13 @@ def resolve(name: str, secrets_file: Path, source: str, key_path: str) -> Secret
             source, key_path, name,
             f"no such secret: set ${env_name(name)}, or add `{name}: <value>` to {secrets_file} (git-ignored, on the control machine)",
         )
-    if "\n" in value or len(value) < 16:
-        raise DataError(source, key_path, name, "the secret must be a single line of at least 16 characters")
+    problem = value_problem(value)
+    if problem:
+        raise DataError(
+            source, key_path, name,
+            f"the secret must be a single line of at least {MIN_KEY_LENGTH} characters, printable ASCII without spaces "
+            f"(letters, digits, punctuation); {problem}: set ${env_name(name)}, or `{name}` in {secrets_file}, again",
+        )
     return Secret(name, value)
 
 

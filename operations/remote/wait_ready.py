@@ -2,9 +2,14 @@
 # completion. Fails fast, with the journal tail, as soon as the unit is dead or restarting.
 # The API key, if any, is read here from the service's root-only --config file (CONFIG_FILE,
 # or "-"), so that it never travels in a command line.
+# What this prints holds none of that file's values: sglang logs its server_args, keys included
+# (sgl-project/sglang#37457), and the journal tail goes to the deploy's output and CI logs. The
+# file's values, and the value of every secret-named `key=value` in the journal, are masked here,
+# on the host, before anything leaves it (operations/redact.py does the same on the control machine).
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE
 import http.client
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,12 +19,53 @@ import urllib.request
 unit, address, port, timeout, smoke = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 config_file = sys.argv[6] if len(sys.argv) > 6 else "-"
 headers = {"Content-Type": "application/json"}
-if config_file != "-":
-    with open(config_file) as handle:
+# Equal to operations/redact.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py compares them).
+SECRET_ASSIGNMENT = re.compile(
+    r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|credentials?)['"]?\s*[=:]\s*)"""
+    r"""(?:(?P<quote>['"])(?P<quoted>[^'"\n]*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
+    re.IGNORECASE,
+)
+NOT_A_VALUE = {"", "none", "null", "true", "false", "<redacted>"}
+
+
+def read_config(path):
+    """name -> value of each line (`api-key: "<JSON string>"`) of the service's --config file."""
+    values = {}
+    with open(path) as handle:
         for line in handle:
             key, _, value = line.partition(":")
-            if key.strip() == "api-key":
-                headers["Authorization"] = "Bearer " + json.loads(value.strip())
+            if value.strip():
+                values[key.strip()] = json.loads(value.strip())
+    return values
+
+
+def secret_forms(values):
+    """Each value as printed as-is, in a Python repr (sglang's server_args line) and in JSON."""
+    forms = set()
+    for value in values:
+        forms.update({value, repr(value)[1:-1], json.dumps(value)[1:-1]})
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
+def masked_assignment(match):
+    value = match.group("quoted") if match.group("quote") else match.group("bare")
+    if value.lower() in NOT_A_VALUE:
+        return match.group(0)
+    quote = match.group("quote") or ""
+    return match.group("name") + quote + "<redacted>" + quote
+
+
+def mask(text):
+    """`text` without the key file's values or any secret-named value."""
+    for form in SECRETS:
+        text = text.replace(form, "<redacted>")
+    return SECRET_ASSIGNMENT.sub(masked_assignment, text)
+
+
+config = read_config(config_file) if config_file != "-" else {}
+SECRETS = secret_forms(config.values())
+if "api-key" in config:
+    headers["Authorization"] = "Bearer " + config["api-key"]
 base = f"http://{address}:{port}"
 start = time.monotonic()
 
@@ -35,7 +81,7 @@ def journal_tail(lines=25):
 
 
 def die(reason):
-    print(json.dumps({"ok": False, "reason": reason, "elapsed_s": round(time.monotonic() - start, 1), "journal": journal_tail()}))
+    print(json.dumps({"ok": False, "reason": mask(reason), "elapsed_s": round(time.monotonic() - start, 1), "journal": mask(journal_tail())}))
     sys.exit(0)
 
 
@@ -69,4 +115,4 @@ if smoke:
             reply = json.load(response)["choices"][0]["message"]["content"]
     except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException) as exc:
         die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
-print(json.dumps({"ok": True, "ready_s": ready_s, "reply": reply}))
+print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str) else reply}))
