@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import time
 import zlib
 from pathlib import Path
 
@@ -117,6 +118,7 @@ class HostReads:
         self.read_set = read_set
         self.execution = execution  # reads made the deploy's usual way (no operation's _sudo...) are shared and batched
         self.answers: dict[str, object] = {}
+        self.read_at: dict[str, float] = {}  # key -> when its answer was read (time.monotonic)
         self.batched = False
         # Greenlets whose fact read of this host is running (its commands change nothing), and a count
         # of changes: an answer read while the host changed (another host's operation reading a donor) is not kept.
@@ -131,6 +133,18 @@ class HostReads:
         if gevent.getcurrent() not in self.readers:
             self.generation += 1
             self.answers.clear()
+
+    def keep(self, key: str, value) -> None:
+        self.answers[key] = value
+        self.read_at[key] = time.monotonic()
+
+    def forget_older_than(self, cls: type, max_age_s: float) -> int:
+        """Drop the answers of fact `cls` read more than `max_age_s` ago (the next ask reads it again); how many."""
+        now, prefix = time.monotonic(), _name(cls) + " "
+        old = [k for k in self.answers if k.startswith(prefix) and now - self.read_at.get(k, 0) > max_age_s]
+        for key in old:
+            del self.answers[key]
+        return len(old)
 
 
 def _key(cls: type, kwargs: dict) -> str:
@@ -227,6 +241,17 @@ def changed(host) -> None:
         reads.changed()
 
 
+def fresh(host, cls: type, max_age_s: float) -> None:
+    """Make the next read of fact `cls` on `host` come from the host if its kept answer is older than `max_age_s`.
+
+    For decisions that cannot wait for the next run to be corrected (a verdict that a service is ready, which a
+    removal elsewhere may follow): pyinfra runs each operation on every host before the next, so on a host where
+    nothing ran, the answer of its read at the lock can be minutes old by the time a late operation asks."""
+    reads = reads_of(host)
+    if reads is not None:
+        reads.forget_older_than(cls, max_age_s)
+
+
 def reads_of(host) -> HostReads | None:
     real = unproxied(host)
     return getattr(real, "_sglang_reads", None)
@@ -272,7 +297,7 @@ def _patch_host_class() -> None:
         finally:
             reads.readers.discard(me)
         if reads.generation == generation:
-            reads.answers[key] = value
+            reads.keep(key, value)
         return copy.deepcopy(value)
 
     def run_shell_command(self, *args, **kwargs):
@@ -443,7 +468,7 @@ def absorb(batch: Batch, reads: HostReads, stdout_lines: list[str]) -> None:
             value = fact.process(lines) if lines else fact.default()
         except Exception:
             continue
-        reads.answers[batch.keys[job_id]] = value
+        reads.keep(batch.keys[job_id], value)
 
 
 _QUOTED_ARG = re.compile(r"""''|[\w@%+=:,./-]+|'(?:[^']|'"'"')*'""")

@@ -419,3 +419,24 @@ def test_a_planted_read_set_runs_nothing_but_the_reads_this_deploy_derives(local
 ])
 def test_plain_arguments(value, plain):
     assert host_reads.plain_arguments(value) is plain
+
+
+def test_an_answer_older_than_a_decision_allows_is_read_again(local, tree, monkeypatch):
+    """`fresh(host, Fact, max_age_s)`: an answer kept longer than that is read from the host again; younger ones,
+    and other facts' answers, are kept."""
+    state, host, reads = installed(local, "d")
+    config = str(tree / "config.json")
+    host.get_fact(File, path=config)
+    host.get_fact(Directory, path=str(tree))
+    assert reads.remote_reads == 2
+    host_reads.fresh(host, File, max_age_s=60)
+    host.get_fact(File, path=config)
+    assert reads.remote_reads == 2  # young enough: kept
+    clock = [host_reads.time.monotonic() + 120]
+    monkeypatch.setattr(host_reads.time, "monotonic", lambda: clock[0])
+    host_reads.fresh(host, File, max_age_s=60)
+    (tree / "config.json").write_text("{}\n")
+    assert host.get_fact(File, path=config)["size"] == 3  # read again: the host's answer now
+    assert reads.remote_reads == 3
+    host.get_fact(Directory, path=str(tree))
+    assert reads.remote_reads == 3  # another fact's answer is not dropped
