@@ -50,6 +50,7 @@ VERIFY_MODES = ("fast", "full")
 class StagedModel(FactBase):
     """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
     (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
+    why root may not trust the staged copy (``untrusted``) or the source (``src_untrusted``), or None;
     the sha256 of staged files modified after the marker (``suspect_hashes``); with
     ``verify="full"`` instead the sha256 of every staged file (``dest_hashes``)."""
 
@@ -76,8 +77,15 @@ def drift(state: dict) -> str | None:
     name, and a later re-stage (for a real change) builds the copy from the manifest alone.
     """
     src, dest, marker = state["src"], state["dest"], state["marker"]
+    if state.get("src_untrusted"):
+        # The stage script refuses it, with what to change.
+        return f"source not trusted ({state['src_untrusted']})"
     if dest is None:
         return "not staged"
+    if state.get("untrusted"):
+        # Another user's directory (or the engine's) with the right names, sizes and a copy of our marker:
+        # the stage script moves it aside and stages afresh.
+        return f"not staged by root ({state['untrusted']})"
     if not marker or not isinstance(marker.get("files"), dict):
         return "no staging manifest (not staged by us, or interrupted)"
     staged = marker["files"]
@@ -136,6 +144,14 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
         into place. An interrupted copy is resumed by the next run; ``dest`` is never half-written.
         Free space (and available memory) is checked against everything the host still has to
         stage, before anything is copied.
+
+    Trust:
+        A staged copy is served only if it, its marker and everything in it are root's, no symlink,
+        writable by root alone, under directories nobody else can write (``/dev/shm`` is sticky): a
+        directory another user (or the engine) made there, a copy of our marker and all, is not staged,
+        whatever it holds. The stage script renames it aside (``.<name>.untrusted-<time>``, never
+        deleted) and stages afresh; a planted ``.<name>.partial`` is never resumed. A source that is not
+        root's throughout is refused.
 
     **Example:**
 

@@ -7,6 +7,7 @@
 import hashlib as _hashlib
 import os as _os
 import re as _re
+import stat as _stat
 import subprocess as _subprocess
 
 # Our files beside a model: the source's cached manifest, a staged copy's journal, a file being copied.
@@ -49,13 +50,21 @@ def beside_model(rel, name, marker_name=None):
     return name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME) or (marker_name is not None and rel == marker_name)
 
 
-def walk_files(root, skip=lambda rel, name: False):
-    """{relpath: os.lstat()} of every file under root, directories in sorted order; None if root is no directory."""
+def walk_files(root, skip=lambda rel, name: False, dirs_seen=None):
+    """{relpath: os.lstat()} of every file under root, directories in sorted order; None if root is no directory.
+
+    With `dirs_seen` (a dict), also {relpath: os.lstat()} of every directory below root, and of every link to
+    one (not walked into), for `tree_untrusted`: one lstat per directory, none more per file.
+    """
     if not _os.path.isdir(root):
         return None
     out = {}
     for base, dirs, names in _os.walk(root):
         dirs.sort()
+        if dirs_seen is not None:
+            for name in dirs:
+                path = _os.path.join(base, name)
+                dirs_seen[_os.path.relpath(path, root)] = _os.lstat(path)
         for name in sorted(names):
             path = _os.path.join(base, name)
             rel = _os.path.relpath(path, root)
@@ -99,3 +108,107 @@ def systemctl_show(units, properties):
         key, _, value = line.partition("=")
         block[key] = value
     return {block.get("Id") or unit: block for unit, block in zip(units, blocks)}
+
+
+# Trust (README "Threat model"): root reads, runs, serves or deletes only what root owns, what is no
+# symlink, and what nobody else can write or swap: the entry itself and every directory above it. Anything
+# else may have been put there by another local user or by the service user (the engine writes /dev/shm).
+TRUSTED_UIDS = frozenset({0, _os.geteuid()})  # root; and whoever runs this (root on a host)
+
+
+def _owner(uid):
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _found(path, st, what):
+    return f"{path}: {what} (found: owner {_owner(st.st_uid)}, mode {_stat.S_IMODE(st.st_mode):04o})"
+
+
+def stat_untrusted(path, st):
+    """Why one entry (its lstat) may not be trusted, or None: a symlink, another owner, writable by others."""
+    if _stat.S_ISLNK(st.st_mode):
+        return _found(path, st, f"a symlink (to {_os.readlink(path) if _os.path.islink(path) else '?'}), expected a file or directory of root's")
+    if st.st_uid not in TRUSTED_UIDS:
+        return _found(path, st, "not owned by root")
+    if st.st_mode & 0o022:
+        return _found(path, st, "writable by its group or others")
+    return None
+
+
+def _parent_untrusted(path, st):
+    """A directory above a trusted path: root's, and writable by root alone, or sticky like /tmp and /dev/shm
+    (there nobody but an entry's owner may rename or remove it)."""
+    if not _stat.S_ISDIR(st.st_mode):
+        return _found(path, st, "a parent that is not a directory")
+    if st.st_uid not in TRUSTED_UIDS:
+        return _found(path, st, "a parent directory not owned by root")
+    if st.st_mode & 0o022 and not st.st_mode & _stat.S_ISVTX:
+        return _found(path, st, "a parent directory writable by its group or others, without the sticky bit")
+    return None
+
+
+def parents_untrusted(path):
+    """Why the directories above `path` may let someone else swap it, or None.
+
+    Each directory from / down is lstat'ed; a symlink on the way must be root's, and the directories of
+    where it leads are checked the same way. A few lstat calls: cheap enough for every read.
+    """
+    path = _os.path.abspath(path)
+    parts = [p for p in path.split("/") if p][:-1]
+    here = "/"
+    for part in [None, *parts]:
+        here = here if part is None else _os.path.join(here, part)
+        try:
+            st = _os.lstat(here)
+        except FileNotFoundError:
+            return None  # nothing further down exists yet: root makes it
+        if _stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in TRUSTED_UIDS:
+                return _found(here, st, "a symlink on the path, not owned by root")
+            # Where it leads, and every directory above that (parents_untrusted of a child of it).
+            why = parents_untrusted(_os.path.join(_os.path.realpath(here), "-"))
+        else:
+            why = _parent_untrusted(here, st)
+        if why:
+            return why
+    return None
+
+
+def why_untrusted(path, link_ok=False):
+    """None when root may trust `path` (read it, run it, serve it, delete it), else why not: the path, its
+    owner and mode. An absent path is judged by its parents (root is about to make it). With `link_ok`, a
+    symlink of root's is followed (the live venv link) and where it leads is judged the same way.
+    """
+    try:
+        st = _os.lstat(path)
+    except FileNotFoundError:
+        return parents_untrusted(path)
+    if link_ok and _stat.S_ISLNK(st.st_mode) and st.st_uid in TRUSTED_UIDS:
+        return parents_untrusted(path) or why_untrusted(_os.path.realpath(path))
+    return parents_untrusted(path) or stat_untrusted(path, st)
+
+
+def tree_untrusted(root, files, dirs):
+    """Why a directory tree, already walked (`walk_files(..., dirs_seen=dirs)`: lstat results), may not be
+    trusted, or None: every file and directory in it is root's, no symlink, writable by root alone."""
+    for rel, st in [*sorted(dirs.items()), *sorted(files.items())]:
+        why = stat_untrusted(_os.path.join(root, rel), st)
+        if why:
+            return why
+    return None
+
+
+def private_dir(path):
+    """Make `path` a directory only root may enter (0700), tightening one that exists; refuse one that is not
+    root's or is a symlink (raises OSError: root never writes into what another user could redirect)."""
+    _os.makedirs(path, mode=0o700, exist_ok=True)
+    st = _os.lstat(path)
+    if _stat.S_ISLNK(st.st_mode) or st.st_uid not in TRUSTED_UIDS or parents_untrusted(path):
+        raise PermissionError(why_untrusted(path) or parents_untrusted(path))
+    if _stat.S_IMODE(st.st_mode) != 0o700:
+        _os.chmod(path, 0o700)

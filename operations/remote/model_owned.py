@@ -4,14 +4,30 @@
 # argv: SHM_DIR MARKER_NAME JOURNAL_NAME UNITS_DIR
 # {"<entry>": "staged" | "partial" | "old"}: a staged model carries the marker; an interrupted
 # copy (`.NAME.partial`) the journal; `.NAME.old` is a replaced copy not yet deleted. Anything
-# without our marker or journal is not listed, so it is never removed.
+# without our marker or journal is not listed, so it is never removed; nor is anything that is not root's
+# throughout (the directory and the marker or journal: no symlink, no other owner, no write bit for others):
+# the shm dir is world-writable, and a copy of our marker proves nothing.
 import json
 import os
+import stat
 import sys
+
+from _common import stat_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 shm_dir, marker_name, journal_name = sys.argv[1:4]
 units_dir = sys.argv[4] if len(sys.argv) > 4 else "/etc/systemd/system"
 out = {}
+
+
+def ours(path):
+    """A regular file of root's, writable by root alone."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and stat_untrusted(path, st) is None
+
+
 try:
     entries = sorted(os.listdir(shm_dir))
 except OSError:
@@ -20,9 +36,9 @@ for entry in entries:
     path = os.path.join(shm_dir, entry)
     if os.path.islink(path) or not os.path.isdir(path):
         continue
-    marked = os.path.isfile(os.path.join(path, marker_name))
-    journaled = os.path.isfile(os.path.join(path, journal_name))
-    if not (marked or journaled):
+    marked = ours(os.path.join(path, marker_name))
+    journaled = ours(os.path.join(path, journal_name))
+    if not (marked or journaled) or why_untrusted(path):
         continue
     if entry.startswith(".") and entry.endswith(".partial"):
         out[entry] = "partial"

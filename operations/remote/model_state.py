@@ -6,24 +6,44 @@
 # written after staging: those files alone are hashed (`suspect_hashes`). A same-size edit whose
 # mtime was put back is not seen that way. With `full`, every staged file is re-hashed (sha256),
 # for `verify_models: full`.
+# Trust: `untrusted` says why the staged copy may not be served (a symlink, another owner, a write bit for
+# others, on it, its marker, a file or directory in it, or a directory above it), `src_untrusted` the same of
+# the source; from the lstat results the listing reads anyway, plus one lstat per directory and per parent.
 import json
 import os
 import sys
 
-from _common import beside_model, manifest_paths, sha256_file, walk_files  # noqa: E402 - remote.script puts _common.py here
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    beside_model,
+    manifest_paths,
+    sha256_file,
+    stat_untrusted,
+    tree_untrusted,
+    walk_files,
+    why_untrusted,
+)
 
 src, dest, marker_name = sys.argv[1:4]
 src = src.rstrip("/") or "/"
 full = sys.argv[4:5] == ["full"]
 
 
-def walk(root):
-    return walk_files(root, skip=lambda rel, name: beside_model(rel, name, marker_name))
+def walk(root, dirs):
+    return walk_files(root, skip=lambda rel, name: beside_model(rel, name, marker_name), dirs_seen=dirs)
+
+
+def untrusted(root, listing, dirs):
+    """Why root may not trust the walked directory `root` (see the top), or None; None when it is absent."""
+    if listing is None:
+        return None
+    return why_untrusted(root) or tree_untrusted(root, listing, dirs)
 
 
 def source_hashes(listing):
     """{relpath: sha256} from the cached manifest if it covers every file unchanged, else None."""
     for path in manifest_paths(src):
+        if why_untrusted(path):
+            continue
         try:
             with open(path) as handle:
                 entries = json.load(handle)["files"]
@@ -41,10 +61,16 @@ def source_hashes(listing):
     return None
 
 
-source = walk(src)
-staged = walk(dest)
+source_dirs, staged_dirs = {}, {}
+source = walk(src, source_dirs)
+staged = walk(dest, staged_dirs)
+marker_path = os.path.join(dest, marker_name)
+dest_untrusted = untrusted(dest, staged, staged_dirs)
+if staged is not None and not dest_untrusted and os.path.lexists(marker_path):
+    dest_untrusted = stat_untrusted(marker_path, os.lstat(marker_path))
 marker = None
-if staged is not None and os.path.isfile(os.path.join(dest, marker_name)):
+# Nothing in an untrusted copy is opened: its owner may have made any name a FIFO (a read that never ends).
+if staged is not None and not dest_untrusted and os.path.isfile(marker_path):
     try:
         with open(os.path.join(dest, marker_name)) as handle:
             marker = json.load(handle)
@@ -61,8 +87,12 @@ out = {
     "dest": None if staged is None else {rel: st.st_size for rel, st in staged.items()},
     "marker": marker,
     "free": free,
+    "untrusted": dest_untrusted,
+    "src_untrusted": untrusted(src, source, source_dirs),
 }
-if full and staged:
+if dest_untrusted:
+    names = []
+elif full and staged:
     names = sorted(staged)
 elif staged and marker is not None:
     written = os.lstat(os.path.join(dest, marker_name)).st_mtime_ns

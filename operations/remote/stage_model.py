@@ -18,6 +18,13 @@
 # where it stopped. The marker (the staged manifest, our ownership mark) is written last, then the
 # directory replaces DEST by rename. DEST is always either the previous copy or the complete new one.
 #
+# Trust (README "Models in RAM"): the shm dir is world-writable. A DEST, `.NAME.partial` or `.NAME.old` that
+# is not root's throughout (a symlink, another owner, writable by others: made by another local user or by
+# the engine) is never served, resumed or deleted: it is renamed aside (`.NAME.untrusted-TIME`) and the model
+# staged afresh. The source and the directories above it must be root's too (root reads them, and writes
+# the manifest beside them); a symlink in the source is refused (root would copy what it points at into a
+# directory others can read). Staged files keep the source's read bits, never a write bit but root's.
+#
 # Test hook (tests/lab/test_faults.py): a file /run/sglang-deploy-test/hold-staging whose first line
 # names the model (DEST's basename) holds that model's staging once its `.NAME.partial` exists and
 # before the first byte is copied: the script writes .../reached-staging ("NAME PID") and waits until
@@ -43,7 +50,11 @@ from _common import (  # noqa: E402 - remote.script puts _common.py here
     beside_model,
     exchange,
     manifest_paths,
+    parents_untrusted,
+    stat_untrusted,
+    tree_untrusted,
     walk_files,
+    why_untrusted,
 )
 
 LOCK_PATH = "/run/lock/sglang-deploy-stage.lock"
@@ -78,8 +89,10 @@ def walk(root, skip=()):
 
 
 def load_manifest(src):
-    """The cached manifest's file entries (the first readable of the two places), or {}."""
+    """The cached manifest's file entries (the first readable and trusted of the two places), or {}."""
     for path in manifest_paths(src):
+        if why_untrusted(path):
+            continue  # another user's file would tell root which hashes to skip
         try:
             with open(path) as handle:
                 data = json.load(handle)
@@ -93,6 +106,8 @@ def load_manifest(src):
 def save_manifest(src, entries):
     body = json.dumps({"version": 1, "source": src, "files": entries}, sort_keys=True, indent=0)
     for path in manifest_paths(src):
+        if why_untrusted(path):
+            continue  # never written through a place another user could redirect
         try:
             with open(path) as handle:
                 if handle.read() == body:
@@ -100,7 +115,7 @@ def save_manifest(src, entries):
         except OSError:
             pass
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as handle:
                 handle.write(body)
@@ -162,6 +177,49 @@ def read_journal(path):
 
 def ours(path, marker_name):
     return os.path.isfile(os.path.join(path, marker_name)) or os.path.isfile(os.path.join(path, JOURNAL_NAME))
+
+
+def tree_distrusted(path):
+    """Why a directory (`.NAME.partial`, `.NAME.old`, a source) and everything in it may not be trusted, or None."""
+    why = why_untrusted(path)
+    if why or not os.path.isdir(path):
+        return why
+    dirs = {}
+    files = walk_files(path, dirs_seen=dirs)
+    return tree_untrusted(path, files, dirs)
+
+
+def staged_distrusted(dest, marker_name):
+    """(why DEST may not be used at all, or None; its files to copy again instead of linking).
+
+    DEST, its subdirectories and its marker must be root's (a copied marker in another user's directory
+    proves nothing). A regular file in it that is not (another owner, a write bit for others: only root can
+    have done that, e.g. an older deploy that kept a 0666 source's mode) is copied again; without our
+    marker any such file makes the directory untrusted.
+    """
+    why = why_untrusted(dest)
+    if why:
+        return why, set()
+    if not os.path.isdir(dest):
+        return f"{dest}: not a directory", set()
+    dirs = {}
+    files = walk_files(dest, dirs_seen=dirs)
+    why = tree_untrusted(dest, {}, dirs)
+    bad = {rel: stat_untrusted(os.path.join(dest, rel), st) for rel, st in files.items()}
+    bad = {rel: reason for rel, reason in bad.items() if reason}
+    links = [rel for rel, st in files.items() if stat.S_ISLNK(st.st_mode)]
+    if why or links or marker_name in bad or (bad and marker_name not in files):
+        return why or next(iter(bad.values())), set()
+    return None, set(bad)
+
+
+def set_aside(path, why):
+    """Rename an untrusted entry of the shm dir out of the way: never deleted, it may be someone's data."""
+    parent, name = os.path.split(path.rstrip("/"))
+    aside = os.path.join(parent, f".{name.lstrip('.')}.untrusted-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    os.rename(path, aside)
+    print(f"{why}: not trusted, so never served, resumed or deleted; moved aside to {aside} (remove it once you know whose it is)")
+    return aside
 
 
 def test_hold(name):
@@ -260,7 +318,7 @@ def copy_file(src_path, target, st, entry, want_sha, progress):
             f"mtime are unchanged: the source is damaged or was edited in place; check it, then delete its manifest "
             f"({' or '.join(manifest_paths(os.path.dirname(src_path)))}) to hash it again"
         )
-    os.chmod(tmp, st.st_mode & 0o7777)
+    os.chmod(tmp, served_mode(st.st_mode))
     os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.rename(tmp, target)
     if entry is None:
@@ -268,6 +326,11 @@ def copy_file(src_path, target, st, entry, want_sha, progress):
     elif sha is not None and sha.hexdigest() != entry["sha256"]:
         raise StageError(f"{src_path} does not match its manifest (sha256): the source is damaged or was edited in place")
     return entry
+
+
+def served_mode(mode):
+    """A staged file's mode: the source's read (and execute) bits; writable by root alone, no set-id bits."""
+    return stat.S_IMODE(mode) & 0o755
 
 
 def swapped(a, b):
@@ -287,10 +350,11 @@ def pending_bytes(src, dest, marker_name):
     if not os.path.isdir(src):
         return 0
     listing = walk(src)
-    marker = read_json(os.path.join(dest, marker_name)) if os.path.isdir(dest) else None
+    # An untrusted copy is staged afresh: all of it counts.
+    marker = read_json(os.path.join(dest, marker_name)) if os.path.isdir(dest) and not why_untrusted(dest) else None
     staged = (marker or {}).get("files") or {}
     partial = os.path.join(os.path.dirname(dest.rstrip("/")), f".{os.path.basename(dest.rstrip('/'))}.partial")
-    journal = read_journal(os.path.join(partial, JOURNAL_NAME)) or {}
+    journal = (read_journal(os.path.join(partial, JOURNAL_NAME)) if not why_untrusted(partial) else None) or {}
     need = 0
     for rel, st in listing.items():
         present = (rel in staged and _size(os.path.join(dest, rel)) == st.st_size) or (
@@ -327,6 +391,15 @@ def hash_many(paths, want_crc=True):
 
 
 def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
+    # What root writes here the service reads: never writable by others, whatever umask the shell gave.
+    umask = os.umask(0o022)
+    try:
+        return stage_model(src, dest, marker_name, verify, others, interval)
+    finally:
+        os.umask(umask)
+
+
+def stage_model(src, dest, marker_name, verify, others, interval):
     src = src.rstrip("/") or "/"
     dest = dest.rstrip("/")
     parent, name = os.path.split(dest)
@@ -336,13 +409,22 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
     if not os.path.isdir(src):
         raise StageError(f"model source {src} does not exist on this host: put the model there, or fix `model`/`model_store` in the data")
     listing = walk(src, skip={marker_name})
+    why = tree_distrusted(src) or parents_untrusted(dest)
+    if why:
+        raise StageError(
+            f"{why}: root copies the model from {src} into {parent}, which the service reads; it must be root's and "
+            f"writable by root alone, and so must the directories above both (chown root: / chmod go-w), then run again"
+        )
     cache = load_manifest(src)
     known = {rel: cache[rel] for rel, st in listing.items() if fresh(cache.get(rel), st)}
 
     os.makedirs(parent, exist_ok=True)
-    for leftover in (old,):
-        if os.path.isdir(leftover) and ours(leftover, marker_name):
-            shutil.rmtree(leftover)
+    for leftover in (old, partial):
+        why = tree_distrusted(leftover) if os.path.lexists(leftover) else None
+        if why:
+            set_aside(leftover, why)  # planted, journal and all: nothing in it is resumed
+    if os.path.isdir(old) and ours(old, marker_name):
+        shutil.rmtree(old)
     if os.path.isdir(partial):
         if not os.path.isfile(os.path.join(partial, JOURNAL_NAME)):
             if ours(partial, marker_name) or not os.listdir(partial):
@@ -351,6 +433,11 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
                 raise StageError(f"{partial} exists and was not made by sglang-deploy: move it away, then run again")
 
     staged = None  # marker of DEST: {rel: [size, sha256, crc32]}
+    copy_again = set()  # files of DEST that are root's data but not fit to serve as they are (a write bit for others)
+    if os.path.lexists(dest):
+        why, copy_again = staged_distrusted(dest, marker_name)
+        if why:
+            set_aside(dest, why)
     if os.path.isdir(dest):
         marker = read_json(os.path.join(dest, marker_name))
         if marker is not None and isinstance(marker.get("files"), dict):
@@ -382,7 +469,7 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
         if entry and rel in journal and tuple(journal[rel][:2]) == (st.st_size, entry["sha256"]) and _size(os.path.join(partial, rel)) == st.st_size:
             keep.append(rel)
         elif (
-            entry and staged and rel in staged and list(staged[rel][:2]) == [st.st_size, entry["sha256"]]
+            entry and staged and rel in staged and rel not in copy_again and list(staged[rel][:2]) == [st.st_size, entry["sha256"]]
             and _size(os.path.join(dest, rel)) == st.st_size
             and (verify != "full" or dest_sha.get(rel) == entry["sha256"])
         ):
@@ -415,7 +502,11 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
             f"({', '.join(parts)}): free space there, give {parent} more room, or load a model from the store (`model_in: store`)"
         )
 
-    os.makedirs(partial, exist_ok=True)
+    if not os.path.isdir(partial):
+        try:
+            os.mkdir(partial, 0o755)  # not exist_ok: one made by someone else since the check above is not ours
+        except FileExistsError:
+            raise StageError(f"{partial} appeared while staging (not made by this run): run again") from None
     journal_path = os.path.join(partial, JOURNAL_NAME)
     with open(journal_path, "a"):
         pass
@@ -469,6 +560,9 @@ def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
         json.dump({"source": src, "files": files}, handle, sort_keys=True)
     os.rename(tmp_marker, os.path.join(partial, marker_name))
     os.unlink(journal_path)
+    why = why_untrusted(dest) if os.path.lexists(dest) else None
+    if why:
+        set_aside(dest, why)  # made since the check above: never swapped in as `old` and deleted
     if os.path.isdir(dest):
         if swapped(partial, dest):
             os.rename(partial, old)
@@ -535,7 +629,8 @@ def main(argv):
         jobs_to_run = jobs[:1]
         marker, verify = args.marker, args.verify
     lock_path = LOCK_PATH if os.path.isdir(os.path.dirname(LOCK_PATH)) else os.path.join(os.path.dirname(jobs[0][1].rstrip("/")), ".sglang-deploy-stage.lock")
-    with open(lock_path, "a") as lock:
+    # O_NOFOLLOW: the fallback lies in the shm dir, where anyone may have put a link by that name.
+    with os.fdopen(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for i, (src, dest) in enumerate(jobs if args.list else jobs_to_run):
             # The first model checks free space for all of them, so a shortfall stops before any copy.

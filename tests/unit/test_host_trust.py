@@ -1,0 +1,280 @@
+"""Root trusts only what root wrote (README "Models in RAM" and "Environments": trust).
+
+Whatever root reads, runs, serves or deletes on a host must be root's, no symlink, writable by root alone,
+under directories nobody else can write (a sticky one such as /dev/shm or /tmp aside), or made fresh by the
+deploy. Each class below is played as the other party would: another local user (uid 65534 here, `nobody`)
+or the service user plants something where root looks, with the right names, sizes and a copy of our marker.
+The owner cases need root to hand files to another uid; the mode and symlink cases do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations import models
+from tests.unit.remote_calls import load_remote_module
+from tests.unit.test_models import FILES, make_model, script, stage, state
+
+MARKER = models.MARKER
+OTHER = 65534  # another local user
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="handing a file to another user needs root")
+common = load_remote_module("stage_model", "trust_under_test")
+
+
+def give_away(root: Path, uid: int = OTHER) -> None:
+    """Everything under root (and root itself) now belongs to another user, as if they had made it."""
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, uid, uid)
+
+
+def plant_copy_of(staged: Path, at: Path) -> None:
+    """What another user can make in a world-writable shm dir: the staged names and sizes (other bytes), and a
+    copy of the real, world-readable marker."""
+    at.mkdir(parents=True, exist_ok=True)
+    for path in sorted(staged.rglob("*")):
+        target = at / path.relative_to(staged)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif path.name == MARKER:
+            shutil.copyfile(path, target)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(b"P" * path.stat().st_size)
+    give_away(at)
+
+
+def served_equals_source(src: Path, dest: Path) -> bool:
+    def files(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.name.startswith(".sglang-deploy")}
+
+    return files(src) == files(dest)
+
+
+def aside(shm: Path, name: str) -> list[Path]:
+    return sorted(shm.glob(f".{name}.untrusted-*"))
+
+
+@pytest.fixture
+def model(tmp_path):
+    return make_model(tmp_path / "store" / "M", FILES), tmp_path / "shm" / "M"
+
+
+# The one rule ------------------------------------------------------------------------------------
+
+
+def test_root_owned_not_writable_under_root_owned_parents_is_trusted_and_a_sticky_parent_is_fine(tmp_path):
+    # tmp_path lies under /tmp (root's, sticky, world-writable); the shm dir is the same case.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    assert common.why_untrusted(str(tmp_path / "d" / "f")) is None
+    assert common.why_untrusted("/dev/shm/anything-not-there") is None
+    assert common.why_untrusted(str(tmp_path / "d" / "not-yet")) is None  # judged by its parents: root makes it
+
+
+def test_a_symlink_a_write_bit_for_others_or_a_parent_others_can_write_is_named_with_owner_and_mode(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    assert "a symlink" in common.why_untrusted(str(tmp_path / "link"))
+    assert common.why_untrusted(str(tmp_path / "link"), link_ok=True) is None  # a root link, followed
+    (tmp_path / "d" / "f").chmod(0o666)
+    assert common.why_untrusted(str(tmp_path / "d" / "f")) == (
+        f"{tmp_path}/d/f: writable by its group or others (found: owner uid 0 (root), mode 0666)"
+    )
+    (tmp_path / "d" / "f").chmod(0o644)
+    (tmp_path / "d").chmod(0o777)  # the service user could swap f for its own file
+    assert "a parent directory writable by its group or others" in common.why_untrusted(str(tmp_path / "d" / "f"))
+    assert common.why_untrusted(str(tmp_path / "link" / "f")).startswith(f"{tmp_path}/d: a parent directory")
+    (tmp_path / "d").chmod(0o755)
+
+
+@as_root
+def test_another_owner_on_the_path_or_a_link_of_theirs_is_untrusted(tmp_path):
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "e" / "f").write_text("x")
+    os.chown(tmp_path / "d", OTHER, OTHER)
+    assert common.why_untrusted(str(tmp_path / "d" / "e" / "f")) == (
+        f"{tmp_path}/d: a parent directory not owned by root (found: owner uid {OTHER} (nobody), mode 0755)"
+    )
+    os.chown(tmp_path / "d", 0, 0)
+    (tmp_path / "their-link").symlink_to(tmp_path / "d")
+    os.lchown(tmp_path / "their-link", OTHER, OTHER)
+    assert "a symlink on the path, not owned by root" in common.why_untrusted(str(tmp_path / "their-link" / "e"))
+
+
+# A squatted staged copy --------------------------------------------------------------------------
+
+
+@as_root
+def test_a_planted_copy_with_our_marker_is_not_staged_and_is_moved_aside_and_staged_afresh(model):
+    src, dest = model
+    stage(src, dest)
+    real = dest.parent / "real"
+    dest.rename(real)
+    plant_copy_of(real, dest)  # another user's directory, right names and sizes, our marker copied
+    shutil.rmtree(real)
+
+    fact = state(src, dest)
+    assert fact["untrusted"] == f"{dest}: not owned by root (found: owner uid {OTHER} (nobody), mode 0755)"
+    assert models.drift(fact).startswith("not staged by root (")
+
+    out = stage(src, dest).stdout
+    assert "moved aside" in out and "4 copied" in out
+    assert served_equals_source(src, dest) and dest.stat().st_uid == 0
+    planted = aside(dest.parent, "M")
+    assert len(planted) == 1 and planted[0].stat().st_uid == OTHER  # never deleted: it may be someone's data
+    assert (planted[0] / "config.json").read_bytes() == b"P" * 100
+    assert models.drift(state(src, dest)) is None
+
+
+def test_a_symlink_where_the_model_goes_is_moved_aside_not_followed(model, tmp_path):
+    src, dest = model
+    stage(src, dest)
+    elsewhere = tmp_path / "elsewhere"
+    dest.rename(elsewhere)
+    dest.symlink_to(elsewhere)  # a complete, real staged copy behind it: still not what root serves
+    assert "a symlink" in state(src, dest)["untrusted"]
+    stage(src, dest)
+    assert not dest.is_symlink() and served_equals_source(src, dest)
+    assert aside(dest.parent, "M")[0].is_symlink() and (elsewhere / MARKER).exists()
+
+
+def test_a_directory_others_can_write_is_not_served_even_when_root_made_it(model):
+    src, dest = model
+    stage(src, dest)
+    dest.chmod(0o777)  # the engine could swap any file in it
+    assert "writable by its group or others" in state(src, dest)["untrusted"]
+    stage(src, dest)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755 and served_equals_source(src, dest)
+
+
+@as_root
+def test_a_planted_copy_without_a_marker_is_never_adopted(model):
+    src, dest = model
+    dest.parent.mkdir(parents=True)
+    shutil.copytree(src, dest)  # an exact copy, but another user's
+    give_away(dest)
+    out = stage(src, dest).stdout
+    assert "marked as staged" not in out and "moved aside" in out
+    assert dest.stat().st_uid == 0 and served_equals_source(src, dest)
+
+
+@as_root
+def test_a_planted_partial_with_a_planted_journal_is_never_resumed(model, tmp_path):
+    src, dest = model
+    stage(src, tmp_path / "ref" / "M")
+    partial = dest.parent / ".M.partial"
+    plant_copy_of(tmp_path / "ref" / "M", partial)
+    os.lchown(partial / MARKER, 0, 0)
+    (partial / MARKER).unlink()  # an interrupted copy has a journal, not a marker
+    journal = [json.dumps([rel, size, *json.loads((tmp_path / "ref" / "M" / MARKER).read_text())["files"][rel][1:]])
+               for rel, size in FILES.items()]
+    (partial / ".sglang-deploy-partial.jsonl").write_text("\n".join(journal) + "\n")
+    os.lchown(partial / ".sglang-deploy-partial.jsonl", OTHER, OTHER)
+
+    out = stage(src, dest).stdout
+    assert "4 copied" in out and served_equals_source(src, dest)
+    assert len(aside(dest.parent, "M.partial")) == 1
+
+
+@as_root
+def test_a_planted_old_copy_is_neither_deleted_nor_in_the_way(model):
+    src, dest = model
+    stage(src, dest)
+    old = dest.parent / ".M.old"
+    plant_copy_of(dest, old)
+    (src / "config.json").write_bytes(b"n" * 100)  # a change: the swap parks the previous copy as .M.old
+    stage(src, dest)
+    assert served_equals_source(src, dest) and not old.exists()
+    assert (aside(dest.parent, "M.old")[0] / "config.json").read_bytes() == b"P" * 100
+
+
+@as_root
+def test_the_owned_fact_never_lists_another_users_directory_so_it_is_never_removed(model):
+    src, dest = model
+    stage(src, dest)
+    plant_copy_of(dest, dest.parent / "Unused")
+    plant_copy_of(dest, dest.parent / ".Gone.partial")
+    (dest.parent / "Linked").symlink_to(dest)
+    owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)["owned"]
+    assert owned == {"M": "staged"}
+    assert models.unused(owned, []) == ["M"]
+
+
+def test_the_boot_unit_moves_a_squat_aside_the_same_way(model, tmp_path):
+    src, dest = model
+    stage(src, dest)
+    dest.chmod(0o777)
+    listing = tmp_path / "models.json"
+    listing.write_text(json.dumps({"marker": MARKER, "models": [{"name": "M", "src": str(src), "dest": str(dest)}]}))
+    assert "moved aside" in script("stage_model", "--list", str(listing)).stdout
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755 and served_equals_source(src, dest)
+
+
+# What is staged, and from where ------------------------------------------------------------------
+
+
+def test_staged_files_keep_the_sources_read_bits_and_no_write_bit_but_roots_nor_set_id_bits(model):
+    src, dest = model
+    (src / "config.json").chmod(0o640)
+    (src / "model-1.safetensors").chmod(0o4755)
+    env = {**os.environ}
+    proc = subprocess.run(["sh", "-c", 'umask 0; exec "$0" - "$@"', sys.executable, str(src), str(dest), MARKER, "--progress", "0"],
+                          input=load_remote_script("stage_model"), capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    modes = {p.name: stat.S_IMODE(p.lstat().st_mode) for p in [dest, *dest.rglob("*")]}
+    assert modes["config.json"] == 0o640 and modes["model-1.safetensors"] == 0o755
+    assert all(not mode & 0o022 for mode in modes.values()), modes  # the marker and directories too, whatever the umask
+    assert state(src, dest)["untrusted"] is None
+
+
+def test_a_staged_file_an_older_deploy_left_writable_by_others_is_copied_again(model):
+    src, dest = model
+    stage(src, dest)
+    (dest / "tok" / "vocab.json").chmod(0o666)  # root's, but the engine could rewrite it
+    assert "tok/vocab.json: writable by its group or others" in state(src, dest)["untrusted"]
+    out = stage(src, dest).stdout
+    assert "1 copied" in out and "moved aside" not in out  # root's own copy: repaired, not parked
+    assert stat.S_IMODE((dest / "tok" / "vocab.json").stat().st_mode) == 0o644
+    assert state(src, dest)["untrusted"] is None and not aside(dest.parent, "M")
+
+
+@as_root
+def test_a_source_another_user_can_change_is_refused_with_the_fix(model):
+    src, dest = model
+    os.chown(src / "tok", OTHER, OTHER)
+    fact = state(src, dest)
+    assert fact["src_untrusted"] == f"{src}/tok: not owned by root (found: owner uid {OTHER} (nobody), mode 0755)"
+    assert models.drift(fact).startswith("source not trusted")
+    proc = stage(src, dest, check=False)
+    assert proc.returncode == 1 and "chown root:" in proc.stderr and not dest.exists()
+
+
+def test_a_symlink_in_the_source_is_refused_not_copied(model):
+    src, dest = model
+    (src / "secret").symlink_to("/etc/shadow")  # root would copy what it points at into a world-readable dir
+    assert "secret: a symlink" in state(src, dest)["src_untrusted"]
+    proc = stage(src, dest, check=False)
+    assert proc.returncode == 1 and "only regular files can be staged" in proc.stderr and not dest.exists()
+
+
+def test_a_manifest_others_can_write_is_not_believed(model, tmp_path):
+    src, dest = model
+    stage(src, dest)
+    manifest = src / ".sglang-deploy-manifest.json"
+    manifest.chmod(0o666)
+    assert state(src, dest)["src_hashes"] is None  # not read: hashed again when staging
+
+
+def load_remote_script(name: str) -> str:
+    from operations import remote
+
+    return remote.script(name)
