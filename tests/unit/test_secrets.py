@@ -93,3 +93,42 @@ def test_a_key_written_into_args_is_not_echoed(monkeypatch, flag):
         host_config(data(args={flag: KEY}), monkeypatch)
     assert "derived from the service key" in str(caught.value) and "<hidden>" in str(caught.value)
     assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    (KEY + "\r", "it holds a carriage return (\\r)"),
+    (KEY[:8] + "\n" + KEY[8:], "it holds a line break (\\n)"),
+    (KEY + "\x1b[0m", "it holds a control character (0x1b)"),
+    (KEY + "\x7f", "it holds a control character (0x7f)"),
+    (KEY + "é", "it holds a non-ASCII character"),
+    (KEY + "\u2028", "it holds a non-ASCII character"),
+    (KEY[:8] + " " + KEY[8:], "it holds a space or tab"),
+    (" " + KEY, "it holds a space or tab"),
+], ids=["cr", "lf", "escape", "del", "latin", "line-separator", "inner-space", "leading-space"])
+def test_a_key_that_is_not_printable_ascii_is_refused_by_name_never_by_value(monkeypatch, value, why):
+    """Before any host is touched (validation), naming the secret and the fix, never quoting the value."""
+    with pytest.raises(DataError) as caught:
+        host_config(data(api_key_secret="dflash-key"), monkeypatch, {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": value})
+    message = str(caught.value)
+    assert "services.dflash.api_key_secret: 'dflash-key'" in message and "printable ASCII without spaces" in message
+    assert why in message and "set $SGLANG_DEPLOY_SECRET_DFLASH_KEY" in message
+    assert value not in message and value.strip() not in message and KEY not in message
+
+
+def test_every_punctuation_character_is_a_usable_key():
+    assert secrets.value_problem("".join(chr(c) for c in range(0x21, 0x7F))) is None
+
+
+def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp_path):
+    """The secrets file's values and every $SGLANG_DEPLOY_SECRET_* value, used by a service or not."""
+    from operations import redact
+
+    monkeypatch.setattr(redact, "_PATTERNS", {})
+    unused = "unit-test-unused-env-secret-31f0"
+    in_file = "unit-test-unused-file-secret-8a2d"
+    monkeypatch.setenv("SGLANG_DEPLOY_SECRET_UNUSED", unused)
+    path = tmp_path / "secrets.yml"
+    path.write_text(f"dflash-key: {KEY}\nother: {in_file}\n")
+    host_config(data(api_key_secret="dflash-key"), monkeypatch, secrets_file=path)
+    printed = redact.redact(f"{KEY} {unused} {in_file}")
+    assert printed == "<secret dflash-key> <secret SGLANG_DEPLOY_SECRET_UNUSED> <secret other>"

@@ -151,3 +151,49 @@ def test_a_dead_or_restarting_unit_fails_at_once_without_waiting(tools, server, 
     active, sub, res = (line.split("=")[1] for line in state.split())
     assert result["reason"] == f"sglang-x.service is {active}/{sub} (result: {res}) before it became ready"
     assert srv.requests == []
+
+
+ADMIN = "unit-test-wait-ready-admin-9c0b"  # a test value
+
+
+def journal_says(tools, text: str) -> None:
+    """The unit's journal, as the journalctl stand-in prints it."""
+    bin_dir, _ = tools
+    (bin_dir / "journal.txt").write_text(text)
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat {bin_dir / 'journal.txt'}\n")
+
+
+def test_the_journal_tail_leaves_the_host_without_the_keys_the_engine_logged(tools, server, tmp_path):
+    """sglang logs server_args with its keys (sgl-project/sglang#37457): the script masks the key file's
+    values, in every form it reads them, and any secret-named value, before printing the tail."""
+    srv = server(health=(503,))
+    tools[1].write_text("ActiveState=failed\nSubState=failed\nResult=exit-code\n")
+    config = tmp_path / "x.yml"
+    config.write_text(f'api-key: "{KEY}"\nadmin-api-key: "{ADMIN}"\n')
+    journal_says(tools, (
+        f"[2026-01-01 00:00:00] server_args=ServerArgs(model_path='/m', api_key='{KEY}', admin_api_key={ADMIN!r}, "
+        f"hf_token='hf_unknowntoken123', max_total_tokens=8)\n"
+        f'args: {{"api_key": "{KEY}"}}\nInvalid header value {("Bearer " + KEY).encode()!r}\n'
+    ))
+    proc = subprocess.run(
+        [sys.executable, "-", "sglang-x.service", "127.0.0.1", str(srv.port), "10", "1", str(config)],
+        input=remote.script("wait_ready"), capture_output=True, text=True, timeout=60,
+        env={"PATH": f"{tools[0]}:/usr/bin:/bin"},
+    )
+    assert KEY not in proc.stdout + proc.stderr and ADMIN not in proc.stdout + proc.stderr
+    assert "hf_unknowntoken123" not in proc.stdout
+    journal = json.loads(proc.stdout)["journal"]
+    assert "server_args=ServerArgs(model_path='/m', api_key='<redacted>', admin_api_key='<redacted>', hf_token='<redacted>', max_total_tokens=8)" in journal
+    assert 'args: {"api_key": "<redacted>"}' in journal
+    assert "Invalid header value b'Bearer <redacted>'" in journal
+
+
+def test_a_failure_reason_quoting_the_key_leaves_the_host_masked(tools, server, tmp_path):
+    """A key holding a carriage return (refused at validation now, but a key file written before) makes the
+    HTTP client quote the whole header in its error: the reason is masked like the journal."""
+    srv = server()
+    config = tmp_path / "x.yml"
+    config.write_text(f"api-key: {json.dumps(KEY + chr(13))}\n")
+    result = gate(tools, srv.port, smoke=True, config=config)
+    assert result["ok"] is False and "smoke chat completion failed" in result["reason"], result
+    assert "<redacted>" in result["reason"] and KEY not in json.dumps(result), result
