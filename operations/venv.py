@@ -15,6 +15,11 @@ pins and the patch sets applied in it). A deploy that changes the environment:
    the probe passes, `venv.switched` points `venv_path` at it in one rename. The previous generation is
    kept (one) for rollback; older ones are deleted.
 
+Trust: root runs `<venv_path>/bin/python` and installs from `host_wheel_cache`. The venv fact also says
+why any of them (the link and where it leads, the generations, the wheel cache, uv, each wheel, and every
+directory above them) is not root's alone; the host then stops before anything runs from them
+(`refuse_untrusted`). The switch adopts only a venv of root's, and never deletes what is not.
+
 Facts read every installed distribution (name, version with its local tag, installer, and
 the files its RECORD names that are damaged: `verify_env: fast` compares sizes, and hashes
 files modified after the generation's install stamp; `full` compares every file's sha256
@@ -207,7 +212,21 @@ def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
     facts = host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
     if facts is None:
         raise unread("the serving venv", gen.live)
+    refuse_untrusted(facts, gen, host_cache)
     return facts
+
+
+def refuse_untrusted(facts: dict, gen: Generation, host_cache: str) -> None:
+    """Stop the host before anything runs from a venv, or installs from a wheel cache, that another user could
+    have written or swapped (remote/venv_state.py: `untrusted`)."""
+    found = facts.get("untrusted") or []
+    if found:
+        raise OperationError(
+            f"{host.name}: root runs {gen.live}/bin/python and installs from {host_cache}, so they, what they hold "
+            f"and every directory above them must be root's and writable by root alone: {'; '.join(found[:3])}"
+            f"{f' (and {len(found) - 3} more)' if len(found) > 3 else ''}. Nothing was run or changed: make them "
+            f"root's (chown root:, chmod go-w), or set venv_path / host_wheel_cache to a place only root can write"
+        )
 
 
 # Planning (pure) -------------------------------------------------------------------------
@@ -526,6 +545,10 @@ def _donor_state(source: Source, verify: str = "fast") -> dict | None:
         return None
     path = _donor_path(source)
     facts = donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent", verify=verify)
+    if facts is not None and facts.get("untrusted"):
+        # Its files would become this generation's, run by root: a donor's venv must be root's too.
+        logger.warning(f"{host.name}: donor {source.location}'s venv {path} is not used: {'; '.join(facts['untrusted'][:2])}")
+        return None
     return None if facts is None else facts["wanted"]
 
 

@@ -25,6 +25,13 @@
 # Either way the answer is the same: the index only spares reading and splitting every RECORD. The deploy
 # writes it (`write-index`: the one mode that writes, run as a command of the venv operation, never as a
 # read) after each install into a generation, and again where a check found it missing or stale.
+#
+# Trust (`untrusted`: a list of reasons, empty when none): root later runs LIVE_PATH/bin/python and installs
+# from HOST_CACHE (uv and the wheels). LIVE_PATH (and where its link leads), the generations directory, the
+# wanted generation and its bin/, HOST_CACHE, uv and every wheel in it must be root's, no symlink of another
+# user, writable by root alone, as every directory above them: else another user (the service user, whose
+# StateDirectory may hold a venv_path) could swap the interpreter. A few lstat calls; the wheels' lstat
+# replaces the stat the cache listing made anyway.
 import base64
 import bisect
 import csv
@@ -35,7 +42,7 @@ import os
 import stat
 import sys
 
-from _common import STAMP, file_digest, norm  # noqa: E402 - remote.script puts _common.py here
+from _common import STAMP, file_digest, norm, stat_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 live, wanted, host_cache, uv_binary = sys.argv[1:5]
 mode = (sys.argv[5:6] or ["fast"])[0]
@@ -495,12 +502,39 @@ elif os.path.lexists(live):
 else:
     kind, target = "absent", None
 
+
+
+def untrusted_paths():
+    """Why root may not run or install from what this read covers (see the top): one line per path, [] when none."""
+    paths = [(live, True), (live + ".generations", False), (wanted, False), (os.path.join(wanted, "bin"), False),
+             (os.path.join(wanted, "bin", "python"), True), (host_cache, False), (uv_binary, False)]
+    found = [why_untrusted(path, link_ok=link_ok) for path, link_ok in paths]
+    return list(dict.fromkeys(why for why in found if why))
+
+
+def wheel_cache():
+    """{wheel: size} of the host's wheel cache, and why root may not install any of them (lstat: never followed)."""
+    sizes, untrusted = {}, []
+    try:
+        names = [n for n in os.listdir(host_cache) if n.endswith(".whl")]
+    except OSError:
+        return sizes, untrusted
+    for name in names:
+        path = os.path.join(host_cache, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        sizes[name] = st.st_size
+        why = stat_untrusted(path, st)
+        if why:
+            untrusted.append(why)
+    return sizes, untrusted
+
+
 wanted_state = read_venv(wanted)
 live_state = read_venv(target) if target and target != os.path.realpath(wanted) else None
-try:
-    cache = {n: os.path.getsize(os.path.join(host_cache, n)) for n in os.listdir(host_cache) if n.endswith(".whl")}
-except OSError:
-    cache = {}
+cache, untrusted_wheels = wheel_cache()
 print(json.dumps({
     "machine": os.uname().machine,  # what platform.machine() says, without importing it
     "live": {"kind": kind, "target": target},
@@ -508,4 +542,5 @@ print(json.dumps({
     "live_state": live_state,
     "cache": cache,
     "uv": os.access(uv_binary, os.X_OK),
+    "untrusted": untrusted_paths() + sorted(untrusted_wheels),
 }))

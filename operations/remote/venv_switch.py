@@ -2,7 +2,11 @@
 # LIVE.generations/ID in one rename, so a process starting at any moment sees either the old
 # or the new environment, whole. The generation it replaces is kept as `previous` (for
 # rollback, which is this same switch back); older generations are deleted.
-# A plain venv directory at LIVE (from before generations) is moved in as a generation.
+# A plain venv directory at LIVE (from before generations) is moved in as a generation, but only a venv
+# (pyvenv.cfg, bin/python) of root's: anything else is refused, named, and never moved or deleted.
+# Root runs what LIVE leads to: LIVE, the generations directory and the generation switched to must be
+# root's and writable by root alone, as every directory above them (_common.why_untrusted); a generation
+# that is not is never deleted either.
 # argv: LIVE ID, or LIVE --previous (roll back to the kept generation)
 import json
 import os
@@ -10,12 +14,35 @@ import shutil
 import sys
 import time
 
-from _common import exchange  # noqa: E402 - remote.script puts _common.py here
+from _common import exchange, parents_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 live, wanted = sys.argv[1:3]
 generations = live + ".generations"
 state_path = os.path.join(generations, "state.json")
+
+
+def refuse(why):
+    sys.exit(f"{why}: root runs {live}/bin/python; refusing to switch (nothing was moved or deleted): "
+             f"make it root's and writable by root alone (chown root: / chmod go-w), or move it away, and re-run")
+
+
+def legacy_venv_problem(path):
+    """Why the plain directory at LIVE may not be adopted as a generation, or None."""
+    why = why_untrusted(path)
+    if why:
+        return why
+    missing = [name for name in ("pyvenv.cfg", "bin/python") if not os.path.lexists(os.path.join(path, name))]
+    if missing:
+        return f"{path}: expected a venv (pyvenv.cfg, bin/python) or a symlink to a generation; found a directory without {' or '.join(missing)}"
+    return why_untrusted(os.path.join(path, "pyvenv.cfg")) or why_untrusted(os.path.join(path, "bin"))
+
+
+why = why_untrusted(generations) or parents_untrusted(live)
+if why:
+    refuse(why)
 try:
+    if why_untrusted(state_path):
+        raise OSError("not trusted")  # the rollback target is root's word alone
     with open(state_path) as handle:
         state = json.load(handle)
 except (OSError, ValueError):
@@ -27,6 +54,8 @@ if wanted == "--previous":
 target = os.path.join(generations, wanted)
 if not os.path.isdir(target):
     sys.exit(f"{target} does not exist: nothing to switch to")
+if why_untrusted(target):
+    refuse(why_untrusted(target))
 
 
 tmp = f"{live}.switch-{os.getpid()}"
@@ -36,6 +65,10 @@ if os.path.islink(live):
     previous = os.path.basename(os.path.realpath(live))
     os.rename(tmp, live)
 elif os.path.isdir(live):
+    why = legacy_venv_problem(live)
+    if why:
+        os.unlink(tmp)
+        refuse(why)
     # The plain venv becomes a generation. It keeps working where it lies now: units run
     # `<venv>/bin/python -m ...`, and Python finds its site-packages from pyvenv.cfg beside bin/.
     previous = "legacy-%d" % int(time.time())
@@ -57,5 +90,7 @@ os.rename(state_path + ".tmp", state_path)
 for name in os.listdir(generations):
     if name in (wanted, previous) or name.endswith(".json") or name.endswith(".tmp"):
         continue
+    if why_untrusted(os.path.join(generations, name)):
+        continue  # not root's: never deleted (it may be someone's data), and never run either
     shutil.rmtree(os.path.join(generations, name), ignore_errors=True)
 print(json.dumps(state))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyinfra.api import OperationError
 
 from operations import models
 from tests.unit.remote_calls import load_remote_module
@@ -278,3 +280,87 @@ def load_remote_script(name: str) -> str:
     from operations import remote
 
     return remote.script(name)
+
+
+# The venv root runs, and the wheels it installs ---------------------------------------------------
+
+from tests.unit.test_venv import _fake_venv, _remote, facts, gen_of, house, run_env, stack, venv_facts  # noqa: E402, F401 - fixtures
+
+
+def venv_read(live: Path, wanted: Path, cache: Path) -> dict:
+    out = _remote("venv_state", str(live), str(wanted), str(cache), str(cache / ".tools" / "uv"))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_converged_venv_of_roots_reads_as_trusted(tmp_path):
+    gen = _fake_venv(tmp_path / "venv.generations" / "g1", {"torch": ["torch/__init__.py"]})
+    (tmp_path / "venv").symlink_to(gen)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "torch-1.0-py3-none-any.whl").write_bytes(b"w")
+    assert venv_read(tmp_path / "venv", gen, tmp_path / "cache")["untrusted"] == []
+
+
+def test_a_venv_under_a_directory_others_can_write_is_named_in_the_read(tmp_path):
+    state_dir = tmp_path / "var-lib-sglang"  # as the unit's StateDirectory: the service user's to write
+    gen = _fake_venv(state_dir / "venv.generations" / "g1", {})
+    (state_dir / "venv").symlink_to(gen)
+    state_dir.chmod(0o777)
+    found = venv_read(state_dir / "venv", gen, tmp_path / "cache")["untrusted"]
+    assert found and all(why.startswith(f"{state_dir}: a parent directory writable by its group or others") for why in found)
+
+
+@as_root
+def test_a_generation_or_a_wheel_of_another_user_is_named_in_the_read(tmp_path):
+    gen = _fake_venv(tmp_path / "venv.generations" / "g1", {})
+    (tmp_path / "venv").symlink_to(gen)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "torch-1.0-py3-none-any.whl").write_bytes(b"w")
+    os.chown(tmp_path / "cache" / "torch-1.0-py3-none-any.whl", OTHER, OTHER)
+    os.chown(gen / "bin", OTHER, OTHER)
+    found = venv_read(tmp_path / "venv", gen, tmp_path / "cache")["untrusted"]
+    assert f"{gen}/bin: not owned by root (found: owner uid {OTHER} (nobody), mode 0755)" in found
+    assert f"{tmp_path}/cache/torch-1.0-py3-none-any.whl: not owned by root (found: owner uid {OTHER} (nobody), mode 0644)" in found
+
+
+def test_the_venv_operation_stops_the_host_naming_path_owner_and_mode_before_any_command(stack, house):
+    gen = gen_of(stack)
+    why = f"/var/lib/sglang: a parent directory not owned by root (found: owner uid 999 (sglang), mode 0755)"
+    fact = {**facts(gen, wanted=venv_facts(gen.path)), "untrusted": [why]}
+    with pytest.raises(OperationError, match=re.escape(why)):
+        run_env(fact, stack, house)
+
+
+def test_the_switch_adopts_no_directory_that_is_not_a_venv_and_never_moves_it(tmp_path):
+    live = tmp_path / "venv"
+    (live / "data").mkdir(parents=True)  # someone's directory where venv_path points: no pyvenv.cfg
+    (live / "data" / "keep").write_text("mine")
+    _fake_venv(tmp_path / "venv.generations" / "g1", {})
+    out = _remote("venv_switch", str(live), "g1")
+    assert out.returncode != 0 and f"{live}: expected a venv (pyvenv.cfg, bin/python)" in out.stderr
+    assert "found a directory without pyvenv.cfg or bin/python" in out.stderr
+    assert (live / "data" / "keep").read_text() == "mine" and not live.is_symlink()
+    assert sorted(p.name for p in (tmp_path / "venv.generations").iterdir()) == ["g1"]
+
+
+@as_root
+def test_the_switch_adopts_no_venv_of_another_user_and_deletes_no_generation_of_theirs(tmp_path):
+    live = tmp_path / "venv"
+    _fake_venv(live, {})
+    give_away(live)
+    gens = tmp_path / "venv.generations"
+    for name in ("g1", "theirs"):
+        _fake_venv(gens / name, {})
+    out = _remote("venv_switch", str(live), "g1")
+    assert out.returncode != 0 and f"{live}: not owned by root" in out.stderr and not live.is_symlink()
+    shutil.rmtree(live)
+    give_away(gens / "theirs")
+    assert _remote("venv_switch", str(live), "g1").returncode == 0
+    _fake_venv(gens / "g2", {})
+    assert _remote("venv_switch", str(live), "g2").returncode == 0
+    assert (gens / "theirs").is_dir()  # neither live nor previous, but not root's: never deleted
+    give_away(gens / "g2")
+    out = _remote("venv_switch", str(live), "--previous")  # back to g1: root's, fine
+    assert out.returncode == 0, out.stderr
+    out = _remote("venv_switch", str(live), "g2")
+    assert out.returncode != 0 and f"{gens}/g2: not owned by root" in out.stderr and live.resolve() == gens / "g1"

@@ -364,6 +364,7 @@ def _remote(name: str, *args: str) -> subprocess.CompletedProcess:
 
 def _fake_venv(root: Path, dists: dict[str, list[str]]) -> Path:
     (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
     (root / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
     site = root / "lib/python3.11/site-packages"
     site.mkdir(parents=True)
