@@ -11,6 +11,26 @@ and a file identical to its original is refused (there is nothing to patch). The
 `OUT/NAME/patchset.yml` (the format `operations.patches.load_patch_set` reads; paths sorted,
 so the same input gives the same bytes) with the files copied beside it. DIR may be
 `OUT/NAME` itself: the set is then rebuilt in place after its files were edited.
+
+From a change (a pull request, a fork's commits) instead of finished files:
+
+    python -m tools.patchset_build NAME --base sglang==0.5.13 --pristine sglang-0.5.13-*.whl \\
+        --git FORK_CLONE --change-base BASE_COMMIT --change COMMIT --change-root python \\
+        [--resolved DIR] [--conflicts DIR]
+
+The change is what differs between BASE and CHANGE (two commits of the clone FORK_CLONE, bare
+or not; or, without --git, two directories); its paths under CHANGE_ROOT are the installed
+package's (python/sglang/srt/x.py is sglang/srt/x.py). Each file the change edits is merged
+into the release's own file (from --pristine) with a three-way merge (`git merge-file`:
+release, change base, change): the release keeps what it has and gains what the change
+changed. A file the change adds is added (`original: null`). The build is refused, naming the
+file and each conflicting hunk, where a file does not merge cleanly, where the change deletes
+a file or edits one the release lacks, and where a merged Python file no longer compiles; the
+merge with its conflict markers is written to --conflicts (default OUT/.NAME.conflicts/) with
+a `conflicts.yml` naming the inputs. Edit those files, then pass that directory as --resolved:
+a resolution is used only for a file that conflicts, for the very inputs it was made from,
+and only without conflict markers. Paths of the change outside CHANGE_ROOT (tests, docs,
+kernel sources) are not part of the installed package: they are listed and left out.
 """
 
 from __future__ import annotations
@@ -22,10 +42,11 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -188,48 +209,365 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
     return text
 
 
-def build(
-    name: str,
-    base: str,
-    patched: Path,
-    pristine_path: Path,
-    out: Path = DEFAULT_OUT,
-    description: str | None = None,
-    force: bool = False,
-) -> Path:
-    """Write `out/name/` and return that directory; raises BuildError."""
+# A change merged into the release ------------------------------------------------------
+
+CONFLICTS_MANIFEST = "conflicts.yml"
+_MARKERS = ("<<<<<<< ", "||||||| ", "=======", ">>>>>>> ")
+_HUNK_LINES = 40  # a conflicting hunk longer than this is shown cut, the whole of it is in --conflicts
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    """One path of the change: its bytes before (None: added) and after (None: deleted)."""
+
+    path: str  # relative to the change's root, POSIX separators
+    before: bytes | None
+    after: bytes | None
+
+
+@dataclass
+class Change:
+    """What differs between two trees: commits of a git repository, or two directories."""
+
+    label_base: str
+    label_change: str
+    root: str  # the tree's folder that is site-packages ("" or e.g. "python")
+    files: list[ChangedFile] = field(default_factory=list)  # under root, paths relative to it
+    outside: list[str] = field(default_factory=list)  # changed paths outside root (left out)
+
+
+def _git(repo: Path, *args: str) -> bytes:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
+    except FileNotFoundError:
+        raise BuildError("git is not installed: the three-way merge is `git merge-file`") from None
+    if out.returncode != 0:
+        raise BuildError(f"git -C {repo} {' '.join(args)}: {out.stderr.decode(errors='replace').strip()}")
+    return out.stdout
+
+
+def _root_prefix(root: str) -> str:
+    pure = PurePosixPath(root.strip("/")) if root.strip("/") else None
+    if pure is not None and (".." in pure.parts or pure.is_absolute()):
+        raise BuildError(f"--change-root {root!r}: must be a folder inside the tree, without '..'")
+    return "" if pure is None else pure.as_posix() + "/"
+
+
+def change_from_git(repo: Path, base: str, change: str, root: str = "") -> Change:
+    """The change between commits `base` and `change` of `repo` (a clone, bare or not)."""
+    prefix = _root_prefix(root)
+    base_id = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{base}^{{commit}}").decode().strip()
+    change_id = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{change}^{{commit}}").decode().strip()
+    raw = _git(repo, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base_id, change_id).split(b"\0")
+    result = Change(f"change base {base_id[:12]}", f"change {change_id[:12]}", prefix.rstrip("/"))
+    for meta, path in zip(raw[0::2], raw[1::2]):
+        if not meta:
+            continue
+        old_mode, new_mode, _old, _new, status = meta.decode().lstrip(":").split()
+        rel_path = path.decode("utf-8", errors="surrogateescape")
+        if not rel_path.startswith(prefix):
+            result.outside.append(rel_path)
+            continue
+        for mode in (old_mode, new_mode):
+            if mode not in ("000000", "100644", "100755"):
+                raise BuildError(f"{rel_path}: the change has it as git mode {mode} (a symlink or submodule): "
+                                 "a patch set holds regular files only")
+        before = None if status == "A" else _git(repo, "cat-file", "blob", f"{base_id}:{rel_path}")
+        after = None if status == "D" else _git(repo, "cat-file", "blob", f"{change_id}:{rel_path}")
+        result.files.append(ChangedFile(rel_path[len(prefix):], before, after))
+    if not result.files:
+        raise BuildError(f"the change {base_id[:12]}..{change_id[:12]} touches nothing under {prefix or 'the tree'!s}")
+    return result
+
+
+def _tree_files(folder: Path, what: str) -> dict[str, bytes]:
+    if not folder.is_dir():
+        raise BuildError(f"{what} {folder}: not a directory")
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d != ".git")
+        for filename in filenames:
+            path = Path(dirpath) / filename
+            if filename.endswith(_SKIP_SUFFIXES):
+                continue
+            if path.is_symlink() or not path.is_file():
+                raise BuildError(f"{what}: {path} is not a regular file (a patch set holds regular files only)")
+            found[path.relative_to(folder).as_posix()] = path.read_bytes()
+    return found
+
+
+def change_from_dirs(base: Path, change: Path, root: str = "") -> Change:
+    """The change between two directories (the change's base files and its patched files)."""
+    prefix = _root_prefix(root)
+    before, after = _tree_files(base, "--change-base"), _tree_files(change, "--change")
+    result = Change(f"change base {base.name}", f"change {change.name}", prefix.rstrip("/"))
+    for rel_path in sorted(set(before) | set(after)):
+        if before.get(rel_path) == after.get(rel_path):
+            continue
+        if not rel_path.startswith(prefix):
+            result.outside.append(rel_path)
+            continue
+        result.files.append(ChangedFile(rel_path[len(prefix):], before.get(rel_path), after.get(rel_path)))
+    if not result.files:
+        raise BuildError(f"--change-base {base} and --change {change} hold the same files under {prefix or 'the tree'}")
+    return result
+
+
+@dataclass(frozen=True)
+class Hunk:
+    merge_line: int  # 1-based, in the merge with markers
+    release_lines: tuple[int, int]  # 1-based, inclusive; (n, n-1) where the release has no line there
+    text: str  # the hunk with its markers
+
+
+@dataclass
+class MergeReport:
+    """Per file of the change, what the merge did: the lines `main` prints and results files keep."""
+
+    release: str  # "sglang 0.5.13"
+    outcomes: dict[str, str] = field(default_factory=dict)  # path -> one line
+    left_out: list[str] = field(default_factory=list)  # paths outside the change's root
+    conflicts: dict[str, list[Hunk]] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"{path}: {what}" for path, what in sorted(self.outcomes.items())]
+        out += [f"{path}: outside the installed package (--change-root): left out" for path in self.left_out]
+        return out
+
+
+def _is_text(data: bytes) -> bool:
+    return b"\0" not in data
+
+
+def merge_file(release: bytes, base: bytes, change: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
+    """`git merge-file --diff3`: the merged bytes (with markers where it conflicts) and the number of conflicts."""
+    with tempfile.TemporaryDirectory(prefix="patchset-merge-") as tmp:
+        paths = []
+        for name, data in (("release", release), ("base", base), ("change", change)):
+            paths.append(Path(tmp) / name)
+            paths[-1].write_bytes(data)
+        try:
+            out = subprocess.run(
+                ["git", "merge-file", "-p", "--diff3",
+                 "-L", labels[0], "-L", labels[1], "-L", labels[2], *map(str, paths)],
+                capture_output=True, check=False,
+            )
+        except FileNotFoundError:
+            raise BuildError("git is not installed: the three-way merge is `git merge-file`") from None
+    if out.returncode < 0 or out.returncode > 127:
+        raise BuildError(f"git merge-file failed ({out.returncode}): {out.stderr.decode(errors='replace').strip()}")
+    return out.stdout, out.returncode
+
+
+def conflict_hunks(merged: bytes, release: bytes) -> list[Hunk]:
+    """The conflicting hunks of a diff3-style merge, each placed in the release's own lines."""
+    import difflib
+
+    lines = merged.decode("utf-8", errors="replace").splitlines(keepends=True)
+    release_lines = release.decode("utf-8", errors="replace").splitlines(keepends=True)
+    # The lines outside the markers and the release's side of each hunk are release lines
+    # where the change did not touch them: align them with the release to name its line numbers.
+    plain, where = [], []  # merge lines that may be the release's, and their merge index
+    state = None
+    for index, line in enumerate(lines):
+        if line.startswith(_MARKERS[0]):
+            state = "ours"
+        elif state and line.startswith(_MARKERS[1]):
+            state = "base"
+        elif state and line.startswith(_MARKERS[2]) and line.rstrip("\r\n") == _MARKERS[2]:
+            state = "theirs"
+        elif state and line.startswith(_MARKERS[3]):
+            state = None
+        elif state in (None, "ours"):
+            plain.append(line)
+            where.append(index)
+    to_release = {}
+    matcher = difflib.SequenceMatcher(None, plain, release_lines, autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        for k in range(size):
+            to_release[where[a + k]] = b + k
+    hunks, index = [], 0
+    while index < len(lines):
+        if not lines[index].startswith(_MARKERS[0]):
+            index += 1
+            continue
+        start = index
+        while index < len(lines) and not lines[index].startswith(_MARKERS[3]):
+            index += 1
+        body = lines[start:index + 1]
+        ours_end = next((k for k in range(start + 1, index) if lines[k].startswith(_MARKERS[1])), start + 1)
+        ours = [to_release[k] for k in range(start + 1, ours_end) if k in to_release]
+        if ours:
+            span = (ours[0] + 1, ours[-1] + 1)
+        else:  # the release has nothing there: the line after the last release line before it
+            before = [to_release[k] for k in range(start) if k in to_release]
+            after_line = (before[-1] + 1 if before else 0) + 1
+            span = (after_line, after_line - 1)
+        if len(body) > _HUNK_LINES:
+            body = body[:_HUNK_LINES - 1] + [f"... ({len(body) - _HUNK_LINES + 1} more lines) ...\n", body[-1]]
+        hunks.append(Hunk(start + 1, span, "".join(body)))
+        index += 1
+    return hunks
+
+
+def _compiles(path: str, data: bytes) -> str | None:
+    """None when `data` compiles as Python (or is not a .py file), else the error."""
+    if not path.endswith(".py"):
+        return None
+    try:
+        compile(data, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _inputs_digest(release: bytes | None, before: bytes | None, after: bytes | None) -> dict[str, str | None]:
+    return {
+        "release": None if release is None else sha256(release),
+        "base": None if before is None else sha256(before),
+        "change": None if after is None else sha256(after),
+    }
+
+
+def _load_resolutions(folder: Path | None) -> tuple[dict[str, bytes], dict]:
+    if folder is None:
+        return {}, {}
+    manifest = folder / CONFLICTS_MANIFEST
+    if not manifest.is_file():
+        raise BuildError(f"--resolved {folder}: no {CONFLICTS_MANIFEST} (resolve in the folder a refused build wrote "
+                         "its conflicts to: it records which inputs each resolution is for)")
+    recorded = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        raise BuildError(f"{manifest}: must map files: {{path: {{release, base, change}}}}")
+    files = {rel: data for rel, data in _tree_files(folder, "--resolved").items() if rel != CONFLICTS_MANIFEST}
+    return files, recorded
+
+
+def merge_change(change: Change, pristine: Pristine, resolved: Path | None = None) -> tuple[dict[str, bytes], MergeReport, dict[str, tuple[bytes, dict]]]:
+    """The patched files of `change` applied to the release in `pristine`.
+
+    Returns (patched files, report, conflicts: path -> (merge with markers, inputs' digests));
+    refusals other than conflicts raise BuildError at once, with every reason found."""
+    release_label = f"{pristine.distribution} {pristine.version}"
+    labels = (release_label, change.label_base, change.label_change)
+    report = MergeReport(release_label, left_out=list(change.outside))
+    resolutions, recorded = _load_resolutions(resolved)
+    patched: dict[str, bytes] = {}
+    conflicts: dict[str, tuple[bytes, dict]] = {}
+    errors: list[str] = []
+    for item in sorted(change.files, key=lambda f: f.path):
+        rel, before, after = item.path, item.before, item.after
+        release = pristine.read(rel)
+        digest = _inputs_digest(release, before, after)
+        result: bytes | None = None
+        if after is None:
+            if release is None:
+                report.outcomes[rel] = f"deleted by the change and absent from {release_label}: nothing to do"
+            else:
+                errors.append(f"{rel}: the change deletes it and {release_label} has it: a patch set cannot delete "
+                              "a file (port the deletion by hand: edit the files that import it)")
+            continue
+        if before is None:  # added by the change
+            if release is None:
+                result, outcome = after, "added (new file, original null)"
+            elif release == after:
+                report.outcomes[rel] = f"added by the change, already in {release_label} as is: left out"
+                continue
+            else:
+                errors.append(f"{rel}: the change adds it, but {release_label} already has a different {rel}: "
+                              "merge the two by hand and pass the result as a patched file")
+                continue
+        elif release is None:
+            errors.append(f"{rel}: the change edits it, but {release_label} has no such file "
+                          "(added, moved or renamed after the release?)")
+            continue
+        elif release == after:
+            report.outcomes[rel] = f"{release_label} already has the change's file: left out"
+            continue
+        elif not (_is_text(release) and _is_text(before) and _is_text(after)):
+            if release != before:
+                errors.append(f"{rel}: a binary file that {release_label} changed too: cannot merge it")
+                continue
+            result, outcome = after, "binary, the release's file is the change's base: the change's file"
+        else:
+            merged, count = merge_file(release, before, after, labels)
+            if count:
+                if rel in resolutions:
+                    result, outcome = resolutions.pop(rel), "resolved by hand (--resolved)"
+                    if recorded["files"].get(rel) != digest:
+                        errors.append(f"{rel}: the resolution in {resolved} was made for other inputs "
+                                      f"({CONFLICTS_MANIFEST} says {recorded['files'].get(rel)}, these are {digest}): "
+                                      "resolve this merge again")
+                        continue
+                    if any(line.startswith(_MARKERS) for line in result.decode("utf-8", "replace").splitlines()):
+                        errors.append(f"{rel}: the resolution in {resolved} still holds conflict markers")
+                        continue
+                else:
+                    conflicts[rel] = (merged, digest)
+                    report.conflicts[rel] = conflict_hunks(merged, release)
+                    report.outcomes[rel] = f"CONFLICT ({count} hunk{'s' if count > 1 else ''})"
+                    continue
+            elif release == before:
+                result, outcome = merged, "merged cleanly (the release's file is the change's base)"
+            else:
+                result, outcome = merged, "merged cleanly (three-way: the release's file differs from the change's base)"
+        problem = _compiles(rel, result)
+        if problem and _compiles(rel, release or b"") is None:
+            errors.append(f"{rel}: the merged file does not compile ({problem}) though the release's does: "
+                          "resolve it by hand")
+            continue
+        report.outcomes[rel] = outcome
+        patched[rel] = result
+    for rel in sorted(resolutions):
+        errors.append(f"{rel}: a resolution in {resolved}, but this build has no conflict in it: remove it")
+    if errors:
+        raise BuildError("\n".join(errors))
+    return patched, report, conflicts
+
+
+def _conflict_message(report: MergeReport, folder: Path) -> str:
+    lines = []
+    for rel, hunks in sorted(report.conflicts.items()):
+        lines.append(f"{rel}: does not merge cleanly into {report.release}'s file "
+                     f"({len(hunks)} conflicting hunk{'s' if len(hunks) > 1 else ''}); the merge with its markers: {folder / rel}")
+        for number, hunk in enumerate(hunks, 1):
+            first, last = hunk.release_lines
+            where = f"{report.release} lines {first}-{last}" if last >= first else f"before {report.release} line {first}"
+            lines.append(f"  hunk {number} of {len(hunks)}, at {where}:")
+            lines += [f"    {line}" for line in hunk.text.splitlines()]
+    lines.append(f"resolve: edit the files under {folder} (remove every marker), then build again with --resolved {folder}")
+    return "\n".join(lines)
+
+
+def _write_conflicts(folder: Path, conflicts: dict[str, tuple[bytes, dict]]) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    for rel, (merged, _digest) in conflicts.items():
+        dest = folder / PurePosixPath(rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(merged)
+    record = {"files": {rel: digest for rel, (_merged, digest) in sorted(conflicts.items())}}
+    (folder / CONFLICTS_MANIFEST).write_text(
+        "# Which inputs each conflicted merge here came from (sha256): a resolution is used only for these.\n"
+        + yaml.safe_dump(record, sort_keys=True), encoding="utf-8")
+
+
+# Building ---------------------------------------------------------------------------------
+
+
+def _check_target(name: str, out: Path, source: Path | None, force: bool) -> Path:
     if not _NAME_RE.match(name):
         raise BuildError(f"NAME {name!r}: must match {_NAME_RE.pattern} (lower case, digits, '-' and '_')")
-    distribution, version = parse_base(base)
-    if description is not None and ("\n" in description or "\r" in description):
-        raise BuildError("--description: must be one line")
-    patched = patched.resolve()
     target = (out / name).resolve()
-    in_place = patched == target
+    in_place = source is not None and source == target
     if target.exists() and not in_place and not force:
         raise BuildError(f"{target} already exists: pass --force to replace it")
-    if not in_place and (target in patched.parents or patched in target.parents):
-        raise BuildError(f"--patched {patched} and the output {target} must not contain one another")
+    if source is not None and not in_place and (target in source.parents or source in target.parents):
+        raise BuildError(f"--patched {source} and the output {target} must not contain one another")
+    return target
 
-    patched_files = collect_patched(patched)
-    pristine = Pristine(pristine_path, distribution)
-    try:
-        if pristine.version != version:
-            raise BuildError(
-                f"--base {distribution}=={version}, but the pristine {pristine.kind} {pristine_path} has "
-                f"{distribution} {pristine.version}: diff against the version the patch set is for"
-            )
-        entries = build_entries(patched_files, pristine)
-    finally:
-        pristine.close()
 
-    added = sum(e.original is None for e in entries)
-    description = description or (
-        f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
-        "(python -m tools.patchset_build)"
-    )
-    manifest = render_manifest(name, distribution, version, entries, description)
-
+def _write_set(name: str, target: Path, out: Path, entries: list[Entry], manifest: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
     try:
@@ -251,24 +589,129 @@ def build(
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+
+
+def _open_pristine(pristine_path: Path, distribution: str, version: str) -> Pristine:
+    pristine = Pristine(pristine_path, distribution)
+    if pristine.version != version:
+        pristine.close()
+        raise BuildError(
+            f"--base {distribution}=={version}, but the pristine {pristine.kind} {pristine_path} has "
+            f"{distribution} {pristine.version}: diff against the version the patch set is for"
+        )
+    return pristine
+
+
+def _description(name: str, entries: list[Entry], distribution: str, version: str, how: str) -> str:
+    added = sum(e.original is None for e in entries)
+    return (f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
+            f"(python -m tools.patchset_build{how})")
+
+
+def build(
+    name: str,
+    base: str,
+    patched: Path,
+    pristine_path: Path,
+    out: Path = DEFAULT_OUT,
+    description: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Write `out/name/` and return that directory; raises BuildError."""
+    distribution, version = parse_base(base)
+    if description is not None and ("\n" in description or "\r" in description):
+        raise BuildError("--description: must be one line")
+    patched = patched.resolve()
+    target = _check_target(name, out, patched, force)
+    patched_files = collect_patched(patched)
+    pristine = _open_pristine(pristine_path, distribution, version)
+    try:
+        entries = build_entries(patched_files, pristine)
+    finally:
+        pristine.close()
+    description = description or _description(name, entries, distribution, version, "")
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description))
     return target
+
+
+def build_from_change(
+    name: str,
+    base: str,
+    change: Change,
+    pristine_path: Path,
+    out: Path = DEFAULT_OUT,
+    description: str | None = None,
+    force: bool = False,
+    resolved: Path | None = None,
+    conflicts_dir: Path | None = None,
+) -> tuple[Path, MergeReport]:
+    """Merge `change` into the release's files and write `out/name/`; returns it and what each file's merge did.
+
+    Where a file conflicts, the merges are written to `conflicts_dir` (default `out/.name.conflicts`)
+    and BuildError names each file and hunk; nothing is written to `out/name`."""
+    distribution, version = parse_base(base)
+    if description is not None and ("\n" in description or "\r" in description):
+        raise BuildError("--description: must be one line")
+    target = _check_target(name, out, None, force)
+    pristine = _open_pristine(pristine_path, distribution, version)
+    try:
+        patched_files, report, conflicts = merge_change(change, pristine, resolved.resolve() if resolved else None)
+        if conflicts:
+            folder = (conflicts_dir or out / f".{name}.conflicts").resolve()
+            _write_conflicts(folder, conflicts)
+            raise BuildError(_conflict_message(report, folder))
+        if not patched_files:
+            raise BuildError(f"the change leaves nothing to patch in {distribution} {version}: " + "; ".join(report.lines()))
+        entries = build_entries(patched_files, pristine)
+    finally:
+        pristine.close()
+    description = description or _description(
+        name, entries, distribution, version, f": {change.label_base} to {change.label_change}, three-way merged")
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description))
+    return target, report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.patchset_build",
-        description="Build files/patches/NAME/ (patchset.yml and the patched files) against a pristine package.",
+        description="Build files/patches/NAME/ (patchset.yml and the patched files) against a pristine package: "
+                    "from patched files (--patched) or from a change merged into the release (--change-base/--change).",
     )
     parser.add_argument("name", metavar="NAME", help="patch set name: the directory under --out")
     parser.add_argument("--base", required=True, help="the distribution and version patched, e.g. sglang==0.5.23")
-    parser.add_argument("--patched", required=True, type=Path, help="directory of patched files, laid out as under site-packages")
+    parser.add_argument("--patched", type=Path, help="directory of patched files, laid out as under site-packages")
     parser.add_argument("--pristine", required=True, type=Path, help="the unpatched site-packages directory, or the distribution's wheel")
+    parser.add_argument("--change-base", metavar="BASE", help="the change's base: a commit of --git, or a directory")
+    parser.add_argument("--change", metavar="CHANGE", help="the change itself: a commit of --git, or a directory")
+    parser.add_argument("--git", type=Path, metavar="REPO", help="a clone (bare or not) holding --change-base and --change as commits")
+    parser.add_argument("--change-root", default="", metavar="DIR",
+                        help="the change's folder that is site-packages (sglang's repository: python)")
+    parser.add_argument("--resolved", type=Path, metavar="DIR", help="hand resolutions of conflicted merges (the --conflicts folder, edited)")
+    parser.add_argument("--conflicts", type=Path, metavar="DIR", help="where a refused merge writes its conflicts (default OUT/.NAME.conflicts)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where patch sets live (default: files/patches)")
     parser.add_argument("--description", help="the one-line comment at the top of patchset.yml")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT/NAME")
     args = parser.parse_args(argv)
+    from_change = args.change_base is not None or args.change is not None
+    if from_change == (args.patched is not None):
+        parser.error("give either --patched DIR or --change-base and --change")
+    if from_change and (args.change_base is None or args.change is None):
+        parser.error("--change-base and --change go together")
+    if not from_change and (args.git or args.change_root or args.resolved or args.conflicts):
+        parser.error("--git, --change-root, --resolved and --conflicts go with --change-base/--change")
+    report = None
     try:
-        target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force)
+        if from_change:
+            if args.git:
+                change = change_from_git(args.git, args.change_base, args.change, args.change_root)
+            else:
+                change = change_from_dirs(Path(args.change_base), Path(args.change), args.change_root)
+            target, report = build_from_change(
+                args.name, args.base, change, args.pristine, args.out, args.description, args.force,
+                args.resolved, args.conflicts,
+            )
+        else:
+            target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force)
     except BuildError as exc:
         for line in str(exc).splitlines():
             print(f"patchset_build: error: {line}", file=sys.stderr)
@@ -294,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = target.relative_to(Path.cwd())
     except ValueError:
         shown = target
+    for line in report.lines() if report else ():
+        print(line)
     print(f"patch set {args.name}: {len(files) - added} replaced, {added} added, "
           f"over {raw['base']['distribution']} {raw['base']['version']} -> {shown}/{MANIFEST}")
     return 0

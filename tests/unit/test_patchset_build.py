@@ -232,3 +232,232 @@ def test_ddtree_sample_originals_are_the_pinned_wheels_files(tmp_path):
 
 def test_module_docstring_shows_the_command():
     assert "python -m tools.patchset_build NAME --base sglang==0.5.23" in patchset_build.__doc__
+
+
+# From a change: a three-way merge into the release's own files ---------------------------
+
+# The release (demo 1.0) and the change's base differ in the header; the change edits the body.
+CHANGE_BASE = b"# demo, upstream main\nimport os\n\n\ndef draft():\n    return 'original'\n\n\nLIMIT = 4\n"
+RELEASE = b"# demo 1.0, as released\nimport os\n\n\ndef draft():\n    return 'original'\n\n\nLIMIT = 4\n"
+CHANGED = b"# demo, upstream main\nimport os\n\n\ndef draft():\n    return 'tree'\n\n\nLIMIT = 4\n"
+MERGED = b"# demo 1.0, as released\nimport os\n\n\ndef draft():\n    return 'tree'\n\n\nLIMIT = 4\n"
+
+
+@pytest.fixture
+def release_wheel(tmp_path) -> Path:
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo/__init__.py", "")
+        zf.writestr("demo/core.py", RELEASE)
+        zf.writestr("demo/same.py", b"X = 1\n")
+        zf.writestr("demo/gone.py", b"OLD = 1\n")
+        zf.writestr("demo-1.0.dist-info/METADATA", METADATA)
+    return wheel
+
+
+def change_trees(tmp_path, base_files: dict, change_files: dict) -> tuple[Path, Path]:
+    """The change's base and its change as two directories laid out as the upstream repository (python/...)."""
+    base, change = tmp_path / "upstream-base", tmp_path / "upstream-change"
+    for folder, files in ((base, base_files), (change, change_files)):
+        folder.mkdir()
+        for rel, data in files.items():
+            write(folder / rel, data)
+    return base, change
+
+
+def from_dirs(tmp_path, base_files, change_files, wheel, out, **kw):
+    base, change = change_trees(tmp_path, base_files, change_files)
+    return patchset_build.build_from_change(
+        "demo-port", "demo==1.0", patchset_build.change_from_dirs(base, change, "python"), wheel, out, **kw)
+
+
+def test_change_merges_into_the_releases_own_file(tmp_path, release_wheel, out):
+    target, report = from_dirs(
+        tmp_path,
+        {"python/demo/core.py": CHANGE_BASE, "python/demo/same.py": b"X = 1\n", "tests/test_core.py": b"old\n"},
+        {"python/demo/core.py": CHANGED, "python/demo/same.py": b"X = 1\n", "tests/test_core.py": b"new\n",
+         "python/demo/tree.py": ADDED},
+        release_wheel, out,
+    )
+
+    # The release keeps its own header and gains the change's body: neither side's whole file.
+    assert (target / "demo" / "core.py").read_bytes() == MERGED
+    assert (target / "demo" / "tree.py").read_bytes() == ADDED
+    assert manifest(target)["files"] == {
+        "demo/core.py": {"sha256": sha256(MERGED), "original": sha256(RELEASE)},  # the release's original
+        "demo/tree.py": {"sha256": sha256(ADDED), "original": None},
+    }
+    assert report.lines() == [
+        "demo/core.py: merged cleanly (three-way: the release's file differs from the change's base)",
+        "demo/tree.py: added (new file, original null)",
+        "tests/test_core.py: outside the installed package (--change-root): left out",
+    ]
+
+
+def test_a_release_file_equal_to_the_base_takes_the_change_as_is(tmp_path, release_wheel, out):
+    target, report = from_dirs(tmp_path, {"python/demo/core.py": RELEASE},
+                               {"python/demo/core.py": RELEASE.replace(b"'original'", b"'tree'")}, release_wheel, out)
+
+    assert (target / "demo" / "core.py").read_bytes() == RELEASE.replace(b"'original'", b"'tree'")
+    assert report.outcomes == {"demo/core.py": "merged cleanly (the release's file is the change's base)"}
+
+
+def test_conflict_names_the_file_and_the_hunk_and_writes_nothing(tmp_path, release_wheel, out):
+    # The change edits the very line the release changed: no merge can choose.
+    conflicting = CHANGE_BASE.replace(b"# demo, upstream main", b"# demo, with trees")
+
+    with pytest.raises(BuildError) as refused:
+        from_dirs(tmp_path, {"python/demo/core.py": CHANGE_BASE},
+                  {"python/demo/core.py": conflicting, "python/demo/tree.py": ADDED}, release_wheel, out)
+
+    message = str(refused.value)
+    conflicts = out / ".demo-port.conflicts"
+    assert f"demo/core.py: does not merge cleanly into demo 1.0's file (1 conflicting hunk); the merge with its markers: {conflicts.resolve() / 'demo/core.py'}" in message
+    assert "  hunk 1 of 1, at demo 1.0 lines 1-1:\n" in message
+    assert "    <<<<<<< demo 1.0\n    # demo 1.0, as released\n    ||||||| change base upstream-base\n    # demo, upstream main\n    =======\n    # demo, with trees\n    >>>>>>> change upstream-change" in message
+    assert f"--resolved {conflicts.resolve()}" in message
+    assert not (out / "demo-port").exists()
+    assert (conflicts / "demo" / "core.py").read_text().startswith("<<<<<<< demo 1.0\n# demo 1.0, as released\n")
+    recorded = yaml.safe_load((conflicts / "conflicts.yml").read_text())
+    assert recorded == {"files": {"demo/core.py": {
+        "release": sha256(RELEASE), "base": sha256(CHANGE_BASE), "change": sha256(conflicting)}}}
+
+
+def test_hunk_is_placed_in_the_releases_lines(tmp_path, out):
+    release = b"".join(b"line %d\n" % n for n in range(1, 31))
+    base = release.replace(b"line 1\n", b"line one\n").replace(b"line 20\n", b"line twenty\n")
+    change = base.replace(b"line twenty\n", b"line XX\nline XXb\n")
+    release_changed = release.replace(b"line 20\n", b"line 20 (release)\n")
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo/core.txt", release_changed)
+        zf.writestr("demo-1.0.dist-info/METADATA", METADATA)
+
+    with pytest.raises(BuildError, match=r"hunk 1 of 1, at demo 1\.0 lines 20-20:"):
+        from_dirs(tmp_path, {"python/demo/core.txt": base}, {"python/demo/core.txt": change}, wheel, out)
+
+
+def test_a_resolution_is_used_only_for_its_own_inputs_and_without_markers(tmp_path, release_wheel, out):
+    conflicting = CHANGE_BASE.replace(b"# demo, upstream main", b"# demo, with trees")
+    base, change = change_trees(tmp_path, {"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": conflicting})
+    the_change = patchset_build.change_from_dirs(base, change, "python")
+    conflicts = tmp_path / "conflicts"
+    with pytest.raises(BuildError):
+        patchset_build.build_from_change("demo-port", "demo==1.0", the_change, release_wheel, out, conflicts_dir=conflicts)
+
+    # Markers left in: refused.
+    with pytest.raises(BuildError, match=r"demo/core.py: the resolution in .* still holds conflict markers"):
+        patchset_build.build_from_change("demo-port", "demo==1.0", the_change, release_wheel, out, resolved=conflicts)
+
+    resolved = RELEASE.replace(b"# demo 1.0, as released", b"# demo 1.0, with trees")
+    write(conflicts / "demo" / "core.py", resolved)
+    target, report = patchset_build.build_from_change("demo-port", "demo==1.0", the_change, release_wheel, out, resolved=conflicts)
+    assert (target / "demo" / "core.py").read_bytes() == resolved
+    assert manifest(target)["files"]["demo/core.py"] == {"sha256": sha256(resolved), "original": sha256(RELEASE)}
+    assert report.outcomes == {"demo/core.py": "resolved by hand (--resolved)"}
+
+    # The same resolution over another change: made for other inputs, refused.
+    write(change / "python" / "demo" / "core.py", conflicting + b"# and more\n")
+    other = patchset_build.change_from_dirs(base, change, "python")
+    with pytest.raises(BuildError, match=r"demo/core.py: the resolution in .* was made for other inputs"):
+        patchset_build.build_from_change("demo-port", "demo==1.0", other, release_wheel, out, force=True, resolved=conflicts)
+
+    # A resolution for a file that merges cleanly now: stale, refused.
+    write(change / "python" / "demo" / "core.py", CHANGED)
+    clean = patchset_build.change_from_dirs(base, change, "python")
+    with pytest.raises(BuildError, match=r"demo/core.py: a resolution in .*, but this build has no conflict in it"):
+        patchset_build.build_from_change("demo-port", "demo==1.0", clean, release_wheel, out, force=True, resolved=conflicts)
+
+
+@pytest.mark.parametrize(
+    "base_files, change_files, message",
+    [
+        # A file the change deletes, which the release has.
+        ({"python/demo/gone.py": b"OLD = 1\n"}, {}, r"demo/gone.py: the change deletes it and demo 1\.0 has it: a patch set cannot delete a file"),
+        # A file the change edits, which the release lacks.
+        ({"python/demo/later.py": b"A = 1\n"}, {"python/demo/later.py": b"A = 2\n"},
+         r"demo/later.py: the change edits it, but demo 1\.0 has no such file"),
+        # A file the change adds, which the release already has, differently.
+        ({}, {"python/demo/same.py": b"X = 2\n"}, r"demo/same.py: the change adds it, but demo 1\.0 already has a different demo/same.py"),
+        # A merge that no longer compiles.
+        ({"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": CHANGE_BASE.replace(b"def draft():", b"def draft(:")},
+         r"demo/core.py: the merged file does not compile \(SyntaxError"),
+    ],
+    ids=["deleted", "release-lacks-it", "added-but-present", "does-not-compile"],
+)
+def test_what_a_patch_set_cannot_carry_is_refused(tmp_path, release_wheel, out, base_files, change_files, message):
+    with pytest.raises(BuildError, match=message):
+        from_dirs(tmp_path, base_files, change_files, release_wheel, out)
+    assert not (out / "demo-port").exists()
+
+
+def test_already_in_the_release_is_left_out(tmp_path, release_wheel, out):
+    target, report = from_dirs(
+        tmp_path,
+        {"python/demo/core.py": CHANGE_BASE, "python/demo/gone2.py": b"Z\n"},
+        {"python/demo/core.py": CHANGED, "python/demo/same.py": b"X = 1\n"},  # same.py: added upstream, the release has it
+        release_wheel, out,
+    )
+    assert sorted(manifest(target)["files"]) == ["demo/core.py"]
+    assert report.outcomes["demo/same.py"] == "added by the change, already in demo 1.0 as is: left out"
+    assert report.outcomes["demo/gone2.py"] == "deleted by the change and absent from demo 1.0: nothing to do"
+
+
+def git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def test_command_from_two_commits_of_a_clone(tmp_path, release_wheel, out, capsys):
+    repo = tmp_path / "fork"
+    write(repo / "python" / "demo" / "core.py", CHANGE_BASE)
+    write(repo / "docs" / "notes.md", "old\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    write(repo / "python" / "demo" / "core.py", CHANGED)
+    write(repo / "python" / "demo" / "tree.py", ADDED)
+    write(repo / "docs" / "notes.md", "new\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "change")
+    bare = tmp_path / "fork.git"  # what the fetch of a fork gives: a bare repository
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    argv = ["demo-port", "--base", "demo==1.0", "--pristine", str(release_wheel), "--out", str(out),
+            "--git", str(bare), "--change-base", base, "--change", "main", "--change-root", "python"]
+
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines() == [
+        "demo/core.py: merged cleanly (three-way: the release's file differs from the change's base)",
+        "demo/tree.py: added (new file, original null)",
+        "docs/notes.md: outside the installed package (--change-root): left out",
+        f"patch set demo-port: 1 replaced, 1 added, over demo 1.0 -> {(out / 'demo-port').resolve()}/patchset.yml",
+    ]
+    assert (out / "demo-port" / "demo" / "core.py").read_bytes() == MERGED
+    first_line = (out / "demo-port" / "patchset.yml").read_text().splitlines()[0]
+    assert first_line == (f"# demo-port: 1 replaced and 1 added files over demo 1.0 (python -m tools.patchset_build: "
+                          f"change base {base[:12]} to change {git(bare, 'rev-parse', 'main')[:12]}, three-way merged)")
+
+    # A conflict through the command: exit 1, the file and hunk on stderr.
+    git(repo, "checkout", "-q", base)
+    write(repo / "python" / "demo" / "core.py", CHANGE_BASE.replace(b"# demo, upstream main", b"# demo, with trees"))
+    git(repo, "commit", "-q", "-am", "conflicting")
+    conflicting = git(repo, "rev-parse", "HEAD")
+    argv = [*argv[:7], "--git", str(repo), "--change-base", base, "--change", conflicting, "--change-root", "python", "--force"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "patchset_build: error: demo/core.py: does not merge cleanly into demo 1.0's file (1 conflicting hunk)" in err
+    assert "patchset_build: error:   hunk 1 of 1, at demo 1.0 lines 1-1:" in err
+    assert (out / "demo-port" / "demo" / "core.py").read_bytes() == MERGED  # the earlier build is left as it was
+
+
+def test_command_needs_one_source(release_wheel, patched, out, capsys):
+    with pytest.raises(SystemExit):
+        main(["x", "--base", "demo==1.0", "--pristine", str(release_wheel), "--patched", str(patched), "--change", "a", "--change-base", "b"])
+    with pytest.raises(SystemExit):
+        main(["x", "--base", "demo==1.0", "--pristine", str(release_wheel), "--change", "a"])
+    assert "give either --patched DIR or --change-base and --change" in capsys.readouterr().err
