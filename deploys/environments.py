@@ -2,7 +2,8 @@
 
 Each is built as a generation beside the live one, patched there, proven by the ABI probe and
 only then switched in (operations/venv.py); the previous generation stays for rollback. A host
-with nothing placed on it gets none: it stays ready to receive a service.
+with nothing placed on it gets none: it stays ready to receive a service. The deploy's state directory
+(saved units for rollback, the records of what each service started with) is kept root's alone, 0700.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pyinfra.api import deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations.util import any_changed
 
-from operations import patches, venv
+from operations import patches, rollback, venv
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
     sources = tuple(venv.Source(*source) for source in config.stack_sources)
     probe = venv.probe_for(stack, config.launcher, probe_args)
     built_envs = {}
+    # Made where services will run; elsewhere only an older deploy's (0755) is tightened.
+    rollback.state_private(name=f"State directory {rollback.STATE_DIR} is root's alone", create=bool(config.environments))
     for env in config.environments:
         gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
         built = venv.environment(

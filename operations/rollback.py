@@ -8,6 +8,10 @@ back, every venv this run switched to a new generation is switched back to the p
 its readiness confirmed. The host still fails, with a message that says what was rolled
 back and why; the journal tail of the failed start is logged before that.
 
+The deploy's state on a host (`STATE_DIR`: these saved units, and remote/service_state.py's records of
+what each started service loaded, which hold the sha256 of its key file) is root's alone: the directories
+0700 (`state_private`, on every run: an older 0755 one is tightened), the records 0600.
+
 Not rolled back: staged models (a model is replaced only by its new complete copy, and a
 changed model keeps its name) and the API-key file (its content comes from the secrets
 source, which the operator changed on purpose).
@@ -19,9 +23,16 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import Directory
+from pyinfra.operations import files
+
 from operations import remote
 
-BACKUP_DIR = "/var/lib/sglang-deploy/rollback"
+STATE_DIR = "/var/lib/sglang-deploy"
+BACKUP_DIR = f"{STATE_DIR}/rollback"
+RECORD_DIR = f"{STATE_DIR}/started"  # remote/service_state.py: RECORD_DIR
 
 
 def backup_path(unit_name: str) -> str:
@@ -31,7 +42,8 @@ def backup_path(unit_name: str) -> str:
 def save_command(unit_path: str, unit_name: str) -> str:
     """Keep a copy of the unit the service runs with; `preflight.passed` runs it once the new unit passed."""
     backup = shlex.quote(backup_path(unit_name))
-    return f"mkdir -p {BACKUP_DIR} && cp -p {shlex.quote(unit_path)} {backup}.tmp && mv -f {backup}.tmp {backup}"
+    # install -d also tightens directories that exist (an older deploy made them 0755).
+    return f"install -d -m 0700 {STATE_DIR} {BACKUP_DIR} && cp -p {shlex.quote(unit_path)} {backup}.tmp && mv -f {backup}.tmp {backup}"
 
 
 @dataclass
@@ -67,3 +79,25 @@ def undo(host, plan: Restorable) -> tuple[list[str], str | None]:
         if not ok:
             return done, f"rollback step failed: {command.splitlines()[0][:120]}: {' '.join(output.stderr.split())[-300:]}"
     return done, None
+
+
+@operation()
+def state_private(create: bool = True):
+    """
+    Keep the deploy's state directory on the host root's alone: it holds saved units and the records of
+    what each service was started with (the sha256 of its key file among them).
+
+    + create: make the directories where they are missing (a host that runs services); else only tighten
+      those an older deploy left (mode 0755)
+
+    **Example:**
+
+    .. code:: python
+
+        rollback.state_private(name="State directory /var/lib/sglang-deploy is root's alone")
+    """
+    for path in (STATE_DIR, RECORD_DIR, BACKUP_DIR):
+        if not create and host.get_fact(Directory, path=path) is None:
+            host.noop(f"directory {path} does not exist")
+            continue
+        yield from files.directory._inner(path=path, present=True, user="root", group="root", mode="700")

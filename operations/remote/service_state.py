@@ -16,6 +16,10 @@
 # an input that differs from the record counts only if it changed after that start. Without a
 # record (a deploy older than this one), inputs modified after the process started count as changed.
 #
+# The records hold the sha256 of the key file: their directory and its parent are root's alone (0700, an
+# existing one tightened when a record is written), each record 0600. A record that is not root's alone
+# (another owner, a symlink, a parent others can write) is not read: as if there were none.
+#
 # argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
 #       --record UNIT [PATH...]              write the record for the running process
 import json
@@ -24,7 +28,7 @@ import socket
 import sys
 import time
 
-from _common import STAMP, file_digest, systemctl_show  # noqa: E402 - remote.script puts _common.py here
+from _common import STAMP, file_digest, private_dir, systemctl_show, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 RECORD_DIR = "/var/lib/sglang-deploy/started"
 MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
@@ -103,10 +107,16 @@ def record_path(unit):
 if sys.argv[1] == "--record":
     unit, paths = sys.argv[2], sys.argv[3:]
     pid = int(show(unit).get("MainPID") or 0)
-    os.makedirs(RECORD_DIR, mode=0o755, exist_ok=True)
+    try:
+        private_dir(os.path.dirname(RECORD_DIR))
+        private_dir(RECORD_DIR)
+    except PermissionError as exc:
+        sys.exit(f"{exc}: no record of what the service started with is written there (it holds the key file's sha256)")
     body = {"pid": pid, "inputs": {path: identity(path) for path in paths}}
     tmp = record_path(unit) + ".tmp"
-    with open(tmp, "w") as handle:
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # left by a run that died: made again, 0600
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as handle:
         json.dump(body, handle, sort_keys=True)
     os.rename(tmp, record_path(unit))
     print(json.dumps(body))
@@ -133,6 +143,8 @@ except (OSError, ValueError):
     pass
 pid = int(props.get("MainPID") or 0)
 try:
+    if why_untrusted(record_path(unit)):
+        raise OSError("not root's alone")
     with open(record_path(unit)) as handle:
         record = json.load(handle)
     if not isinstance(record, dict) or not isinstance(record.get("inputs"), dict):

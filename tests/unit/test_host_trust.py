@@ -364,3 +364,50 @@ def test_the_switch_adopts_no_venv_of_another_user_and_deletes_no_generation_of_
     assert out.returncode == 0, out.stderr
     out = _remote("venv_switch", str(live), "g2")
     assert out.returncode != 0 and f"{gens}/g2: not owned by root" in out.stderr and live.resolve() == gens / "g1"
+
+
+# The deploy's state on the host: saved units, and the records that hold the key file's sha256 ------------
+
+from operations import rollback  # noqa: E402
+from tests.unit.test_operations import FakeFs, run, service_host  # noqa: E402, F401 - a fixture
+
+
+def test_a_record_is_written_0600_in_directories_root_alone_may_enter_and_an_older_0755_one_is_tightened(tmp_path, service_host):
+    (tmp_path / "started").mkdir(mode=0o755)
+    (tmp_path / "started").chmod(0o755)
+    tmp_path.chmod(0o755)  # /var/lib/sglang-deploy, as an older deploy left it
+    service_host("--record", "sglang-x.service")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path, tmp_path / "started", tmp_path / "started" / "sglang-x.service.json")}
+    assert modes == {tmp_path.name: 0o700, "started": 0o700, "sglang-x.service.json": 0o600}
+
+
+def test_a_record_root_did_not_write_alone_is_not_read(tmp_path, service_host):
+    service_host("--record", "sglang-x.service")
+    assert service_host("sglang-x.service", "127.0.0.1", "1")["recorded"] is True
+    record = tmp_path / "started" / "sglang-x.service.json"
+    record.chmod(0o666)
+    assert service_host("sglang-x.service", "127.0.0.1", "1")["recorded"] is False
+    record.chmod(0o600)
+    (tmp_path / "elsewhere.json").write_text(record.read_text())
+    record.unlink()
+    record.symlink_to(tmp_path / "elsewhere.json")
+    assert service_host("sglang-x.service", "127.0.0.1", "1")["recorded"] is False
+
+
+def test_a_record_directory_that_is_a_symlink_is_never_written_through(tmp_path, service_host):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "started").symlink_to(tmp_path / "real")
+    with pytest.raises(AssertionError, match="a symlink"):
+        service_host("--record", "sglang-x.service")
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_the_state_directory_is_made_root_only_and_an_older_one_tightened():
+    fresh = run(rollback.state_private, {}, FakeFs())
+    assert fresh.commands == [c for d in (rollback.STATE_DIR, rollback.RECORD_DIR, rollback.BACKUP_DIR)
+                              for c in (f"mkdir -p {d}", f"chmod 700 {d}", f"chown root:root {d}")]
+    older = run(rollback.state_private, {}, FakeFs(dirs={rollback.STATE_DIR, rollback.RECORD_DIR}), create=False)
+    assert older.commands == [f"chmod 700 {rollback.STATE_DIR}", f"chmod 700 {rollback.RECORD_DIR}"]
+    assert older.noops[-1] == f"directory {rollback.BACKUP_DIR} does not exist"
+    assert rollback.save_command("/etc/systemd/system/x.service", "x.service").startswith(
+        f"install -d -m 0700 {rollback.STATE_DIR} {rollback.BACKUP_DIR} && ")
