@@ -20,7 +20,7 @@ from pathlib import Path
 
 NAME = "sglang-standin"
 PKG = "sglang_standin"
-VERSION = "0.1.2"
+VERSION = "0.1.3"
 TAG = "py3-none-any"
 WHEEL_NAME = "%s-%s-%s.whl" % (PKG, VERSION, TAG)
 DIST_INFO = "%s-%s.dist-info" % (PKG, VERSION)

@@ -11,6 +11,9 @@ Behaviour, in order:
    flags are rejected exactly as the real server would: exit 2 with the
    parser's message). Otherwise parse with a small argparse parser that knows
    ``--model-path``, ``--host``, ``--port`` and accepts any other flag.
+   Then log ``server_args=ServerArgs(...)``, API keys in the clear, as the real
+   server does (sgl-project/sglang#37457): the deploy must keep them out of
+   what it prints, and the lab must be able to show it does.
 2. ``STANDIN_CRASH_AT_START=1``: print an error and exit 1.
 3. Check that ``--model-path`` (and ``--speculative-draft-model-path`` when
    given) is a directory holding a ``config.json``; exit 1 otherwise.
@@ -73,8 +76,13 @@ SECRET_ARGS = ("api_key", "admin_api_key")
 
 
 def masked(args: dict) -> dict:
-    """The args with API keys replaced: they must reach no log line and no endpoint."""
+    """The args with API keys replaced, for the endpoints and the stand-in's own args line."""
     return {k: ("<set>" if k in SECRET_ARGS and v else v) for k, v in args.items()}
+
+
+def server_args_line(args: dict) -> str:
+    """What the real server logs at start (`logger.info(f"{server_args=}")`): every arg's repr, keys unmasked."""
+    return "server_args=ServerArgs(%s)" % ", ".join("%s=%r" % (k, v) for k, v in args.items())
 
 
 def log(msg: str) -> None:
@@ -599,6 +607,7 @@ def _main(argv: list[str]) -> int:
         return 1
 
     log("%s; parser: %s; args: %s" % (BANNER, parser_label, json.dumps(masked(args), default=_json_default, sort_keys=True)))
+    log(server_args_line(args))
 
     if _env_flag("STANDIN_CRASH_AT_START"):
         log("error: simulated crash at start (STANDIN_CRASH_AT_START is set)")
