@@ -1,17 +1,28 @@
 """One deploy at a time per host, without deadlocks, without locks held by a run that stopped.
 
-Each host has one lock, `/run/sglang-deploy.lock` (a directory; /run empties at a reboot).
-How a run takes, holds and gives back its locks, and why:
+Each host has one lock, `/run/sglang-deploy.lock` (a directory; /run empties at a reboot). Machines are known
+by what they report (`/etc/machine-id` and the boot id), never by an address or a name. How a run takes,
+holds and gives back its locks, and why:
 
 - **All of the run's locks, before any change, in one fixed order.** pyinfra loads `deploy.py`
   for every host in parallel greenlets. Each host's `acquire()` waits until every host of the
   run has reached it (its data is valid by then), or as many as pyinfra loads at once
-  (`--parallel`); the last to arrive takes all the run's locks, over the connections pyinfra already opened, in the order of the machines'
-  addresses (the peer address of each SSH connection). Hosts of one inventory that share
-  an address share one lock: it is taken once, and given back when the last of them is done.
+  (`--parallel`); the last to arrive takes all the run's locks, over the connections pyinfra
+  already opened, one lock per inventory host, in the order of `lock_order`: the peer address
+  of each SSH connection, then the host's `ssh_hostname` and its inventory name. That order is
+  known before the first command (a machine's identity comes only with its first answer) and is
+  the same for every run over the same hosts; it only makes two such runs collide on their first
+  lock instead of each taking half. Nothing else rests on it: behind a bastion every host has the
+  bastion's address (the names then order them), and each host still takes its own lock.
   The command that takes a host's lock goes on, once it has it, to the host's one read
   (`RunLocks.read_for`): its first line answers the lock, so the pass goes on as soon as that
   line comes, while the read's output is collected beside it.
+- **One machine, one inventory name.** Every answer of the lock command names the machine that
+  answered (`{"acquired": true, "machine": ..., "boot": ...}`: the same first line, no round
+  trip more). Two hosts of the run that answer as one machine (the same machine id and boot id,
+  or one finds the lock the run just took under the other's name) are both refused, before any
+  change, with `--dry` too: one machine under two names would be deployed twice at once, and
+  each name's cleanup would remove the other's services.
 - **It never waits while holding.** A pass takes the locks in order without waiting; at the
   first one held by another run, it gives back what the pass took and then waits for that
   one alone (in commands of at most `WAIT_STEP_S`, checking between them whether the holder
@@ -31,11 +42,21 @@ How a run takes, holds and gives back its locks, and why:
   seconds; the command fails, pyinfra drops the host, the run goes on with the others
   and ends. A host the run dropped (failed) gives its lock back at once, not at the run's end.
   When the connection is gone and the lock cannot be given back, the run records on this
-  control machine that it no longer holds it (`_DROPPED`), and the next run from here takes
-  it over even while the first one still runs elsewhere.
-- **A killed run's locks are taken over** by the next run from the same control machine
-  (its pid is gone). One held from another control machine is never broken automatically:
-  the message says who holds it since when, and how to remove it.
+  control machine that it no longer holds it (`dropped_dir()`, a directory of this user's
+  own, mode 0700: operations/private_dir.py), and the next run from here takes it over even
+  while the first one still runs elsewhere.
+- **A lock is taken over only when its record proves its holder gone.** owner.json holds the
+  control machine's /etc/machine-id and boot id, the deploy's pid, that pid's start time
+  (/proc/PID/stat field 22) and pid namespace. The holder is gone when the record names this
+  control machine and it has booted since, or (in the same pid namespace) the pid is gone or
+  now another process (another start time); or when this machine recorded that run as having
+  dropped the host. A hostname proves nothing (two CI runners, two laptops called `ubuntu`).
+  A record from another machine, or one without these fields (made by hand, or by an older
+  deploy), is never broken automatically: the message says who holds it since when, and how
+  to remove it.
+- **A lock directory never exists without its owner record.** It is built complete beside
+  the lock and renamed into place (`free_lock_command` in sh, lock_host.py otherwise), so a
+  run killed at any point leaves no lock or a whole one.
 - **`--dry` takes no lock**: it only reads, so it never blocks a real deploy; it says when
   another deploy holds a host's lock (what it shows may change when that one finishes).
 
@@ -51,13 +72,13 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shlex
 import socket
-import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -68,6 +89,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.connectors.util import make_unix_command_for_host
 
 from operations import remote
+from operations.private_dir import NotPrivate, cache_root, private_dir
 from operations.streaming import first_line, open_session, rest_of_output, ssh_transport
 from operations.this_run import unproxied
 
@@ -81,18 +103,58 @@ DEAD_PEER_S = 10
 WAIT_STEP_S = 5
 # How long a host's load may lag the others' before the lock step (only local work lies between).
 ARRIVAL_TIMEOUT_S = 120
-# Runs from this control machine record here the locks they gave up without giving them back.
-_DROPPED = Path(tempfile.gettempdir()) / f"sglang-deploy-locks.{os.getuid()}"
+MACHINE_ID_PATH = "/etc/machine-id"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# What an owner record must hold to prove, from this machine, that its deploy is gone (see is_stale).
+PROOF_FIELDS = ("machine", "boot", "pid", "start", "token")
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+# -- who holds a lock --------------------------------------------------------------------
 
 
 def new_owner() -> dict:
+    """This run's owner record: who (for people), and what proves whether it still runs (for is_stale)."""
+    me = control_identity()
     return {
         "id": uuid.uuid4().hex,
         "who": f"{getpass.getuser()}@{socket.gethostname()}",
-        "control": socket.gethostname(),
+        "control": socket.gethostname(),  # shown to people; proves nothing (hostnames repeat)
+        **me,
         "pid": os.getpid(),
+        "start": process_start(os.getpid()),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def control_identity() -> dict:
+    """This control machine as its records name it: machine id, boot id, and the pid namespace its pids are of."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"machine": _read_id(MACHINE_ID_PATH), "boot": _read_id(BOOT_ID_PATH), "pidns": pidns}
+
+
+def _read_id(path: str) -> str:
+    try:
+        value = Path(path).read_text().strip()
+    except OSError:
+        return ""
+    return value if re.fullmatch(r"[0-9a-f-]{1,64}", value) else ""
+
+
+def process_start(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None if it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command name (field 2) may hold spaces and parentheses
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 class HostLocked(PyinfraError):
@@ -111,26 +173,58 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _dropped_file(token: str) -> Path:
-    return _DROPPED / token
+def dropped_dir() -> Path:
+    """Where runs of this user on this control machine record the locks they gave up without giving them back."""
+    return cache_root() / "dropped-locks"
 
 
 def mark_dropped(token: str) -> None:
     """Record that this run no longer holds the lock `token` (it could not give it back)."""
-    _DROPPED.mkdir(mode=0o700, exist_ok=True)
-    _dropped_file(token).write_text(str(os.getpid()))
-    atexit.register(_dropped_file(token).unlink, missing_ok=True)  # once we exit, our pid says it
+    if not _TOKEN.fullmatch(token or ""):
+        return
+    record = private_dir(dropped_dir()) / token
+    record.write_text(str(os.getpid()))
+    atexit.register(record.unlink, missing_ok=True)  # once we exit, our pid and its start time say it
 
 
-def is_stale(holder: dict, control: str) -> str | None:
-    """Why `holder` (an owner.json) no longer holds its lock, or None if it may still."""
-    if holder.get("control") != control:
-        return None  # another control machine: its processes cannot be seen from here
-    if not _pid_alive(int(holder.get("pid") or 0)):
-        return f"its deploy (pid {holder.get('pid')}) is gone"
-    token = holder.get("token")
-    if token and _dropped_file(token).exists():
+def _dropped_here(token) -> bool:
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token) or not os.path.lexists(dropped_dir()):
+        return False
+    return (private_dir(dropped_dir()) / token).exists()  # a record only this user could have written
+
+
+def missing_proof(holder: dict) -> list[str]:
+    """The fields of PROOF_FIELDS that `holder` (an owner.json) lacks or holds in no usable form."""
+    def usable(name, value):
+        if name == "token":
+            return isinstance(value, str) and bool(_TOKEN.fullmatch(value))
+        if name in ("pid", "start"):
+            return isinstance(value, int) and not isinstance(value, bool) and value > (0 if name == "pid" else -1)
+        return isinstance(value, str) and bool(value)
+
+    return [name for name in PROOF_FIELDS if not usable(name, holder.get(name))]
+
+
+def is_stale(holder: dict, me: dict) -> str | None:
+    """Why `holder` (an owner.json) provably no longer holds its lock, seen from the run `me` (new_owner()); else None.
+
+    Only a record of this very control machine (its machine id) can prove it: by a boot since (boot id), or,
+    in the same pid namespace, by its pid gone or now another process (its start time). A name proves nothing.
+    """
+    if _dropped_here(holder.get("token")):
         return f"its deploy (pid {holder.get('pid')}) lost the host's connection and dropped the host"
+    if missing_proof(holder) or not me.get("machine") or holder["machine"] != me["machine"]:
+        return None  # cannot be proven from here: another machine, or a record without the proof
+    if holder["boot"] != me.get("boot"):
+        return f"its control machine has restarted since (boot id {holder['boot']}, now {me.get('boot')})"
+    if not holder.get("pidns") or holder.get("pidns") != me.get("pidns"):
+        return None  # another pid namespace (a container on this machine): its pids are not ours to look at
+    pid = holder["pid"]
+    if not _pid_alive(pid):
+        return f"its deploy (pid {pid}) is gone"
+    started = process_start(pid)
+    if started is not None and started != holder["start"]:
+        return f"its deploy (pid {pid}) is gone (pid {pid} is now another process, started at another time)"
     return None
 
 
@@ -140,29 +234,46 @@ def describe(holder: dict | None) -> str:
 
 
 def locked_message(name: str, holder: dict | None, waited_s: float) -> str:
+    missing = missing_proof(holder or {})
+    unprovable = (
+        f" Its record cannot show whether that deploy has ended (it has no {', '.join(missing)}: made by hand or by "
+        "an older deploy), so it is never taken over automatically." if holder and missing else ""
+    )
     return (
-        f"{name}: another deploy holds the host's lock: {describe(holder)}; waited {waited_s:.0f} s (lock_wait_s). "
+        f"{name}: another deploy holds the host's lock: {describe(holder)}; waited {waited_s:.0f} s (lock_wait_s).{unprovable} "
         f"If no deploy is running there, remove {LOCK_PATH} on the host."
     )
 
 
-def lock_key(host) -> tuple:
-    """What identifies the machine behind `host`: the peer address of its open connection.
+def same_machine_message(first: str, second: str, machine: tuple[str, str] | None) -> str:
+    seen = (f"both report /etc/machine-id {machine[0]} and boot id {machine[1]}" if machine and machine[0]
+            else f"the lock this run took through {first} is the one {second} found")
+    return (
+        f"{first} and {second} are one machine ({seen}): under two inventory names it would be deployed twice at "
+        "once, and each name's cleanup would remove the other's services. Nothing was changed there. List the "
+        f"machine once in the inventory (keep {first} or {second}); if they are two machines, give each its own "
+        "/etc/machine-id (systemd-machine-id-setup)."
+    )
 
-    Sorting by it gives every run the same order; two inventory hosts with one address get one key.
-    """
+
+# -- the order and the connections ----------------------------------------------------------
+
+
+def lock_order(host) -> tuple:
+    """Where `host` comes in a run's lock order: the peer address of its open connection, then its `ssh_hostname`
+    and inventory name. Known before the first command, the same in every run over the same hosts; it identifies
+    nothing (hosts behind one bastion share an address), the machine's own answer does."""
+    peer: tuple = (1, b"", 0)
     transport = ssh_transport(host)
     if transport is not None:
         try:
             address, port = transport.getpeername()[:2]
-            return (0, ipaddress.ip_address(address.split("%")[0]).packed.rjust(16, b"\0"), port, address)
-        except (OSError, ValueError):
+            peer = (0, ipaddress.ip_address(address.split("%")[0]).packed.rjust(16, b"\0"), port)
+        except (OSError, ValueError, TypeError, AttributeError):
             pass
-    return (1, host.name.encode(), 0, host.name)
-
-
-def key_text(key: tuple) -> str:
-    return f"{key[3]}:{key[2]}" if key[0] == 0 else key[3]
+    data = getattr(host, "data", None)
+    configured = getattr(data, "get", lambda *_: None)("ssh_hostname") or host.name
+    return (*peer, str(configured).lower(), host.name)
 
 
 def _socket(host):
@@ -209,44 +320,61 @@ def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
     return True
 
 
-_LOCK_SH = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'  # SGLANG_DEPLOY_LOCK: as in lock_host.py (unit tests)
+# -- the commands ------------------------------------------------------------------------
+
+# SGLANG_DEPLOY_LOCK, SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID: as in lock_host.py (unit tests).
+_LOCK_SH = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'
+_IDENTITY_SH = (
+    f'{{ read -r _sglang_machine < "${{SGLANG_DEPLOY_MACHINE_ID:-{MACHINE_ID_PATH}}}"; '
+    f'read -r _sglang_boot < "${{SGLANG_DEPLOY_BOOT_ID:-{BOOT_ID_PATH}}}"; }} 2>/dev/null; '
+    'case "$_sglang_machine$_sglang_boot" in *[!0-9a-f-]*) _sglang_machine= _sglang_boot= ;; esac; '
+)
 
 
-def free_lock_command(owner: str, owner_id: str) -> str:
-    """`lock_host.py acquire OWNER 0` with its free-lock path in sh, where no python need start on the host:
-    mkdir (atomic), the owner's marker file, owner.json written beside and renamed in.
+def free_lock_command(owner: str, token: str) -> str:
+    """`lock_host.py acquire OWNER 0` with its free-lock path in sh, where no python need start on the host.
 
-    The script's guard (flock) orders takeovers of a stale lock, which remove a directory; this
-    path removes only a directory its own mkdir just made (when the owner cannot be written), and
-    its mkdir fails while any lock, stale or not, exists: then the script runs and answers as it
-    always does.
+    As the script does: the lock is built complete beside (`<lock>.new-<token>`: the take's marker and
+    owner.json) and renamed into place by `mv -nT` (renameat2 RENAME_NOREPLACE, as GNU mv does: it fails while
+    anything is there, even an empty directory). Whether the lock is now this take's is judged by its marker
+    in place, never by mv's exit status. The answer's one line names the machine (machine id, boot id) and adds
+    only shell builtins to the path. Where the lock was not free, or anything here failed, the script runs and
+    answers as it always does (its guard orders takeovers of a stale lock).
     """
-    lock = _LOCK_SH
+    marker = _marker(token)
     return (
-        f"if mkdir -m 700 {lock} 2>/dev/null; then "
-        f"{{ : > {lock}/{_marker(owner_id)} && printf '%s' {owner} > {lock}/owner.json.tmp && "
-        f"mv -f {lock}/owner.json.tmp {lock}/owner.json && "
-        # A lock this command made and could not name is its own to remove (no output: the caller fails the host).
-        f"echo '{{\"acquired\": true}}'; }} || rm -rf {lock}; else\n"
+        f'_sglang_lock={_LOCK_SH}; _sglang_new="$_sglang_lock.new-{token}"\n'
+        'if [ ! -e "$_sglang_lock" ] && mkdir -m 700 "$_sglang_new" 2>/dev/null; then '
+        f': > "$_sglang_new/{marker}" && printf \'%s\' {owner} > "$_sglang_new/owner.json" && '
+        'mv -nT "$_sglang_new" "$_sglang_lock" 2>/dev/null; [ -e "$_sglang_new" ] && rm -rf "$_sglang_new"; fi\n'
+        f'if [ -e "$_sglang_lock/{marker}" ]; then {_IDENTITY_SH}'
+        'printf \'{"acquired": true, "machine": "%s", "boot": "%s"}\\n\' "$_sglang_machine" "$_sglang_boot"; else\n'
         f"{remote.command('lock_host', 'acquire', owner, '0')}\nfi"
     )
 
 
-def release_command(owner_id: str) -> str:
-    """`lock_host.py release OWNER_ID`: a lock holding this owner's marker is removed in sh; any other (held by
-    another run, or taken by a deploy from before markers) goes to the script, which compares owner.json."""
-    lock = _LOCK_SH
+def release_command(token: str) -> str:
+    """`lock_host.py release TOKEN`: a lock holding this take's marker is renamed aside and removed in sh (so it
+    is never seen half-removed); any other (held by another take) goes to the script, which compares owner.json."""
     return (
-        f"if [ -e {lock}/{_marker(owner_id)} ]; then rm -rf {lock} && echo '{{\"released\": true}}'; else\n"
-        f"{remote.command('lock_host', 'release', shlex.quote(owner_id))}\nfi"
+        f'_sglang_lock={_LOCK_SH}; _sglang_old="$_sglang_lock.old-{token}"\n'
+        f'if [ -e "$_sglang_lock/{_marker(token)}" ]; then '
+        'mv -T "$_sglang_lock" "$_sglang_old" && rm -rf "$_sglang_old" && echo \'{"released": true}\'; else\n'
+        f"{remote.command('lock_host', 'release', shlex.quote(token))}\nfi"
     )
 
 
-def _marker(owner_id: str) -> str:
-    # The owner id is new_owner()'s uuid hex: a plain file name (lock_host.py writes the same marker).
-    if not owner_id.isalnum():
-        raise ValueError(f"owner id {owner_id!r} is not a uuid hex")
-    return f"owner-{owner_id}"
+def _marker(token: str) -> str:
+    # The take's token is a uuid hex: a plain file name (lock_host.py writes the same marker).
+    if not _TOKEN.fullmatch(token or ""):
+        raise ValueError(f"lock token {token!r} is not a uuid hex")
+    return f"owner-{token}"
+
+
+def _machine(answer: dict) -> tuple[str, str] | None:
+    """The machine a lock command's answer came from (machine id, boot id); None where it did not say."""
+    machine, boot = answer.get("machine"), answer.get("boot")
+    return (machine, boot or "") if isinstance(machine, str) and machine else None
 
 
 @dataclass
@@ -255,17 +383,24 @@ class Outcome:
     holder: dict | None = None
     waited_s: float = 0.0
     error: str | None = None
+    refused: str | None = None  # why this host was refused whole (it is the machine of another host of the run)
 
 
 @dataclass
 class _Slot:
-    key: tuple
-    hosts: list = field(default_factory=list)
+    """One inventory host's lock in this run."""
+
+    host: object
+    order: tuple
     wait_s: float = 0.0
-    token: str | None = None
+    token: str | None = None  # the last take's (its marker, and the owner record's "token")
     held: bool = False
-    done: set = field(default_factory=set)
+    machine: tuple[str, str] | None = None  # (machine id, boot id) as the host last answered
     running: tuple | None = None  # the host's read begun by the command that took this lock (RunLocks.read_for)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
 
 
 class RunLocks:
@@ -278,7 +413,7 @@ class RunLocks:
         # read_for(host): the host's read (an object with a shell `command`) to run in the same call that takes its
         # lock, or None. Once taken, slot.running holds (that read, a greenlet giving (exit status, output lines, stderr)).
         self.read_for = read_for
-        self.slots: dict[tuple, _Slot] = {}
+        self.slots: dict[str, _Slot] = {}  # by inventory name
         self.outcomes: dict[str, Outcome] = {}
         self.events: list[str] = []  # what was done, in order (read by tests and the bench)
         self._mutex = threading.Lock()
@@ -296,7 +431,7 @@ class RunLocks:
             raise HostLocked(f"{host.name}: the deploy lock command failed: {output.stderr.strip()[-300:]}") from None
 
     def _try(self, slot: _Slot, wait_s: float) -> dict:
-        host = slot.hosts[0]
+        host = slot.host
         token = uuid.uuid4().hex
         owner = shlex.quote(json.dumps({**self.owner, "token": token}))
         timeout = wait_s + 60  # the command returns by itself after wait_s; this only bounds a hung host
@@ -304,40 +439,41 @@ class RunLocks:
         # which also begins the host's read where the deploy has one (the host's one call of the run).
         slot.running = None
         result = None
-        if wait_s == 0 and len(slot.hosts) == 1 and self.read_for is not None:
+        if wait_s == 0 and self.read_for is not None:
             read = self.read_for(host)
             if read is not None:
-                result = self._run_with_read(slot, free_lock_command(owner, self.owner["id"]), read, timeout)
+                result = self._run_with_read(slot, free_lock_command(owner, token), read, token, timeout)
         if result is None:
-            result = self._run(host, free_lock_command(owner, self.owner["id"]), timeout)
+            result = self._run(host, free_lock_command(owner, token), timeout)
         holder = result.get("held_by") or {}
-        if not result["acquired"]:
-            why = is_stale(holder, self.owner["control"])
+        ours = holder.get("id") == self.owner["id"]  # this run's, under another name: take_all refuses both
+        if not result["acquired"] and not ours:
+            why = is_stale(holder, self.owner)
             if why:
                 host.log(f"deploy lock held by {describe(holder)} is stale ({why}): taking it over")
-                self.events.append(f"takeover {key_text(slot.key)}")
-                result = self._command(host, "acquire", owner, "0", shlex.quote(holder.get("id", "?")), timeout=timeout)
-        if not result["acquired"] and wait_s > 0:
+                self.events.append(f"takeover {slot.name}")
+                result = self._command(host, "acquire", owner, "0", shlex.quote(holder["token"]), timeout=timeout)
+        if not result["acquired"] and wait_s > 0 and not ours:
             result = self._command(host, "acquire", owner, f"{wait_s:.1f}", timeout=timeout)
         if result["acquired"]:
             slot.held, slot.token = True, token
-            self.events.append(f"take {key_text(slot.key)}")
+            self.events.append(f"take {slot.name}")
             if self.on_taken is not None:
                 self.on_taken(slot)
         return result
 
-    def _run_with_read(self, slot: _Slot, lock_command: str, read, timeout: float) -> dict | None:
+    def _run_with_read(self, slot: _Slot, lock_command: str, read, token: str, timeout: float) -> dict | None:
         """Take the lock and, where it was taken, go straight on to the host's read, in one command: its first
         line answers the lock (read as soon as it comes, so the pass goes on), the rest is the read's output.
 
         pyinfra returns a command's output only when it ends, so this command runs on a channel of its own over
         the host's SSH connection, wrapped as pyinfra wraps the lock's own command. None where the host has no
         such connection (another connector): the lock is then taken on its own."""
-        host = slot.hosts[0]
+        host = slot.host
         channel = open_session(host)
         if channel is None:
             return None
-        script = f"{lock_command}\nif [ -e {_LOCK_SH}/{_marker(self.owner['id'])} ]; then\n{read.command}\nfi"
+        script = f"{lock_command}\nif [ -e {_LOCK_SH}/{_marker(token)} ]; then\n{read.command}\nfi"
         command = make_unix_command_for_host(getattr(host, "state", None), host, script).get_raw_value()
         logger.debug(f"{host.name}: taking the deploy lock and reading the host in one command")
         channel.settimeout(timeout)
@@ -359,49 +495,45 @@ class RunLocks:
         return result
 
     def _give_back(self, slot: _Slot, why: str) -> None:
-        if not slot.held:
-            return
-        slot.held = False
-        self.events.append(f"release {key_text(slot.key)}")
-        for host in slot.hosts:
-            try:
-                self._run(host, release_command(self.owner["id"]), timeout=30)
+        with self._mutex:
+            if not slot.held:
                 return
-            except Exception as exc:  # the connection died (network cut, host rebooted)
-                error = exc
-        mark_dropped(slot.token or "")
-        slot.hosts[0].log(
-            f"deploy lock not given back ({why}; {type(error).__name__}: {error}): the next deploy from this machine "
-            f"takes it over; from another machine, remove {LOCK_PATH} on the host once no deploy runs there",
+            slot.held = False
+        self.events.append(f"release {slot.name}")
+        try:
+            self._run(slot.host, release_command(slot.token or ""), timeout=30)
+            return
+        except Exception as exc:  # the connection died (network cut, host rebooted)
+            error = exc
+        try:
+            mark_dropped(slot.token or "")
+            then = "the next deploy from this machine takes it over; from another machine, remove"
+        except NotPrivate as exc:
+            then = f"it could not be recorded here ({exc}); remove"
+        slot.host.log(
+            f"deploy lock not given back ({why}; {type(error).__name__}: {error}): {then} {LOCK_PATH} on the host "
+            "once no deploy runs there",
             log_func=logger.warning,
         )
 
     # -- taking ---------------------------------------------------------------------------
     def take_all(self, hosts_and_waits: list[tuple[object, float]]) -> dict[str, Outcome]:
-        """Take every host's lock, in address order; return each host name's outcome."""
+        """Take every host's lock, in lock_order; return each host name's outcome."""
         for host, wait_s in hosts_and_waits:
-            key = lock_key(host)
-            slot = self.slots.setdefault(key, _Slot(key))
-            slot.hosts.append(host)
+            slot = self.slots.setdefault(host.name, _Slot(host, lock_order(host)))
             slot.wait_s = max(slot.wait_s, float(wait_s))
-        order = sorted(self.slots)
+        pending = [slot.name for slot in sorted(self.slots.values(), key=lambda s: s.order)]
         start = time.monotonic()
-        pending = list(order)
-        failed: dict[tuple, Outcome] = {}
+        failed: dict[str, Outcome] = {}
         collisions = 0
         while True:
             busy = None
-            for key in list(pending):
-                slot = self.slots[key]
-                if slot.held:
+            for name in list(pending):
+                slot = self.slots[name]
+                if slot.held or name not in pending:  # held, or refused meanwhile with another host
                     continue
-                try:
-                    result = self._try(slot, 0)
-                except Exception as exc:
-                    failed[key] = Outcome(False, error=f"{type(exc).__name__}: {exc}")
-                    pending.remove(key)
-                    continue
-                if not result["acquired"]:
+                result = self._attempt(slot, 0, failed, pending)
+                if result is not None and not result["acquired"]:
                     busy = (slot, result.get("held_by"))
                     break
             if busy is None:
@@ -409,9 +541,9 @@ class RunLocks:
             slot, holder = busy
             # Never wait while holding: what this pass took goes back before the wait.
             gave_back = False
-            for key in pending:
-                if self.slots[key].held:
-                    self._give_back(self.slots[key], "waiting for another host's lock")
+            for name in pending:
+                if self.slots[name].held:
+                    self._give_back(self.slots[name], "waiting for another host's lock")
                     gave_back = True
             if gave_back:
                 # Two runs that reach the same machines in different orders (other addresses) could hand locks
@@ -422,47 +554,75 @@ class RunLocks:
             while True:
                 remaining = start + slot.wait_s - time.monotonic()
                 if remaining <= 0:
-                    failed[slot.key] = Outcome(False, holder, time.monotonic() - start)
-                    pending.remove(slot.key)
-                    self.events.append(f"give up {key_text(slot.key)}")
+                    failed[slot.name] = Outcome(False, holder, time.monotonic() - start)
+                    pending.remove(slot.name)
+                    self.events.append(f"give up {slot.name}")
                     break
                 if not announced:
-                    slot.hosts[0].log(
+                    slot.host.log(
                         f"deploy lock held by {describe(holder)}: waiting for it, up to lock_wait_s ({slot.wait_s:.0f} s) "
                         "from the run's start, holding no other lock"
                     )
-                    self.events.append(f"wait {key_text(slot.key)}")
+                    self.events.append(f"wait {slot.name}")
                     announced = True
-                try:
-                    result = self._try(slot, min(WAIT_STEP_S, remaining))
-                except Exception as exc:
-                    failed[slot.key] = Outcome(False, error=f"{type(exc).__name__}: {exc}")
-                    pending.remove(slot.key)
+                result = self._attempt(slot, min(WAIT_STEP_S, remaining), failed, pending)
+                if result is None:
                     break
                 if result["acquired"]:
-                    slot.hosts[0].log(f"deploy lock taken after waiting {time.monotonic() - start:.1f} s")
+                    slot.host.log(f"deploy lock taken after waiting {time.monotonic() - start:.1f} s")
                     break
                 holder = result.get("held_by") or holder
-        for key, slot in self.slots.items():
-            outcome = failed.get(key) or Outcome(True, waited_s=time.monotonic() - start)
-            for host in slot.hosts:
-                self.outcomes[host.name] = outcome
+        for name, slot in self.slots.items():
+            self.outcomes[name] = failed.get(name) or Outcome(True, waited_s=time.monotonic() - start)
         return self.outcomes
+
+    def _attempt(self, slot: _Slot, wait_s: float, failed: dict, pending: list) -> dict | None:
+        """`_try` the slot's lock; None where that host is out of the pass (its command failed, or it was refused)."""
+        try:
+            result = self._try(slot, wait_s)
+        except Exception as exc:
+            failed[slot.name] = Outcome(False, error=f"{type(exc).__name__}: {exc}")
+            pending.remove(slot.name)
+            return None
+        other = self._same_machine(slot, result)
+        if other is not None:
+            self._refuse(slot, other, failed, pending)
+            return None
+        return result
+
+    def _same_machine(self, slot: _Slot, result: dict) -> _Slot | None:
+        """Another host of this run that is the machine `slot`'s answer came from, or None."""
+        holder = result.get("held_by") or {}
+        if not result["acquired"] and holder.get("id") == self.owner["id"]:
+            # The machine's lock is held by this very run: it took it under another inventory name.
+            taker = next((s for s in self.slots.values() if s is not slot and s.token and s.token == holder.get("token")), None)
+            if taker is not None:
+                return taker
+        slot.machine = _machine(result) or slot.machine
+        if slot.machine is None:
+            return None
+        return next((s for s in self.slots.values() if s is not slot and s.machine == slot.machine), None)
+
+    def _refuse(self, slot: _Slot, other: _Slot, failed: dict, pending: list) -> None:
+        """`slot` and `other` are one machine: both fail, before any change, their lock given back."""
+        message = same_machine_message(other.name, slot.name, slot.machine or other.machine)
+        self.events.append(f"refuse {other.name} {slot.name}")
+        for refused in (other, slot):
+            self._give_back(refused, f"{other.name} and {slot.name} are one machine")
+            if refused.name in pending:
+                pending.remove(refused.name)
+            if not (failed.get(refused.name) and failed[refused.name].refused):  # a third name: the first pair's message stays
+                failed[refused.name] = Outcome(False, refused=message)
 
     # -- giving back ----------------------------------------------------------------------
     def host_done(self, host, why: str) -> None:
-        """`host` does nothing more in this run: give its lock back once every host sharing it is done."""
-        with self._mutex:
-            slot = next((s for s in self.slots.values() if any(h.name == host.name for h in s.hosts)), None)
-            if slot is None or host.name in slot.done:
-                return
-            slot.done.add(host.name)
-            if not slot.held or len(slot.done) < len(slot.hosts):
-                return
-        self._give_back(slot, why)
+        """`host` does nothing more in this run: give its lock back."""
+        slot = self.slots.get(host.name)
+        if slot is not None:
+            self._give_back(slot, why)
 
     def held_host_names(self) -> set[str]:
-        return {h.name for s in self.slots.values() if s.held for h in s.hosts}
+        return {s.name for s in self.slots.values() if s.held}
 
 
 class _Run(BaseStateCallback):
@@ -483,8 +643,7 @@ class _Run(BaseStateCallback):
         self.mutex = threading.Lock()
 
     def _taken(self, slot: _Slot) -> None:
-        for host in slot.hosts:
-            self._tell_held(host, slot.running)
+        self._tell_held(slot.host, slot.running)
 
     def _tell_held(self, host, running=None) -> None:
         if host.name in self.on_held:
@@ -529,14 +688,26 @@ class _Run(BaseStateCallback):
             self._peek(hosts)
 
     def _peek(self, hosts) -> None:
+        """--dry: look at each host's lock (taking none), and refuse hosts that answer as one machine, as a run does."""
+        machines: dict[tuple[str, str], str] = {}
         for host, _ in hosts:
             try:
-                holder = self.locks._command(host, "peek", timeout=60).get("held_by")
+                answer = self.locks._command(host, "peek", timeout=60)
             except Exception:
-                holder = None  # the plan's own facts will say what is wrong with the host
+                answer = {}  # the plan's own facts will say what is wrong with the host
+            holder = answer.get("held_by")
             if holder:
                 host.log(f"--dry takes no lock; another deploy holds it: {describe(holder)} (this plan may change when it ends)", log_func=logger.warning)
-            self._tell_held(host)
+            machine = _machine(answer)
+            first = machines.setdefault(machine, host.name) if machine else host.name
+            if first != host.name:
+                message = same_machine_message(first, host.name, machine)
+                for name in (first, host.name):
+                    if name not in self.locks.outcomes:
+                        self.locks.outcomes[name] = Outcome(False, refused=message)
+        for host, _ in hosts:
+            if host.name not in self.locks.outcomes:
+                self._tell_held(host)
 
     # -- pyinfra callbacks ----------------------------------------------------------------
     def operation_end(self, state, op_hash):
@@ -590,6 +761,7 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     while the pass goes on to the next host: the deploy begins the host's read there (host_reads.start_read).
     `read(host)` gives the host's read to begin in the very command that takes its lock (host_reads.lock_read):
     then `on_held(host, (that read, its output))` is called instead.
+    A host that is the machine of another host of the run is refused, with `--dry` too.
     """
     global _RUN
     host, state = unproxied(host), unproxied(state)
@@ -598,16 +770,16 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
         state.add_callback_handler(_RUN)
     run = _RUN
     run.arrive(host, wait_s, on_held, read)
-    if not run.executing:
-        return
     outcome = run.locks.outcomes.get(host.name)
     if outcome is None or outcome.held:
         return
-    if outcome.error:
+    if outcome.refused:
+        message = f"{host.name}: refused: {outcome.refused}"
+    elif outcome.error:
         message = f"{host.name}: could not take the deploy lock: {outcome.error}"
     else:
         message = locked_message(host.name, outcome.holder, outcome.waited_s)
-    if not any(o.held for o in run.locks.outcomes.values()):
+    if not any(name not in run.locks.outcomes or run.locks.outcomes[name].held for name in run.expected):
         raise HostLocked(message)  # no host of this run can go on: stop the run with the reason
     # This host alone fails (pyinfra goes on with the others): its load ends here, before any operation is added.
     host.log_styled(message, fg="red", log_func=logger.error)

@@ -1,0 +1,80 @@
+"""A directory of this control machine's user that no one else can write: where the deploy keeps what it
+trusts between runs (the dropped-locks records of operations/lock.py; the read sets of host_reads).
+
+A file there decides what the deploy does (a dropped-lock record lets a run take a lock over; a read set
+names the commands a host runs): so the directory must be this user's own, mode 0700, and no symlink to
+somewhere else. One another local user made first (in /tmp, say), or one anyone may write, could hold
+files planted there. `private_dir(path)` makes it so (mode 0700, as this user) or stops with what it found.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from pyinfra.api.exceptions import PyinfraError
+
+
+class NotPrivate(PyinfraError):
+    pass
+
+
+def cache_root() -> Path:
+    """Where this user's sglang-deploy caches live: $SGLANG_DEPLOY_CACHE, else $XDG_CACHE_HOME/sglang-deploy,
+    else ~/.cache/sglang-deploy (not checked here: each directory the deploy uses under it is, by private_dir)."""
+    explicit = os.environ.get("SGLANG_DEPLOY_CACHE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-deploy"
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, made if missing (mode 0700, missing parents too), checked to be a real directory owned by this
+    user with mode 0700; else NotPrivate, naming the path, what was expected and what was found.
+
+    Nothing is repaired in place: a directory that was not private may already hold what someone planted.
+    """
+    path = Path(path)
+    try:
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise NotPrivate(f"{path}: cannot make this directory ({exc.strerror}); the deploy keeps records there that "
+                         "only this user may write") from None
+    problem = _not_private(path)
+    if problem:
+        raise NotPrivate(
+            f"{path}: expected a directory of {_who(os.geteuid())} with mode 0700, not a "
+            f"symlink; found {problem}. The deploy trusts what it finds there: if you made it yourself, check what "
+            f"it holds and `chmod 700 {path}`; otherwise remove it (`rm -rf {path}`) and run again"
+        )
+    return path
+
+
+def _not_private(path: Path) -> str | None:
+    """What makes `path` no private directory of this user, or None."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return f"a symlink to {os.readlink(path)}"
+    if not stat.S_ISDIR(info.st_mode):
+        return "a file, not a directory"
+    if info.st_uid != os.geteuid():
+        return f"a directory owned by {_who(info.st_uid)}"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode != 0o700:
+        return f"a directory with mode {mode:04o}"
+    return None
+
+
+def _who(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
