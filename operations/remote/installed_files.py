@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from _common import norm, sha256_file  # noqa: E402 - remote.script puts _common.py here
+from _common import norm, sha256_file, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 site, dist, backup_dir, record_path = sys.argv[1:5]
 paths = sys.argv[5:]
@@ -28,7 +28,10 @@ for rel in paths:
         hashes[rel] = None
 backups = {rel: os.path.isfile(os.path.join(backup_dir, rel)) for rel in paths}
 record = None
-if os.path.isfile(record_path):
+# The applied-state record decides what root restores from the backups: read only if root's alone.
+if os.path.isfile(record_path) and why_untrusted(record_path):
+    record = {"corrupt": True}
+elif os.path.isfile(record_path):
     try:
         with open(record_path) as handle:
             record = json.load(handle)

@@ -1,0 +1,100 @@
+"""Root trusts only what root wrote, on a real lab host: a squatted model directory in /dev/shm.
+
+Another local user (made here with useradd, no privileges) copies the staged marker while it is world-readable,
+then, once /dev/shm no longer holds the model (a reboot empties it; here the test removes it), makes a
+directory of that name with the marker's names and sizes, a config.json the stand-in accepts, and the copied
+marker. Before, the next deploy found it "already staged" and served it. Now it is moved aside (never
+deleted), the model staged afresh from the store, and the service serves root's copy of the real files.
+
+Runs on the spare host (SPARE), cleaned before and after; the user is removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from operations import models
+from tests.lab.labutil import deploy, http_get, main_pid, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+MODEL = "Qwen3.6-27B-DFlash"
+STAGED = f"/dev/shm/{MODEL}"
+STORE = f"/root/models/{MODEL}"
+PORT = 30140
+SERVICE = {"gpu": 0, "port": PORT, "model": MODEL, "model_in": "shm"}
+UNIT = "sglang-trust.service"
+SQUATTER = "squatter"
+MARKER = models.MARKER
+
+# Run as the squatter: rebuild a model directory from a copy of its marker (names and sizes only: the store
+# under /root is not readable to it), config.json a JSON object the stand-in loads.
+PLANT = r"""
+import json, os, sys
+marker, dest = sys.argv[1], sys.argv[2]
+files = json.load(open(marker))["files"]
+os.makedirs(dest)
+for rel, (size, _sha, _crc) in files.items():
+    path = os.path.join(dest, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    body = b"P" * size
+    if rel == "config.json":
+        body = (b'{"planted": "' + b"P" * size)[: size - 2] + b'"}'
+    open(path, "wb").write(body)
+os.system(f"cp {marker} {os.path.join(dest, os.path.basename(marker))}")
+"""
+
+
+@pytest.fixture
+def host(spare_with_venv):
+    """The spare host, cleaned before and after (its venv kept), with an unprivileged user of its own."""
+    ssh(spare_with_venv, f"id {SQUATTER} >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {SQUATTER}")
+    yield spare_with_venv
+    ssh(spare_with_venv, f"rm -f /var/tmp/{SQUATTER}-marker.json /var/tmp/plant.py; userdel {SQUATTER}; true", check=False)
+
+
+def as_squatter(host: str, command: str) -> str:
+    return ssh(host, f"runuser -u {SQUATTER} -- sh -c {shlex.quote(command)}").stdout
+
+
+def sha256s(host: str, root: str) -> str:
+    return ssh(host, f"cd {root} && find . -type f ! -name '.sglang-deploy-*' | sort | xargs sha256sum").stdout
+
+
+def test_a_squatted_shm_directory_is_moved_aside_staged_afresh_and_the_real_files_served(host):
+    inventory = write_inventory("test_host_trust", {host: {"services": {"trust": SERVICE}, "run_services": ["trust"]}})
+    first = deploy(inventory)
+    assert first.returncode == 0, first
+    assert http_get(host, PORT, "/health")[0] == 200
+
+    # The marker is world-readable (names, sizes, hashes): the squatter keeps a copy.
+    as_squatter(host, f"cp {STAGED}/{MARKER} /var/tmp/{SQUATTER}-marker.json")
+    # /dev/shm emptied (as by a reboot), the service down; the squatter gets there first.
+    ssh(host, f"systemctl stop {UNIT} && rm -rf {STAGED}")
+    ssh(host, f"cat > /var/tmp/plant.py <<'EOF'\n{PLANT}\nEOF\nchmod 644 /var/tmp/plant.py")
+    as_squatter(host, f"python3 /var/tmp/plant.py /var/tmp/{SQUATTER}-marker.json {STAGED}")
+    assert ssh(host, f"stat -c %U {STAGED} {STAGED}/{MARKER}").stdout.split() == [SQUATTER, SQUATTER]
+    planted = sha256s(host, STAGED)
+    assert planted != sha256s(host, STORE)
+
+    again = deploy(inventory)
+    assert again.returncode == 0, again
+    changed = [name for name, _hosts in again.changed]
+    assert f"Model {MODEL} staged in /dev/shm" in changed, again
+    # Served: root's copy of the store's files, with the service (re)started on it.
+    assert sha256s(host, STAGED) == sha256s(host, STORE)
+    found = [line.split() for line in ssh(host, f"find {STAGED} -printf '%u %m\\n'").stdout.splitlines()]
+    assert {owner for owner, _ in found} == {"root"} and not [mode for _, mode in found if int(mode, 8) & 0o022]
+    assert main_pid(host, UNIT) > 0 and http_get(host, PORT, "/health")[0] == 200
+    assert "adopted" not in json.loads(ssh(host, f"cat {STAGED}/{MARKER}").stdout)
+    # The planted directory is kept, whole and still the squatter's: it may be someone's data.
+    aside = ssh(host, f"ls -d /dev/shm/.{MODEL}.untrusted-*").stdout.split()
+    assert len(aside) == 1
+    assert ssh(host, f"stat -c %U {aside[0]}").stdout.strip() == SQUATTER and sha256s(host, aside[0]) == planted
+    # Converged: the planted copy is neither in the way nor removed by the unused-model pass.
+    third = deploy(inventory)
+    assert third.returncode == 0 and third.changed == [], third
+    assert ssh(host, f"ls -d /dev/shm/.{MODEL}.untrusted-*").stdout.split() == aside
