@@ -206,6 +206,10 @@ def test_the_owned_fact_never_lists_another_users_directory_so_it_is_never_remov
     plant_copy_of(dest, dest.parent / "Unused")
     plant_copy_of(dest, dest.parent / ".Gone.partial")
     (dest.parent / "Linked").symlink_to(dest)
+    plant_copy_of(dest, dest.parent / "Theirs")
+    os.lchown(dest.parent / "Theirs" / MARKER, 0, 0)  # a marker of root's (a hard link, say) in their directory
+    shutil.copytree(dest, dest.parent / "Writable")
+    (dest.parent / "Writable").chmod(0o777)  # root's, but anyone could have swapped what it holds
     owned = json.loads(script("model_owned", str(dest.parent), MARKER, models.JOURNAL).stdout)["owned"]
     assert owned == {"M": "staged"}
     assert models.unused(owned, []) == ["M"]
