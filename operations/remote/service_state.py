@@ -25,6 +25,7 @@
 import json
 import os
 import socket
+import stat
 import sys
 import time
 
@@ -77,6 +78,9 @@ def identity(path):
         except OSError:
             stamp = None
         return f"link {target} installed {stamp}"
+    if not stat.S_ISREG(st.st_mode):
+        # Never opened: a FIFO planted where a marker should be (a squatted shm dir) would hold the read forever.
+        return f"not a file {stat.S_IFMT(st.st_mode):o} {st.st_ino}"
     try:
         digest = file_digest(path)
     except OSError:

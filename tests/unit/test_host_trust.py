@@ -415,3 +415,15 @@ def test_the_state_directory_is_made_root_only_and_an_older_one_tightened():
     assert older.noops[-1] == f"directory {rollback.BACKUP_DIR} does not exist"
     assert rollback.save_command("/etc/systemd/system/x.service", "x.service").startswith(
         f"install -d -m 0700 {rollback.STATE_DIR} {rollback.BACKUP_DIR} && ")
+
+
+def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, service_host):
+    squat = tmp_path / "shm" / "M"
+    squat.mkdir(parents=True)
+    os.mkfifo(squat / MARKER)  # a read that never ends, if anything opened it
+    (tmp_path / "store" / "M").mkdir(parents=True)
+    (tmp_path / "store" / "M" / "config.json").write_text("{}")
+    assert service_host("--record", "sglang-x.service", str(squat / MARKER))["inputs"][str(squat / MARKER)].startswith("not a file")
+    fact = subprocess.run([sys.executable, "-", str(tmp_path / "store" / "M"), str(squat), MARKER], input=load_remote_script("model_state"),
+                          capture_output=True, text=True, timeout=20)
+    assert json.loads(fact.stdout)["marker"] is None
