@@ -35,8 +35,8 @@ MIN_LENGTH = 8
 # A line break in printed text, with the indentation around it (journal tails are indented by 4).
 _LINE_BREAK = r"(?:[ \t]*\r?\n[ \t]*)?"
 
-# name -> compiled pattern of every form of its value
-_PATTERNS: dict[str, re.Pattern] = {}
+# value -> (the name it was last registered under, the compiled pattern of every form of it)
+_PATTERNS: dict[str, tuple[str, re.Pattern]] = {}
 
 # A secret-named key (`api_key`, `admin-api-key`, `hf_token`, `ssl_keyfile_password`, `client_secret`,
 # `"apiKey"`), optionally quoted, then `=` or `:` and its value, quoted or bare. Plurals (`max_tokens`)
@@ -54,11 +54,17 @@ REDACTED = "<redacted>"
 
 
 def register(name: str, value: str) -> None:
-    """Redact `value` (known as secret `name`) from everything printed from now on."""
+    """Redact `value` from everything printed from now on, as `<secret NAME>` (the name it was last registered under)."""
     if not isinstance(value, str) or len(value) < MIN_LENGTH:
         return
-    _PATTERNS[name] = _pattern(value)
+    known = _PATTERNS.get(value)
+    _PATTERNS[value] = (name, known[1] if known else _pattern(value))
     _install_on_output()
+
+
+def known(value: str) -> bool:
+    """Is `value` registered already (under whatever name)?"""
+    return value in _PATTERNS
 
 
 def forms(value: str) -> set[str]:
@@ -97,7 +103,7 @@ def _pattern(value: str) -> re.Pattern:
 
 def redact(text: str) -> str:
     """`text` with every registered secret value, in any of its forms, replaced by `<secret NAME>`."""
-    for name, pattern in _PATTERNS.items():
+    for name, pattern in _PATTERNS.values():
         text = pattern.sub(f"<secret {name}>", text)
     return text
 

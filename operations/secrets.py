@@ -80,9 +80,10 @@ def load_secrets_file(path: Path) -> dict[str, str]:
 
 
 def register_environment_secrets() -> None:
-    """Register every `$SGLANG_DEPLOY_SECRET_<NAME>` value for redaction: the run knows them all, used or not."""
+    """Register every `$SGLANG_DEPLOY_SECRET_<NAME>` value for redaction: the run knows them all, used or not.
+    A value known already keeps its name (the secret's, once a service asked for it)."""
     for variable, value in os.environ.items():
-        if variable.startswith(_ENV_PREFIX):
+        if variable.startswith(_ENV_PREFIX) and not redact.known(value):
             redact.register(variable, value)
 
 
@@ -133,6 +134,7 @@ def resolve(name: str, secrets_file: Path, source: str, key_path: str) -> Secret
             source, key_path, name,
             f"no such secret: set ${env_name(name)}, or add `{name}: <value>` to {secrets_file} (git-ignored, on the control machine)",
         )
+    redact.register(name, value)  # known by the name the data gives it from here on
     problem = value_problem(value)
     if problem:
         raise DataError(

@@ -132,3 +132,15 @@ def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp
     host_config(data(api_key_secret="dflash-key"), monkeypatch, secrets_file=path)
     printed = redact.redact(f"{KEY} {unused} {in_file}")
     assert printed == "<secret dflash-key> <secret SGLANG_DEPLOY_SECRET_UNUSED> <secret other>"
+
+
+def test_a_secret_is_redacted_under_its_own_name_however_many_services_ask(monkeypatch):
+    """`<secret dflash-key>`, not the variable it came from, also after other secrets were resolved."""
+    from operations import redact
+
+    monkeypatch.setattr(redact, "_PATTERNS", {})
+    admin = "unit-test-admin-key-77aa01bc9d"
+    config = host_config(data(api_key_secret="dflash-key", admin_api_key_secret="dflash-admin"), monkeypatch,
+                         {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY, "SGLANG_DEPLOY_SECRET_DFLASH_ADMIN": admin})
+    assert config.services[0].admin_api_key.reveal() == admin
+    assert redact.redact(f"{KEY} {admin}") == "<secret dflash-key> <secret dflash-admin>"
