@@ -1,7 +1,8 @@
 """operations/lock.py with the real lock script (operations/remote/lock_host.py) run on this machine.
 
 Each fake host is a "machine" of its own: a directory holding its /run/sglang-deploy.lock
-(SGLANG_DEPLOY_LOCK), and a peer address as an SSH connection would report it.
+(SGLANG_DEPLOY_LOCK) and its identity (machine-id, boot_id: SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID),
+and a peer address as an SSH connection would report it (which orders the locks and identifies nothing).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import json
 import os
 import socket
 import subprocess
+import shlex
+import shutil
+import stat
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,12 +36,22 @@ class FakeHost:
         self.cut = False
         transport = SimpleNamespace(getpeername=lambda: (address, 22), sock=None) if address else None
         self.connector = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport))
+        if machine.is_dir():  # what the machine reports: its own ids, kept by every FakeHost of that machine
+            for name, value in (("machine-id", uuid.uuid4().hex), ("boot_id", str(uuid.uuid4()))):
+                if not (machine / name).exists():
+                    (machine / name).write_text(value + "\n")
+
+    def env(self) -> dict:
+        return {**os.environ, "SGLANG_DEPLOY_LOCK": str(self.lock_dir), "SGLANG_DEPLOY_MACHINE_ID": str(self.machine / "machine-id"),
+                "SGLANG_DEPLOY_BOOT_ID": str(self.machine / "boot_id")}
+
+    def machine_id(self) -> str:
+        return (self.machine / "machine-id").read_text().strip()
 
     def run_shell_command(self, command, print_output=False, _timeout=None):
         if self.cut:
             raise EOFError("connection lost")  # what paramiko raises on a dead transport, roughly
-        env = {**os.environ, "SGLANG_DEPLOY_LOCK": str(self.lock_dir)}
-        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=_timeout, env=env)
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=_timeout, env=self.env())
         return proc.returncode == 0, SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr)
 
     def log(self, message, log_func=None):
@@ -52,14 +67,21 @@ class FakeHost:
             return None
 
 
-def machines(tmp_path: Path, *specs: tuple[str, str], host_class: type | None = None) -> list[FakeHost]:
-    """FakeHosts (or `host_class`) for (name, address); one machine directory per distinct address."""
+def machines(tmp_path: Path, *specs: tuple, host_class: type | None = None) -> list[FakeHost]:
+    """FakeHosts (or `host_class`) for (name, address[, machine]); one machine directory per distinct address
+    unless a third item names the machine (hosts behind one bastion: one address, several machines)."""
     hosts = []
-    for name, address in specs:
-        machine = tmp_path / address
+    for name, address, *machine_name in specs:
+        machine = tmp_path / (machine_name[0] if machine_name else address)
         machine.mkdir(exist_ok=True)
         hosts.append((host_class or FakeHost)(name, machine, address))
     return hosts
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """The control machine's records (dropped locks) in this test's own directory."""
+    monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
 
 
 def dead_pid() -> int:
@@ -68,8 +90,14 @@ def dead_pid() -> int:
     return proc.pid
 
 
+def this_control(**fields) -> dict:
+    """An owner record as a run of this control machine writes it (complete: it can prove its deploy gone)."""
+    return {**lock.new_owner(), "id": "other-run", "who": "root@ctl", "token": uuid.uuid4().hex, **fields}
+
+
 def hold(host: FakeHost, **owner) -> dict:
-    """Put a lock on `host` as another run would have left it."""
+    """Put a lock on `host` as another run would have left it (by default one of another control machine,
+    whose record, as a deploy from before liveness proofs wrote it, proves nothing)."""
     record = {"id": "other-run", "who": "ops@elsewhere", "control": "elsewhere", "pid": 4242, "since": "2026-12-01 01:00:00 UTC", **owner}
     host.lock_dir.mkdir()
     (host.lock_dir / "owner.json").write_text(json.dumps(record))
@@ -87,32 +115,79 @@ def test_locks_are_taken_in_address_order_not_inventory_or_name_order(tmp_path):
     run = lock.RunLocks()
     outcomes = run.take_all([(h, 5) for h in hosts])
     assert all(o.held for o in outcomes.values())
-    assert run.events == ["take 10.0.0.2:22", "take 10.0.0.9:22", "take 10.0.0.10:22", "take 10.0.0.30:22"]
+    assert run.events == ["take delta", "take beta", "take gamma", "take alpha"]
     assert all(h.holder()["id"] == run.owner["id"] for h in hosts)
     release_all(run, hosts)
     assert not any(h.lock_dir.exists() for h in hosts)
 
 
-def test_hosts_sharing_an_address_take_one_lock_and_keep_it_until_both_are_done(tmp_path):
-    first, second, other = machines(tmp_path, ("svc-old", "10.0.0.5"), ("svc-new", "10.0.0.5"), ("spare", "10.0.0.6"))
+def test_hosts_behind_one_address_each_lock_their_own_machine(tmp_path):
+    # Behind a ProxyJump bastion every host's SSH peer is the bastion: the address orders them, and each machine
+    # still gets its own lock, so a second run limited to one of them cannot deploy it meanwhile.
+    gpu_a, gpu_b = machines(tmp_path, ("gpu-a", "10.0.0.254", "a"), ("gpu-b", "10.0.0.254", "b"))
+    first = lock.RunLocks()
+    assert all(o.held for o in first.take_all([(gpu_b, 0), (gpu_a, 0)]).values())
+    assert first.events == ["take gpu-a", "take gpu-b"]  # one address: the names order them
+    assert gpu_a.holder()["id"] == gpu_b.holder()["id"] == first.owner["id"]
+    limited = lock.RunLocks()  # `--limit gpu-b`
+    outcome = limited.take_all([(FakeHost("gpu-b", gpu_b.machine, "10.0.0.254"), 1)])["gpu-b"]
+    assert not outcome.held and outcome.holder["id"] == first.owner["id"]
+    release_all(first, [gpu_a, gpu_b])
+    assert not gpu_a.lock_dir.exists() and not gpu_b.lock_dir.exists()
+
+
+@pytest.mark.parametrize("reports_id", [True, False], ids=["machine-id", "no-machine-id"])
+def test_two_inventory_names_for_one_machine_are_both_refused_before_any_change(tmp_path, reports_id):
+    # gpu-a.lan and GPU-A.lan (or a name and an IP) pass any comparison of strings; the machine says who it is.
+    # Without a readable /etc/machine-id, the lock this run just took under the first name gives it away.
+    one, other_name, spare = machines(tmp_path, ("gpu-a.lan", "10.0.0.5", "a"), ("GPU-A.lan", "10.0.1.5", "a"), ("spare", "10.0.2.6"))
+    if not reports_id:
+        (one.machine / "machine-id").write_text("")
     run = lock.RunLocks()
-    outcomes = run.take_all([(first, 0), (second, 0), (other, 0)])
-    assert outcomes["svc-old"].held and outcomes["svc-new"].held
-    assert run.events == ["take 10.0.0.5:22", "take 10.0.0.6:22"]  # no wait for its own lock
-    run.host_done(first, "test")
-    assert first.lock_dir.exists(), "given back while the other host on the same machine still works"
-    run.host_done(second, "test")
-    assert not first.lock_dir.exists()
-    run.host_done(other, "test")
+    outcomes = run.take_all([(one, 30), (other_name, 30), (spare, 30)])
+    assert run.events == ["take gpu-a.lan", "refuse gpu-a.lan GPU-A.lan", "release gpu-a.lan", "take spare"]
+    assert outcomes["spare"].held and not outcomes["gpu-a.lan"].held and not outcomes["GPU-A.lan"].held
+    message = outcomes["gpu-a.lan"].refused
+    assert outcomes["GPU-A.lan"].refused == message
+    seen = f"both report /etc/machine-id {one.machine_id()}" if reports_id else "the lock this run took through gpu-a.lan is the one GPU-A.lan found"
+    assert message.startswith(f"gpu-a.lan and GPU-A.lan are one machine ({seen}")
+    assert "List the machine once in the inventory (keep gpu-a.lan or GPU-A.lan)" in message
+    assert not one.lock_dir.exists(), "the machine's lock was given back at once"
+    release_all(run, [one, other_name, spare])
+
+
+def test_a_dry_run_refuses_two_inventory_names_for_one_machine_too(tmp_path):
+    one, other_name, spare = machines(tmp_path, ("gpu-a", "10.0.0.5", "a"), ("gpu-a-ip", "10.0.1.5", "a"), ("spare", "10.0.0.6"))
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [one, other_name, spare]))
+    run = lock._Run(state, executing=False)
+    told = []
+    threads = [threading.Thread(target=run.arrive, args=(h, 5, lambda host: told.append(host.name))) for h in (one, other_name, spare)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    outcomes = run.locks.outcomes
+    assert set(outcomes) == {"gpu-a", "gpu-a-ip"} and outcomes["gpu-a"].refused == outcomes["gpu-a-ip"].refused
+    assert outcomes["gpu-a"].refused.startswith(f"gpu-a and gpu-a-ip are one machine (both report /etc/machine-id {one.machine_id()}")
+    assert told == ["spare"] and not one.lock_dir.exists()
+
+
+def test_two_machines_that_report_one_machine_id_in_other_boots_are_two(tmp_path):
+    # Cloned images keep one /etc/machine-id; the boot id tells them apart (containers on one kernel get their own).
+    a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    (b.machine / "machine-id").write_text(a.machine_id())
+    run = lock.RunLocks()
+    assert all(o.held for o in run.take_all([(a, 0), (b, 0)]).values())
+    release_all(run, [a, b])
 
 
 def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(tmp_path):
     a, b, c = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"))
-    holder = hold(b, control=socket.gethostname(), pid=os.getpid())  # a live run of this machine: not stale
+    holder = hold(b, **this_control())  # a live run of this machine (this very process): not stale
     a_during_wait = []
 
     def watch():  # is a's lock held while the run waits for b's?
-        while "wait 10.0.0.2:22" not in run.events:
+        while "wait b" not in run.events:
             time.sleep(0.01)
         a_during_wait.append(a.lock_dir.exists())
 
@@ -124,10 +199,7 @@ def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(t
     elapsed = time.monotonic() - start
     watcher.join(timeout=10)
     assert a_during_wait == [False]
-    assert run.events == [
-        "take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "give up 10.0.0.2:22",
-        "take 10.0.0.1:22", "take 10.0.0.3:22",
-    ]
+    assert run.events == ["take a", "release a", "wait b", "give up b", "take a", "take c"]
     assert outcomes["a"].held and outcomes["c"].held and not outcomes["b"].held
     assert outcomes["b"].holder == holder and 2 <= outcomes["b"].waited_s < 30
     assert elapsed < 30  # bounded by lock_wait_s, not by the holder
@@ -137,7 +209,8 @@ def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(t
 
 
 def test_the_message_names_the_holder_the_wait_and_the_fix():
-    holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC"}
+    holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC",
+              "machine": "0" * 32, "boot": "1" * 32, "start": 12345, "token": "2" * 32}
     message = lock.locked_message("gpu-b", holder, 300.2)
     assert message == (
         "gpu-b: another deploy holds the host's lock: ops@ctl-2 (pid 777) since 2026-12-01 02:00:00 UTC; "
@@ -145,14 +218,24 @@ def test_the_message_names_the_holder_the_wait_and_the_fix():
     )
 
 
+def test_the_message_says_why_a_record_without_proof_is_not_taken_over():
+    holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC"}
+    assert lock.locked_message("gpu-b", holder, 300) == (
+        "gpu-b: another deploy holds the host's lock: ops@ctl-2 (pid 777) since 2026-12-01 02:00:00 UTC; "
+        "waited 300 s (lock_wait_s). Its record cannot show whether that deploy has ended (it has no machine, boot, "
+        "start, token: made by hand or by an older deploy), so it is never taken over automatically. "
+        "If no deploy is running there, remove /run/sglang-deploy.lock on the host."
+    )
+
+
 def test_a_lock_freed_during_the_wait_is_taken_and_the_run_goes_on(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    hold(a, control=socket.gethostname(), pid=os.getpid())
+    hold(a, **this_control())
     threading.Timer(1.0, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
     run = lock.RunLocks()
     outcomes = run.take_all([(a, 30), (b, 30)])
     assert outcomes["a"].held and outcomes["b"].held and outcomes["a"].waited_s < 30
-    assert run.events == ["wait 10.0.0.1:22", "take 10.0.0.1:22", "take 10.0.0.2:22"]
+    assert run.events == ["wait a", "take a", "take b"]
     release_all(run, [a, b])
 
 
@@ -208,6 +291,7 @@ def test_three_runs_in_a_ring_never_deadlock(tmp_path):
     dirs = [tmp_path / name for name in "abc"]
     for d in dirs:
         d.mkdir()
+    # Each run sees its two machines at two addresses that sort as its own order (the same names each time).
     rings = [[FakeHost(f"m{i}", dirs[i], "10.0.2.1"), FakeHost(f"m{(i + 1) % 3}", dirs[(i + 1) % 3], "10.0.2.2")] for i in range(3)]
     race(rings, tries=2)
 
@@ -215,22 +299,86 @@ def test_three_runs_in_a_ring_never_deadlock(tmp_path):
 def test_the_lock_of_a_killed_run_of_this_machine_is_taken_over(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     pid = dead_pid()
-    hold(a, control=socket.gethostname(), pid=pid, who="root@ctl")
+    hold(a, **this_control(pid=pid))
     run = lock.RunLocks()
     outcomes = run.take_all([(a, 0)])
     assert outcomes["a"].held and a.holder()["id"] == run.owner["id"]
-    assert run.events == ["takeover 10.0.0.1:22", "take 10.0.0.1:22"]
-    assert any(f"(pid {pid})" in line and "is stale (its deploy" in line and "taking it over" in line for line in a.logs)
+    assert run.events == ["takeover a", "take a"]
+    assert any(f"(pid {pid})" in line and f"is stale (its deploy (pid {pid}) is gone)" in line and "taking it over" in line for line in a.logs)
     release_all(run, [a])
+
+
+def never_taken_over(a: FakeHost, holder: dict) -> None:
+    run = lock.RunLocks()
+    outcome = run.take_all([(a, 1)])["a"]
+    assert not outcome.held and outcome.holder == holder
+    assert "takeover a" not in run.events and a.holder() == holder, run.events
 
 
 def test_a_lock_held_from_another_control_machine_is_never_taken_over(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    holder = hold(a, control="ctl-2", pid=dead_pid())  # that pid means nothing here
+    never_taken_over(a, hold(a, **this_control(control="ctl-2", machine=uuid.uuid4().hex, pid=dead_pid())))  # that pid means nothing here
+
+
+def test_a_live_lock_of_another_machine_with_this_hostname_is_never_taken_over(tmp_path):
+    # Two CI runners, two laptops called `ubuntu`: the same hostname, its deploy's pid not alive here.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    holder = hold(a, **this_control(machine=uuid.uuid4().hex, pid=dead_pid()))
+    assert holder["control"] == socket.gethostname() and holder["who"] == "root@ctl"
+    never_taken_over(a, holder)
+
+
+def test_a_lock_of_another_pid_namespace_of_this_machine_is_never_taken_over(tmp_path):
+    # A container sharing this machine's /etc/machine-id: its pids are not this namespace's.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    never_taken_over(a, hold(a, **this_control(pidns="pid:[4026530000]", pid=dead_pid())))
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path):
+    # The pid is alive (this very process) but started at another time: the deploy that held the lock is gone.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    hold(a, **this_control(start=lock.process_start(os.getpid()) - 1))
     run = lock.RunLocks()
-    outcomes = run.take_all([(a, 1)])
-    assert not outcomes["a"].held and outcomes["a"].holder == holder
-    assert "takeover 10.0.0.1:22" not in run.events and a.holder() == holder
+    assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
+    assert any(f"(pid {os.getpid()} is now another process, started at another time)" in line for line in a.logs)
+    release_all(run, [a])
+
+
+def test_a_lock_taken_before_this_control_machine_rebooted_is_taken_over(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    holder = hold(a, **this_control(boot=str(uuid.uuid4())))  # its pid and start time are this process's: alive, but of another boot
+    run = lock.RunLocks()
+    assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
+    assert any(f"its control machine has restarted since (boot id {holder['boot']}" in line for line in a.logs)
+    release_all(run, [a])
+
+
+@pytest.mark.parametrize("missing", lock.PROOF_FIELDS)
+def test_a_record_missing_any_proof_is_never_taken_over(tmp_path, missing):
+    # Everything else says "gone" (this machine, its pid dead): without that one field nothing is proven.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    record = this_control(pid=dead_pid())
+    del record[missing]
+    a.lock_dir.mkdir()
+    for held_as in (record, {**record, missing: [0]}):  # nor held in another form
+        (a.lock_dir / "owner.json").write_text(json.dumps(held_as))
+        never_taken_over(a, held_as)
+
+
+@pytest.mark.parametrize("contents", [[], ["owner.json.tmp"]], ids=["empty", "no-owner-json"])
+def test_a_lock_directory_without_its_record_is_never_broken_nor_replaced(tmp_path, contents):
+    # Left by a deploy from before this rule (killed after its mkdir), or made by hand. A rename(2) would replace
+    # an empty directory: both ways of taking refuse it, and the message says how to remove it.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    a.lock_dir.mkdir()
+    for name in contents:
+        (a.lock_dir / name).write_text("{")
+    run = lock.RunLocks()
+    outcome = run.take_all([(a, 1)])["a"]
+    assert not outcome.held and outcome.holder == {"id": "?", "who": "unknown (no owner.json)"}
+    assert sorted(p.name for p in a.lock_dir.iterdir()) == contents and not list(a.machine.glob("*.new-*"))
+    message = lock.locked_message("a", outcome.holder, 1)
+    assert "never taken over automatically" in message and message.endswith("remove /run/sglang-deploy.lock on the host.")
 
 
 def test_a_lock_its_run_could_not_give_back_is_taken_over_while_that_run_still_lives(tmp_path):
@@ -243,10 +391,10 @@ def test_a_lock_its_run_could_not_give_back_is_taken_over_while_that_run_still_l
     a.cut = False
     second = lock.RunLocks()  # same control machine, and the first run's pid is alive (it is ours)
     outcomes = second.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])
-    assert outcomes["a"].held and second.events[0] == "takeover 10.0.0.1:22"
+    assert outcomes["a"].held and second.events[0] == "takeover a"
     assert b.holder()["id"] == first.owner["id"], "the first run's other lock is untouched"
     release_all(first, [b])
-    second.host_done(next(iter(second.slots.values())).hosts[0], "test")
+    second.host_done(second.slots["a"].host, "test")
 
 
 def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path):
@@ -261,7 +409,7 @@ def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path
     outcome = second.take_all([(a, 0)])["a"]
     assert not outcome.held and outcome.holder == a.holder()
     assert second._command(a, "peek", timeout=10)["held_by"] == a.holder()
-    second._command(a, "release", second.owner["id"], timeout=10)
+    second._command(a, "release", uuid.uuid4().hex, timeout=10)
     assert a.lock_dir.exists()
     release_all(first, [a])
     assert not a.lock_dir.exists()
@@ -269,15 +417,16 @@ def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path
 
 def test_both_ways_of_taking_mark_the_owner_and_each_lock_goes_back_only_to_its_owner(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    hold(a, control=socket.gethostname(), pid=os.getpid())
+    hold(a, **this_control())
     threading.Timer(0.5, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
     run = lock.RunLocks()
     assert all(o.held for o in run.take_all([(a, 30), (b, 30)]).values())  # a by the script (it waited), b in sh
     for host in (a, b):
-        assert sorted(p.name for p in host.lock_dir.iterdir()) == ["owner-" + run.owner["id"], "owner.json"]
+        assert sorted(p.name for p in host.lock_dir.iterdir()) == ["owner-" + run.slots[host.name].token, "owner.json"]
+        assert host.holder()["token"] == run.slots[host.name].token
     other = lock.RunLocks()
     for host in (a, b):
-        assert other._run(host, lock.release_command(other.owner["id"]), timeout=10) == {"released": True}
+        assert other._run(host, lock.release_command(uuid.uuid4().hex), timeout=10)["released"] is True
         assert host.lock_dir.exists(), "another run's release removed this run's lock"
     release_all(run, [a, b])
     assert not a.lock_dir.exists() and not b.lock_dir.exists()
@@ -286,21 +435,40 @@ def test_both_ways_of_taking_mark_the_owner_and_each_lock_goes_back_only_to_its_
 def test_a_lock_from_a_deploy_before_markers_is_given_back_by_the_script(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     run = lock.RunLocks()
-    hold(a, id=run.owner["id"])  # owner.json alone, as lock_host.py wrote it before markers
-    run._run(a, lock.release_command(run.owner["id"]), timeout=10)
-    assert not a.lock_dir.exists()
+    token = uuid.uuid4().hex
+    hold(a, id=run.owner["id"], token=token)  # owner.json alone, as lock_host.py wrote it before markers
+    run._run(a, lock.release_command(token), timeout=10)
+    assert not a.lock_dir.exists() and not list(a.machine.glob("*.old-*"))
 
 
-def test_a_free_lock_whose_owner_cannot_be_written_is_removed_and_the_host_fails(tmp_path, monkeypatch):
-    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+def failing(tmp_path: Path, monkeypatch, *commands: str) -> None:
+    """Put commands in front of PATH that fail as on a full /run."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "mv").write_text("#!/bin/sh\necho 'mv: cannot move: No space left on device' >&2\nexit 1\n")
-    (bindir / "mv").chmod(0o755)
+    bindir.mkdir(exist_ok=True)
+    for command in commands:
+        (bindir / command).write_text(f"#!/bin/sh\necho '{command}: cannot write: No space left on device' >&2\nexit 1\n")
+        (bindir / command).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
+def test_a_free_lock_the_sh_path_cannot_place_leaves_nothing_and_the_script_answers(tmp_path, monkeypatch):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    failing(tmp_path, monkeypatch, "mv")
+    run = lock.RunLocks()
+    assert run.take_all([(a, 0)])["a"].held  # by the script, whole
+    assert sorted(p.name for p in a.lock_dir.iterdir()) == ["owner-" + run.slots["a"].token, "owner.json"]
+    assert not list(a.machine.glob("*.new-*"))
+    monkeypatch.undo()
+    release_all(run, [a])
+
+
+def test_a_free_lock_whose_owner_cannot_be_written_is_never_left_and_the_host_fails(tmp_path, monkeypatch):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    failing(tmp_path, monkeypatch, "mv", "python3")
     outcome = lock.RunLocks().take_all([(a, 0)])["a"]
-    assert not outcome.held and "the deploy lock command failed: mv: cannot move: No space left on device" in outcome.error
+    assert not outcome.held and "the deploy lock command failed: python3: cannot write: No space left on device" in outcome.error
     assert not a.lock_dir.exists(), "a nameless lock left behind would block every later run"
+    assert not list(a.machine.glob("*.new-*"))
 
 
 def stat_mode(path: Path) -> int:
@@ -311,14 +479,14 @@ def test_release_gives_back_only_its_own_lock(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a)
     run = lock.RunLocks()
-    slot = lock._Slot(lock.lock_key(a), [a], held=True)
+    slot = lock._Slot(a, lock.lock_order(a), held=True, token=uuid.uuid4().hex)
     run._give_back(slot, "test")
     assert a.holder() == holder
 
 
 def test_a_takeover_by_two_runs_at_once_leaves_one_winner(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    hold(a, control=socket.gethostname(), pid=dead_pid())
+    hold(a, **this_control(pid=dead_pid()))
     runs = [lock.RunLocks() for _ in range(4)]
     results = {}
     threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.owner["id"], r.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])["a"].held)) for r in runs]
@@ -433,7 +601,7 @@ def test_the_last_host_to_arrive_takes_every_lock_of_the_run(tmp_path):
     t1.join(timeout=30)
     t2.join(timeout=30)
     assert seen_before_last == [[]]
-    assert run.locks.events == ["take 10.0.0.1:22", "take 10.0.0.2:22", "take 10.0.0.3:22"]
+    assert run.locks.events == ["take a-host", "take b-host", "take c-host"]
     for host in (a, b, c):
         run.host_disconnect(state, host)
     assert not any(h.lock_dir.exists() for h in (a, b, c))
@@ -449,8 +617,8 @@ def test_with_fewer_load_slots_than_hosts_the_arrived_ones_lock_them_all(tmp_pat
     first.start()
     run.arrive(b, 5)  # the second of two slots: takes every lock, c's too
     first.join(timeout=30)
-    assert run.locks.events == ["take 10.0.0.1:22", "take 10.0.0.2:22", "take 10.0.0.3:22"]
-    assert run.locks.slots[lock.lock_key(c)].wait_s == 7
+    assert run.locks.events == ["take a-host", "take b-host", "take c-host"]
+    assert run.locks.slots["c-host"].wait_s == 7
     run.arrive(c, 7)  # later, in a freed slot: its lock is already held
     assert run.locks.outcomes["c-host"].held and len(run.locks.events) == 3
     for host in (a, b, c):
@@ -471,7 +639,7 @@ def test_each_host_is_told_its_lock_is_held_before_the_pass_goes_on(tmp_path):
     for t in threads:
         t.join(timeout=30)
     # a-host (10.0.0.1) is told right after its own take, before b-host's; a host that gave no callback is not told.
-    assert told == [("a-host", ["take 10.0.0.1:22"]), ("b-host", ["take 10.0.0.1:22", "take 10.0.0.2:22"])]
+    assert told == [("a-host", ["take a-host"]), ("b-host", ["take a-host", "take b-host"])]
     for host in (a, b, c):
         run.host_disconnect(state, host)
 
@@ -480,14 +648,14 @@ def test_a_lock_taken_again_after_a_wait_is_told_again(tmp_path):
     # The pass takes a, finds b busy, gives a back and waits: a's first read is dropped, and a is told again
     # when its lock is taken again.
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    hold(b, control=socket.gethostname(), pid=os.getpid())
+    hold(b, **this_control())
     threading.Timer(1.0, lambda: __import__("shutil").rmtree(b.lock_dir)).start()
     told = []
-    run = lock.RunLocks(on_taken=lambda slot: told.append(lock.key_text(slot.key)))
+    run = lock.RunLocks(on_taken=lambda slot: told.append(slot.name))
     outcomes = run.take_all([(a, 30), (b, 30)])
     assert outcomes["a"].held and outcomes["b"].held
-    assert run.events == ["take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "take 10.0.0.2:22", "take 10.0.0.1:22"]
-    assert told == ["10.0.0.1:22", "10.0.0.2:22", "10.0.0.1:22"]
+    assert run.events == ["take a", "release a", "wait b", "take b", "take a"]
+    assert told == ["a", "b", "a"]
     release_all(run, [a, b])
 
 
@@ -501,8 +669,7 @@ class LocalChannel:
         self.timeout = timeout
 
     def exec_command(self, command):
-        env = {**os.environ, "SGLANG_DEPLOY_LOCK": str(self.host.lock_dir)}
-        self.proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.host.env())
 
     def recv(self, size):
         return os.read(self.proc.stdout.fileno(), size)
@@ -548,14 +715,14 @@ def read_writing(marker_dir: Path, seconds: float = 0.0):
 def test_each_lock_and_its_hosts_read_are_one_command_and_the_pass_does_not_wait_for_the_read(tmp_path):
     a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     told = []
-    run = lock.RunLocks(on_taken=lambda slot: told.append((lock.key_text(slot.key), slot.running)), read_for=read_writing(tmp_path, 2))
+    run = lock.RunLocks(on_taken=lambda slot: told.append((slot.name, slot.running)), read_for=read_writing(tmp_path, 2))
     start = time.monotonic()
     outcomes = run.take_all([(a, 5), (b, 5)])
     assert time.monotonic() - start < 1.5, "the pass waited for the reads (2 s each)"
     assert all(o.held for o in outcomes.values()) and a.holder()["id"] == run.owner["id"] == b.holder()["id"]
-    assert run.events == ["take 10.0.0.1:22", "take 10.0.0.2:22"]  # as when the lock is taken alone
+    assert run.events == ["take a", "take b"]  # as when the lock is taken alone
     assert (a.commands, b.commands, len(a.channels), len(b.channels)) == (0, 0, 1, 1)
-    assert [key for key, _ in told] == ["10.0.0.1:22", "10.0.0.2:22"]
+    assert [name for name, _ in told] == ["a", "b"]
     for (key, (read, output)), host in zip(told, (a, b)):
         assert output.get(timeout=10) == (0, [f"read-of-{host.name}"], "")
         assert read.command.startswith("sleep 2")
@@ -568,15 +735,12 @@ def test_a_busy_lock_runs_no_read_and_the_pass_goes_as_before(tmp_path):
     # As test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails, with each first try also
     # carrying the host's read: the same events, and no read where the lock was not taken.
     a, b, c = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"))
-    holder = hold(b, control=socket.gethostname(), pid=os.getpid())
+    holder = hold(b, **this_control())
     reads = tmp_path / "reads"
     reads.mkdir()
     run = lock.RunLocks(read_for=read_writing(reads))
     outcomes = run.take_all([(a, 2), (b, 2), (c, 2)])
-    assert run.events == [
-        "take 10.0.0.1:22", "release 10.0.0.1:22", "wait 10.0.0.2:22", "give up 10.0.0.2:22",
-        "take 10.0.0.1:22", "take 10.0.0.3:22",
-    ]
+    assert run.events == ["take a", "release a", "wait b", "give up b", "take a", "take c"]
     assert outcomes["a"].held and outcomes["c"].held and not outcomes["b"].held and b.holder() == holder
     time.sleep(0.5)
     assert sorted(p.name for p in reads.iterdir()) == ["read-a", "read-c"]  # b's lock was never had: not read
@@ -585,7 +749,7 @@ def test_a_busy_lock_runs_no_read_and_the_pass_goes_as_before(tmp_path):
 
 def test_a_lock_command_with_the_read_that_answers_nothing_fails_that_host_with_its_stderr(tmp_path):
     a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    b.machine.rmdir()  # no /run: mkdir fails, and the script's guard file cannot be opened (a traceback, no answer)
+    shutil.rmtree(b.machine)  # no /run: mkdir fails, and the script's guard file cannot be opened (a traceback, no answer)
     run = lock.RunLocks(read_for=read_writing(tmp_path))
     outcomes = run.take_all([(a, 0), (b, 0)])
     assert outcomes["a"].held and not outcomes["b"].held
@@ -595,13 +759,29 @@ def test_a_lock_command_with_the_read_that_answers_nothing_fails_that_host_with_
     release_all(run, [a, b])
 
 
-def test_hosts_sharing_an_address_or_without_channels_take_the_lock_alone_and_read_after(tmp_path):
-    first, second = channel_machines(tmp_path, ("svc-old", "10.0.0.5"), ("svc-new", "10.0.0.5"))
+def test_hosts_behind_one_address_take_lock_and_read_in_one_command_and_hosts_without_channels_read_after(tmp_path):
+    # Two machines behind one bastion are two locks, each taken with its host's read; a host without an SSH
+    # connection of pyinfra's (another connector) takes its lock alone.
+    first, second = channel_machines(tmp_path, ("gpu-a", "10.0.0.254", "a"), ("gpu-b", "10.0.0.254", "b"))
     (plain,) = machines(tmp_path, ("plain", "10.0.0.6"))
     run = lock.RunLocks(read_for=read_writing(tmp_path))
     outcomes = run.take_all([(first, 0), (second, 0), (plain, 0)])
     assert all(o.held for o in outcomes.values())
-    assert (len(first.channels), first.commands + second.commands) == (0, 1)  # one lock for both, taken alone
-    assert not (tmp_path / "read-svc-old").exists() and not (tmp_path / "read-plain").exists()
-    assert run.slots[lock.lock_key(plain)].running is None
+    assert (len(first.channels), len(second.channels), first.commands + second.commands) == (1, 1, 0)
+    for host in (first, second):
+        assert run.slots[host.name].running[1].get(timeout=10) == (0, [f"read-of-{host.name}"], "")
+    assert not (tmp_path / "read-plain").exists() and run.slots["plain"].running is None
     release_all(run, [first, second, plain])
+
+
+def test_the_lock_commands_first_line_names_the_machine_on_both_paths(tmp_path):
+    # The fast path (sh) and the script each answer in one line with the machine id and boot id.
+    a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
+    hold(b, **this_control())
+    run = lock.RunLocks()
+    tokens = [uuid.uuid4().hex for _ in range(2)]
+    taken, busy = (run._run(h, lock.free_lock_command(shlex.quote(json.dumps({**run.owner, "token": t})), t), timeout=10) for h, t in zip((a, b), tokens))
+    ids = {h.name: {"machine": h.machine_id(), "boot": (h.machine / "boot_id").read_text().strip()} for h in (a, b)}
+    assert taken == {"acquired": True, **ids["a"]}
+    assert busy == {"acquired": False, "held_by": b.holder(), **ids["b"]}
+    assert run._command(b, "peek", timeout=10) == {"held_by": b.holder(), **ids["b"]}
