@@ -5,7 +5,8 @@ all go the same way: uploaded beside the target (`PATH.sglang-deploy.tmp`), give
 mode there, then renamed over the target. A reader sees the old file or the new one, never a
 half-written one; and since the rename makes a new inode, a process (or a venv generation
 that hard-links it) holding the old file keeps the old content. The content travels as an
-upload (SFTP), never inside a command line, where `ps` or pyinfra's output could show it.
+upload (SFTP), never inside a command line, where `ps` or pyinfra's output could show it, and
+never through /tmp (see `replace_file`).
 
 Callers decide whether to write (from the hashes they read); this module only writes.
 """
@@ -20,6 +21,7 @@ from typing import Iterator
 from pyinfra.api.command import FileUploadCommand
 
 TMP_SUFFIX = ".sglang-deploy.tmp"
+UPLOAD_SUFFIX = ".sglang-deploy.upload"  # only where a connector argument changes user: see replace_file
 
 
 def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owner: str = "root", group: str = "root",
@@ -40,10 +42,13 @@ def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owne
         group_flag = f" -o root -g {shlex.quote(parent_group)}" if parent_group else ""
         first = f"install -d -m {make_parent}{group_flag} {shlex.quote(parent)} && {first}"
     yield first
-    if isinstance(content, Path):
-        yield FileUploadCommand(str(content), tmp)
-    else:
-        yield FileUploadCommand(BytesIO(content.encode() if isinstance(content, str) else content), tmp)
+    source = str(content) if isinstance(content, Path) else BytesIO(content.encode() if isinstance(content, str) else content)
+    # Under a connector argument that changes user (`_sudo`, `_su_user`, `_doas`, `_dzdo`) pyinfra uploads as
+    # the login user to a predictable file in its temp directory (/tmp), then copies it: naming a file beside
+    # the target as that place keeps every upload, key files included, out of /tmp. Where the login user cannot
+    # write beside the target (every directory this deploy writes is root's) the upload fails instead.
+    # Without such an argument pyinfra ignores it.
+    yield FileUploadCommand(source, tmp, remote_temp_filename=path + UPLOAD_SUFFIX)
     yield (
         f"chown {shlex.quote(f'{owner}:{group}')} {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)} "
         f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"

@@ -212,6 +212,12 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         secrets.config_file(name="API key file of ddtree", service="ddtree", api_key=secret, admin_api_key=None)
     """
     path = config_path(service)
+    content = config_text(api_key, admin_api_key).encode()
+    digest = hashlib.sha256(content).hexdigest()
+    if present:
+        # The file's sha256 is derived from the keys (a weak key could be guessed from it): `-vvv` prints it
+        # (this fact's output, the started record's), so it is redacted like the keys themselves.
+        redact.register(f"sha256 of the key file of {service}", digest)
     state = host.get_fact(SecretFileState, path=path)
     if not present:
         if state is None:
@@ -219,8 +225,6 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         else:
             yield f"rm -f {shlex.quote(path)}"
         return
-    content = config_text(api_key, admin_api_key).encode()
-    digest = hashlib.sha256(content).hexdigest()
     dir_mode, file_mode = file_modes(group)
     wanted = {"sha256": digest, "mode": file_mode, "owner": "root", "group": group}
     if state and all(state.get(k) == v for k, v in wanted.items()):

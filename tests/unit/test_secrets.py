@@ -144,3 +144,50 @@ def test_a_secret_is_redacted_under_its_own_name_however_many_services_ask(monke
                          {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY, "SGLANG_DEPLOY_SECRET_DFLASH_ADMIN": admin})
     assert config.services[0].admin_api_key.reveal() == admin
     assert redact.redact(f"{KEY} {admin}") == "<secret dflash-key> <secret dflash-admin>"
+
+
+def test_a_key_file_is_never_staged_under_tmp_even_under_sudo():
+    """pyinfra's SSH upload under `_sudo` (or `_su_user`, `_doas`) goes through a predictable file in its temp
+    directory (/tmp) unless told where: ours names one beside the target. pyinfra's own put_file is run here
+    with a connector that records where the bytes went."""
+    from pyinfra.api.command import FileUploadCommand
+    from pyinfra.connectors.ssh import SSHConnector
+
+    from operations.file_write import replace_file
+
+    path = secrets.config_path("s")
+    upload = next(c for c in replace_file(path, secrets.config_text(secrets.Secret("k", KEY), None), "640", "root", "sglang")
+                  if isinstance(c, FileUploadCommand))
+
+    class Recorder:
+        def __init__(self):
+            self.written, self.commands = [], []
+
+        def _put_file(self, source, remote_path):
+            self.written.append(remote_path)
+
+        def run_shell_command(self, command, **kwargs):
+            self.commands.append(str(command))
+            return True, None
+
+    for connector_arguments in ({}, {"_sudo": True}, {"_su_user": "svc"}, {"_doas": True}, {"_sudo": True, "_sudo_user": "svc"}):
+        recorder = Recorder()
+        recorder.host = type("Host", (), {"get_temp_filename": lambda self, *a, **k: "/tmp/pyinfra-predictable"})()
+        SSHConnector.put_file(recorder, upload.src, upload.dest, remote_temp_filename=upload.remote_temp_filename, **connector_arguments)
+        assert recorder.written and all(p.startswith(path + ".sglang-deploy.") for p in recorder.written), (connector_arguments, recorder.written)
+        assert not any("/tmp/" in c for c in recorder.commands), recorder.commands
+
+
+def test_the_key_files_sha256_is_redacted_like_the_keys(monkeypatch):
+    """-vvv prints the key file's state fact and the started record, which hold the file's sha256: derived from the keys."""
+    import hashlib
+
+    from operations import redact
+    from tests.unit.test_operations import run
+
+    monkeypatch.setattr(redact, "_PATTERNS", {})
+    key = secrets.Secret("k", KEY)
+    digest = hashlib.sha256(secrets.config_text(key, None).encode()).hexdigest()
+    run(secrets.config_file, {secrets.SecretFileState: None}, service="s", api_key=key, admin_api_key=None, group="sglang")
+    record = '{"inputs": {"/etc/sglang-deploy/secrets/s.yml": "sha256 ' + digest + '"}, "pid": 7}'
+    assert redact.redact(record) == '{"inputs": {"/etc/sglang-deploy/secrets/s.yml": "sha256 <secret sha256 of the key file of s>"}, "pid": 7}'
