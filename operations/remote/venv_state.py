@@ -506,9 +506,11 @@ else:
 
 def untrusted_paths():
     """Why root may not run or install from what this read covers (see the top): one line per path, [] when none."""
-    paths = [(live, True), (live + ".generations", False), (wanted, False), (os.path.join(wanted, "bin"), False),
-             (os.path.join(wanted, "bin", "python"), True), (host_cache, False), (uv_binary, False)]
-    found = [why_untrusted(path, link_ok=link_ok) for path, link_ok in paths]
+    # A symlink of root's (venv_path itself; a donor's venv read through it; bin/python) is followed and where
+    # it leads judged the same way.
+    paths = [live, live + ".generations", wanted, os.path.join(wanted, "bin"), os.path.join(wanted, "bin", "python"),
+             host_cache, uv_binary]
+    found = [why_untrusted(path, link_ok=True) for path in paths]
     return list(dict.fromkeys(why for why in found if why))
 
 

@@ -427,3 +427,10 @@ def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, se
     fact = subprocess.run([sys.executable, "-", str(tmp_path / "store" / "M"), str(squat), MARKER], input=load_remote_script("model_state"),
                           capture_output=True, text=True, timeout=20)
     assert json.loads(fact.stdout)["marker"] is None
+
+
+def test_a_venv_read_through_its_link_as_a_donors_is_trusted(tmp_path):
+    gen = _fake_venv(tmp_path / "venv.generations" / "g1", {"torch": ["torch/__init__.py"]})
+    (tmp_path / "venv").symlink_to(gen)
+    # operations/venv.py reads a donor's venv with wanted = live = its venv_path, a symlink of root's.
+    assert venv_read(tmp_path / "venv", tmp_path / "venv", Path("/nonexistent"))["untrusted"] == []
