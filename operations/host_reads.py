@@ -49,6 +49,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.facts.files import File
 
 from operations import remote
+from operations.private_dir import cache_root, private_dir
 from operations.this_run import unproxied
 
 MARK = "@@sglang-deploy-read"
@@ -258,11 +259,12 @@ def reads_of(host) -> HostReads | None:
 
 
 def read_set_path(host, config_digest: str) -> Path:
-    """Where the facts this data read on this host are kept between runs (control machine, per user)."""
-    base = Path(os.environ.get("SGLANG_DEPLOY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-deploy")
+    """Where the facts this data read on this host are kept between runs (control machine, per user, in a directory
+    of this user's alone: operations/private_dir.py)."""
     address = str(host.data.get("ssh_hostname") or host.name)
     digest = hashlib.sha256(f"{host.name}\0{address}\0{config_digest}".encode()).hexdigest()[:32]
-    return base / "reads" / f"{digest}.json"
+    # A read set names the commands every host runs: it is kept where only this user can write (or the run stops).
+    return private_dir(cache_root() / "reads") / f"{digest}.json"
 
 
 def _patch_host_class() -> None:

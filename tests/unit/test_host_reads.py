@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import base64
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -440,3 +441,23 @@ def test_an_answer_older_than_a_decision_allows_is_read_again(local, tree, monke
     assert reads.remote_reads == 3
     host.get_fact(Directory, path=str(tree))
     assert reads.remote_reads == 3  # another fact's answer is not dropped
+
+
+@pytest.mark.parametrize("make", ["other-owner", "open-mode", "symlink"])
+def test_a_read_set_directory_that_is_not_this_users_alone_stops_the_run(local, tmp_path, make):
+    """Another local user who makes the cache directory first (or a directory anyone may write) could plant read
+    sets: the run stops naming the directory, before any host is read."""
+    reads_dir = tmp_path / "cache" / "reads"
+    if make == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        (tmp_path / "cache").mkdir(mode=0o700)
+        reads_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        reads_dir.mkdir(parents=True, mode=0o700)
+        if make == "other-owner":
+            os.chown(reads_dir, 65534, 65534)
+        else:
+            reads_dir.chmod(0o777)
+    state, host = local()
+    with pytest.raises(PyinfraError, match=f"{reads_dir}: expected a directory of .* with mode 0700"):
+        host_reads.prepare(state, host, config_digest="d")
