@@ -3,7 +3,7 @@
 Another local user (made here with useradd, no privileges) copies the staged marker while it is world-readable,
 then, once /dev/shm no longer holds the model (a reboot empties it; here the test removes it), makes a
 directory of that name with the marker's names and sizes, a config.json the stand-in accepts, and the copied
-marker. Before, the next deploy found it "already staged" and served it. Now it is moved aside (never
+marker. Before, the next deploy found it "already staged" and served it (the next restart loaded it). Now it is moved aside (never
 deleted), the model staged afresh from the store, and the service serves root's copy of the real files.
 
 Runs on the spare host (SPARE), cleaned before and after; the user is removed at the end.
@@ -69,11 +69,16 @@ def test_a_squatted_shm_directory_is_moved_aside_staged_afresh_and_the_real_file
     first = deploy(inventory)
     assert first.returncode == 0, first
     assert http_get(host, PORT, "/health")[0] == 200
+    # The deploy's state (saved units, the started records with the key file's sha256) is root's alone.
+    modes = ssh(host, "stat -c '%a %U %n' /var/lib/sglang-deploy /var/lib/sglang-deploy/started /var/lib/sglang-deploy/rollback "
+                      f"/var/lib/sglang-deploy/started/{UNIT}.json").stdout.split("\n")
+    assert [line.split()[:2] for line in modes if line] == [["700", "root"]] * 3 + [["600", "root"]], modes
 
     # The marker is world-readable (names, sizes, hashes): the squatter keeps a copy.
     as_squatter(host, f"cp {STAGED}/{MARKER} /var/tmp/{SQUATTER}-marker.json")
-    # /dev/shm emptied (as by a reboot), the service down; the squatter gets there first.
-    ssh(host, f"systemctl stop {UNIT} && rm -rf {STAGED}")
+    # The staged copy gone (as after a reboot, before anything staged it again): the squatter gets there first.
+    before = main_pid(host, UNIT)
+    ssh(host, f"rm -rf {STAGED}")
     ssh(host, f"cat > /var/tmp/plant.py <<'EOF'\n{PLANT}\nEOF\nchmod 644 /var/tmp/plant.py")
     as_squatter(host, f"python3 /var/tmp/plant.py /var/tmp/{SQUATTER}-marker.json {STAGED}")
     assert ssh(host, f"stat -c %U {STAGED} {STAGED}/{MARKER}").stdout.split() == [SQUATTER, SQUATTER]
@@ -88,7 +93,7 @@ def test_a_squatted_shm_directory_is_moved_aside_staged_afresh_and_the_real_file
     assert sha256s(host, STAGED) == sha256s(host, STORE)
     found = [line.split() for line in ssh(host, f"find {STAGED} -printf '%u %m\\n'").stdout.splitlines()]
     assert {owner for owner, _ in found} == {"root"} and not [mode for _, mode in found if int(mode, 8) & 0o022]
-    assert main_pid(host, UNIT) > 0 and http_get(host, PORT, "/health")[0] == 200
+    assert main_pid(host, UNIT) not in (0, before) and http_get(host, PORT, "/health")[0] == 200  # restarted onto it
     assert "adopted" not in json.loads(ssh(host, f"cat {STAGED}/{MARKER}").stdout)
     # The planted directory is kept, whole and still the squatter's: it may be someone's data.
     aside = ssh(host, f"ls -d /dev/shm/.{MODEL}.untrusted-*").stdout.split()
