@@ -36,8 +36,53 @@ class _Refused(Exception):
         self.node, self.value, self.fix = node, value, fix
 
 
+# No file of the deploy comes near these: more is a mistake or an attack (a "billion laughs" of aliases, each
+# expanding the one before, is a few lines that would take every later step hours and all memory).
+MAX_NODES = 100_000
+MAX_DIGITS = 64
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Count the nodes the document holds once its aliases are expanded (each alias counts what it names, again),
+    without expanding them; refuse a document past MAX_NODES, and an alias inside the node it names."""
+    sizes: dict[int, int] = {}
+    started: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        if finished:
+            started.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[id(node)] > MAX_NODES:
+                raise _Refused(node, "<not shown>", f"expands to more than {MAX_NODES} values (aliases repeat what they name): "
+                                                    "write the values out, or use fewer aliases of aliases")
+            continue
+        if id(node) in sizes:
+            continue
+        started.add(id(node))
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in started:
+                raise _Refused(child, "<not shown>", "an alias inside the node it names repeats without end: remove it")
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
 class _Strict:
-    """What a strict loader refuses: duplicate keys and YAML 1.1's surprising plain scalars."""
+    """What a strict loader refuses: duplicate keys, YAML 1.1's surprising plain scalars, documents that expand
+    past any size the deploy reads, and numbers too long to convert."""
+
+    def construct_document(self, node):
+        _check_expansion(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -62,6 +107,10 @@ class _Strict:
         return super().construct_yaml_bool(node)
 
     def construct_yaml_int(self, node):
+        if len(node.value) > MAX_DIGITS:
+            # Python refuses int() of more than 4300 digits with a ValueError; no value here needs more than 18.
+            raise _Refused(node, f"<a number of {len(node.value)} digits>", "is far too long a number: no value here needs more "
+                                                                            "than 18 digits; quote it if it is a string")
         if not _INT_OK.match(node.value):
             raise _Refused(node, node.value, "YAML 1.1 reads this as a number in another base (a leading 0 is octal, "
                                              "':' is base 60, '_' is dropped): write a plain decimal number, or quote it for the string")
@@ -106,6 +155,8 @@ def loads(text: str, shown: str, secret: bool = False) -> Any:
             return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader; raises with PyYAML's message
     except _Refused as exc:
         raise DataError(shown, _where(exc.node.start_mark), "<not shown>" if secret else exc.value, exc.fix) from None
+    except RecursionError:
+        raise DataError(shown, "(file)", "<not shown>", "nests maps and lists too deeply to read: flatten it") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = "<not shown>" if secret else (getattr(exc, "problem", None) or str(exc).splitlines()[0])

@@ -14,6 +14,9 @@ from configuration.stacks import Stack
 from operations import service_user
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# CUDA numbers GPUs fastest first unless told otherwise; `gpu` (CUDA_VISIBLE_DEVICES) means nvidia-smi's numbers,
+# which the GPU check reads: by PCI bus. The data may not set it (configuration/kinds.py, DERIVED_ENV).
+GPU_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 _PLAIN = re.compile(r"\A[A-Za-z0-9_./:=,+@-]+\Z")
 
 
@@ -104,7 +107,7 @@ def render_unit(
         host_name=config.host,
         stack=stack,
         inputs=inputs,
-        environment=service.environment_variables(),
+        environment={**GPU_ORDER, **service.environment_variables()},
         venv_path=service.environment.path,
         launcher=config.launcher,
         flag_lines=flag_lines(service.argv()),

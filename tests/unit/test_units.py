@@ -76,8 +76,17 @@ def environment_lines(text: str, sandbox: bool = False) -> dict[str, str]:
             out[name] = value
     if not sandbox:
         # PATH (the venv's bin/ first) is the unit's, like the sandbox's variables: tested in test_real_gpu_findings.py.
-        out = {k: v for k, v in out.items() if k not in service_user.runtime_environment() and k != "PATH"}
+        # CUDA_DEVICE_ORDER is every unit's too: tested below.
+        out = {k: v for k, v in out.items() if k not in service_user.runtime_environment() and k not in ("PATH", *units.GPU_ORDER)}
     return out
+
+
+def test_every_unit_numbers_gpus_as_nvidia_smi_does():
+    # `gpu` is nvidia-smi's index (the GPU check reads it); CUDA's own default order is fastest first.
+    for name in ("ddtree", "dflash"):
+        config = lab_config(run_services=("ddtree", "dflash"))
+        text = render(config, next(s for s in config.services if s.name == name))
+        assert environment_lines(text, sandbox=True)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 # The lab's unit ------------------------------------------------------------------------
