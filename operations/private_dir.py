@@ -45,6 +45,7 @@ def private_dir(path: Path) -> Path:
     except OSError as exc:
         raise NotPrivate(f"{path}: cannot make this directory ({exc.strerror}); the deploy keeps records there that "
                          "only this user may write") from None
+    _tighten(path)
     problem = _not_private(path)
     if problem:
         raise NotPrivate(
@@ -53,6 +54,17 @@ def private_dir(path: Path) -> Path:
             f"it holds and `chmod 700 {path}`; otherwise remove it (`rm -rf {path}`) and run again"
         )
     return path
+
+
+def _tighten(path: Path) -> None:
+    """A directory of this user's that only this user could ever write (no group or other write bit: an earlier
+    version made its caches 0755) is made 0700: nothing in it can have been planted. Anything else stays as found."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022:
+        os.chmod(path, 0o700)
 
 
 def _not_private(path: Path) -> str | None:
