@@ -33,8 +33,8 @@ MARKER = models.MARKER
 # Run as the squatter: rebuild a model directory from a copy of its marker (names and sizes only: the store
 # under /root is not readable to it), config.json a JSON object the stand-in loads.
 PLANT = r"""
-import json, os, sys
-marker, dest = sys.argv[1], sys.argv[2]
+import json, os, shutil, sys
+marker, dest, marker_name = sys.argv[1:4]
 files = json.load(open(marker))["files"]
 os.makedirs(dest)
 for rel, (size, _sha, _crc) in files.items():
@@ -44,7 +44,7 @@ for rel, (size, _sha, _crc) in files.items():
     if rel == "config.json":
         body = (b'{"planted": "' + b"P" * size)[: size - 2] + b'"}'
     open(path, "wb").write(body)
-os.system(f"cp {marker} {os.path.join(dest, os.path.basename(marker))}")
+shutil.copyfile(marker, os.path.join(dest, marker_name))
 """
 
 
@@ -80,7 +80,7 @@ def test_a_squatted_shm_directory_is_moved_aside_staged_afresh_and_the_real_file
     before = main_pid(host, UNIT)
     ssh(host, f"rm -rf {STAGED}")
     ssh(host, f"cat > /var/tmp/plant.py <<'EOF'\n{PLANT}\nEOF\nchmod 644 /var/tmp/plant.py")
-    as_squatter(host, f"python3 /var/tmp/plant.py /var/tmp/{SQUATTER}-marker.json {STAGED}")
+    as_squatter(host, f"python3 /var/tmp/plant.py /var/tmp/{SQUATTER}-marker.json {STAGED} {MARKER}")
     assert ssh(host, f"stat -c %U {STAGED} {STAGED}/{MARKER}").stdout.split() == [SQUATTER, SQUATTER]
     planted = sha256s(host, STAGED)
     assert planted != sha256s(host, STORE)
