@@ -1,13 +1,29 @@
-"""The README's variables table is the documentation of every key: keep it complete."""
+"""The README's variables tables are the documentation of every key: generated from the schema, kept equal to it."""
 
 import re
 
 import pytest
 
+from configuration import schema
 from configuration.settings import GLOBAL_KEYS, HOST_KEYS, REPO_ROOT, SERVICE_KEYS
 
 README = (REPO_ROOT / "README.md").read_text()
-ROWS = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)` \| ([^|]+) \|", README, re.M)}
+# | `name` | kind | default | what it does | when to change it |
+ROWS = {m.group(1): m.group(3) for m in re.finditer(r"^\| `([a-z_]+)` \| ([^|]+) \| ([^|]+) \|", README, re.M)}
+
+
+def test_the_variables_tables_are_the_schemas():
+    # A key, its kind, default or text changed in configuration/schema.py and not in the README (or the other way
+    # round) fails here: regenerate them with `python -m configuration.schema` and paste them over the old ones.
+    for title, model in schema.TABLES:
+        generated = schema.table(model)
+        assert generated in README, f"README's table after {title!r} differs from the schema: python -m configuration.schema"
+
+
+def test_every_table_row_is_a_key_of_the_schema():
+    section = README[README.index("## Variables"):README.index("\n## ", README.index("## Variables") + 1)]
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
+    assert documented == {*GLOBAL_KEYS, *HOST_KEYS, *SERVICE_KEYS}
 
 
 @pytest.mark.parametrize("key,spec", [*GLOBAL_KEYS.items(), *HOST_KEYS.items(), *SERVICE_KEYS.items()])
