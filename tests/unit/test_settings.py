@@ -600,3 +600,29 @@ def test_flag_given_twice_is_rejected_even_when_one_is_false():
     with pytest.raises(DataError) as caught:
         config(merged(base_data(), svc(args={"enable-metrics": False, "--enable-metrics": True})))
     assert "given twice" in caught.value.fix
+
+
+# Crashes and hangs become messages (issue 25) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host_data", "key"),
+    [
+        ({"run_services": {"dflash": {"port": 10**5000}}}, "run_services.dflash.port"),
+        ({"run_services": {"dflash": {"gpu": [1, 10**5000]}}}, "run_services.dflash.gpu"),
+        ({"run_services": {"dflash": {"args": {"random-seed": 10**5000}}}}, "run_services.dflash.args.random-seed"),
+        ({"run_services": {"dflash": {"env": {"SGLANG_X": 10**5000}}}}, "run_services.dflash.env.SGLANG_X"),
+        ({"run_services": ["ddtree"], "lock_wait_s": 10**5000}, "lock_wait_s"),
+    ],
+    ids=["port", "gpu-list", "arg-value", "env-value", "seconds"],
+)
+def test_an_int_python_cannot_write_out_is_a_message(host_data, key):
+    # Python refuses str() and repr() of an int of more than 4300 digits: the inventory (Python) can hold one.
+    with pytest.raises(DataError) as caught:
+        config(host_data=host_data)
+    assert (caught.value.source, caught.value.key_path) == (HOST, key)
+    assert "far too large a number" in caught.value.fix and "bits>" in str(caught.value)
+
+
+def test_a_message_shows_a_value_holding_an_int_python_cannot_write_out():
+    assert "too long to show" in str(DataError("x.yml", "k", [10**5000], "fix"))

@@ -202,3 +202,16 @@ def test_a_secrets_file_of_another_group_is_rewritten_and_a_current_one_left():
 
 def test_secret_file_state_reads_the_group():
     assert secrets.SecretFileState().process(["640 root sglang", "abc  -"]) == {"mode": "640", "owner": "root", "group": "sglang", "sha256": "abc"}
+
+
+def test_the_places_the_service_user_writes_are_the_ones_configuration_refuses_for_roots_paths():
+    # configuration/kinds.py refuses venv_path, model_store and host_wheel_cache inside the unit's StateDirectory and
+    # CacheDirectory (systemd hands them to the service user); they must stay the directories the unit names.
+    from pathlib import Path
+
+    from configuration import kinds
+
+    assert (kinds.SERVICE_STATE_DIR, kinds.SERVICE_CACHE_DIR) == (service_user.STATE_DIR, service_user.CACHE_DIR)
+    template = (units.TEMPLATES / "sglang.service.j2").read_text()
+    assert f"StateDirectory={Path(service_user.STATE_DIR).name}" in template
+    assert f"CacheDirectory={Path(service_user.CACHE_DIR).name}" in template
