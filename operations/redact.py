@@ -43,7 +43,7 @@ _PATTERNS: dict[str, tuple[str, re.Pattern]] = {}
 # are counts, not secrets. Keep equal to wait_ready.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py).
 SECRET_ASSIGNMENT = re.compile(
     r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|credentials?)['"]?\s*[=:]\s*)"""
-    r"""(?:(?P<quote>['"])(?P<quoted>[^'"\n]*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
+    r"""(?:(?P<quote>['"])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
     re.IGNORECASE,
 )
 # `Authorization: Bearer TOKEN`, and the password of `scheme://user:password@host`.

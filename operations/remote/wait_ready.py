@@ -22,7 +22,7 @@ headers = {"Content-Type": "application/json"}
 # Equal to operations/redact.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py compares them).
 SECRET_ASSIGNMENT = re.compile(
     r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|credentials?)['"]?\s*[=:]\s*)"""
-    r"""(?:(?P<quote>['"])(?P<quoted>[^'"\n]*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
+    r"""(?:(?P<quote>['"])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
     re.IGNORECASE,
 )
 NOT_A_VALUE = {"", "none", "null", "true", "false", "<redacted>"}

@@ -112,6 +112,10 @@ def test_short_values_are_not_registered():
     ("Authorization: Bearer sk-abcdef123456", "Authorization: Bearer <redacted>"),
     ("fetching https://user:pa55w0rd@hub.example/x", "fetching https://user:<redacted>@hub.example/x"),
     ("api_key=None admin_api_key=null", "api_key=None admin_api_key=null"),
+    # Keys are printable ASCII: a quote of the other kind, or an escaped one of the same, is part of the value.
+    ("ServerArgs(api_key='ab\"cd-efgh', x=1)", "ServerArgs(api_key='<redacted>', x=1)"),
+    ("api_key='it\\'s-a-key-123' port=1", "api_key='<redacted>' port=1"),
+    ('{"token": "a\\"b-c"}', '{"token": "<redacted>"}'),
     ("max_tokens=8 tokenizer_path='/m' max_prefill_tokens: 16384", "max_tokens=8 tokenizer_path='/m' max_prefill_tokens: 16384"),
 ])
 def test_engine_text_loses_every_secret_named_value(text, expected):
