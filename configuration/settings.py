@@ -658,7 +658,7 @@ def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any
         _load_patch_set(patch_set)  # its manifest, checked like the data
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
     args = _args(*at("args"), engine)
-    _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine)
+    _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
     listening = _listens_beyond_loopback(at("bind"), args)
     _exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
@@ -848,8 +848,15 @@ def _fits_the_action(src: str, key_path: str, flag_value: Any, action, parser) -
         _require(not bad, src, key_path, flag_value, f"not a choice of `--{action.flag}` in {parser.label}: {', '.join(action.choices)}")
 
 
+def _provides(version: str | None, patch_set: str, algorithm: str) -> bool:
+    """Whether `patch_set`, built for the engine `version` the service runs, adds the speculative `algorithm`
+    (a patch set written for another version of the engine does not apply to this one)."""
+    flags = engine_flags.load(version, patch_set) if version else None
+    return flags is not None and algorithm in (flags.algorithms or ())
+
+
 def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_sets: tuple[str, ...],
-                      engine: "engine_flags.EngineFlags | None") -> None:
+                      engine: "engine_flags.EngineFlags | None", version: str | None = None) -> None:
     """Values the engine accepts at parse time but fails on at start (or on the GPU)."""
     by_dest = {a.dest: a for a in args if a.dest}
     for dest in _POSITIVE_INT_DESTS:
@@ -877,8 +884,7 @@ def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_s
     if algorithm is not None and engine is not None and engine.algorithms is not None:
         name = str(algorithm.value).upper()
         if name not in engine.algorithms:
-            providers = [p for p in available_patch_sets() if p not in patch_sets
-                         and any(name in (engine_flags.load(v, p).algorithms or ()) for v in engine_flags.known_versions() if engine_flags.load(v, p))]
+            providers = [p for p in available_patch_sets() if p not in patch_sets and _provides(version, p, name)]
             fix = (f"add a patch set that provides it to `patch_sets`: {', '.join(providers)}" if providers
                    else f"use one of {', '.join(sorted(engine.algorithms - {'NONE'}))}")
             raise DataError(src, algorithm.key_path, algorithm.value, f"{engine.label} has no speculative algorithm {name}: {fix}")
