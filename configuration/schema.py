@@ -18,8 +18,25 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from configuration import kinds
 from configuration.kinds import (
-    Bool, EnvName, EnvValue, FailedGpus, Gpus, HostPath, IpAddress, ModelName, ModuleName, PatchSetName, Port,
-    SecretName, ServiceName, ShmDir, Text, TrustedHostPath, UserName, choice, refuse, seconds,
+    Bool,
+    EnvName,
+    EnvValue,
+    FailedGpus,
+    Gpus,
+    IpAddress,
+    ModelName,
+    ModuleName,
+    PatchSetName,
+    Port,
+    SecretName,
+    ServiceName,
+    ShmDir,
+    Text,
+    TrustedHostPath,
+    UserName,
+    choice,
+    refuse,
+    seconds,
 )
 
 STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)

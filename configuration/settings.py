@@ -18,9 +18,9 @@ services that clash, one machine under two inventory names).
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
-import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path

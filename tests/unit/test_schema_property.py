@@ -19,7 +19,9 @@ import shlex
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from configuration import kinds, settings, stacks
 from configuration.errors import DataError
