@@ -65,7 +65,7 @@ def matching(pattern: str, fix: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _not_a_number_text(value: Any) -> Any:
+def _not_too_long_a_number(value: Any) -> Any:
     """Python refuses int() of more than 4300 digits and repr() of such an int: a number that long is
     refused before anything converts or shows it (no value here needs more than 18 digits)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
@@ -75,7 +75,7 @@ def _not_a_number_text(value: Any) -> Any:
 
 # Numbers ------------------------------------------------------------------------------------
 
-Int = Annotated[int, Strict(), BeforeValidator(_not_a_number_text)]
+Int = Annotated[int, Strict(), BeforeValidator(_not_too_long_a_number)]
 
 
 def _in_range(low: int, high: int, fix: str) -> AfterValidator:
@@ -389,7 +389,6 @@ def _trusted(allowed: tuple[str, ...]) -> AfterValidator:
     return AfterValidator(check)
 
 
-HostPath = Annotated[Text, AfterValidator(_host_path), with_fix(ABS_FIX)]
 # What root later runs (a venv), reads to install (wheels, a donor venv) or serves (the store): not where others write.
 TrustedHostPath = Annotated[Text, AfterValidator(_host_path), _trusted(()), with_fix(ABS_FIX)]
 # The RAM disk models are staged into: /dev/shm is world-writable, and the staging code moves a squatted

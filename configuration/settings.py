@@ -54,7 +54,6 @@ GLOBAL_KEYS: dict[str, Key] = _keys(schema.GroupData)
 HOST_KEYS: dict[str, Key] = _keys(schema.HostData)
 SERVICE_KEYS: dict[str, Key] = _keys(schema.ServiceSpec)
 
-LOCATIONS = ("shm", "store")
 RESERVED_SERVICE_NAMES = kinds.RESERVED_SERVICE_NAMES
 
 # (group, key) -> YAML file that set it last (for error messages). pyinfra merges the
