@@ -28,7 +28,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import remote, rollback, service_user, this_run
+from operations import redact, remote, rollback, service_user, this_run
 from report import summary
 
 
@@ -86,11 +86,14 @@ class Verdict(FactBase):
 
 
 def verdict(result: dict) -> str | None:
-    """The one-line reason a preflight result refuses the start, or None if it passes."""
+    """The one-line reason a preflight result refuses the start, or None if it passes.
+
+    The engine wrote it (a parser error quotes the flag it refused, an import error its value): secret-named
+    values in it are masked like any text from the engine (operations/redact.py)."""
     if result.get("parse_error"):
-        return f"{result['parser']} refuses the flags: {result['parse_error']}"
+        return redact.engine_text(f"{result['parser']} refuses the flags: {result['parse_error']}")
     if result.get("import_error"):
-        return f"the server cannot start: {result['import_error']}"
+        return redact.engine_text(f"the server cannot start: {result['import_error']}")
     return None
 
 

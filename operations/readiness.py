@@ -16,8 +16,13 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
-from operations import redact, remote, this_run
+from operations import host_reads, redact, remote, this_run
 from report.summary import record
+
+
+# How old a kept answer may be when it decides that a service serves. A converged run reaches this gate about a
+# second after its read at the lock; a run whose other hosts install for minutes (operations run in step) reads again.
+VERDICT_MAX_AGE_S = 30
 
 
 class ServiceState(FactBase):
@@ -142,6 +147,9 @@ def ready(
     # run or the change check before execution judges by the service's current answer.
     just_started = this_run.changed(restarted)
     if not just_started:
+        # The verdict that it serves is the run's last word on it (and a removal on another host may follow it):
+        # an answer from the host's read at the lock that is older than VERDICT_MAX_AGE_S is read again.
+        host_reads.fresh(host, ServiceState, VERDICT_MAX_AGE_S)
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
             uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"

@@ -418,6 +418,22 @@ def test_ready_service_not_restarted_is_a_noop(report):
     assert report == {"gpu-a": {"ddtree": {"endpoint": "http://0.0.0.0:30000", "state": "ready", "ready": "already (up 61 s, pid 4242)"}}}
 
 
+def test_the_verdict_that_a_service_serves_is_read_no_earlier_than_its_max_age(report, monkeypatch):
+    """The host's read at the lock may be minutes old when a late gate decides (hosts run operations in step): the
+    gate asks host_reads for an answer no older than VERDICT_MAX_AGE_S (host_reads.fresh, tested in test_host_reads)
+    before it reads the state it decides from."""
+    order = []
+    monkeypatch.setattr(readiness.host_reads, "fresh", lambda host, cls, age: order.append(("fresh", cls, age)))
+    result = run(
+        readiness.ready,
+        {readiness.ServiceState: lambda **kw: order.append(("read",)) or {"active": "active", "health": 200, "uptime_s": 1.0, "pid": 7}},
+        service="ddtree", unit="sglang-ddtree.service", bind="0.0.0.0", port=30000, timeout=1800,
+    )
+    assert result.commands == []
+    assert order == [("fresh", readiness.ServiceState, readiness.VERDICT_MAX_AGE_S), ("read",)]
+    assert readiness.VERDICT_MAX_AGE_S <= 60
+
+
 @pytest.mark.parametrize(
     "state",
     [

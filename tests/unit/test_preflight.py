@@ -158,3 +158,10 @@ def test_verdict_fact_reports_a_missing_venv_without_running_it():
     cmd = preflight.Verdict().command(venv_path="/root/v", cmd="echo hi")
     assert cmd.startswith("if [ -x /root/v/bin/python ]; then\necho hi\nelse echo '{\"absent\": true}'; fi")
     assert preflight.Verdict().process(['{"absent": true}']) == {"absent": True}
+
+
+def test_a_refusal_quoting_a_credential_is_masked():
+    """The parser's message quotes what it refused: a credential the run was never told about is masked too."""
+    reason = preflight.verdict({"parser": "sglang 0.5.23", "import_error": None,
+                                "parse_error": "error: argument --hf-token: invalid value hf_token=hf_abcdefghijklmnopqrstu"})
+    assert "hf_abcdefghijklmnopqrstu" not in reason and "hf_token=<redacted>" in reason
