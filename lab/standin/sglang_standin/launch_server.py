@@ -41,7 +41,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import __version__
+from . import __version__, bench_endpoints
 
 DIST_NAME = "sglang-standin"
 STANDIN_VERSION = __version__ + "-standin"
@@ -480,6 +480,8 @@ class StandinHandler(BaseHTTPRequestHandler):
         path = self._path()
         if not self._authorized(path):
             return self._error(401, "Unauthorized", "AuthenticationError")
+        if bench_endpoints.handle(self, "GET", path):  # /server_info with internal_states
+            return
         st = self.state
         if path in ("/health", "/health_generate"):
             if st.ready():
@@ -524,6 +526,8 @@ class StandinHandler(BaseHTTPRequestHandler):
         except ValueError:
             length = 0
         raw = self.rfile.read(length) if length > 0 else b""
+        if bench_endpoints.handle(self, "POST", path, raw):  # /generate, /flush_cache
+            return
         if path != "/v1/chat/completions":
             return self._error(404, "Not Found: %s" % path, "NotFoundError")
         if not self.state.ready():
