@@ -1,0 +1,30 @@
+"""Served throughput of named services, side by side, with the engine's own benchmark client. Read only.
+
+    MEASURE_SERVICES=dflash,ddtree pyinfra inventory.py measure.py -y
+    MEASURE_SERVICES=plain,dflash MEASURE_PROMPTS=16 pyinfra lab/inventory.py measure.py -y
+
+The first service is the baseline. Options (environment variables, with their defaults; the
+deploy's `--data` accepts only its own keys): MEASURE_PROMPTS=64, MEASURE_INPUT_LEN=256,
+MEASURE_OUTPUT_LEN=256, MEASURE_CONCURRENCY=8 (requests at a time), MEASURE_PROBE=4 (accept-length
+probe requests), MEASURE_TIMEOUT_S=1800, MEASURE_OUT=FILE (the raw results' JSON; default
+./measure-<UTC time>.json). Every service gets the same load, one service at
+a time (operations/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
+lock (operations/lock.py is not called) and adds no operation but the measurements.
+"""
+
+import os
+from pathlib import Path
+
+from pyinfra import host, state
+
+from configuration import settings
+from operations import measure
+
+config = settings.host_config(host)
+services = measure.requested(os.environ.get("MEASURE_SERVICES"))
+options = measure.options_from(os.environ)
+out = os.environ.get("MEASURE_OUT")
+report = measure.install(state, services, options, Path(out) if out else None)
+here = {s.name: s for s in config.services}
+for name in services:
+    measure.served(name=f"Measure {name}", service=name, placed=here.get(name), report=report)
