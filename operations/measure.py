@@ -308,3 +308,27 @@ def served(service: str, placed=None, report: Report | None = None):
     }
     yield FunctionCommand(_run, (service, placed.environment.path, host_command(placed.environment.path, spec), report), {})
 
+
+
+def combine(out: Path, parts: list[Path]) -> Report:
+    """One report from several runs' JSON files (services measured in separate runs, e.g. one GPU in turn)."""
+    services, results, options = [], {}, None
+    for part in parts:
+        raw = json.loads(part.read_text(encoding="utf-8"))
+        options = options or Options(**raw["options"])
+        for name in raw["services"]:
+            if name in results:
+                raise ValueError(f"{part}: {name} is in an earlier file too")
+            services.append(name)
+            results[name] = raw["results"][name]
+    combined = Report(services, options or Options(), out, {k: v for k, v in results.items() if v is not None})
+    finish(combined)
+    return combined
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 4 or sys.argv[1] != "combine":
+        raise SystemExit("usage: python -m operations.measure combine OUT.json RUN.json [RUN.json ...]")
+    combine(Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]])

@@ -191,3 +191,15 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
     assert imports(ROOT / "measure.py") == {"os", "pathlib.Path", "pyinfra.host", "pyinfra.state",
                                             "configuration.settings", "operations.measure"}
     assert not {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))}
+
+
+def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys):
+    for name, throughput in (("plain", 50.0), ("ddtree31", 150.0)):
+        rep = report({name: {"host": "@local", "bench": bench(throughput), "probe": {"accept_length": None}}},
+                     services=(name,), tmp_path=tmp_path / name)
+        measure.finish(rep)
+    combined = measure.combine(tmp_path / "all.json", [tmp_path / "plain" / "m.json", tmp_path / "ddtree31" / "m.json"])
+
+    assert [r["ratio"] for r in measure.rows(combined)] == [1.0, 3.0]
+    assert any(line.rstrip().endswith("vs plain") for line in capsys.readouterr().out.splitlines())
+    assert json.loads((tmp_path / "all.json").read_text())["services"] == ["plain", "ddtree31"]

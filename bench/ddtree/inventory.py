@@ -1,0 +1,59 @@
+"""Inventory for bench/ddtree/gpu_run.sh: this GPU machine (`@local`), sglang-0.5.13-cu130, tiny models.
+
+Like bench/gpu/inventory.py (GPU_WHEELHOUSE, GPU_DONOR, GPU_STORE, GPU_SERVICES: one service
+placed at a time, they share GPU 0), with the four services the DDTree comparison needs. The draft
+is tiny-qwen3-dflash16 (bench/gpu/tiny_models.py's draft with a 16-token block, made by gpu_run.sh):
+with it, DDTREE budget 15 is the spine (block - 1: PR #27509's ad7ab160 runs it as DFLASH) and 31 a
+tree. `attention-backend` is GPU_BACKEND (default triton, what SM 12.x gets; `auto` for sglang's own).
+"""
+
+import os
+
+BACKEND = os.environ.get("GPU_BACKEND", "triton")
+COMMON_ARGS = {
+    "attention-backend": BACKEND,
+    "grammar-backend": "none",
+    "load-format": "dummy",
+    "mem-fraction-static": 0.3,
+    "context-length": 2048,
+}
+
+
+def service(port: int, spec: dict | None = None, patch: bool = False) -> dict:
+    return {
+        "gpu": 0,
+        "port": port,
+        "model": "tiny-qwen3",
+        "model_in": "store",
+        "draft_model": "tiny-qwen3-dflash16" if spec else None,
+        "draft_in": "store",
+        "patch_sets": ["ddtree-0_5_13"] if patch else [],
+        "args": {**COMMON_ARGS, **(spec or {})},
+    }
+
+
+SERVICES = {
+    "plain": service(30200),
+    "dflash": service(30201, {"speculative-algorithm": "DFLASH"}),
+    "ddtree15": service(30202, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15}, patch=True),
+    "ddtree31": service(30203, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31}, patch=True),
+}
+
+hosts = [
+    (
+        "@local",
+        {
+            "stack": os.environ.get("GPU_STACK", "sglang-0.5.13-cu130"),
+            "venv_path": os.environ.get("GPU_VENV", "/root/venv_sglang"),
+            "model_store": os.environ.get("GPU_STORE", "/root/gpu-check-models"),
+            "wheelhouse": os.environ["GPU_WHEELHOUSE"],
+            "stack_sources": [{"donor": "@local", "path": os.environ.get("GPU_DONOR", "/opt/torch/.venv")}, "wheelhouse"],
+            "installer": "uv",
+            "launcher": os.environ.get("GPU_LAUNCHER", "sglang.launch_server"),
+            "service_user": "root",
+            "readiness_timeout_s": 900,
+            "services": SERVICES,
+            "run_services": [s for s in os.environ.get("GPU_SERVICES", "").split(",") if s],
+        },
+    )
+]
