@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import click
 import pytest
 
-from operations import lock
+from operations import lock, private_dir
 
 
 class FakeHost:
@@ -785,3 +785,189 @@ def test_the_lock_commands_first_line_names_the_machine_on_both_paths(tmp_path):
     assert taken == {"acquired": True, **ids["a"]}
     assert busy == {"acquired": False, "held_by": b.holder(), **ids["b"]}
     assert run._command(b, "peek", timeout=10) == {"held_by": b.holder(), **ids["b"]}
+
+
+# -- the lock directory never exists without its owner record --------------------------------
+
+
+def assert_whole_or_absent(host: FakeHost) -> dict | None:
+    """The host's lock is absent, or whole: owner.json and its take's marker, nothing else. Its record, or None."""
+    if not os.path.lexists(host.lock_dir):
+        return None
+    record = json.loads((host.lock_dir / "owner.json").read_text())
+    assert sorted(p.name for p in host.lock_dir.iterdir()) == ["owner-" + record["token"], "owner.json"]
+    return record
+
+
+def a_later_run_takes_it(host: FakeHost) -> None:
+    """Whatever a killed take left, the next run takes the lock: free, or over from a deploy proven gone."""
+    run = lock.RunLocks()
+    assert run.take_all([(FakeHost(host.name, host.machine, "10.0.0.1"), 0)])[host.name].held, host.logs
+    assert assert_whole_or_absent(host)["id"] == run.owner["id"]
+    release_all(run, [run.slots[host.name].host])
+    assert not host.lock_dir.exists()
+
+
+def killed_owner() -> tuple[str, str]:
+    """A take's token and its owner record, of a deploy of this machine that is gone (its pid is dead)."""
+    token = uuid.uuid4().hex
+    return token, json.dumps(this_control(pid=dead_pid(), token=token))
+
+
+def test_the_sh_path_killed_before_any_of_its_commands_leaves_no_lock_or_a_whole_one(tmp_path):
+    # bash's DEBUG trap runs before each simple command: kill the shell there, at step 1, 2, ... until a run
+    # goes through. Steps inside one command (mkdir, mv) are atomic system calls.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    steps = 0
+    while True:
+        steps += 1
+        token, owner = killed_owner()
+        trap = f"trap '_n=$((_n+1)); [ $_n -ge {steps} ] && kill -9 $$' DEBUG\n"
+        proc = subprocess.run(["bash", "-c", trap + lock.free_lock_command(shlex.quote(owner), token)], env=a.env(), capture_output=True, text=True)
+        record = assert_whole_or_absent(a)
+        if proc.returncode == 0:
+            assert record["token"] == token and '"acquired": true' in proc.stdout
+            break
+        assert proc.returncode == -9, proc.stderr
+        assert record is None or record["token"] == token
+        a_later_run_takes_it(a)
+    assert steps > 5
+    a_later_run_takes_it(a)
+
+
+KILL_AT_LINE = r'''
+import os, sys
+limit, script = int(sys.argv[1]), sys.argv[2]
+code = compile(open(script).read(), "lock_host", "exec")
+lines = 0
+def trace(frame, event, arg):
+    global lines
+    if frame.f_code.co_filename != "lock_host":
+        return None
+    if event == "line":
+        lines += 1
+        if lines >= limit:
+            os._exit(137)
+    return trace
+sys.argv = ["-", *sys.argv[3:]]
+sys.settrace(trace)
+try:
+    exec(code, {"__name__": "__main__"})
+finally:
+    sys.settrace(None)
+    print(f"lines: {lines}", file=sys.stderr)
+'''
+
+
+@pytest.mark.parametrize("takeover", [False, True], ids=["free", "takeover"])
+def test_the_script_killed_at_any_line_leaves_no_lock_or_a_whole_one(tmp_path, takeover):
+    # The script (lock_host.py) run under a tracer that kills it (os._exit) at its line 1, 2, ... until it ends;
+    # taking a free lock, and taking over a stale one (whose removal is a rename aside, then a delete).
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    harness, script = tmp_path / "harness.py", tmp_path / "lock_host.py"
+    harness.write_text(KILL_AT_LINE)
+    script.write_text(__import__("operations.remote", fromlist=["script"]).script("lock_host"))
+    limit, recovered_from = 0, set()
+    while True:
+        limit += 1
+        stale = this_control(pid=dead_pid()) if takeover else None
+        if stale:
+            hold(a, **stale)
+            (a.lock_dir / f"owner-{stale['token']}").touch()  # whole, as the deploy that is gone left it
+        token, owner = killed_owner()
+        argv = ["python3", str(harness), str(limit), str(script), "acquire", owner, "0", *([stale["token"]] if stale else [])]
+        proc = subprocess.run(argv, env=a.env(), capture_output=True, text=True)
+        record = assert_whole_or_absent(a)
+        if proc.returncode == 0:
+            assert record["token"] == token and '"acquired": true' in proc.stdout
+            break
+        assert proc.returncode == 137, proc.stderr
+        assert record is None or record["token"] in (token, stale and stale["token"])
+        left = "none" if record is None else "the new take's" if record["token"] == token else "the stale one"
+        if left not in recovered_from:  # a later run takes each kind of leftover (once: the run costs a python start)
+            a_later_run_takes_it(a)
+            recovered_from.add(left)
+        shutil.rmtree(a.lock_dir, ignore_errors=True)
+        for stray in a.machine.glob("sglang-deploy.lock.*-*"):  # no lock (the tidying has a test of its own)
+            shutil.rmtree(stray)
+    assert limit > 10 and recovered_from == {"none", "the new take's", *(["the stale one"] if takeover else [])}
+    a_later_run_takes_it(a)
+
+
+def test_strays_of_killed_takes_are_tidied_when_old_and_left_alone_when_young(tmp_path):
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    old_new, young_new, old_aside = (a.machine / f"sglang-deploy.lock.{kind}-{uuid.uuid4().hex}" for kind in ("new", "new", "old"))
+    for stray in (old_new, young_new, old_aside):
+        stray.mkdir()
+        (stray / "owner.json").write_text("{}")
+    for stray in (old_new, old_aside):
+        os.utime(stray, (time.time() - 3600, time.time() - 3600))
+    hold(a, **this_control())  # busy: the script runs, and tidies under its guard
+    assert not lock.RunLocks().take_all([(a, 0)])["a"].held
+    assert sorted(p.name for p in a.machine.glob("sglang-deploy.lock.*-*")) == [young_new.name]
+
+
+# -- the control machine's private directory ----------------------------------------------
+
+
+def test_a_private_dir_is_made_mode_0700_with_its_parents(tmp_path):
+    made = private_dir.private_dir(tmp_path / "home" / ".cache" / "sglang-deploy" / "dropped-locks")
+    assert made.is_dir() and stat_mode(made) == 0o700 and stat_mode(made.parent) == 0o700
+    assert private_dir.private_dir(made) == made  # as it is: accepted again
+
+
+def test_a_private_dir_an_earlier_version_left_0755_is_tightened(tmp_path):
+    """Only its owner could ever write into a 0755 directory of this user's: nothing can be planted there, so the
+    cache directories an earlier version made 0755 are made 0700 instead of stopping every upgraded run."""
+    earlier = tmp_path / "reads"
+    earlier.mkdir()
+    earlier.chmod(0o755)
+    assert private_dir.private_dir(earlier) == earlier and stat_mode(earlier) == 0o700
+
+
+def not_private(path: Path) -> str:
+    with pytest.raises(private_dir.NotPrivate) as refused:
+        private_dir.private_dir(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: expected a directory of root (uid 0) with mode 0700, not a symlink; found ")
+    return message
+
+
+def test_a_private_dir_that_is_a_symlink_another_users_or_open_to_others_is_refused(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert f"found a symlink to {target}." in not_private(link)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 4321, 4321)  # another local user made it first
+    assert "found a directory owned by uid 4321." in not_private(theirs)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # others could have written into it
+    message = not_private(shared)
+    assert "found a directory with mode 0775." in message and f"chmod 700 {shared}" in message and f"rm -rf {shared}" in message
+    plain = tmp_path / "file"
+    plain.write_text("")
+    assert "found a file, not a directory." in not_private(plain)
+
+
+def test_a_dropped_lock_record_planted_where_others_could_write_takes_nothing_over(tmp_path):
+    # Another user's planted record would let a run break a live lock: the directory is checked before it is read.
+    (a,) = machines(tmp_path, ("a", "10.0.0.1"))
+    holder = hold(a, **this_control())  # a live deploy of this machine
+    planted = lock.dropped_dir()
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    (planted / holder["token"]).write_text("1")
+    outcome = lock.RunLocks().take_all([(a, 0)])["a"]
+    assert not outcome.held and a.holder() == holder
+    assert f"NotPrivate: {planted}: expected a directory of root (uid 0) with mode 0700" in outcome.error
+
+
+def test_a_lock_its_run_recorded_as_dropped_is_recorded_in_a_private_dir(tmp_path):
+    token = uuid.uuid4().hex
+    lock.mark_dropped(token)
+    assert stat_mode(lock.dropped_dir()) == 0o700 and (lock.dropped_dir() / token).read_text() == str(os.getpid())
+    assert lock.dropped_dir() == tmp_path / "cache" / "dropped-locks"
