@@ -1,5 +1,7 @@
 """Deploy locks on real hosts: no deadlock between runs in opposite orders, no lock held by a run stuck on a
-cut host, a killed run's locks taken over, `--dry` beside a real deploy.
+cut host, a killed run's locks taken over, `--dry` beside a real deploy; machines known by what they report (one
+machine under two inventory names refused before any change; two machines behind one bastion, one SSH peer
+address, each locked).
 
 Uses gpu-c (the host that gets stuck or cut) and gpu-d (the other host of the run; `LOCK_LAB_HOSTS=c,d` picks
 others); both are cleaned before and after, the first is restored if a test cut it. The stuck deploy is held in the readiness gate by a stand-in
@@ -14,15 +16,19 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, clean_host, deploy, lab, lab_hosts, ssh, wait_until, write_inventory
+from tests.lab.labutil import PYINFRA, ROOT, STATE, clean_host, deploy, lab, lab_hosts, ssh, wait_until, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -63,11 +69,12 @@ def start(inventory: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Pa
     return proc, log
 
 
-def start_stuck_deploy(name: str, lock_wait_s: int = 30) -> tuple[subprocess.Popen, Path]:
-    """A deploy over gpu-c (a service that never becomes ready) and gpu-d, returned once it is inside gpu-c's gate."""
+def start_stuck_deploy(name: str, lock_wait_s: int = 30, **connection) -> tuple[subprocess.Popen, Path]:
+    """A deploy over gpu-c (a service that never becomes ready) and gpu-d, returned once it is inside gpu-c's gate.
+    `connection`: data of both hosts' (an `ssh_config_file`)."""
     inventory = write_inventory(f"test_lock_{name}", {
-        STUCK: {"services": SLOW, "run_services": ["slow"], "readiness_timeout_s": STUCK_READINESS_S, "lock_wait_s": lock_wait_s},
-        OTHER: {"run_services": [], "lock_wait_s": lock_wait_s},
+        STUCK: {"services": SLOW, "run_services": ["slow"], "readiness_timeout_s": STUCK_READINESS_S, "lock_wait_s": lock_wait_s, **connection},
+        OTHER: {"run_services": [], "lock_wait_s": lock_wait_s, **connection},
     })
     proc, log = start(inventory, name)
 
@@ -240,3 +247,152 @@ def test_a_host_whose_lock_stays_busy_fails_alone_and_the_others_deploy():
         assert lock_owner(STUCK) is None and lock_owner(OTHER) == holder
     finally:
         ssh(OTHER, "rm -rf /run/sglang-deploy.lock")
+
+
+# -- machines known by what they report ----------------------------------------------------
+
+# What a deploy could change on a lab host (the lock, our units and files, staged models, venvs): compared before
+# and after a run that must change nothing.
+FINGERPRINT = ("ls -la --time-style=+%s /run/sglang-deploy.lock /etc/systemd/system /root /dev/shm 2>&1; "
+               "ls -laR --time-style=+%s /etc/sglang-deploy /usr/local/lib/sglang-deploy 2>&1; ls -d /run/sglang-deploy.lock.new-* /run/sglang-deploy.lock.old-* 2>&1")
+
+
+def ssh_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_one_machine_under_two_inventory_names_is_refused_before_any_change(tmp_path):
+    # gpu-c by its address, and again under an ssh_config alias of the same address: no comparison of the
+    # inventory's strings can see it, the machine's /etc/machine-id does. Both are refused, with --dry too.
+    alias = f"{STUCK}-again"
+    config = ssh_config(tmp_path / "ssh_config", f"Host {alias}\n  HostName {lab_hosts()[STUCK]['address']}\n")
+    inventory = write_inventory("test_lock_one_machine_two_names", {STUCK: {"run_services": [], "lock_wait_s": 5}})
+    row = (alias, {"ssh_hostname": alias, "ssh_config_file": str(config), "ssh_user": "root", "ssh_key": str(STATE / "id_ed25519"),
+                   "ssh_known_hosts_file": str(STATE / "known_hosts"), "ssh_strict_host_key_checking": "yes",
+                   "run_services": [], "lock_wait_s": 5})
+    inventory.write_text(inventory.read_text().replace("\n]\n", f"\n    {row!r},\n]\n"))
+    machine_id = ssh(STUCK, "cat /etc/machine-id").stdout.strip()
+    before = ssh(STUCK, FINGERPRINT, check=False).stdout
+    for extra in ((), ("--dry",)):
+        result = deploy(inventory, *extra, as_json=False)
+        text = result.stdout + result.stderr
+        assert result.returncode != 0, text[-3000:]
+        assert f"{STUCK} and {alias} are one machine (both report /etc/machine-id {machine_id}" in text, text[-3000:]
+        assert f"List the machine once in the inventory (keep {STUCK} or {alias})" in text
+        assert not re.search(rf"\[({STUCK}|{alias})\] (No changes|Success)", text), text[-3000:]
+        assert ssh(STUCK, FINGERPRINT, check=False).stdout == before, f"{extra}: the refused run changed the host"
+
+
+class Bastion(paramiko.ServerInterface):
+    """An SSH jump host on 127.0.0.1 (paramiko's server side): it forwards every `direct-tcpip` channel to its
+    destination. Through it, every lab host's SSH connection has one peer address: 127.0.0.1 and its port."""
+
+    def __init__(self):
+        self.key = paramiko.ECDSAKey.generate()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.destinations: list[tuple[str, int]] = []
+        self._channels: dict[int, tuple[str, int]] = {}
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}\n"
+
+    def close(self) -> None:
+        self.listener.close()
+
+    # paramiko.ServerInterface
+    def get_allowed_auths(self, username):
+        return "publickey"
+
+    def check_auth_publickey(self, username, key):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_direct_tcpip_request(self, chanid, origin, destination):
+        self._channels[chanid] = destination
+        self.destinations.append(destination)
+        return paramiko.OPEN_SUCCEEDED
+
+    # serving
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(client,), daemon=True).start()
+
+    def _session(self, client) -> None:
+        transport = paramiko.Transport(client)
+        transport.add_server_key(self.key)
+        transport.start_server(server=self)
+        while transport.is_active():
+            channel = transport.accept(timeout=1)
+            if channel is not None:
+                target = socket.create_connection(self._channels.pop(channel.get_id()))
+                threading.Thread(target=self._pump, args=(channel, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(channel, target) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([channel, target], [], [], 5)
+                if channel in ready:
+                    data = channel.recv(1 << 16)
+                    if not data:
+                        break
+                    target.sendall(data)
+                if target in ready:
+                    data = target.recv(1 << 16)
+                    if not data:
+                        break
+                    channel.sendall(data)
+        except OSError:
+            pass
+        finally:
+            channel.close()
+            target.close()
+
+
+@pytest.fixture
+def bastion():
+    jump = Bastion()
+    yield jump
+    jump.close()
+
+
+def test_hosts_behind_one_bastion_are_each_locked_and_a_limited_run_waits(tmp_path, bastion):
+    # Every host's SSH peer is the bastion (127.0.0.1 and its port). The first deploy holds gpu-c and gpu-d
+    # (stuck in gpu-c's readiness gate); a second run `--limit gpu-d` must not deploy gpu-d meanwhile.
+    known = tmp_path / "known_hosts"
+    known.write_text(bastion.known_hosts_line())
+    addresses = " ".join(lab_hosts()[h]["address"] for h in (STUCK, OTHER))
+    config = ssh_config(tmp_path / "ssh_config", (
+        f"Host {addresses}\n  ProxyJump bastion\n"
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {bastion.port}\n  User root\n  IdentityFile {STATE / 'id_ed25519'}\n"
+        f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n"
+    ))
+    first, first_log = start_stuck_deploy("behind_bastion", ssh_config_file=str(config))
+    try:
+        assert {d[0] for d in bastion.destinations} == {lab_hosts()[h]["address"] for h in (STUCK, OTHER)}, "not through the bastion"
+        holder = lock_owner(OTHER)
+        limited = write_inventory("test_lock_behind_bastion_limited", {
+            STUCK: {"run_services": [], "lock_wait_s": 2, "ssh_config_file": str(config)},
+            OTHER: {"run_services": [], "lock_wait_s": 2, "ssh_config_file": str(config)},
+        })
+        result = deploy(limited, "--limit", OTHER, as_json=False)
+        text = result.stdout + result.stderr
+        assert result.returncode != 0, text[-3000:]
+        assert f"{OTHER}: another deploy holds the host's lock: root@" in text and f"(pid {first.pid})" in text, text[-3000:]
+        assert not re.search(rf"\[{OTHER}\] (No changes|Success)", text), text[-3000:]
+        assert lock_owner(OTHER) == holder and first.poll() is None and in_readiness_gate(STUCK)
+    finally:
+        stop(first)
+        end_gate_processes(STUCK)
+        clean_host(STUCK, keep_venv=True)  # its held service would keep GPU 0 busy for the next test
+        for host in (STUCK, OTHER):
+            ssh(host, "rm -rf /run/sglang-deploy.lock")  # the killed deploy's
