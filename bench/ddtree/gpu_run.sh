@@ -1,104 +1,176 @@
 #!/bin/bash
 # DDTree on a real GPU: plain, DFLASH, DDTREE(15) and DDTREE(31) on sglang-0.5.13-cu130, each served through
-# its unit's exact command line, then measured side by side (measure.py). Not run by `make test`.
+# its unit's exact command line, gated like the deploy, then measured side by side (measure.py). Not run by `make test`.
 #
 # Here (the control machine), once:
 #   bash bench/ddtree/build_patchset.sh FORK_CLONE              # files/patches/ddtree-0_5_13 (ignored)
-#   bash bench/ddtree/gpu_run.sh prepare                         # gpucarry/: wheels the donor lacks, in 60 MiB parts
-# On the GPU machine (run tool; carry files/patches/ddtree-0_5_13 and the gpucarry/ parts, a few per call:
-# each call carries at most 64 MiB, ignored files stay on a warm machine between calls):
-#   bash bench/ddtree/gpu_run.sh run CONTROL_WHEELS [SERVICES]   # default: plain,dflash,ddtree15,ddtree31
+#   bash bench/ddtree/gpu_run.sh prepare                         # gpucarry/: the wheels the donor lacks, in 60 MiB parts
+# On the GPU machine (the run tool; each call carries at most 64 MiB, ignored files stay on a warm machine):
+#   bash bench/ddtree/gpu_run.sh receive                         # one call per part: carry gpucarry/wh513.tar.part-NN
+#   bash bench/ddtree/gpu_run.sh run [SERVICES]                  # default: plain,dflash,ddtree15,ddtree31
 #
-# `prepare` fills /tmp/wh513 with the stack (python -m tools.wheelhouse, sha256-checked), keeps the files the H200
-# donor venv does not hold exactly (bench/results/h200-donor-pip-freeze.txt: 48 of the 187 it has), and splits
-# them into gpucarry/wh513.tar.part-* (60 MiB each, as bench/gpu_serve_check.sh's 983 MiB went: about 5.5 s of
-# device time a part). CONTROL_WHEELS: requirements.txt's wheels for the GPU machine's python3 (as for
-# bench/gpu_serve_check.sh). `run` joins the parts, builds the generation (donor copy + wheelhouse, patch set
-# applied, ABI probe), and per service: deploys it (the engine's own parser on its flags, the unit written),
-# starts the unit's ExecStart with its Environment (bench/gpu/serve.py's parse), gates on /health, records
-# /server_info and the first lines naming DDTree in its log, measures it, stops it. The four runs combine into
-# one table (python -m operations.measure combine). Everything goes to $RESULTS.
+# `prepare` downloads into /tmp/wh513 only the stack's files the H200 donor venv does not hold exactly
+# (bench/results/h200-donor-pip-freeze.txt: 139 of the stack's 187, 1362 MiB, sha256-checked against the stack)
+# and the uv wheel, with requirements.txt's wheels for the GPU machine's python3 (3.12) under ctl/, tars them
+# (control wheels and uv first) and splits the tar into gpucarry/wh513.tar.part-NN (60 MiB: a part, the tracked
+# tree and the patch set fit one call's 64 MiB). `receive` moves the parts that came with a call to
+# $PARTS (/root/wh513.parts) and says how many are there. `run` joins the parts once, builds the control
+# venv (pyinfra, offline) and the tiny models, and per service: deploys it (bench/ddtree/deploy_gpu.py: the
+# GPU check, a generation per venv and patch-set combination from the donor and the wheelhouse, the patch set
+# applied, the ABI probe, the engine's own parser on the unit's exact flags, the unit written), starts the
+# unit's ExecStart with its Environment= (bench/gpu/serve.py's parse_unit; its State/CacheDirectory made),
+# gates it with the deploy's own operations/remote/wait_ready.py (/health 200, one chat completion; bench/gpu's
+# systemctl/journalctl stand-ins), records /server_info and the log lines naming DDTree/DFlash, measures it
+# (measure.py), stops it. Each service's measurement is kept in $RUNS; the runs so far combine into one table
+# (python -m operations.measure combine). GPU_BACKEND=auto for sglang's default attention backend.
+# Printed output goes to $RESULTS; COMMIT names the checkout's commit (the device copy has no .git).
 set -u
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$HERE"
-MODE=${1:?usage: gpu_run.sh prepare | run CONTROL_WHEELS [SERVICES]}
+MODE=${1:?usage: gpu_run.sh prepare | receive | run [SERVICES]}
+PARTS=${PARTS:-/root/wh513.parts}
 
 if [ "$MODE" = prepare ]; then
     set -e
-    .venv/bin/python -m tools.wheelhouse sglang-0.5.13-cu130 /tmp/wh513
-    mkdir -p gpucarry
-    .venv/bin/python - /tmp/wh513 <<'PY' > /tmp/wh513.list
-import re, sys, yaml
-stack = yaml.safe_load(open("files/stacks/sglang-0.5.13-cu130.yml"))["packages"]
+    W=/tmp/wh513
+    mkdir -p "$W/ctl" gpucarry
+    .venv/bin/python - "$W" <<'PY'
+import re, sys
+from pathlib import Path
+from configuration.stacks import load_stack
+from tools import wheelhouse as W
+stack = load_stack("sglang-0.5.13-cu130")
 donor = {}
 for line in open("bench/results/h200-donor-pip-freeze.txt"):
     m = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line.strip())
     if m:
         donor[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
-import glob, os
-names = [p["file"] for n, p in stack.items() if donor.get(n) != p["version"]] + [os.path.basename(u) for u in glob.glob(sys.argv[1] + "/uv-*.whl")]
-print("\n".join(names))
+need = [p for p in stack.packages if donor.get(p.name) != p.version]
+uv = W.uv_package(stack)
+house = Path(sys.argv[1])
+missing = [p for p in need + [uv] if not (W.find(p, house) and W.sha256_of(W.find(p, house)) == p.sha256)]
+for tags, group in W._by_wheel_tags(missing).items():
+    W._download(stack, house, group, tags)
+W.locate(stack, house, need)
+W.locate(stack, house, [uv])
+with open(house / "files.list", "w") as out:
+    out.write("\n".join([W.find(uv, house).name] + sorted(W.find(p, house).name for p in need)) + "\n")
+print(f"{len(need)} of the stack's {len(stack.packages)} files are not in the donor exactly; with uv: "
+      f"{sum(W.find(p, house).stat().st_size for p in need + [uv]) / 2**20:.0f} MiB")
 PY
-    tar -C /tmp/wh513 -cf - -T /tmp/wh513.list | split -b 60M -d - gpucarry/wh513.tar.part-
-    echo "gpucarry/: $(ls gpucarry/wh513.tar.part-* | wc -l) parts, $(wc -l < /tmp/wh513.list) wheels, $(du -cm gpucarry/wh513.tar.part-* | tail -1 | cut -f1) MiB"
+    PIP_CONSTRAINT= .venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        --abi cp312 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+        -d "$W/ctl" -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
+    rm -f gpucarry/wh513.tar.part-*
+    (cd "$W" && ls ctl/*.whl && cat files.list) | tar -C "$W" -cf - -T - | split -b 60M -d - gpucarry/wh513.tar.part-
+    echo "gpucarry/: $(ls gpucarry/wh513.tar.part-* | wc -l) parts, $(du -cm gpucarry/wh513.tar.part-* | tail -1 | cut -f1) MiB"
+    (cd gpucarry && sha256sum wh513.tar.part-* > wh513.sha256)
     exit 0
 fi
 
-CONTROL_WHEELS=$(readlink -f "${2:?CONTROL_WHEELS}")
-SERVICES=${3:-plain,dflash,ddtree15,ddtree31}
+if [ "$MODE" = receive ]; then
+    mkdir -p "$PARTS"
+    for p in gpucarry/wh513.tar.part-*; do
+        [ -f "$p" ] && mv "$p" "$PARTS/"
+    done
+    [ -f gpucarry/wh513.sha256 ] && cp gpucarry/wh513.sha256 "$PARTS/"
+    echo "received: $(ls "$PARTS" | grep -c part-) parts, $(du -sm "$PARTS" | cut -f1) MiB in $PARTS"
+    exit 0
+fi
+
+SERVICES=${2:-plain,dflash,ddtree15,ddtree31}
+BACKEND=${GPU_BACKEND:-triton}
 RESULTS=${RESULTS:-$HERE/bench/results/h200-ddtree-$(date -u +%F).txt}
-mkdir -p "$(dirname "$RESULTS")"
+RUNS=${RUNS:-/root/ddtree-runs}
+LOGS=${LOGS:-/root/ddtree-logs}
+export GPU_RUN=${GPU_RUN:-/run/gpu-check}
+mkdir -p "$(dirname "$RESULTS")" "$RUNS" "$LOGS" "$GPU_RUN"
 exec > >(tee -a "$RESULTS") 2>&1
 export GPU_WHEELHOUSE=${GPU_WHEELHOUSE:-/root/wh513} GPU_DONOR=${GPU_DONOR:-/opt/torch/.venv} GPU_STORE=${GPU_STORE:-/root/gpu-check-models}
+export GPU_BACKEND=$BACKEND
 CTL=${CTL:-/root/gpu-check-control}
-echo "== $(date -u '+%F %T UTC') commit $(git rev-parse HEAD 2>/dev/null || echo '?'): $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1)"
-if [ ! -d "$GPU_WHEELHOUSE" ]; then
-    mkdir -p "$GPU_WHEELHOUSE" && cat gpucarry/wh513.tar.part-* | tar -C "$GPU_WHEELHOUSE" -xf - || exit 1
+echo "== $(date -u '+%F %T UTC') commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo '?')}: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1); services $SERVICES, attention-backend $BACKEND"
+if [ ! -f "$GPU_WHEELHOUSE/files.list" ]; then
+    [ -f "$PARTS/wh513.sha256" ] && { (cd "$PARTS" && sha256sum --check --quiet wh513.sha256) || exit 1; }
+    mkdir -p "$GPU_WHEELHOUSE" && cat "$PARTS"/wh513.tar.part-* | tar -C "$GPU_WHEELHOUSE" -xf - || exit 1
 fi
-echo "wheelhouse: $(ls "$GPU_WHEELHOUSE" | wc -l) files, $(du -sm "$GPU_WHEELHOUSE" | cut -f1) MiB"
+echo "wheelhouse: $(ls "$GPU_WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sm "$GPU_WHEELHOUSE" | cut -f1) MiB"
 [ -f files/patches/ddtree-0_5_13/patchset.yml ] || { echo "files/patches/ddtree-0_5_13 missing: carry it"; exit 1; }
 if [ ! -x "$CTL/bin/pyinfra" ]; then
     uvwheel=$(ls "$GPU_WHEELHOUSE"/uv-*.whl | head -1)
     mkdir -p "$CTL.uv" && python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if n.endswith('/scripts/uv')); open(sys.argv[2], 'wb').write(z.read(n))" "$uvwheel" "$CTL.uv/uv" && chmod +x "$CTL.uv/uv"
-    "$CTL.uv/uv" venv -q -p python3 "$CTL" && "$CTL.uv/uv" pip install -q -p "$CTL/bin/python" --offline --no-index -f "$CONTROL_WHEELS" -r requirements.txt || exit 1
+    "$CTL.uv/uv" venv -q -p python3 "$CTL" && "$CTL.uv/uv" pip install -q -p "$CTL/bin/python" --offline --no-index -f "$GPU_WHEELHOUSE/ctl" -r requirements.txt || exit 1
 fi
-mkdir -p "$GPU_STORE" && python3 bench/gpu/tiny_models.py "$GPU_STORE"
-rm -rf "$GPU_STORE/tiny-qwen3-dflash16" && cp -r "$GPU_STORE/tiny-qwen3-dflash" "$GPU_STORE/tiny-qwen3-dflash16"
-python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['dflash_config']['block_size'] = 16; json.dump(c, open(p, 'w'), indent=1)" "$GPU_STORE/tiny-qwen3-dflash16/config.json"
+if [ ! -d "$GPU_STORE/tiny-qwen3-dflash16" ]; then
+    mkdir -p "$GPU_STORE" && python3 bench/gpu/tiny_models.py "$GPU_STORE"
+    cp -r "$GPU_STORE/tiny-qwen3-dflash" "$GPU_STORE/tiny-qwen3-dflash16"
+    python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['dflash_config']['block_size'] = 16; json.dump(c, open(p, 'w'), indent=1)" "$GPU_STORE/tiny-qwen3-dflash16/config.json"
+fi
 
-status=0; runs=()
+status=0
 for svc in ${SERVICES//,/ }; do
-    echo "== $svc: deploy"
-    GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "/tmp/ddtree-deploy-$svc.log" 2>&1
-    rc=$?; grep -E "Grand total|Patch set|ABI probe|flags pass|rror" "/tmp/ddtree-deploy-$svc.log" | tail -20
-    [ $rc -eq 0 ] || { echo "deploy $svc: exit $rc"; tail -40 "/tmp/ddtree-deploy-$svc.log"; status=1; continue; }
-    unit=/etc/systemd/system/sglang-$svc.service
-    eval "$(python3 - "$unit" <<'PY'
+    tag=$svc-$BACKEND
+    echo "== $svc ($BACKEND): deploy"
+    t0=$(date +%s)
+    GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
+    rc=$?
+    grep -E "GPUs:|attention-backend|preflight|PREFLIGHT|Patch set|patch set|copying|ABI probe|switching|Grand total|rror" "$LOGS/deploy-$tag.log" | grep -v "^--> Starting" | tail -20
+    echo "deploy $svc: exit $rc in $(( $(date +%s) - t0 )) s"
+    [ $rc -eq 0 ] || { tail -40 "$LOGS/deploy-$tag.log"; status=1; continue; }
+    unit=sglang-$svc.service
+    eval "$(python3 - "/etc/systemd/system/$unit" <<'PY'
 import shlex, sys
 sys.path.insert(0, "bench/gpu")
 from serve import parse_unit
 u = parse_unit(open(sys.argv[1]).read())
-print("ARGV=(" + " ".join(shlex.quote(a) for a in u["argv"]) + ")")
-print("ENVS=(" + " ".join(shlex.quote(f"{k}={v}") for k, v in u["env"].items()) + ")")
-print("PORT=" + next(a.split("=")[-1] for a in [u["argv"][i + 1] for i, x in enumerate(u["argv"]) if x == "--port"]))
+q = lambda xs: " ".join(shlex.quote(x) for x in xs)
+print("ARGV=(" + q(u["argv"]) + ")")
+print("ENVS=(" + q(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + [f"{k}={v}" for k, v in u["env"].items()]) + ")")
+print("DIRS=(" + q(u["dirs"]) + ")")
+print("WORKDIR=" + shlex.quote(u["cwd"]))
+print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
 PY
 )"
     echo "argv: ${ARGV[*]}"
-    log=/tmp/ddtree-serve-$svc.log; t0=$(date +%s)
-    env -i "${ENVS[@]}" setsid "${ARGV[@]}" > "$log" 2>&1 & pid=$!
-    until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
-        kill -0 $pid 2>/dev/null || { echo "$svc died at start:"; tail -40 "$log"; status=1; continue 2; }
-        [ $(( $(date +%s) - t0 )) -gt ${READY_TIMEOUT:-900} ] && { echo "$svc not ready"; tail -40 "$log"; kill -- -$pid; status=1; continue 2; }
-        sleep 2
-    done
-    echo "$svc ready after $(( $(date +%s) - t0 )) s"
-    curl -s "http://127.0.0.1:$PORT/server_info" | python3 -c "import json, sys; d = json.load(sys.stdin); print('server_info:', {k: d.get(k) for k in ('version', 'attention_backend', 'speculative_algorithm', 'speculative_ddtree_budget', 'speculative_num_draft_tokens', 'disable_overlap_schedule', 'disable_piecewise_cuda_graph')})"
-    grep -iE "ddtree|dflash" "$log" | grep -v "server_args=" | head -8
-    MEASURE_SERVICES=$svc MEASURE_OUT=/tmp/ddtree-measure-$svc.json MEASURE_PROMPTS=${MEASURE_PROMPTS:-64} \
-        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py measure.py > "/tmp/ddtree-measure-$svc.log" 2>&1 \
-        && runs+=("/tmp/ddtree-measure-$svc.json") || { status=1; tail -30 "/tmp/ddtree-measure-$svc.log"; }
-    kill -- -$pid; wait $pid 2>/dev/null
+    echo "env: ${ENVS[*]}"
+    [ ${#DIRS[@]} -gt 0 ] && mkdir -p "${DIRS[@]}"
+    log=$GPU_RUN/$unit.log
+    t0=$(date +%s)
+    (cd "$WORKDIR" && exec env -i "${ENVS[@]}" setsid "${ARGV[@]}") > "$log" 2>&1 &
+    pid=$!
+    echo $pid > "$GPU_RUN/$unit.pid"
+    gate=$(PATH="$HERE/bench/gpu:$PATH" python3 operations/remote/wait_ready.py "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-600}" 1 - | tail -1)
+    cp "$log" "$LOGS/serve-$tag.log"
+    if ! python3 -c "import json, sys; sys.exit(0 if json.loads(sys.argv[1]).get('ok') else 1)" "$gate" 2>/dev/null; then
+        echo "gate: $gate"
+        echo "$svc ($BACKEND): NOT SERVED; the log's last lines:"
+        grep -v "server_args=" "$log" | tail -25
+        kill -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+        status=1; continue
+    fi
+    echo "gate: $(python3 -c "import json, sys; g = json.loads(sys.argv[1]); print(f\"ready (/health 200) {g.get('ready_s')} s after start; smoke completion: {g.get('reply')!r}\")" "$gate")"
+    curl -s "http://127.0.0.1:$PORT/server_info" | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+keys = ('version', 'attention_backend', 'speculative_algorithm', 'speculative_ddtree_budget', 'speculative_num_draft_tokens',
+        'speculative_num_steps', 'speculative_eagle_topk', 'speculative_dflash_block_size', 'disable_overlap_schedule',
+        'disable_piecewise_cuda_graph', 'disable_cuda_graph', 'cuda_graph_max_bs', 'page_size', 'grammar_backend', 'load_format')
+print('server_info:', json.dumps({k: d.get(k) for k in keys}))
+print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if 'spec' in k or 'attention' in k} for s in d.get('internal_states') or []]))"
+    grep -iE "ddtree|dflash" "$log" | grep -v "server_args=" | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | awk '!seen[$0]++' | head -8
+    echo "== $svc ($BACKEND): measure"
+    MEASURE_SERVICES=$svc MEASURE_OUT=$RUNS/$tag.json MEASURE_PROMPTS=${MEASURE_PROMPTS:-64} \
+        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py measure.py > "$LOGS/measure-$tag.log" 2>&1 \
+        || status=1
+    sed -n '/prompts of/,/raw results/p' "$LOGS/measure-$tag.log"
+    [ -f "$RUNS/$tag.json" ] || tail -30 "$LOGS/measure-$tag.log"
+    grep -iE "ddtree|dflash" "$log" | grep -v "server_args=" | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | grep -i "verify completed" | head -2
+    cp "$log" "$LOGS/serve-$tag.log"
+    kill -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+    for i in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" || break; sleep 1; done
 done
+runs=()
+for s in plain dflash ddtree15 ddtree31; do [ -f "$RUNS/$s-$BACKEND.json" ] && runs+=("$RUNS/$s-$BACKEND.json"); done
 [ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m operations.measure combine "${RESULTS%.txt}.json" "${runs[@]}"
-echo "== done: exit $status"
+echo "== done ($BACKEND): exit $status"
 exit $status
