@@ -444,11 +444,8 @@ def canonical_address(host: str, port: Any = None) -> tuple[str, int]:
         text = "loopback" if address.is_loopback else address.compressed
     elif text in ("localhost", "localhost.localdomain", "ip6-localhost"):
         text = "loopback"
-    try:
-        number = int(port) if port is not None and not isinstance(port, bool) and str(port).isascii() else 22
-    except ValueError:
-        number = 22
-    return text, number
+    # pyinfra itself refuses an ssh_port that is not an int.
+    return text, port if isinstance(port, int) and not isinstance(port, bool) else 22
 
 
 URL_FIX = "must be a package index URL such as https://pypi.org/simple"
