@@ -462,7 +462,7 @@ def _host_config(host) -> HostConfig:
     _host_paths_apart(src, data)
     host_data: schema.HostData = _validated(
         schema.HostData, {key: reader.get(key, spec) for key, spec in HOST_KEYS.items()}, lambda key: (src(key), key))
-    context = _ServiceContext(data, engine_version, secrets_file, src("services"), src("run_services"))
+    context = _ServiceContext(data, engine_version, secrets_file, src("services"), src("run_services"), stack.wanted())
     placement = _placement(reader)
     services = []
     for name, overrides in placement.items():
@@ -619,6 +619,7 @@ class _ServiceContext:
     secrets_file: Path
     src: str  # where `services` was set
     override_src: str  # where `run_services` was set
+    pins: dict[str, str] = field(default_factory=dict)  # the stack's distribution -> version
 
 
 def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any]) -> Service:
@@ -654,7 +655,7 @@ def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any
     s, p, _ = at("patch_sets")
     for patch_set in patch_sets:
         _require((REPO_ROOT / "files" / "patches" / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(available_patch_sets()) or '(none)'}")
-        _load_patch_set(patch_set)  # its manifest, checked like the data
+        _patch_set_fits_the_stack(ctx, s, p, _load_patch_set(patch_set))  # its manifest, checked like the data
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
     args = _args(*at("args"), engine)
     _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
@@ -979,6 +980,21 @@ def _set_in_any_layer(host, key: str) -> bool:
     layers = [inventory.get_override_data(), inventory.get_host_data(host.name), inventory.get_data(),
               *(inventory.get_group_data(group) for group in host.groups)]
     return any(key in layer for layer in layers)
+
+
+def _patch_set_fits_the_stack(ctx: _ServiceContext, src: str, key_path: str, patch_set) -> None:
+    """A patch set is written for one version of its base: over another version it would not apply (the host would
+    refuse it only after building a venv generation for it). Known here, so refused before any host is touched."""
+    from configuration.stacks import normalize
+
+    pinned = ctx.pins.get(normalize(patch_set.distribution))
+    _require(
+        pinned == patch_set.version, src, key_path, patch_set.name,
+        f"files/patches/{patch_set.name}/patchset.yml is written for {patch_set.distribution} {patch_set.version}, but the "
+        f"stack {ctx.data.stack} " + (f"pins {patch_set.distribution} {pinned}" if pinned else f"has no {patch_set.distribution}")
+        + f": use a stack with {patch_set.distribution} {patch_set.version}, or port the patch set to {pinned or 'the stack'}"
+        " (python -m tools.patchset_build; README \"Stacks and patch sets\")",
+    )
 
 
 def _load_patch_set(name: str):
