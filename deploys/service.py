@@ -68,7 +68,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         venv_path=environment.gen.path,
         launcher=config.launcher,
         argv=service.argv(),
-        environment=service.environment_variables(),
+        environment={**units.GPU_ORDER, **service.environment_variables()},  # what the unit sets
         endpoint=service.endpoint,
         unit_path=unit_path,
         unit_text=unit_text,
