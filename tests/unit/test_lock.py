@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import shlex
 import shutil
-import stat
+import socket
+import subprocess
 import threading
 import time
 import uuid
