@@ -1,0 +1,409 @@
+"""The status view (status.py): its rows as a table, a detail view, a JSON document, an exit code and a
+Prometheus textfile. Data in, text out; the one pyinfra piece is `StatusPrinter`, the callback that prints
+once the last host is done and ends the process with the exit code.
+
+A row is a plain dict (operations/status.py builds them), one per placed service and one per reached host
+without services (or unreached host): JSON-ready as it is.
+
+Exit codes follow `terraform plan -detailed-exitcode` and monitoring checks:
+0 every host reached, every service healthy, nothing a deploy would change; 2 drift (a deploy would change
+something) and nothing unhealthy; 1 a host not reached, a service not healthy, or an unhealthy GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pyinfra.api.state import BaseStateCallback
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 2
+SCHEMA = "sglang-deploy-status/1"
+CELL_MAX = 48  # a table cell longer than this is cut (the detail view and the JSON hold the whole text)
+
+
+# -- one row's words ------------------------------------------------------------------------
+
+
+def verdict(row: dict) -> str:
+    if not row.get("reachable", True):
+        return "UNREACHABLE"
+    if not row.get("healthy", True):
+        return "UNHEALTHY"
+    if row.get("changes"):
+        return "DRIFT"
+    return "ok"
+
+
+def exit_code(rows: list[dict]) -> int:
+    """0 converged and healthy, 2 drift, 1 unhealthy or unreachable (which wins over drift)."""
+    words = {verdict(row) for row in rows}
+    if words & {"UNREACHABLE", "UNHEALTHY"}:
+        return EXIT_UNHEALTHY
+    if "DRIFT" in words:
+        return EXIT_DRIFT
+    return EXIT_OK
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def gpu_text(gpu: dict) -> str:
+    used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
+    memory = f"{used if used is not None else '?'}/{total if total is not None else '?'} MiB"
+    health = "ok" if gpu.get("healthy") else "UNHEALTHY: " + "; ".join(gpu.get("problems") or ["?"])
+    if gpu.get("missing"):
+        health = "MISSING"
+    foreign = gpu.get("foreign") or []
+    others = f"; other processes: {', '.join(foreign)}" if foreign else ""
+    return f"{gpu['index']} {gpu.get('name') or '?'} {memory} {health}{others}"
+
+
+def _health(row: dict) -> str:
+    health = row.get("health")
+    if not health:
+        return "-"
+    status = health.get("status")
+    latency = health.get("latency_ms")
+    word = str(status) if status is not None else (health.get("error") or "no answer")
+    return f"{word} {latency:.0f}ms" if latency is not None and status is not None else word
+
+
+def _unit(row: dict) -> str:
+    unit = row.get("unit")
+    if not unit:
+        return "-"
+    if unit.get("load") == "not-found":
+        return "not installed"
+    words = f"{unit.get('active') or '?'}/{unit.get('sub') or '?'}"
+    if unit.get("enabled") not in (None, "enabled"):
+        words += f" ({unit.get('enabled')})"
+    return words
+
+
+def _pid(row: dict) -> str:
+    if not row.get("pid"):
+        return "-"
+    restarts = f" r{row['restarts']}" if row.get("restarts") else ""
+    return f"{row['pid']} {duration(row.get('uptime_s'))}{restarts}"
+
+
+def _generation(row: dict) -> str:
+    gen = row.get("generation")
+    if not gen:
+        return "-"
+    if gen.get("live") == gen.get("wanted"):
+        return f"{gen.get('stack')} (live = wanted)"
+    return f"{gen.get('stack')}: live {gen.get('live') or 'none'} != wanted {gen.get('wanted')}"
+
+
+def _patches(row: dict) -> str:
+    sets = row.get("patch_sets") or []
+    if not sets:
+        return "-"
+    return ", ".join(
+        f"{p['name']} " + ("applied" if p.get("applied") else "DRIFTED: " + "; ".join(p.get("drifted") or [p.get("note") or "?"]))
+        for p in sets
+    )
+
+
+def _models(row: dict) -> str:
+    models = row.get("models") or []
+    if not models:
+        return "-"
+    return ", ".join(f"{m['name']} " + ("verified" if m.get("verified") else (m.get("why") or "not verified")) for m in models)
+
+
+def _gpus(row: dict) -> str:
+    gpus = row.get("gpus") or []
+    if row.get("gpu_error"):
+        return row["gpu_error"]
+    return "; ".join(gpu_text(g) for g in gpus) or "-"
+
+
+def _host(row: dict) -> str:
+    if not row.get("reachable", True):
+        return f"{row['host']} (unreachable: {row.get('unreachable') or '?'})"
+    return row["host"]
+
+
+def _changes(row: dict) -> str:
+    changes = row.get("changes") or []
+    return "; ".join(changes) if changes else "none"
+
+
+def _lock(row: dict) -> str:
+    lock = row.get("lock")
+    if not lock:
+        return "-"
+    return f"{lock.get('who', 'unknown')} (pid {lock.get('pid', '?')}) since {lock.get('since', '?')}"
+
+
+# (header, cell, priority): columns of lower priority fold into the detail view first on a narrow terminal.
+COLUMNS: list[tuple[str, object, int]] = [
+    ("HOST", _host, 0),
+    ("SERVICE", lambda r: r.get("service") or "-", 0),
+    ("STATUS", verdict, 0),
+    ("PORT", lambda r: str(r["port"]) if r.get("port") else "-", 1),
+    ("UNIT", _unit, 1),
+    ("HEALTH", _health, 1),
+    ("LOCK", _lock, 1),
+    ("PID/UPTIME", _pid, 2),
+    ("GPU", _gpus, 2),
+    ("DEPLOY WOULD", _changes, 2),
+    ("GENERATION", _generation, 3),
+    ("PATCH SETS", _patches, 4),
+    ("MODELS", _models, 4),
+]
+
+
+def _cut(text: str, limit: int = CELL_MAX) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def table(rows: list[dict], width: int) -> str:
+    """The rows as one table that fits `width` columns: columns of lower priority are left out (and named below
+    it) until it fits; the LOCK column only when some host's lock is held."""
+    columns = [c for c in COLUMNS if c[0] != "LOCK" or any(r.get("lock") for r in rows)]
+    cells = {name: [_cut(cell(r)) for r in rows] for name, cell, _ in columns}
+    widths = {name: max([len(name)] + [len(c) for c in cells[name]]) for name, _, _ in columns}
+    shown = list(columns)
+    while len(shown) > 3 and sum(widths[n] for n, _, _ in shown) + 2 * (len(shown) - 1) > width:
+        lowest = max(p for _, _, p in shown)
+        drop = [c for c in shown if c[2] == lowest][-1]
+        shown.remove(drop)
+    lines = ["  ".join(f"{name:<{widths[name]}}" for name, _, _ in shown).rstrip()]
+    for i in range(len(rows)):
+        lines.append("  ".join(f"{cells[name][i]:<{widths[name]}}" for name, _, _ in shown).rstrip())
+    left_out = [name for name, _, _ in columns if all(name != s[0] for s in shown)]
+    if left_out:
+        lines.append(f"({len(left_out)} column(s) left out to fit {width} columns: {', '.join(left_out)}; "
+                     "STATUS_DETAIL=1 shows every column)")
+    return "\n".join(lines)
+
+
+def detail(rows: list[dict]) -> str:
+    """Every column of every row, one `NAME: value` line each, whole (nothing cut)."""
+    blocks = []
+    for row in rows:
+        title = f"{row['host']}/{row['service']}" if row.get("service") else f"{row['host']} (no service placed)"
+        lines = [f"{title}: {verdict(row)}"]
+        for name, cell, _ in COLUMNS:
+            if name in ("HOST", "SERVICE", "STATUS"):
+                continue
+            if name == "GPU":
+                gpus = row.get("gpus") or []
+                if row.get("gpu_error") or not gpus:
+                    lines.append(f"  GPU: {_gpus(row)}")
+                for gpu in gpus:
+                    lines.append(f"  GPU: {gpu_text(gpu)}")
+                continue
+            if name == "DEPLOY WOULD":
+                changes = row.get("changes") or []
+                lines.append(f"  DEPLOY WOULD: {'nothing' if not changes else ''}".rstrip())
+                lines += [f"    - {c}" for c in changes]
+                continue
+            lines.append(f"  {name}: {cell(row)}")
+        for problem in row.get("problems") or []:
+            lines.append(f"  PROBLEM: {problem}")
+        if not row.get("reachable", True):
+            lines.append(f"  REACHABLE: no ({row.get('unreachable') or '?'})")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def footer(rows: list[dict], covers: str) -> str:
+    code = exit_code(rows)
+    counts = {w: sum(1 for r in rows if verdict(r) == w) for w in ("ok", "DRIFT", "UNHEALTHY", "UNREACHABLE")}
+    summary = ", ".join(f"{n} {w}" for w, n in counts.items() if n) or "no rows"
+    return f"{summary}; exit code {code} (0 converged and healthy, 2 drift, 1 unhealthy or unreachable)\n{covers}"
+
+
+def document(rows: list[dict], covers: str) -> dict:
+    """The JSON document: the same rows, with the verdict of each and the run's exit code."""
+    return {
+        "schema": SCHEMA,
+        "exit_code": exit_code(rows),
+        "deploy_would_covers": covers,
+        "rows": [{**row, "status": verdict(row)} for row in rows],
+    }
+
+
+# -- Prometheus ------------------------------------------------------------------------------
+
+METRICS = {
+    "sglang_deploy_host_up": "1 when the host answered (SSH), else 0",
+    "sglang_deploy_host_lock_held": "1 while a deploy lock is held on the host",
+    "sglang_deploy_gpu_healthy": "1 when nvidia-smi reports the GPU healthy, else 0",
+    "sglang_deploy_service_up": "1 when the service's unit runs and /health answers 200, else 0",
+    "sglang_deploy_service_health_latency_seconds": "time to /health's answer, from the host itself",
+    "sglang_deploy_service_restarts": "systemd's NRestarts of the service's unit",
+    "sglang_deploy_service_drift": "1 when a deploy would change something for the service, else 0",
+    "sglang_deploy_status_exit_code": "the status command's exit code (0 ok, 2 drift, 1 unhealthy or unreachable)",
+}
+
+
+def _label(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
+
+
+def prometheus(rows: list[dict]) -> str:
+    """node_exporter's textfile-collector format: gauges per host, GPU and service."""
+    samples: dict[str, list[str]] = {name: [] for name in METRICS}
+    hosts_seen = set()
+    for row in rows:
+        host = row["host"]
+        if host not in hosts_seen:
+            hosts_seen.add(host)
+            samples["sglang_deploy_host_up"].append(f"{_labels(host=host)} {1 if row.get('reachable', True) else 0}")
+            samples["sglang_deploy_host_lock_held"].append(f"{_labels(host=host)} {1 if row.get('lock') else 0}")
+            for gpu in row.get("host_gpus") or []:
+                ok = 1 if gpu.get("healthy") and not gpu.get("missing") else 0
+                samples["sglang_deploy_gpu_healthy"].append(f"{_labels(host=host, gpu=gpu['index'], name=gpu.get('name') or '')} {ok}")
+        if not row.get("service"):
+            continue
+        labels = _labels(host=host, service=row["service"], port=row.get("port") or "")
+        health = row.get("health") or {}
+        up = 1 if row.get("reachable", True) and row.get("healthy") else 0
+        samples["sglang_deploy_service_up"].append(f"{labels} {up}")
+        if health.get("status") is not None and health.get("latency_ms") is not None:
+            samples["sglang_deploy_service_health_latency_seconds"].append(f"{labels} {health['latency_ms'] / 1000:.6f}")
+        if row.get("restarts") is not None:
+            samples["sglang_deploy_service_restarts"].append(f"{labels} {int(row['restarts'])}")
+        if row.get("reachable", True):
+            samples["sglang_deploy_service_drift"].append(f"{labels} {1 if row.get('changes') else 0}")
+    samples["sglang_deploy_status_exit_code"].append(f" {exit_code(rows)}")
+    lines = []
+    for name, text in METRICS.items():
+        if not samples[name]:
+            continue
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{sample}" for sample in samples[name]]
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` as a whole: written to a temporary file beside it, then renamed over it, so a reader
+    (node_exporter's textfile collector) never sees half a file. The temporary name does not end in `.prom`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent or Path(".")))
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -- options (environment variables: pyinfra's own -v and --data mean other things) --------------
+
+
+def options_from(environ) -> dict:
+    """STATUS_DETAIL=1, STATUS_JSON=FILE|-, STATUS_PROM=FILE, STATUS_WIDTH=N."""
+    width = environ.get("STATUS_WIDTH")
+    if width is not None and not width.isdigit():
+        raise ValueError(f"STATUS_WIDTH={width!r}: a number of columns")
+    return {
+        "detail": environ.get("STATUS_DETAIL", "") not in ("", "0"),
+        "json": environ.get("STATUS_JSON") or None,
+        "prom": environ.get("STATUS_PROM") or None,
+        "width": int(width) if width else None,
+    }
+
+
+def render(rows: list[dict], options: dict, covers: str, width: int) -> dict[str, str]:
+    """What to print and write: {"stdout": text, "json": text or None, "prom": text or None}."""
+    rows = sorted(rows, key=lambda r: (r["host"], r.get("service") or ""))
+    view = detail(rows) if options.get("detail") else table(rows, options.get("width") or width)
+    doc = json.dumps(document(rows, covers), indent=2, sort_keys=True) + "\n" if options.get("json") else None
+    return {
+        "view": view + "\n\n" + footer(rows, covers),
+        "json": doc,
+        "prom": prometheus(rows) if options.get("prom") else None,
+    }
+
+
+def emit(rows: list[dict], options: dict, covers: str, width: int, out=None) -> int:
+    """Print the view (to stderr when the JSON goes to stdout), write the files asked for; the exit code."""
+    out = out or sys.stdout
+    texts = render(rows, options, covers, width)
+    to_stdout_json = options.get("json") == "-"
+    print(texts["view"], file=sys.stderr if to_stdout_json else out)
+    if texts["json"] is not None:
+        if to_stdout_json:
+            out.write(texts["json"])
+        else:
+            write_atomically(Path(options["json"]), texts["json"])
+    if texts["prom"] is not None:
+        write_atomically(Path(options["prom"]), texts["prom"])
+    out.flush()
+    return exit_code(rows)
+
+
+# -- the run's store and its printer (the one pyinfra piece) -------------------------------------
+
+ROWS: dict[str, list[dict]] = {}  # host name -> its rows, written as each host's load reads it
+
+
+def record(host_name: str, rows: list[dict]) -> None:
+    ROWS[host_name] = rows
+
+
+def unreachable_row(host_name: str, why: str) -> dict:
+    return {"host": host_name, "reachable": False, "unreachable": why, "service": None, "healthy": False,
+            "changes": [], "problems": [f"not reached: {why}"], "gpus": [], "host_gpus": [], "lock": None}
+
+
+class StatusPrinter(BaseStateCallback):
+    """Once the last host is done: the view, the files asked for, and the process's exit code.
+
+    pyinfra ends its run with `sys.exit(0 or 1)` and then disconnects every host; the last host's
+    `host_disconnect` raises SystemExit with the status's own code, which replaces pyinfra's."""
+
+    def __init__(self, options: dict, covers: str, width: int, reason_for):
+        self.options, self.covers, self.width, self.reason_for = options, covers, width, reason_for
+        self.disconnected: set[str] = set()
+        self.done = False
+        super().__init__()
+
+    def rows(self, state) -> list[dict]:
+        rows = [row for name in sorted(ROWS) for row in ROWS[name]]
+        active = {h.name for h in state.activated_hosts}
+        for host in state.inventory:
+            if host.name in ROWS or not state.is_host_in_limit(host):
+                continue
+            why = "its read failed (pyinfra's error above says why)" if host.name in active else self.reason_for(host)
+            rows.append(unreachable_row(host.name, why))
+        return rows
+
+    def host_disconnect(self, state, host):
+        self.disconnected.add(host.name)
+        if self.done or not {h.name for h in state.activated_hosts} <= self.disconnected:
+            return
+        self.done = True
+        code = emit(self.rows(state), self.options, self.covers, self.width)
+        raise SystemExit(code)
