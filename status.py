@@ -25,11 +25,12 @@ from operations import status as status_reads
 from report import status_view
 
 options = status_view.options_from(os.environ)
-if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):
-    width = shutil.get_terminal_size((120, 24)).columns
-    state.add_callback_handler(status_view.StatusPrinter(options, status_reads.COVERS, width, status_reads.unreachable_reason))
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 watched = {s.name: watched_inputs(s, f"/etc/systemd/system/{s.unit_name}") for s in config.services}
 status_view.record(host.name, status_reads.read_host(state, host, config, stack, patch_sets, watched))
+# Added last (after the host read's own callbacks): its host_disconnect ends the process with the status's code.
+if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):
+    width = shutil.get_terminal_size((120, 24)).columns
+    state.add_callback_handler(status_view.StatusPrinter(options, status_reads.COVERS, width, status_reads.unreachable_reason))

@@ -134,6 +134,27 @@ def _gpus(row: dict) -> str:
     return "; ".join(gpu_text(g) for g in gpus) or "-"
 
 
+def _gpus_short(row: dict) -> str:
+    """GPUs in a few characters each: index, memory used/total in GiB, ok or BAD, processes not ours."""
+    if row.get("gpu_error"):
+        return row["gpu_error"]
+    parts = []
+    for g in row.get("gpus") or []:
+        used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
+        memory = f"{used / 1024:.0f}/{total / 1024:.0f}G" if used is not None and total is not None else "?"
+        word = "MISSING" if g.get("missing") else "ok" if g.get("healthy") else "BAD"
+        foreign = f" +{len(g['foreign'])} foreign" if g.get("foreign") else ""
+        parts.append(f"{g['index']} {memory} {word}{foreign}")
+    return ", ".join(parts) or "-"
+
+
+def _changes_short(row: dict) -> str:
+    changes = row.get("changes") or []
+    if not changes:
+        return "nothing"
+    return changes[0] if len(changes) == 1 else f"{len(changes)}: {changes[0]}; ..."
+
+
 def _host(row: dict) -> str:
     if not row.get("reachable", True):
         return f"{row['host']} (unreachable: {row.get('unreachable') or '?'})"
@@ -142,7 +163,7 @@ def _host(row: dict) -> str:
 
 def _changes(row: dict) -> str:
     changes = row.get("changes") or []
-    return "; ".join(changes) if changes else "none"
+    return "; ".join(changes) if changes else "nothing"
 
 
 def _lock(row: dict) -> str:
@@ -150,6 +171,11 @@ def _lock(row: dict) -> str:
     if not lock:
         return "-"
     return f"{lock.get('who', 'unknown')} (pid {lock.get('pid', '?')}) since {lock.get('since', '?')}"
+
+
+def _lock_short(row: dict) -> str:
+    lock = row.get("lock")
+    return f"{lock.get('who', 'unknown')} pid {lock.get('pid', '?')}" if lock else "-"
 
 
 # (header, cell, priority): columns of lower priority fold into the detail view first on a narrow terminal.
@@ -160,10 +186,10 @@ COLUMNS: list[tuple[str, object, int]] = [
     ("PORT", lambda r: str(r["port"]) if r.get("port") else "-", 1),
     ("UNIT", _unit, 1),
     ("HEALTH", _health, 1),
-    ("LOCK", _lock, 1),
+    ("DEPLOY WOULD", _changes_short, 1),
+    ("LOCK", _lock_short, 1),
     ("PID/UPTIME", _pid, 2),
-    ("GPU", _gpus, 2),
-    ("DEPLOY WOULD", _changes, 2),
+    ("GPU", _gpus_short, 2),
     ("GENERATION", _generation, 3),
     ("PATCH SETS", _patches, 4),
     ("MODELS", _models, 4),
@@ -211,9 +237,12 @@ def detail(rows: list[dict]) -> str:
                 for gpu in gpus:
                     lines.append(f"  GPU: {gpu_text(gpu)}")
                 continue
+            if name == "LOCK":
+                lines.append(f"  LOCK: {_lock(row)}")
+                continue
             if name == "DEPLOY WOULD":
                 changes = row.get("changes") or []
-                lines.append(f"  DEPLOY WOULD: {'nothing' if not changes else ''}".rstrip())
+                lines.append(f"  DEPLOY WOULD: {_changes(row) if not changes else ''}".rstrip())
                 lines += [f"    - {c}" for c in changes]
                 continue
             lines.append(f"  {name}: {cell(row)}")
