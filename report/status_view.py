@@ -156,8 +156,6 @@ def _changes_short(row: dict) -> str:
 
 
 def _host(row: dict) -> str:
-    if not row.get("reachable", True):
-        return f"{row['host']} (unreachable: {row.get('unreachable') or '?'})"
     return row["host"]
 
 
@@ -214,6 +212,9 @@ def table(rows: list[dict], width: int) -> str:
     lines = ["  ".join(f"{name:<{widths[name]}}" for name, _, _ in shown).rstrip()]
     for i in range(len(rows)):
         lines.append("  ".join(f"{cells[name][i]:<{widths[name]}}" for name, _, _ in shown).rstrip())
+    for row in rows:  # why a row is not ok, whole, whatever the width
+        name = f"{row['host']}/{row['service']}" if row.get("service") else row["host"]
+        lines += [f"! {name}: {problem}" for problem in row.get("problems") or []]
     left_out = [name for name, _, _ in columns if all(name != s[0] for s in shown)]
     if left_out:
         lines.append(f"({len(left_out)} column(s) left out to fit {width} columns: {', '.join(left_out)}; "
