@@ -1,7 +1,7 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
 Each figure's script says how it is measured: bench/models.py (model staging), bench/env.py
-(the environment step), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
+(the environment step), bench/status.py (the status view), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
 re-runs with 8 services on a host, and over 16 hosts), below (the deploy).
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
@@ -27,23 +27,25 @@ ROUNDS = 5
 DEPLOY_ROUNDS = 11
 
 
-def timed(argv: list[str]) -> float:
-    return timed_with_cpu(argv)[0]
+def timed(argv: list[str], ok_codes: tuple[int, ...] = (0,)) -> float:
+    return timed_with_cpu(argv, ok_codes)[0]
 
 
-def timed_with_cpu(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds of the command, and the CPU seconds it used on this (the control) machine."""
+def timed_with_cpu(argv: list[str], ok_codes: tuple[int, ...] = (0,)) -> tuple[float, float]:
+    """Wall seconds of the command, and the CPU seconds it used on this (the control) machine; a command that
+    exits with another code than `ok_codes` stops the bench."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if proc.returncode not in ok_codes:
         sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return elapsed, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
-def side_by_side(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str], rounds: int = ROUNDS) -> None:
+def side_by_side(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str], rounds: int = ROUNDS,
+                 ok_codes: tuple[int, ...] = (0,)) -> None:
     """Print the medians of `rounds` alternating runs of both commands and their ratio, after one run of each
     (the figures are about converged re-runs).
 
@@ -52,11 +54,11 @@ def side_by_side(name: str, numerator: list[str], denominator: list[str], labels
     On the lab the hosts share this machine's CPUs, so the wall-time ratio counts their reads too; on real
     hosts, each with its own CPUs, the control machine's CPU is what every further host adds to a fleet's run.
     """
-    timed(numerator)
+    timed(numerator, ok_codes)
     timed(denominator)
     top, bottom = [], []
     for _ in range(rounds):
-        top.append(timed_with_cpu(numerator))
+        top.append(timed_with_cpu(numerator, ok_codes))
         bottom.append(timed_with_cpu(denominator))
     top_s, bottom_s = statistics.median(t for t, _ in top), statistics.median(t for t, _ in bottom)
     top_cpu, bottom_cpu = statistics.median(c for _, c in top), statistics.median(c for _, c in bottom)
@@ -84,16 +86,17 @@ def compile_deploy_modules() -> None:
     every run compiled the deploy's 37 modules again: about 0.1 s of the control machine's CPU that the floor
     (`pyinfra exec`, whose modules pip compiled at install) never pays. Python still checks each source's
     mtime, so a module edited since is compiled again, never used stale."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "config.py", "deploy.py", "configuration", "deploys",
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "config.py", "deploy.py", "status.py", "configuration", "deploys",
                     "operations", "report"], cwd=ROOT, check=True, capture_output=True)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    from bench import env, fleet, locks, models
+    from bench import env, fleet, locks, models, status
 
     compile_deploy_modules()
     deploy_noop_vs_floor()
+    status.main()
     fleet.main()
     models.main()
     env.main()
