@@ -114,6 +114,16 @@ for svc in ${SERVICES//,/ }; do
     t0=$(date +%s)
     GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
     rc=$?
+    # Seen 2026-12-03: the generation a first deploy builds is refused by every later deploy ("nvidia_cutlass_dsl/ is
+    # installed by both nvidia-cutlass-dsl-libs-base and nvidia-cutlass-dsl-libs-cu13", operations/venv.py). Until the
+    # venv check takes that shared directory, the generation is removed and built again (about 70 s), once, said here.
+    gen=$(grep -o "/[^ :]*\.generations/[^ :]*: nvidia_cutlass_dsl/ is installed by both" "$LOGS/deploy-$tag.log" | head -1 | cut -d: -f1)
+    if [ $rc -ne 0 ] && [ -n "$gen" ]; then
+        echo "deploy $svc: refused its own generation $gen (nvidia_cutlass_dsl/ from two wheels): removed, building it again"
+        rm -rf "${gen%.generations/*}" "${gen%/*}"
+        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
+        rc=$?
+    fi
     grep -E "GPUs:|attention-backend|preflight|PREFLIGHT|Patch set|patch set|copying|ABI probe|switching|Grand total|rror" "$LOGS/deploy-$tag.log" | grep -v "^--> Starting" | tail -20
     echo "deploy $svc: exit $rc in $(( $(date +%s) - t0 )) s"
     [ $rc -eq 0 ] || { tail -40 "$LOGS/deploy-$tag.log"; status=1; continue; }
@@ -157,7 +167,8 @@ keys = ('version', 'attention_backend', 'speculative_algorithm', 'speculative_dd
         'disable_piecewise_cuda_graph', 'disable_cuda_graph', 'cuda_graph_max_bs', 'page_size', 'grammar_backend', 'load_format')
 print('server_info:', json.dumps({k: d.get(k) for k in keys}))
 print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if 'spec' in k or 'attention' in k} for s in d.get('internal_states') or []]))"
-    grep -iE "ddtree|dflash" "$log" | grep -v "server_args=" | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | awk '!seen[$0]++' | head -8
+    grep -E "Initialized DDTree worker|Initialized DFLASH|DFLASH draft runner ready|Piecewise CUDA graph is disabled|for DDTREE|DDTREE speculative|verify completed" "$log" \
+        | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | awk '!seen[$0]++' | head -12
     echo "== $svc ($BACKEND): measure"
     MEASURE_SERVICES=$svc MEASURE_OUT=$RUNS/$tag.json MEASURE_PROMPTS=${MEASURE_PROMPTS:-64} \
         GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py measure.py > "$LOGS/measure-$tag.log" 2>&1 \
@@ -170,7 +181,9 @@ print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if
     for i in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" || break; sleep 1; done
 done
 runs=()
-for s in plain dflash ddtree15 ddtree31; do [ -f "$RUNS/$s-$BACKEND.json" ] && runs+=("$RUNS/$s-$BACKEND.json"); done
+for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
+    [ -f "$f" ] && [[ " ${runs[*]-} " != *" $f "* ]] && runs+=("$f")
+done
 [ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m operations.measure combine "${RESULTS%.txt}.json" "${runs[@]}"
 echo "== done ($BACKEND): exit $status"
 exit $status

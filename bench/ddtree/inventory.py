@@ -5,6 +5,9 @@ placed at a time, they share GPU 0), with the four services the DDTree compariso
 is tiny-qwen3-dflash16 (bench/gpu/tiny_models.py's draft with a 16-token block, made by gpu_run.sh):
 with it, DDTREE budget 15 is the spine (block - 1: PR #27509's ad7ab160 runs it as DFLASH) and 31 a
 tree. `attention-backend` is GPU_BACKEND (default triton, what SM 12.x gets; `auto` for sglang's own).
+On the H200 (2026-12-03, bench/results/h200-2026-12-03-d0a14af-ddtree-*) ddtree31 died at start capturing the
+target's CUDA graph; ddtree31-bs8 (`cuda-graph-max-bs: 8`) captured it and died at its first replay (the graph
+holds 16 tokens a request, the tree verifies 32); ddtree31-nocg (`disable-cuda-graph: true`) served.
 """
 
 import os
@@ -37,6 +40,8 @@ SERVICES = {
     "dflash": service(30201, {"speculative-algorithm": "DFLASH"}),
     "ddtree15": service(30202, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15}, patch=True),
     "ddtree31": service(30203, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31}, patch=True),
+    "ddtree31-bs8": service(30204, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31, "cuda-graph-max-bs": 8}, patch=True),
+    "ddtree31-nocg": service(30205, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31, "disable-cuda-graph": True}, patch=True),
 }
 
 hosts = [
