@@ -450,14 +450,43 @@ def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
     if not wanted or (key is not None and len(wanted) < 2):
         return None  # nothing to share a call with: the read goes on its own
-    # The longest reads start first (the batch's children run a few at a time): a venv's file check
-    # queued behind a dozen short reads would add their time to its own.
-    ordered = sorted(wanted.items(), key=lambda item: _name(item[1][0]) not in _slow_facts())
-    entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
-    built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
+    built = _built_within_bound(key, wanted)
     if built is None:
         return None
-    return Batch(built[0], [fact_key for fact_key, _ in ordered], [fact for _, fact, _ in entries], built[1])
+    ordered, entries, (command, python_ids) = built
+    return Batch(command, [fact_key for fact_key, _ in ordered], [fact for _, fact, _ in entries], python_ids)
+
+
+# The batch travels as one argument of the host's shell (`sh -c COMMAND`, over SSH and with the lock's command around
+# it), and Linux refuses any one argument over 128 KiB (MAX_ARG_STRLEN: "Argument list too long"). A read set grows
+# with what a run asked for (a first install asks about every wheel it pushes), so the batch is kept well below that,
+# quoting included: what does not fit is read on its own when asked for, as before there was a read set.
+MAX_BATCH_BYTES = 96 * 1024
+
+
+def _keep_first(item, key: str | None) -> tuple:
+    """Which entries a batch too large keeps: the fact being asked for, the slow reads, our own, then pyinfra's."""
+    fact_key, (fact_cls, _) = item
+    return (fact_key != key, _name(fact_cls) not in _slow_facts(), not fact_cls.__module__.startswith("operations."))
+
+
+def _built_within_bound(key: str | None, wanted: dict):
+    """(the entries in run order, their facts, batch_command's answer) for as many of `wanted` as fit in
+    MAX_BATCH_BYTES, dropping the least needed first; None when none can be batched."""
+    kept = sorted(wanted.items(), key=lambda item: _keep_first(item, key))
+    place = {fact_key: i for i, fact_key in enumerate(wanted)}
+    while kept:
+        # The longest reads start first (the batch's children run a few at a time): a venv's file check
+        # queued behind a dozen short reads would add their time to its own. Otherwise, the read set's order.
+        ordered = sorted(kept, key=lambda item: (_name(item[1][0]) not in _slow_facts(), place[item[0]]))
+        entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
+        built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
+        if built is None:
+            return None
+        if len(built[0].encode()) <= MAX_BATCH_BYTES or len(kept) == 1:
+            return ordered, entries, built
+        kept = kept[: max(1, len(kept) * 3 // 4)]
+    return None
 
 
 def absorb(batch: Batch, reads: HostReads, stdout_lines: list[str]) -> None:

@@ -461,3 +461,29 @@ def test_a_read_set_directory_that_is_not_this_users_alone_stops_the_run(local, 
     state, host = local()
     with pytest.raises(PyinfraError, match=f"{reads_dir}: expected a directory of .* with mode 0700"):
         host_reads.prepare(state, host, config_digest="d")
+
+
+def test_a_read_set_too_large_for_one_shell_argument_is_batched_in_part_and_the_rest_read_alone(local, tree, tmp_path):
+    """Linux refuses a single argument over 128 KiB ("Argument list too long"), and the batch is one: a first
+    install asked about every wheel it pushed, and the next run's lock-and-read command failed on gpu-b. The batch
+    keeps the fact asked for and our own reads first and stays under MAX_BATCH_BYTES; the rest is read on its own."""
+    many = tmp_path / "many"
+    many.mkdir()
+    paths = []
+    for i in range(400):
+        path = many / (f"wheel-{i:03d}-" + "x" * 150 + ".whl.part")
+        path.write_text("")
+        paths.append(str(path))
+    state, host = local()
+    read_set = host_reads.read_set_path(host, "d")
+    entries = [["pyinfra.facts.files:File", {"path": p}] for p in paths]
+    entries.append(["operations.transfer:StoreListing", {"path": str(tree)}])
+    read_set.write_text(json.dumps(entries))
+    reads = host_reads.HostReads(read_set, "x")
+    batch = host_reads.plan_batch(reads, None, None, None)
+    assert len(batch.command.encode()) <= host_reads.MAX_BATCH_BYTES < 128 * 1024
+    assert any("StoreListing" in k for k in batch.keys)  # ours are kept before pyinfra's
+    assert 0 < len(batch.keys) < len(entries)
+    host_reads.install(state, host, config_digest="d")
+    assert host.get_fact(File, path=paths[-1]) is not None  # one the batch left out: read on its own
+    assert host.get_fact(File, path=paths[0]) is not None
