@@ -888,6 +888,33 @@ def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_s
             fix = (f"add a patch set that provides it to `patch_sets`: {', '.join(providers)}" if providers
                    else f"use one of {', '.join(sorted(engine.algorithms - {'NONE'}))}")
             raise DataError(src, algorithm.key_path, algorithm.value, f"{engine.label} has no speculative algorithm {name}: {fix}")
+    _ddtree_tree_with_cuda_graph(src, by_dest)
+
+
+def _ddtree_tree_with_cuda_graph(src: str, by_dest: dict[str, _Arg]) -> None:
+    """DDTREE with a budget of at least the draft's block size verifies a tree of budget + 1 tokens a request, while
+    the target's CUDA graphs are captured for block-size tokens. On an H200 (sglang 0.5.13 with PR #27509 merged,
+    attention-backend triton, a 16-token draft) budget 31 failed every start: at capture (CUBLAS_STATUS_EXECUTION_FAILED),
+    or, with a smaller capture, at the first verify ("The size of tensor a (16) must match the size of tensor b (32)");
+    with CUDA graphs off it served (bench/results/h200-2026-12-03-d0a14af-ddtree-triton.txt). Known here where the
+    data gives both numbers; a block size taken from the draft's own config is the engine's to check."""
+    algorithm = by_dest.get("speculative_algorithm")
+    if algorithm is None or str(algorithm.value).upper() != "DDTREE":
+        return
+    budget_arg = by_dest.get("speculative_ddtree_budget")
+    block_arg = by_dest.get("speculative_dflash_block_size") or by_dest.get("speculative_num_draft_tokens")
+    if budget_arg is None or block_arg is None:
+        return  # the default budget is block size - 1: the spine, served with CUDA graphs
+    budget, block = kinds.positive_whole_number(budget_arg.value), kinds.positive_whole_number(block_arg.value)
+    cuda_graph_off = by_dest.get("disable_cuda_graph") is not None and by_dest["disable_cuda_graph"].value is True
+    if budget is None or block is None or budget < block or cuda_graph_off:
+        return
+    raise DataError(
+        src, budget_arg.key_path, budget_arg.value,
+        f"a DDTREE budget of {budget} with a block size of {block} verifies {budget + 1} tokens a request, but the target's "
+        f"CUDA graphs are captured for {block}: on a real GPU (sglang 0.5.13 with PR #27509) every such start failed; "
+        f"add `disable-cuda-graph: true` (it served so, slower), or use a budget of at most {block - 1} (the spine, as DFLASH)",
+    )
 
 
 def available_patch_sets() -> list[str]:
