@@ -219,8 +219,11 @@ def _background_read(host, reads: HostReads, running: tuple[Batch, object] | Non
         return False
 
 
-def install(state, host, config_digest: str) -> None:
-    """Prepare `host` if not yet, and make its one read now unless a read begun under its lock answered."""
+def install(state, host, config_digest: str, also: tuple[tuple[type, dict], ...] = ()) -> None:
+    """Prepare `host` if not yet, and make its one read now unless a read begun under its lock answered.
+
+    `also`: facts (class, arguments) to read in that same call besides the read set (a read-only command that
+    asks what the deploy does not, such as the status view's probe); each is answered from it when asked for."""
     reads = prepare(state, host, config_digest)
     if reads.batched:
         return
@@ -232,7 +235,12 @@ def install(state, host, config_digest: str) -> None:
     # Read now, while pyinfra loads the deploy for every host at once: the hosts' batches overlap,
     # instead of each host's first fact waiting for its turn in the operation order.
     real = unproxied(host)
-    _read_batch(real, reads, None, None, None)
+    extra = {}
+    for cls, kwargs in also:
+        canonical = _canonical(cls, kwargs)
+        if canonical is not None:
+            extra[_key(cls, canonical)] = (cls, canonical)
+    _read_batch(real, reads, None, None, None, extra)
 
 
 def changed(host) -> None:
@@ -442,15 +450,17 @@ class Batch:
     python_ids: set[int]
 
 
-def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> Batch | None:
-    """The batch reading the host's read set (and the fact `key` being asked for, if any); None when there is
-    nothing to share a call with."""
+def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None,
+               extra: dict[str, tuple[type, dict]] | None = None) -> Batch | None:
+    """The batch reading the host's read set (and the fact `key` being asked for, and `extra`: key -> (class,
+    arguments), if any); None when there is nothing to share a call with."""
     wanted = {key: (cls, kwargs)} if key is not None and _cheap(cls, kwargs) else {}
+    wanted.update(extra or {})
     for other_cls, other_kwargs in _load_read_set(reads.read_set):
         wanted.setdefault(_key(other_cls, other_kwargs), (other_cls, other_kwargs))
     if not wanted or (key is not None and len(wanted) < 2):
         return None  # nothing to share a call with: the read goes on its own
-    built = _built_within_bound(key, wanted)
+    built = _built_within_bound({key, *(extra or {})}, wanted)
     if built is None:
         return None
     ordered, entries, (command, python_ids) = built
@@ -464,16 +474,16 @@ def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict
 MAX_BATCH_BYTES = 96 * 1024
 
 
-def _keep_first(item, key: str | None) -> tuple:
-    """Which entries a batch too large keeps: the fact being asked for, the slow reads, our own, then pyinfra's."""
+def _keep_first(item, asked: set) -> tuple:
+    """Which entries a batch too large keeps: the facts being asked for, the slow reads, our own, then pyinfra's."""
     fact_key, (fact_cls, _) = item
-    return (fact_key != key, _name(fact_cls) not in _slow_facts(), not fact_cls.__module__.startswith("operations."))
+    return (fact_key not in asked, _name(fact_cls) not in _slow_facts(), not fact_cls.__module__.startswith("operations."))
 
 
-def _built_within_bound(key: str | None, wanted: dict):
+def _built_within_bound(asked: set, wanted: dict):
     """(the entries in run order, their facts, batch_command's answer) for as many of `wanted` as fit in
     MAX_BATCH_BYTES, dropping the least needed first; None when none can be batched."""
-    kept = sorted(wanted.items(), key=lambda item: _keep_first(item, key))
+    kept = sorted(wanted.items(), key=lambda item: _keep_first(item, asked))
     place = {fact_key: i for i, fact_key in enumerate(wanted)}
     while kept:
         # The longest reads start first (the batch's children run a few at a time): a venv's file check
@@ -516,10 +526,11 @@ def split_args(args: str) -> list[str]:
     return words
 
 
-def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None) -> bool:
-    """Read the host's read set (and the fact `key` being asked for, if any) in one call; whether answers were kept."""
+def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None, extra: dict | None = None) -> bool:
+    """Read the host's read set (and the fact `key` being asked for, and `extra`'s, if any) in one call; whether
+    answers were kept."""
     try:
-        batch = plan_batch(reads, key, cls, kwargs)
+        batch = plan_batch(reads, key, cls, kwargs, extra)
     except Exception as exc:  # a fact whose command cannot be built from the stored kwargs
         logger.debug(f"{host.name}: host reads batch not built: {exc}")
         return False

@@ -2,9 +2,10 @@
 
 A host is read the deploy's way: `host_reads.prepare`/`install` (one batched call answering the facts the
 deploy itself read there last time), then the deploy's own facts asked with the deploy's own arguments, so
-each answer comes from that batch. Nothing the deploy decides from is read any other way. Beside the batch,
-one small read of our own (`StatusProbe`: the deploy lock's holder, as `lock_host.py peek` reads it, and
-the time `/health` takes to answer) runs at the same time over the same connection.
+each answer comes from that batch. Nothing the deploy decides from is read any other way. In the same batch
+(`install(..., also=...)`), one small read of our own (`StatusProbe`: the deploy lock's holder, as
+`lock_host.py peek` reads it, and the time `/health` takes to answer), and on a host where nothing is placed,
+its GPUs: one call per host.
 
 What it never does: take or wait for the deploy lock (its holder is shown), run a command that writes on a
 host (every fact used here only reads: see each in the module that defines it), or keep the read set a deploy
@@ -26,7 +27,6 @@ import hashlib
 import json
 import shlex
 
-import gevent
 from pyinfra.api import FactBase
 from pyinfra.facts.files import File, Sha1File
 
@@ -189,25 +189,18 @@ def read_host(state, host, config, stack, patch_sets: dict, watched: dict[str, t
     digest = repr(config)
     reads = host_reads.prepare(state, host, config_digest=digest)
     targets = tuple(f"{readiness.probe_address(s.bind)}:{s.port}" for s in config.services)
-    # Our own small reads run beside the batch, over the same connection, as fact reads (which change nothing).
-    probe = gevent.spawn(_beside_batch, reads, host, StatusProbe, {"lock_path": lock.LOCK_PATH, "targets": targets})
-    bare_gpus = None
-    if not config.services:  # the deploy reads no GPUs where nothing is placed: read here, beside the batch
-        bare_gpus = gevent.spawn(_beside_batch, reads, host, gpus.GpuState, {"models": ()})
+    probe_args = {"lock_path": lock.LOCK_PATH, "targets": targets}
+    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder and /health,
+    # and where nothing is placed (the deploy reads no GPUs there), the GPUs.
+    also = [(StatusProbe, probe_args)] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
     try:
-        host_reads.install(state, host, config_digest=digest)
+        host_reads.install(state, host, config_digest=digest, also=tuple(also))
+        probe = _fact(host, StatusProbe, **probe_args)
+        bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
         return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)
     finally:
         # The status keeps nothing on the control machine: what it asked is not saved as the next read set.
         reads.asked.clear()
-
-
-def _beside_batch(reads, host, cls, kwargs):
-    """Read `cls` once the host's batch has begun (before, this read would itself begin the batch, and the
-    batch's answers would come only after it)."""
-    while not reads.batched:
-        gevent.sleep(0.001)
-    return _fact(host, cls, **kwargs)
 
 
 def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[dict]:
@@ -217,7 +210,7 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
         paths = sorted({m.store_path for s in config.services for m in s.models})
         gpu_facts = _fact(host, gpus.GpuState, models=paths)
     else:
-        gpu_facts = bare_gpus.get() if bare_gpus is not None else None
+        gpu_facts = bare_gpus
     facts = gpu_facts if _ok(gpu_facts) else None
     if isinstance(gpu_facts, _Unread):
         problems_host.append(gpu_facts.why)
@@ -227,7 +220,7 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     gpu_error = (facts.error if facts is not None and facts.error else None) or (
         None if facts is not None else "GPUs not read")
 
-    probe_answer = probe.get()
+    probe_answer = probe
     lock_holder = probe_answer.get("lock") if isinstance(probe_answer, dict) else None
     health = probe_answer.get("health", {}) if isinstance(probe_answer, dict) else {}
     if not isinstance(probe_answer, dict):

@@ -487,3 +487,16 @@ def test_a_read_set_too_large_for_one_shell_argument_is_batched_in_part_and_the_
     host_reads.install(state, host, config_digest="d")
     assert host.get_fact(File, path=paths[-1]) is not None  # one the batch left out: read on its own
     assert host.get_fact(File, path=paths[0]) is not None
+
+
+def test_facts_asked_beside_the_read_set_come_from_the_same_single_call(local, tree):
+    """`install(..., also=...)`: a read-only command's own facts (the status view's probe) join the host's one read."""
+    state, host = local()
+    read_set = host_reads.read_set_path(host, "d")
+    read_set.write_text(json.dumps([["pyinfra.facts.files:File", {"path": str(tree / "config.json")}]]))
+    host_reads.install(state, host, config_digest="d", also=((Directory, {"path": str(tree)}), (Sha1File, {"path": str(tree / "config.json")})))
+    reads = host_reads.reads_of(host)
+    assert host.get_fact(Directory, path=str(tree)) is not None
+    assert host.get_fact(Sha1File, path=str(tree / "config.json")) == "bf21a9e8fbc5a3846fb05b4fa0859e0917b2202f"
+    assert host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    assert reads.remote_reads == 1
