@@ -460,8 +460,13 @@ def fake_index(monkeypatch):
 
 
 def _pinned(house: Path, name: str, file: str) -> Package:
-    path, sha = _wheel(house, file)
-    return Package(name, file.split("-")[1], file, sha)
+    """A real (tiny) wheel at `file`: `build` reads each stack wheel's RECORD (tests/unit/test_wheel_overlap.py)."""
+    from tests.unit.test_wheel_overlap import make_wheel
+
+    version = file.split("-")[1]
+    made = make_wheel(house, name, version, {f"{name.replace('-', '_')}/__init__.py": b"x = 1\n"})
+    made.rename(house / file)
+    return Package(name, version, file, hashlib.sha256((house / file).read_bytes()).hexdigest())
 
 
 def test_build_adds_the_uv_wheel_for_the_stacks_architecture(tmp_path, house, fake_index):
