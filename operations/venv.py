@@ -284,6 +284,41 @@ def shared_after(venv_state: dict | None, stack: Stack, removed: list[str]) -> d
     return out
 
 
+def planned_overlaps(
+    stack: Stack, install: list[str], sources: tuple[Source, ...], chosen: dict[str, tuple[Source, Path | None]], donors: dict[str, dict | None]
+) -> list[str]:
+    """What `shared_after` cannot see yet: files two of the stack's distributions will both install, one per pair.
+
+    Read only when something is to be installed (`install` not empty; a converged venv opens no wheel): every
+    distribution of the stack whose pinned wheel is on the control machine (the one chosen to push, or for those
+    that stay, the same pinned file in a wheelhouse source) has its RECORD read; and a donor whose venv holds
+    two of the stack's distributions, at the stack's versions, that own one package directory (its own `shared`,
+    read on the host) would hand over the same conflict. Distributions fetched from an index by the host, or
+    installed and found in no wheelhouse, are not seen here: the installed venv's check still finds them.
+    """
+    if not install:
+        return []
+    wheels: dict[Package, Path] = {}
+    houses = [Path(s.location) for s in sources if s.kind == "wheelhouse"]
+    for package in stack.packages:
+        path = (chosen.get(package.name) or (None, None))[1]
+        if path is None and package.name not in chosen:
+            path = next((found for house in houses if (found := wheelhouse_mod.find(package, house)) is not None), None)
+        if path is not None:
+            wheels[package] = path
+    try:
+        found = [f"{o.describe()} (read from their wheels' RECORD)" for o in wheelhouse_mod.overlaps(wheels)]
+    except wheelhouse_mod.WheelhouseError as exc:
+        raise OperationError(f"stack {stack.name}: {exc}") from exc
+    wanted = stack.wanted()
+    for key, donor in donors.items():
+        for top, owners in ((donor or {}).get("shared") or {}).items():
+            same = [o for o in owners if wanted.get(o) is not None and (donor["dists"].get(o) or {}).get("version") == wanted[o]]
+            if len(same) > 1 and any(chosen.get(o, (None,))[0] is not None and chosen[o][0].kind == "donor" for o in same):
+                found.append(f"{top}/ is installed by both {' and '.join(same)} (as donor {key}'s venv holds them)")
+    return found
+
+
 _FIX_PATHS = r"""
 import os, sys
 where, venv, old = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -408,6 +443,15 @@ def environment(
     if packages:
         donors = {s.key: _donor_state(s, verify) for s in sources if s.kind == "donor"}
         chosen = resolve(stack, packages, sources, donors)
+        # What the venv holds is checked above; what it will hold once these are in, here, before anything is:
+        # found only on the installed venv, a second deploy would refuse the generation the first one built.
+        ahead = planned_overlaps(stack, todo.install, sources, chosen, donors)
+        if ahead:
+            more = f" (and {len(ahead) - 1} more pair(s))" if len(ahead) > 1 else ""
+            raise OperationError(
+                f"{gen.path}: stack {stack.name}: {ahead[0]}{more}; nothing was installed: a stack may name only one "
+                f"distribution of a file: drop the other from files/stacks/{stack.name}.yml"
+            )
     if None in build:
         installs = any(source.kind != "donor" for source, _ in chosen.values())
         new_venv = tool.new_venv(f"python{stack.python}", with_pip=installs and kind == "pip")

@@ -17,6 +17,7 @@ from pyinfra.api import OperationError
 from configuration.stacks import Package, Stack
 from operations import installer, remote, venv
 from tests.unit.test_operations import FakeFs, Result, run
+from tests.unit.test_wheel_overlap import BASE, CU13, make_wheel, pin
 
 LIVE = "/root/venv_sglang"
 CACHE = "/var/cache/sglang-deploy/wheels"
@@ -37,7 +38,9 @@ def house(tmp_path) -> Path:
     folder = tmp_path / "wheelhouse"
     folder.mkdir()
     for name in WHEELS.values():
-        (folder / name).write_bytes(f"contents of {name}".encode())
+        # Real (tiny) wheels: a build reads each one's RECORD before installing (planned_overlaps).
+        dist, version = name.split("-")[:2]
+        make_wheel(folder, dist, version, {f"{dist}/__init__.py": f"contents of {name}".encode()}).rename(folder / name)
     return folder
 
 
@@ -282,6 +285,65 @@ def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house)
     both = Stack(stack.name, stack.python, (*stack.packages, Package("sgl-kernel", "0.3.1")), stack.path)
     with pytest.raises(OperationError, match=r"sgl_kernel/ is installed by both sgl-kernel and sglang-kernel"):
         run_env(facts(venv.generation(LIVE, both, {}), wanted=state), both, house)
+
+
+def _with_cutlass(stack, house, *which) -> Stack:
+    """`stack` plus libs-base and/or libs-cu13 4.5.2 in small (tests/unit/test_wheel_overlap.py): they share files."""
+    files = {"nvidia-cutlass-dsl-libs-base": BASE, "nvidia-cutlass-dsl-libs-cu13": CU13}
+    extra = [pin(make_wheel(house, name, "4.5.2", files[name]), name, "4.5.2") for name in which]
+    return Stack(stack.name, stack.python, tuple(sorted((*stack.packages, *extra), key=lambda p: p.name)), stack.path)
+
+
+def test_two_wheels_of_one_file_are_refused_before_anything_is_installed(stack, house):
+    both = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13")
+    gen = gen_of(both)
+    # A fresh generation: the venv holds neither yet, so its own `shared` is empty; the wheels' RECORDs say it.
+    with pytest.raises(OperationError) as caught:
+        run_env(facts(gen, wanted=None, live="absent"), both, house)
+    message = str(caught.value)
+    assert "nvidia_cutlass_dsl/ is installed by both nvidia-cutlass-dsl-libs-base 4.5.2 and nvidia-cutlass-dsl-libs-cu13 4.5.2" in message
+    assert "2 file(s) are in both wheels, 1 of them differ (e.g. nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so)" in message
+    assert "read from their wheels' RECORD" in message and "nothing was installed" in message
+    assert "drop the other from files/stacks/demo.yml" in message
+
+    # One installed already and staying, the other to add: its wheel is compared with the staying one's pinned wheel.
+    state = venv_facts(gen.path, **{"nvidia-cutlass-dsl-libs-base": "4.5.2"})
+    with pytest.raises(OperationError, match="installed by both nvidia-cutlass-dsl-libs-base 4.5.2 and nvidia-cutlass-dsl-libs-cu13 4.5.2"):
+        run_env(facts(gen, wanted=state), both, house)
+
+
+def test_the_stack_with_one_of_them_builds(stack, house):
+    one = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-cu13")
+    gen = gen_of(one)
+    # cu13 to add beside an installed libs-base the stack no longer names: removed first, then nothing overlaps.
+    state = venv_facts(gen.path, **{"nvidia-cutlass-dsl-libs-base": "4.5.2"})
+    result = run_env(facts(gen, wanted=state), one, house)
+    assert f"{UV('uninstall', gen.python)} nvidia-cutlass-dsl-libs-base" in result.commands
+    assert any("nvidia_cutlass_dsl_libs_cu13-4.5.2" in c for c in installs(result))
+
+
+def test_a_converged_venv_opens_no_wheel(stack, house, monkeypatch):
+    both = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13")
+    gen = gen_of(both)
+    state = venv_facts(gen.path, **{"nvidia-cutlass-dsl-libs-base": "4.5.2", "nvidia-cutlass-dsl-libs-cu13": "4.5.2"})
+    monkeypatch.setattr(venv.wheelhouse_mod, "wheel_files", lambda path: pytest.fail(f"{path} opened on the converged path"))
+    result = run_env(facts(gen, wanted=state), both, house)
+    assert result.commands == [] and len(result.noops) == 1
+
+
+def test_a_donor_holding_both_is_refused_before_anything_is_copied(stack, house, monkeypatch):
+    both = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13")
+    gen = gen_of(both)
+    # Neither wheel in the wheelhouse: both would come from the donor, whose venv shows them owning one directory.
+    for p in both.packages:
+        if "cutlass" in p.name:
+            (house / p.file).unlink()
+    donor_state = venv_facts("/root/venv_sglang", **{"nvidia-cutlass-dsl-libs-base": "4.5.2", "nvidia-cutlass-dsl-libs-cu13": "4.5.2"})
+    donor_state["shared"] = {"nvidia_cutlass_dsl": ["nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13"]}
+    sources = (venv.Source("wheelhouse", str(house)), venv.Source("donor", "gpu-old"))
+    monkeypatch.setattr(venv, "_donor_state", lambda source, verify="fast": donor_state)
+    with pytest.raises(OperationError, match=r"nvidia_cutlass_dsl/ is installed by both nvidia-cutlass-dsl-libs-base and nvidia-cutlass-dsl-libs-cu13 \(as donor gpu-old's venv holds them\)"):
+        run_env(facts(gen, wanted=None, live="absent"), both, house, sources=sources)
 
 
 def test_a_file_in_no_source_fails_naming_the_file_and_every_source_tried(stack, house):
