@@ -15,7 +15,7 @@
 # (control wheels and uv first) and splits the tar into gpucarry/wh513.tar.part-NN (60 MiB: a part, the tracked
 # tree and the patch set fit one call's 64 MiB). `receive` moves the parts that came with a call to
 # $PARTS (/root/wh513.parts) and says how many are there. `run` joins the parts once, builds the control
-# venv (pyinfra, offline) and the tiny models, and per service: deploys it (bench/ddtree/deploy_gpu.py: the
+# venv (pyinfra, offline) and the tiny models, and per service: deploys it (bench/gpu/deploy_gpu.py: the
 # GPU check, a generation per venv and patch-set combination from the donor and the wheelhouse, the patch set
 # applied, the ABI probe, the engine's own parser on the unit's exact flags, the unit written), starts the
 # unit's ExecStart with its Environment= (bench/gpu/serve.py's parse_unit; its State/CacheDirectory made),
@@ -112,7 +112,7 @@ for svc in ${SERVICES//,/ }; do
     tag=$svc-$BACKEND
     echo "== $svc ($BACKEND): deploy"
     t0=$(date +%s)
-    GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
+    GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
     rc=$?
     # Seen 2026-12-03: the generation a first deploy builds is refused by every later deploy ("nvidia_cutlass_dsl/ is
     # installed by both nvidia-cutlass-dsl-libs-base and nvidia-cutlass-dsl-libs-cu13", operations/venv.py). Until the
@@ -121,7 +121,7 @@ for svc in ${SERVICES//,/ }; do
     if [ $rc -ne 0 ] && [ -n "$gen" ]; then
         echo "deploy $svc: refused its own generation $gen (nvidia_cutlass_dsl/ from two wheels): removed, building it again"
         rm -rf "${gen%.generations/*}" "${gen%/*}"
-        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/ddtree/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
+        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
         rc=$?
     fi
     grep -E "GPUs:|attention-backend|preflight|PREFLIGHT|Patch set|patch set|copying|ABI probe|switching|Grand total|rror" "$LOGS/deploy-$tag.log" | grep -v "^--> Starting" | tail -20

@@ -1,4 +1,7 @@
-"""The deploy's own operations on a GPU machine without systemd (bench/gpu_serve_check.sh).
+"""The deploy's own operations on a GPU machine without systemd (bench/gpu_serve_check.sh, bench/ddtree/gpu_run.sh).
+
+As in deploys/environments.py: a generation per venv and patch-set combination, each set applied
+(`patches.applied`) before the ABI probe.
 
 Same code as deploy.py for everything up to the unit file: the data validated, the GPU check
 (`nvidia-smi`), the environment built as a generation from a donor venv and the wheelhouse,
@@ -14,10 +17,11 @@ from pyinfra import host
 from pyinfra.operations import files
 
 from configuration import settings, stacks
-from operations import gpus, preflight, units, venv
+from operations import gpus, patches, preflight, units, venv
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
+patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 
 gpu_plan = gpus.plan_for_host(config, stack)
 config = gpu_plan.config
@@ -27,21 +31,28 @@ sources = tuple(venv.Source(*source) for source in config.stack_sources)
 probe = venv.probe_for(stack, config.launcher, gpu_plan.probe_args())
 gens = {}
 for env in config.environments:
-    gen = gens[env.path] = venv.generation(env.path, stack, {})
+    gen = gens[env.path] = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
     built = venv.environment(
         name=f"Venv generation {gen.id} holds stack {stack.name}",
         gen=gen, stack=stack, sources=sources, host_cache=config.host_wheel_cache, installer=config.installer,
     )
+    patched = [
+        patches.applied(
+            name=f"Patch set {name} applied in generation {gen.id}", patch_set=patch_sets[name],
+            venv_path=gen.path, site_packages=f"{gen.path}/{stack.site_packages}",
+        )
+        for name in env.patch_sets
+    ]
     was = venv.live_target(gen, config.host_wheel_cache)
     venv.probed(
         name=f"Generation {gen.id} passes the ABI probe", gen=gen, probe=probe,
-        _if=lambda not_live=was != gen.path, built=built: not_live or built.did_change(),
+        _if=lambda not_live=was != gen.path, built=built, patched=tuple(patched): not_live or built.did_change() or any(p.did_change() for p in patched),
     )
     venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was)
 
 for service in config.services:
     unit_path = f"/etc/systemd/system/{service.unit_name}"
-    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, {}))
+    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, {name: patch_sets[name].digest for name in service.patch_sets}))
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name, venv_path=gens[service.environment.path].path, launcher=config.launcher,
