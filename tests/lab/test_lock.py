@@ -284,25 +284,14 @@ def test_one_machine_under_two_inventory_names_is_refused_before_any_change(tmp_
         assert ssh(STUCK, FINGERPRINT, check=False).stdout == before, f"{extra}: the refused run changed the host"
 
 
-class Bastion(paramiko.ServerInterface):
-    """An SSH jump host on 127.0.0.1 (paramiko's server side): it forwards every `direct-tcpip` channel to its
-    destination. Through it, every lab host's SSH connection has one peer address: 127.0.0.1 and its port."""
+class _BastionSession(paramiko.ServerInterface):
+    """One client's SSH session on the bastion: a channel id is the session's own (every session numbers its
+    channels from 0), so each session keeps its own map of channel -> destination."""
 
-    def __init__(self):
-        self.key = paramiko.ECDSAKey.generate()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.destinations: list[tuple[str, int]] = []
-        self._channels: dict[int, tuple[str, int]] = {}
-        threading.Thread(target=self._serve, daemon=True).start()
+    def __init__(self, destinations: list[tuple[str, int]]):
+        self.destinations = destinations
+        self.channels: dict[int, tuple[str, int]] = {}
 
-    def known_hosts_line(self) -> str:
-        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}\n"
-
-    def close(self) -> None:
-        self.listener.close()
-
-    # paramiko.ServerInterface
     def get_allowed_auths(self, username):
         return "publickey"
 
@@ -313,9 +302,27 @@ class Bastion(paramiko.ServerInterface):
         return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_direct_tcpip_request(self, chanid, origin, destination):
-        self._channels[chanid] = destination
+        self.channels[chanid] = destination
         self.destinations.append(destination)
         return paramiko.OPEN_SUCCEEDED
+
+
+class Bastion:
+    """An SSH jump host on 127.0.0.1 (paramiko's server side): it forwards every `direct-tcpip` channel to its
+    destination. Through it, every lab host's SSH connection has one peer address: 127.0.0.1 and its port."""
+
+    def __init__(self):
+        self.key = paramiko.ECDSAKey.generate()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.destinations: list[tuple[str, int]] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}\n"
+
+    def close(self) -> None:
+        self.listener.close()
 
     # serving
     def _serve(self) -> None:
@@ -329,11 +336,12 @@ class Bastion(paramiko.ServerInterface):
     def _session(self, client) -> None:
         transport = paramiko.Transport(client)
         transport.add_server_key(self.key)
-        transport.start_server(server=self)
+        session = _BastionSession(self.destinations)
+        transport.start_server(server=session)
         while transport.is_active():
             channel = transport.accept(timeout=1)
             if channel is not None:
-                target = socket.create_connection(self._channels.pop(channel.get_id()))
+                target = socket.create_connection(session.channels.pop(channel.get_id()))
                 threading.Thread(target=self._pump, args=(channel, target), daemon=True).start()
 
     @staticmethod
