@@ -31,7 +31,6 @@ from configuration.errors import fail_dry_run, is_dry_run
 from operations import redact, remote, rollback, service_user, this_run
 from report import summary
 
-
 # The preflight runs as root, outside the unit's sandbox: the environment it takes from the unit must not make root's
 # python load code from somewhere else. Refused in the data already (configuration); left out here as well, so
 # that no path to root's process depends on one check. The engine's caches and home (service_user.runtime_environment)

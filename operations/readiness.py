@@ -19,7 +19,6 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 from operations import host_reads, redact, remote, this_run
 from report.summary import record
 
-
 # How old a kept answer may be when it decides that a service serves. A converged run reaches this gate about a
 # second after its read at the lock; a run whose other hosts install for minutes (operations run in step) reads again.
 VERDICT_MAX_AGE_S = 30

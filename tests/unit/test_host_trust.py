@@ -327,9 +327,9 @@ def test_a_generation_or_a_wheel_of_another_user_is_named_in_the_read(tmp_path):
     assert f"{tmp_path}/cache/torch-1.0-py3-none-any.whl: not owned by root (found: owner uid {OTHER} (nobody), mode 0644)" in found
 
 
-def test_the_venv_operation_stops_the_host_naming_path_owner_and_mode_before_any_command(stack, house):
+def test_the_venv_operation_stops_the_host_naming_path_owner_and_mode_before_any_command(stack, house):  # noqa: F811 - fixtures imported above
     gen = gen_of(stack)
-    why = f"/var/lib/sglang: a parent directory not owned by root (found: owner uid 999 (sglang), mode 0755)"
+    why = "/var/lib/sglang: a parent directory not owned by root (found: owner uid 999 (sglang), mode 0755)"
     fact = {**facts(gen, wanted=venv_facts(gen.path)), "untrusted": [why]}
     with pytest.raises(OperationError, match=re.escape(why)):
         run_env(fact, stack, house)
@@ -376,7 +376,7 @@ from operations import rollback  # noqa: E402
 from tests.unit.test_operations import FakeFs, run, service_host  # noqa: E402, F401 - a fixture
 
 
-def test_a_record_is_written_0600_in_directories_root_alone_may_enter_and_an_older_0755_one_is_tightened(tmp_path, service_host):
+def test_a_record_is_written_0600_in_directories_root_alone_may_enter_and_an_older_0755_one_is_tightened(tmp_path, service_host):  # noqa: F811 - fixtures imported above
     (tmp_path / "started").mkdir(mode=0o755)
     (tmp_path / "started").chmod(0o755)
     tmp_path.chmod(0o755)  # /var/lib/sglang-deploy, as an older deploy left it
@@ -385,7 +385,7 @@ def test_a_record_is_written_0600_in_directories_root_alone_may_enter_and_an_old
     assert modes == {tmp_path.name: 0o700, "started": 0o700, "sglang-x.service.json": 0o600}
 
 
-def test_a_record_root_did_not_write_alone_is_not_read(tmp_path, service_host):
+def test_a_record_root_did_not_write_alone_is_not_read(tmp_path, service_host):  # noqa: F811 - fixtures imported above
     service_host("--record", "sglang-x.service")
     assert service_host("sglang-x.service", "127.0.0.1", "1")["recorded"] is True
     record = tmp_path / "started" / "sglang-x.service.json"
@@ -398,7 +398,7 @@ def test_a_record_root_did_not_write_alone_is_not_read(tmp_path, service_host):
     assert service_host("sglang-x.service", "127.0.0.1", "1")["recorded"] is False
 
 
-def test_a_record_directory_that_is_a_symlink_is_never_written_through(tmp_path, service_host):
+def test_a_record_directory_that_is_a_symlink_is_never_written_through(tmp_path, service_host):  # noqa: F811 - fixtures imported above
     (tmp_path / "real").mkdir()
     (tmp_path / "started").symlink_to(tmp_path / "real")
     with pytest.raises(AssertionError, match="a symlink"):
@@ -417,7 +417,7 @@ def test_the_state_directory_is_made_root_only_and_an_older_one_tightened():
         f"install -d -m 0700 {rollback.STATE_DIR} {rollback.BACKUP_DIR} && ")
 
 
-def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, service_host):
+def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, service_host):  # noqa: F811 - fixtures imported above
     squat = tmp_path / "shm" / "M"
     squat.mkdir(parents=True)
     os.mkfifo(squat / MARKER)  # a read that never ends, if anything opened it
