@@ -3,9 +3,9 @@
 A host is read the deploy's way: `host_reads.prepare`/`install` (one batched call answering the facts the
 deploy itself read there last time), then the deploy's own facts asked with the deploy's own arguments, so
 each answer comes from that batch. Nothing the deploy decides from is read any other way. In the same batch
-(`install(..., also=...)`), one small read of our own (`StatusProbe`: the deploy lock's holder, as
-`lock_host.py peek` reads it, and the time `/health` takes to answer), and on a host where nothing is placed,
-its GPUs: one call per host.
+(`install(..., also=...)`), the deploy lock's holder read by the lock's own script (`StatusProbe`:
+`lock_host.py peek`), and on a host where nothing is placed, its GPUs: one call per host. `/health` and the
+time it takes come with the deploy's own `ServiceState` read.
 
 What it never does: take or wait for the deploy lock (its holder is shown), run a command that writes on a
 host (every fact used here only reads: see each in the module that defines it), or keep the read set a deploy
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 
 from pyinfra.api import FactBase
 from pyinfra.facts.files import File, Sha1File
 
-from operations import gpus, host_reads, lifecycle, lock, models, patches, placement, readiness, units, venv
+from operations import gpus, host_reads, lifecycle, lock, models, patches, placement, readiness, remote, units, venv
 from operations.service_user import gpu_device_groups
 from operations.this_run import unproxied
 
@@ -39,59 +38,30 @@ COVERS = (
     "unit files, start/restart/enable/reload and removals of unplaced units and models; not API key files, the "
     "service account, the boot staging unit, store copies or the preflight."
 )
-HEALTH_TIMEOUT_S = 3  # a /health that takes longer is shown as not answering: the status never waits long
-
-# The lock's holder as lock_host.py's `peek` reads it (exists: owner.json, or a record-less lock), and the time
-# each GET /health takes, from the host itself. Only reads: no file, no lock, no process but this one.
-_PROBE = r"""
-import json, os, socket, sys, time
-lock, timeout, out = sys.argv[1], float(sys.argv[2]), {"lock": None, "health": {}}
-if os.path.lexists(lock):
-    try:
-        with open(os.path.join(lock, "owner.json")) as handle:
-            holder = json.load(handle)
-    except (OSError, ValueError):
-        holder = {"who": "unknown (no owner.json)"}
-    out["lock"] = {k: holder.get(k) for k in ("who", "pid", "since", "control")} if isinstance(holder, dict) else {"who": "unknown"}
-for target in sys.argv[3:]:
-    address, port = target.rsplit(":", 1)
-    start, status, error = time.monotonic(), None, None
-    try:
-        with socket.create_connection((address, int(port)), timeout=timeout) as conn:
-            conn.settimeout(timeout)
-            conn.sendall(("GET /health HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n" % (address, port)).encode())
-            head = b""
-            while b"\n" not in head and len(head) < 8192:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                head += chunk
-        parts = head.split(b"\n", 1)[0].split()
-        if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
-            status = int(parts[1])
-        else:
-            error = "the port answers, but not with HTTP"
-    except socket.timeout:
-        error = "no answer within %g s" % timeout
-    except OSError as exc:
-        error = exc.strerror or type(exc).__name__
-    out["health"][target] = {"status": status, "error": error, "latency_ms": round((time.monotonic() - start) * 1000, 1)}
-print(json.dumps(out))
-"""
-
-
 class StatusProbe(FactBase):
-    """``{"lock": {"who", "pid", "since", "control"} | None, "health": {"ADDRESS:PORT": {"status", "error", "latency_ms"}}}``."""
+    """``{"lock": {"who", "pid", "since", "control"} | None}``: the deploy lock's holder, read by the lock's own
+    script (`lock_host.py peek`, which only reads); the token that lets its owner give it back is not kept."""
 
-    def command(self, lock_path: str, targets: tuple[str, ...] = (), timeout: int = HEALTH_TIMEOUT_S) -> str:
-        args = " ".join(shlex.quote(t) for t in (lock_path, str(timeout), *targets))
-        return f"python3 -c {shlex.quote(_PROBE)} {args}"
+    def command(self) -> str:
+        return remote.command("lock_host", "peek")
 
     def process(self, output):
-        return json.loads("\n".join(output))
+        holder = json.loads(output[-1]).get("held_by")
+        if holder is None:
+            return {"lock": None}
+        return {"lock": {k: holder.get(k) for k in ("who", "pid", "since", "control")} if isinstance(holder, dict) else {"who": "unknown"}}
 
 
 # -- pure pieces ------------------------------------------------------------------------------
+
+
+def health_answer(state: dict | None) -> dict:
+    """A service's /health as the row shows it, from the deploy's ServiceState read (service_state.py times it)."""
+    if state is None:
+        return {"status": None, "latency_ms": None, "error": "unit state not read"}
+    status = state.get("health")
+    error = state.get("health_error") or (None if status is not None else "nothing answers")
+    return {"status": status, "latency_ms": state.get("health_ms"), "error": error}
 
 
 def patch_state(patch_set: patches.PatchSet, installed: dict | None) -> dict:
@@ -188,14 +158,13 @@ def read_host(state, host, config, stack, patch_sets: dict, watched: dict[str, t
     lock.watch_connection(host)  # a host that stops answering is dropped within seconds, not waited for
     digest = repr(config)
     reads = host_reads.prepare(state, host, config_digest=digest)
-    targets = tuple(f"{readiness.probe_address(s.bind)}:{s.port}" for s in config.services)
-    probe_args = {"lock_path": lock.LOCK_PATH, "targets": targets}
-    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder and /health,
-    # and where nothing is placed (the deploy reads no GPUs there), the GPUs.
-    also = [(StatusProbe, probe_args)] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
+    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder, and where
+    # nothing is placed (the deploy reads no GPUs there), the GPUs. /health and its latency come with the deploy's
+    # own ServiceState read.
+    also = [(StatusProbe, {})] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
     try:
         host_reads.install(state, host, config_digest=digest, also=tuple(also))
-        probe = _fact(host, StatusProbe, **probe_args)
+        probe = _fact(host, StatusProbe)
         bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
         return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)
     finally:
@@ -222,9 +191,8 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
 
     probe_answer = probe
     lock_holder = probe_answer.get("lock") if isinstance(probe_answer, dict) else None
-    health = probe_answer.get("health", {}) if isinstance(probe_answer, dict) else {}
     if not isinstance(probe_answer, dict):
-        problems_host.append("the lock and /health probe was not read")
+        problems_host.append("the deploy lock's holder was not read")
 
     host_changes: list[str] = []
     units_found = _fact(host, placement.ManagedUnits)
@@ -285,7 +253,7 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     rows = []
     for service in resolved.services:
         rows.append(_service_row(host, resolved, service, stack, patch_sets, watched.get(service.name, ()), env_state,
-                                 model_state, health, decisions, facts, host_gpus, device_groups, host_changes))
+                                 model_state, decisions, facts, host_gpus, device_groups, host_changes))
     if not rows:
         bad_gpus = [g for g in host_gpus if not g["healthy"]]
         rows.append({
@@ -303,7 +271,7 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     return rows
 
 
-def _service_row(host, config, service, stack, patch_sets, watched, env_state, model_state, health, decisions, facts,
+def _service_row(host, config, service, stack, patch_sets, watched, env_state, model_state, decisions, facts,
                  host_gpus, device_groups, host_changes) -> dict:
     problems, changes = [], []
     mine = [e for e in decisions.errors if e.startswith(f"{service.name}:")]
@@ -341,10 +309,7 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
         changes += service_changes(state, unit_path, unit_changed, inputs_changed)
     else:
         problems.append(f"unit state not read ({getattr(state, 'why', 'no answer')})")
-    probe = health.get(f"{readiness.probe_address(service.bind)}:{service.port}") or {}
-    answer = {"status": probe.get("status"), "latency_ms": probe.get("latency_ms"), "error": probe.get("error")}
-    if not probe:
-        answer = {"status": state.get("health") if _ok(state) else None, "latency_ms": None, "error": "not timed"}
+    answer = health_answer(state if _ok(state) else None)
     if not running:
         problems.append(f"unit {service.unit_name} is {(unit or {}).get('active') or '?'}/{(unit or {}).get('sub') or '?'}")
     if answer["status"] != 200:

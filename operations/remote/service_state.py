@@ -129,6 +129,7 @@ if sys.argv[1] == "--record":
 unit, address, port, paths = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 props = show(unit)
 health, health_error = None, None
+asked = time.monotonic()
 try:
     health = http_status(address, port, "/health")
 except OSError:
@@ -136,6 +137,7 @@ except OSError:
 except ValueError as exc:
     # Something that is not an HTTP server holds the port (sshd on 22 answers with its banner).
     health_error = f"the port answers, but not with HTTP ({exc})"
+health_ms = round((time.monotonic() - asked) * 1000, 1)  # how long /health took to answer (the status view shows it)
 uptime = None
 try:
     with open("/proc/uptime") as handle:
@@ -177,6 +179,6 @@ print(json.dumps({
     # Whether the unit starts at boot, and whether its file changed since systemd loaded it
     # (a run that died between writing the unit and `daemon-reload`): operations/lifecycle.py.
     "enabled": props.get("UnitFileState"), "need_reload": props.get("NeedDaemonReload") == "yes",
-    "health": health, "health_error": health_error, "uptime_s": uptime, "newer": newer,
+    "health": health, "health_error": health_error, "health_ms": health_ms, "uptime_s": uptime, "newer": newer,
     "recorded": record is not None,
 }))

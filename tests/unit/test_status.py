@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import gpus, status
+from operations import gpus, readiness, status
 from operations.patches import PatchFile, PatchSet, applied_record
 from report import status_view as view
 
@@ -287,11 +287,21 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-def run_probe(args: list[str]) -> dict:
-    command = status.StatusProbe().command(*args[:1], targets=tuple(args[1:]), timeout=1)
+def run_probe(lock: Path) -> dict:
+    """The status view's probe (the lock's own `peek`), run here on a lock directory of the test's."""
+    command = status.StatusProbe().command()
+    env = {**os.environ, "SGLANG_DEPLOY_LOCK": str(lock)}
+    out = subprocess.run(["sh", "-c", command.replace("python3 ", f"{sys.executable} ", 1)], capture_output=True,
+                         text=True, timeout=30, check=True, env=env).stdout
+    return status.StatusProbe().process(out.splitlines())
+
+
+def health_of(address: str, port: int) -> dict:
+    """The row's /health, from the deploy's own ServiceState script run here against `address:port`."""
+    command = readiness.ServiceState().command(unit="sglang-none.service", address=address, port=port)
     out = subprocess.run(["sh", "-c", command.replace("python3 ", f"{sys.executable} ", 1)], capture_output=True,
                          text=True, timeout=30, check=True).stdout
-    return status.StatusProbe().process(out.splitlines())
+    return status.health_answer(readiness.ServiceState().process(out.splitlines()))
 
 
 def test_probe_reads_the_lock_and_times_health_and_writes_nothing(tmp_path):
@@ -302,19 +312,19 @@ def test_probe_reads_the_lock_and_times_health_and_writes_nothing(tmp_path):
     closed.server_close()
     lock = tmp_path / "sglang-deploy.lock"
     try:
-        got = run_probe([str(lock), f"127.0.0.1:{server.server_address[1]}", f"127.0.0.1:{closed_port}"])
+        got = run_probe(lock)
         assert got["lock"] is None
-        ok = got["health"][f"127.0.0.1:{server.server_address[1]}"]
+        ok = health_of("127.0.0.1", server.server_address[1])
         assert ok["status"] == 200 and ok["error"] is None and ok["latency_ms"] >= 0
-        refused = got["health"][f"127.0.0.1:{closed_port}"]
+        refused = health_of("127.0.0.1", closed_port)
         assert refused["status"] is None and refused["error"]
         lock.mkdir()
         (lock / "owner.json").write_text(json.dumps({"who": "root@ctl", "pid": 42, "since": "today", "token": "t" * 32}))
         before = sorted(p.name for p in tmp_path.rglob("*"))
-        held = run_probe([str(lock)])
+        held = run_probe(lock)
         assert held["lock"] == {"who": "root@ctl", "pid": 42, "since": "today", "control": None}  # no token shown
         assert sorted(p.name for p in tmp_path.rglob("*")) == before
         (lock / "owner.json").unlink()
-        assert run_probe([str(lock)])["lock"] == {"who": "unknown (no owner.json)", "pid": None, "since": None, "control": None}
+        assert run_probe(lock)["lock"] == {"who": "unknown (no owner.json)", "pid": None, "since": None, "control": None}
     finally:
         server.shutdown()
