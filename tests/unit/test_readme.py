@@ -3,6 +3,7 @@ documentation of every key, generated from the schema and kept equal to it; the 
 package and module; every relative link resolves, to a file and, for `#anchor`, to a heading in it."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,18 @@ def test_layout_table_names_every_package_and_module():
     assert missing == [], f"docs/layout.md's layout table does not name: {missing}"
 
 
+def test_the_readme_map_names_every_top_level_directory():
+    # The README's short map of the code: a row for each top-level directory the repository holds, and each layer.
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                 check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    directories = sorted({path.split("/")[0] for path in tracked if "/" in path and not path.startswith(".")})
+    code_map = _section(README, "Map of the code")
+    missing = [d for d in [*directories, "operations/remote"] if f"`{d}/`" not in code_map]
+    assert missing == [], f"README's map of the code does not name: {missing}"
+
 
 def _links(path: Path) -> list[str]:
     return LINK.findall(FENCE.sub("", path.read_text()))
@@ -105,6 +118,16 @@ def _relative(links: list[str]) -> list[str]:
     return [link for link in links if not re.match(r"[a-z]+:", link)]
 
 
+def test_every_docs_file_the_readme_links_exists():
+    linked = [link.split("#")[0] for link in _relative(_links(README_PATH)) if link.startswith("docs/")]
+    assert linked, "README links no docs/ file"
+    assert [link for link in linked if not (REPO_ROOT / link).is_file()] == []
+
+
+def test_every_docs_file_is_linked_from_the_readme():
+    linked = {(REPO_ROOT / link.split("#")[0]).resolve() for link in _relative(_links(README_PATH))}
+    unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
+    assert unlinked == [], f"README's Reference links none of: {unlinked}"
 
 
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(REPO_ROOT)))
