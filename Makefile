@@ -59,7 +59,7 @@ test: test-lab-hosts wheelhouse
 	$(PY) -m pytest tests -q
 
 bench: lab wheelhouse
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(FIGURES)
 
 lint: venv
 	$(VENV)/bin/pip install --quiet ruff==0.17.6 && $(VENV)/bin/ruff check .

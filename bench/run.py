@@ -1,5 +1,13 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
+    .venv/bin/python bench/run.py                 # every figure (make bench)
+    .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks
+                                                  # (make bench FIGURES="env fleet")
+
+The run begins with a header: `bench.commit` (the commit of the deploy code measured: `git rev-parse --short HEAD`,
+`-dirty` when tracked files differ from it) and `bench.floor` (what the deploy figures are divided by).
+bench/compare.py measures two commits side by side in one run (`deploy.noop_vs_floor`, `deploy.services_8_vs_1`).
+
 Each figure's script says how it is measured: bench/models.py (model staging), bench/env.py
 (the environment step), bench/status.py (the status view), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
 re-runs with 8 services on a host, and over 16 hosts), below (the deploy).
@@ -11,11 +19,13 @@ deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exe
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,21 +37,46 @@ ROUNDS = 5
 DEPLOY_ROUNDS = 11
 
 
-def timed(argv: list[str], ok_codes: tuple[int, ...] = (0,)) -> float:
-    return timed_with_cpu(argv, ok_codes)[0]
+def revision(root: Path = ROOT) -> str:
+    """The commit checked out at `root` (`git rev-parse --short HEAD`), `-dirty` when a tracked file differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    return f"{head}-dirty" if dirty else head
 
 
-def timed_with_cpu(argv: list[str], ok_codes: tuple[int, ...] = (0,)) -> tuple[float, float]:
-    """Wall seconds of the command, and the CPU seconds it used on this (the control) machine; a command that
-    exits with another code than `ok_codes` stops the bench."""
+def floor_description(inventory: str = INVENTORY) -> str:
+    return (f"`pyinfra {inventory} exec -y -- true` (pyinfra {version('pyinfra')}: its start-up, the SSH connections, "
+            "`true` on each host; no deploy code loaded)")
+
+
+def header() -> None:
+    """Which code each side of the figures ran."""
+    print(f"bench.commit: {revision()} (the deploy code measured: {ROOT})")
+    print(f"bench.floor: {floor_description()} on the same hosts, for deploy.* and status.*; env.*, models.* and "
+          "locks.* name their own")
+
+
+def timed(argv: list[str], ok_codes: tuple[int, ...] = (0,), cwd: Path = ROOT) -> float:
+    return timed_with_cpu(argv, ok_codes, cwd)[0]
+
+
+def timed_with_cpu(argv: list[str], ok_codes: tuple[int, ...] = (0,), cwd: Path = ROOT) -> tuple[float, float]:
+    elapsed, cpu, _ = timed_run(argv, ok_codes, cwd)
+    return elapsed, cpu
+
+
+def timed_run(argv: list[str], ok_codes: tuple[int, ...] = (0,), cwd: Path = ROOT) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds of the command, the CPU seconds it used on this (the control) machine, and its output; a command
+    that exits with another code than `ok_codes` stops the bench."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in ok_codes:
-        sys.exit(f"bench: {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return elapsed, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        sys.exit(f"bench: {' '.join(argv)} (in {cwd}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return elapsed, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), proc
 
 
 def side_by_side(name: str, numerator: list[str], denominator: list[str], labels: tuple[str, str], rounds: int = ROUNDS,
@@ -80,24 +115,36 @@ def deploy_noop_vs_floor() -> None:
     )
 
 
-def compile_deploy_modules() -> None:
+def compile_deploy_modules(root: Path = ROOT) -> None:
     """Byte-compile the deploy's own modules before measuring, as an operator's machine has them after its
     first run. Where PYTHONDONTWRITEBYTECODE is set (this workplace's machines) python never keeps them, and
     every run compiled the deploy's 37 modules again: about 0.1 s of the control machine's CPU that the floor
     (`pyinfra exec`, whose modules pip compiled at install) never pays. Python still checks each source's
     mtime, so a module edited since is compiled again, never used stale."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "config.py", "deploy.py", "status.py", "configuration", "deploys",
-                    "operations", "report"], cwd=ROOT, check=True, capture_output=True)
+    # Those of them a commit has (bench/compare.py compiles an older commit's too).
+    present = [p for p in ("config.py", "deploy.py", "status.py", "configuration", "deploys", "operations", "report")
+               if (root / p).exists()]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *present], cwd=root, check=True, capture_output=True)
 
 
-if __name__ == "__main__":
+GROUPS = ("deploy", "status", "fleet", "models", "env", "locks")
+
+
+def main(groups: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import env, fleet, locks, models, status
 
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        sys.exit(f"bench: unknown figure group(s) {', '.join(unknown)}; the groups: {' '.join(GROUPS)}")
+    chosen = [g for g in GROUPS if g in groups] if groups else list(GROUPS)
+    header()
     compile_deploy_modules()
-    deploy_noop_vs_floor()
-    status.main()
-    fleet.main()
-    models.main()
-    env.main()
-    locks.main()
+    run = {"deploy": deploy_noop_vs_floor, "status": status.main, "fleet": fleet.main, "models": models.main,
+           "env": env.main, "locks": locks.main}
+    for group in chosen:
+        run[group]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or os.environ.get("BENCH_FIGURES", "").split())
