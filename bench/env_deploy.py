@@ -1,20 +1,24 @@
 """Bench-only deploy (bench/env.py): the environment step alone, into /root/bench_venv.
 
-The same operations deploy.py runs for a venv (build a generation, switch to it), for the
-host's stack from its group data, without patch sets, probe or services.
+The operations deploy.py runs for a venv (deploys/environments.py: build a generation, prove it with the
+ABI probe, switch to it), for the host's stack from its group data, without patch sets or services. The
+probe's arguments are the deploy's (`venv.probe_for`) without the GPU step's driver CUDA version and compute
+capabilities: with the lab's CPU torch the probe compares neither, so it imports the same modules either way.
 """
 
 from pyinfra import host
+from pyinfra.operations.util import any_changed
 
 from configuration import settings, stacks
 from operations import venv
 
 BENCH_VENV = "/root/bench_venv"
+GPU_ARGS = {"driver_cuda": None, "compute_caps": []}
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 gen = venv.generation(BENCH_VENV, stack, {})
-venv.environment(
+built = venv.environment(
     name=f"Bench venv generation {gen.id}",
     gen=gen,
     stack=stack,
@@ -22,4 +26,12 @@ venv.environment(
     host_cache=config.host_wheel_cache,
     installer=config.installer,
 )
-venv.switched(name=f"{BENCH_VENV} is generation {gen.id}", gen=gen, live_target=venv.live_target(gen, config.host_wheel_cache))
+was = venv.live_target(gen, config.host_wheel_cache)
+changed = any_changed(built)
+venv.probed(
+    name=f"Bench generation {gen.id} passes the ABI probe",
+    gen=gen,
+    probe=venv.probe_for(stack, config.launcher, GPU_ARGS),
+    _if=lambda: was != gen.path or changed(),  # as deploys/environments.py: a generation not yet live is probed
+)
+venv.switched(name=f"{BENCH_VENV} is generation {gen.id}", gen=gen, live_target=was)
