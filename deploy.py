@@ -15,13 +15,12 @@ from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.service import service, service_account
-from operations import host_reads, lock, patches, pyinfra_overhead
+from operations import host_reads, lock, patches
 from report import health_timer, summary
 
 # The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
 # once per run by the first host to get here; every host's load raises the same DataError, so a bad value
 # anywhere stops the run before any host's lock is taken (configuration/settings.py).
-pyinfra_overhead.install()  # two of pyinfra's costs per operation, same answers (operations/pyinfra_overhead.py)
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}

@@ -46,5 +46,5 @@ def fail_dry_run(host) -> None:
     run (its planning pass) the operation itself fails the host when it executes."""
     if is_dry_run(host):
         # Inside an operation `host` is pyinfra's context proxy: the set needs the Host itself.
-        real = host._get_module() if hasattr(host, "_get_module") else host
+        real = host.state.inventory.get_host(host.name)
         real.state.failed_hosts.add(real)

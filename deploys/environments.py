@@ -30,6 +30,10 @@ class Environment:
     def ops(self) -> tuple[OperationMeta, OperationMeta]:
         return self.probed, self.switched
 
+    def named_ops(self) -> list[tuple[str, OperationMeta, bool]]:
+        """`ops` as `this_run.Inputs` names them; the probe runs under a condition (`_if`)."""
+        return [(f"generation {self.gen.id} probed", self.probed, True), (f"{self.gen.live} switched to generation {self.gen.id}", self.switched, False)]
+
 
 def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
     """A generation not yet live is probed even when nothing in it changed in this run."""

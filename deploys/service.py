@@ -15,7 +15,7 @@ from pyinfra.operations.util import any_changed
 
 from deploys.environments import Environment
 from deploys.models import ModelCopies
-from operations import lifecycle, models, preflight, readiness, rollback, secrets, units
+from operations import lifecycle, models, preflight, readiness, rollback, secrets, this_run, units
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 from operations.unit_file import written as unit_written
 
@@ -62,6 +62,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
     )
     # What this service's process loads besides its unit: its venv, patch sets, staged models, key file.
     inputs = [*environment.ops, *model_copies.of(service), key_file]
+    named_inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service), (f"API keys of {service.name}", key_file, False)))
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
@@ -72,7 +73,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         endpoint=service.endpoint,
         unit_path=unit_path,
         unit_text=unit_text,
-        inputs_changed=any_changed(*inputs),
+        inputs_changed=named_inputs,
     )
     unit_file = unit_written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text)
 

@@ -25,12 +25,13 @@ import shlex
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand
 
 from configuration import stacks
 from configuration.errors import fail_dry_run
 from configuration.settings import HostConfig, Service
-from operations import remote
+from operations import host_reads, remote
+from operations.host_reads import operation
 
 UNIT_DIR = "/etc/systemd/system"
 MIB = 1024 * 1024
@@ -238,6 +239,7 @@ def facts_from(raw: dict) -> GpuFacts:
     )
 
 
+@host_reads.batched(slow=True)
 class GpuState(FactBase):
     """The host's GPUs (``GpuFacts``): nvidia-smi's view, our units' GPUs and processes, the models' sizes."""
 
@@ -495,7 +497,7 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
     if not config.services:
         return GpuDecisions(config)
     paths = sorted({m.store_path for s in config.services for m in s.models})
-    facts = host.get_fact(GpuState, models=paths)
+    facts = host_reads.get(host, GpuState, models=paths)
     engine = stack.wanted().get("sglang")
     return dataclasses.replace(decide(config, facts, engine), facts=facts)
 

@@ -1,23 +1,29 @@
-"""One read of each host per run: the deploy's facts answered from a batch that one remote call returns.
+"""One read of each host per run: the deploy's facts answered from one composite fact, through pyinfra's own path.
 
 pyinfra 3 caches no fact, and this deploy's operations each read what they decide from
 (a venv's state by its build, probe and switch; a unit's hash by the preflight and the file
 write; systemd's status by each service's enable, start and restart). A converged re-run, what operators run
 most, cost several times the floor of merely reaching the hosts, and more with every service.
 
-The mechanism, for every fact of a host, ours and pyinfra's alike:
-- **Cached.** A fact read once is answered again from memory, until a command runs on the
-  host (an operation's change, an upload, a callback's shell command): then the host's answers
-  are dropped, and each fact is read again once, when next asked for.
-- **Batched.** The first read of a host in a run also reads, in the same remote call, every
-  other fact that the same data read on that host the last time (the *read set*, kept on the
-  control machine, see `read_set_path`). Our python scripts run in one python process
-  (remote/run_scripts.py); pyinfra's shell facts run in the same shell. So a converged re-run
-  makes one read call per host, and that call is the one that takes the host's deploy lock
-  (`lock_read`, run by operations/lock.py once the lock is taken; `start_read` collects it).
-- Only cheap facts join a batch (`_BATCHED`; a full-verify hash or the engine's parser is read
-  only when asked for). A read the batch did not have, or that failed in it, is made on its
-  own, as before, so errors are reported exactly as pyinfra reports them.
+The mechanism, public pyinfra only (`host.get_fact`, `FactBase`, `BaseStateCallback`, `OperationMeta`):
+- **Asked explicitly.** Our operations read a fact with `host_reads.get(host, Fact, **arguments)`; pyinfra's
+  own operations read theirs as they always do (none sits on the converged path: `directory_present` and
+  `group_present` below stand in for `files.directory` and `server.group` there).
+- **Cached.** A fact read once is answered again from memory until the host changes: an operation that ran a
+  command there (`Reads`, a state callback, asks pyinfra's `OperationMeta` whether the operation changed or
+  failed once it is complete; our own operations, made with `host_reads.operation`, also say so after each of
+  their commands, for a read later in the same operation), or one of our commands outside pyinfra's command
+  path (a streamed channel: `changed`). Then the host's answers are dropped, and each fact is read again once,
+  when next asked for.
+- **Batched.** The first read of a host in a run is one composite fact, `HostRead`, read with pyinfra's
+  `host.get_fact`: it reads, in one remote call, every other fact that the same data read on that host the last
+  time (the *read set*, kept on the control machine, see `read_set_path`). Our python scripts run in one python
+  process (remote/run_scripts.py); pyinfra's shell facts run in the same shell. The command that takes the
+  host's deploy lock may run that same batch (`lock_read`, run by operations/lock.py once the lock is taken;
+  `start_read` collects it through `HostRead`'s own `process`). So a converged re-run makes one read call per host.
+- Only cheap facts join a batch (`batched`; a full-verify hash or the engine's parser is read only when asked
+  for). A read the batch did not have, or that failed in it, is made on its own with `host.get_fact`, so
+  errors are reported exactly as pyinfra reports them.
 
 The read set is a hint, never a source of truth: a stale one costs a read nobody asks for, a
 missing one a round trip; every answer still comes from the host in this run.
@@ -36,61 +42,56 @@ import os
 import re
 import shlex
 import time
+import weakref
 import zlib
 from pathlib import Path
 
 import gevent
+from pyinfra import host as context_host
 from pyinfra import logger
-from pyinfra.api import FactBase
-from pyinfra.api.command import StringCommand
-from pyinfra.api.facts import ShortFactBase, _handle_fact_kwargs
-from pyinfra.api.host import Host
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import operation as pyinfra_operation
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.facts.files import File
+from pyinfra.facts import files, server, systemd
 
 from operations import remote
 from operations.private_dir import cache_root, private_dir
-from operations.this_run import unproxied
+from operations.pyinfra_adapter import connector_arguments, connector_context, real_host
 
 MARK = "@@sglang-deploy-read"
 _SCRIPT_SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
-# Connector arguments that change how a fact runs: a read made with any of them is not shared.
-_CONNECTOR_KEYS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_use_sudo_login", "_use_su_login",
-                   "_preserve_sudo_env", "_chdir", "_env", "_shell_executable")
+
+# Facts cheap enough to read in every batch, by 'module:Class' (`batched`), and the slow share of them.
+_BATCHED: dict[str, type] = {}
+_SLOW: set[str] = set()
 
 
-@functools.lru_cache(maxsize=None)
-def _batched_facts() -> dict[str, type]:
-    """Facts cheap enough to read in every batch: by 'module:Class'."""
-    from pyinfra.facts import files, server, systemd
+def batched(slow: bool = False):
+    """Class decorator: the fact may join a host's batch (its read costs little). `slow`: it takes far longer
+    than the rest (a venv's RECORD check, nvidia-smi): the batch starts it first."""
 
-    from operations import gpus, models, patches, placement, readiness, secrets, service_user, transfer, venv
+    def register(cls: type) -> type:
+        _BATCHED[_name(cls)] = cls
+        if slow:
+            _SLOW.add(_name(cls))
+        return cls
 
-    classes = (
-        files.File, files.Directory, files.Link, files.Sha1File, files.Sha256File,
-        systemd.SystemdStatus, systemd.SystemdEnabled, server.Users, server.Groups, server.Os,
-        gpus.GpuState, models.StagedModel, models.OwnedInShm, models.BootStaging, patches.InstalledFiles,
-        placement.ManagedUnits, readiness.ServiceState, secrets.SecretFileState, service_user.Account, service_user.GpuDevices,
-        transfer.StoreListing, venv.VenvState,
-    )
-    return {_name(cls): cls for cls in classes}
-
-
-@functools.lru_cache(maxsize=None)
-def _slow_facts() -> frozenset[str]:
-    """Facts whose read takes far longer than the rest (a venv's RECORD check; nvidia-smi)."""
-    from operations import gpus, venv
-
-    return frozenset(_name(cls) for cls in (venv.VenvState, gpus.GpuState))
+    return register
 
 
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+# pyinfra's own facts that our operations read.
+for _fact in (files.File, files.Directory, files.Link, files.Sha1File, files.Sha256File, systemd.SystemdStatus,
+              systemd.SystemdEnabled, server.Users, server.Groups, server.Os):
+    batched()(_fact)
+
+
 def _cheap(cls: type, kwargs: dict) -> bool:
     # A full verify hashes every file of a venv or a model: asked for, never guessed.
-    return _name(cls) in _batched_facts() and kwargs.get("verify", "fast") != "full"
+    return _name(cls) in _BATCHED and kwargs.get("verify", "fast") != "full"
 
 
 def _canonical(cls: type, kwargs: dict) -> dict | None:
@@ -115,25 +116,26 @@ def _plain(value):
 class HostReads:
     """One host's answers in this run."""
 
-    def __init__(self, read_set: Path | None, execution: str):
+    def __init__(self, read_set: Path | None, execution: str, keep_read_set: bool = True):
         self.read_set = read_set
+        self.keep_read_set = keep_read_set  # False: what this run asks is not saved as the next run's read set
         self.execution = execution  # reads made the deploy's usual way (no operation's _sudo...) are shared and batched
         self.answers: dict[str, object] = {}
         self.read_at: dict[str, float] = {}  # key -> when its answer was read (time.monotonic)
         self.batched = False
-        # Greenlets whose fact read of this host is running (its commands change nothing), and a count
-        # of changes: an answer read while the host changed (another host's operation reading a donor) is not kept.
-        self.readers: set = set()
+        # A count of changes: an answer read while the host changed (another greenlet's operation, a stream
+        # into the host) is not kept.
         self.generation = 0
         self.asked: dict[str, tuple[str, dict]] = {}  # key -> (fact name, kwargs): next run's read set
         self.remote_reads = 0  # calls that went to the host (batch or single), for tests and the bench
         self.pending: list = []  # reads begun when the run took the host's lock (start_read), not yet joined
-        self.executions: dict[tuple[str, str], str] = {}  # _execution's answers by operation and deploy arguments
+        self.executions: dict[str, str] = {}  # connector_arguments' answers by connector_context
+        self.last_op: str | None = None  # the operation that last started on the host (Reads)
+        self.accounted: set[str] = set()  # operations whose change was already accounted for (Reads.operation_end)
 
     def changed(self) -> None:
-        if gevent.getcurrent() not in self.readers:
-            self.generation += 1
-            self.answers.clear()
+        self.generation += 1
+        self.answers.clear()
 
     def keep(self, key: str, value) -> None:
         self.answers[key] = value
@@ -148,24 +150,66 @@ class HostReads:
         return len(old)
 
 
+# Each run's hosts' reads: State -> host name -> HostReads (nothing is kept on pyinfra's objects).
+_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _key(cls: type, kwargs: dict) -> str:
     return f"{_name(cls)} {json.dumps(kwargs, sort_keys=True)}"
 
 
-_ORIGINAL = {}
+def prepare(state, host, config_digest: str, keep_read_set: bool = True) -> HostReads:
+    """Answer `host`'s facts through this module for the rest of the run (once per host per run); reads nothing yet.
 
-
-def prepare(state, host, config_digest: str) -> HostReads:
-    """Answer `host`'s facts through this module for the rest of the run (once per host per run); reads nothing yet."""
-    real = unproxied(host)
-    if getattr(real, "_sglang_reads", None) is not None and real._sglang_reads_state is state:
-        return real._sglang_reads
-    reads = real._sglang_reads = HostReads(read_set_path(real, config_digest), _execution(real))
-    real._sglang_reads_state = state
-    _patch_host_class()
-    if not any(isinstance(h, _SaveReadSets) for h in state.callback_handlers):
-        state.add_callback_handler(_SaveReadSets())
+    `keep_read_set=False`: what this run asks is not saved as the host's next read set (a read-only view, such
+    as the status, asks less than a deploy: it must not shrink the deploy's next read)."""
+    host = real_host(host)
+    hosts = _RUNS.setdefault(state, {})
+    reads = hosts.get(host.name)
+    if reads is not None:
+        return reads
+    reads = hosts[host.name] = HostReads(read_set_path(host, config_digest), "", keep_read_set)
+    reads.execution = _execution(host, reads)
+    if not any(isinstance(h, Reads) for h in state.callback_handlers):
+        state.add_callback_handler(Reads())
     return reads
+
+
+def reads_of(host) -> HostReads | None:
+    """`host`'s reads in its run, None where `prepare` was not called for it."""
+    state = getattr(host, "state", None)  # an object that is no pyinfra Host (a test's) has none
+    return None if state is None else _RUNS.get(state, {}).get(host.name)
+
+
+def get(host, cls: type, **kwargs):
+    """Fact `cls` of `host` with `kwargs`, as `host.get_fact(cls, **kwargs)` answers it, read once per run until
+    the host changes (see the module's docstring); the first read of the host in the run reads its read set too.
+
+    Reads with connector arguments of their own (`_sudo=True`...), with arguments that are not plain data,
+    or of a host not prepared, are made by pyinfra as asked, every time."""
+    reads = reads_of(host)
+    if reads is None or any(k.startswith("_") for k in kwargs) or not issubclass(cls, FactBase):
+        return host.get_fact(cls, **kwargs)
+    canonical = _canonical(cls, kwargs)
+    if canonical is None:
+        return host.get_fact(cls, **kwargs)
+    host = real_host(host)
+    # How the read runs (sudo, su, chdir, env, shell) is part of what it answers.
+    execution = _execution(host, reads)
+    key = _key(cls, canonical) + (f" {execution}" if execution != reads.execution else "")
+    if execution == reads.execution and _cheap(cls, canonical):
+        reads.asked.setdefault(key, (_name(cls), canonical))
+    if key not in reads.answers and not reads.batched:
+        reads.batched = True
+        _read_batch(host, reads, key, cls, canonical)
+    if key in reads.answers:
+        return copy.deepcopy(reads.answers[key])
+    generation = reads.generation
+    reads.remote_reads += 1
+    value = host.get_fact(cls, **kwargs)
+    if reads.generation == generation:
+        reads.keep(key, value)
+    return copy.deepcopy(value)
 
 
 def start_read(host, running: tuple[Batch, object] | None = None) -> None:
@@ -178,14 +222,13 @@ def start_read(host, running: tuple[Batch, object] | None = None) -> None:
 
     A read begun under a lock the pass then gives back (to wait for another host's) is dropped with it:
     giving the lock back is a command on the host, which drops the host's answers and any read in flight
-    (`HostReads.changed`); the read begins again when the lock is taken again.
+    (`HostReads.changed`, called by the lock); the read begins again when the lock is taken again.
     """
     reads = reads_of(host)
     if reads is None:
         return  # a host pyinfra has not loaded yet: its own install reads it
     reads.changed()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
-    real = unproxied(host)
-    reads.pending.append(gevent.spawn(_background_read, real, reads, running, reads.generation))
+    reads.pending.append(gevent.spawn(_background_read, real_host(host), reads, running, reads.generation))
 
 
 def lock_read(host) -> Batch | None:
@@ -212,19 +255,19 @@ def _background_read(host, reads: HostReads, running: tuple[Batch, object] | Non
         if status != 0 or reads.generation != generation:
             logger.debug(f"{host.name}: read begun with the lock not kept (exit status {status}): {stderr.strip()[-300:]}")
             return False
-        absorb(batch, reads, lines)
+        _keep_all(reads, batch.read(lines))
         return True
     except Exception as exc:  # the host's own install reads again, and reports what fails as pyinfra does
         logger.debug(f"{host.name}: read begun with the lock failed: {exc}")
         return False
 
 
-def install(state, host, config_digest: str, also: tuple[tuple[type, dict], ...] = ()) -> None:
+def install(state, host, config_digest: str, also: tuple[tuple[type, dict], ...] = (), keep_read_set: bool = True) -> None:
     """Prepare `host` if not yet, and make its one read now unless a read begun under its lock answered.
 
     `also`: facts (class, arguments) to read in that same call besides the read set (a read-only command that
     asks what the deploy does not, such as the status view's probe); each is answered from it when asked for."""
-    reads = prepare(state, host, config_digest)
+    reads = prepare(state, host, config_digest, keep_read_set)
     if reads.batched:
         return
     pending, reads.pending = reads.pending, []
@@ -234,17 +277,17 @@ def install(state, host, config_digest: str, also: tuple[tuple[type, dict], ...]
         return  # answered by a read begun with the lock, and nothing ran on the host since
     # Read now, while pyinfra loads the deploy for every host at once: the hosts' batches overlap,
     # instead of each host's first fact waiting for its turn in the operation order.
-    real = unproxied(host)
     extra = {}
     for cls, kwargs in also:
         canonical = _canonical(cls, kwargs)
         if canonical is not None:
             extra[_key(cls, canonical)] = (cls, canonical)
-    _read_batch(real, reads, None, None, None, extra)
+    _read_batch(real_host(host), reads, None, None, None, extra)
 
 
 def changed(host) -> None:
-    """Something was written on `host` outside pyinfra's command path (a streamed channel): drop its answers."""
+    """One of our commands changed `host` outside pyinfra's command path (a streamed channel, a lock given back):
+    drop its answers."""
     reads = reads_of(host)
     if reads is not None:
         reads.changed()
@@ -261,11 +304,6 @@ def fresh(host, cls: type, max_age_s: float) -> None:
         reads.forget_older_than(cls, max_age_s)
 
 
-def reads_of(host) -> HostReads | None:
-    real = unproxied(host)
-    return getattr(real, "_sglang_reads", None)
-
-
 def read_set_path(host, config_digest: str) -> Path:
     """Where the facts this data read on this host are kept between runs (control machine, per user, in a directory
     of this user's alone: operations/private_dir.py)."""
@@ -275,78 +313,58 @@ def read_set_path(host, config_digest: str) -> Path:
     return private_dir(cache_root() / "reads") / f"{digest}.json"
 
 
-def _patch_host_class() -> None:
-    if _ORIGINAL:
-        return
-    _ORIGINAL.update(get_fact=Host.get_fact, run_shell_command=Host.run_shell_command, put_file=Host.put_file)
+def operation(*args, **kwargs):
+    """pyinfra's `@operation`, for an operation whose commands change its host: after each of its commands ran,
+    the host's answers are dropped, so a fact the operation reads after a command is read again.
 
-    def get_fact(self, cls, *args, **kwargs):
-        reads = getattr(self, "_sglang_reads", None)
-        if reads is None or args or not isinstance(cls, type) or issubclass(cls, ShortFactBase) or not issubclass(cls, FactBase):
-            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
-        if any(k.startswith("_") for k in kwargs):
-            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
-        canonical = _canonical(cls, kwargs)
-        if canonical is None:
-            return _ORIGINAL["get_fact"](self, cls, *args, **kwargs)
-        # How the read runs (sudo, su, chdir, env, shell) is part of what it answers.
-        execution = _execution(self)
-        key = _key(cls, canonical) + (f" {execution}" if execution != reads.execution else "")
-        if execution == reads.execution and _cheap(cls, canonical):
-            reads.asked.setdefault(key, (_name(cls), canonical))
-        if key not in reads.answers and not reads.batched:
-            reads.batched = True
-            _read_batch(self, reads, key, cls, canonical)
-        if key in reads.answers:
-            return copy.deepcopy(reads.answers[key])
-        me, generation = gevent.getcurrent(), reads.generation
-        reads.readers.add(me)
-        reads.remote_reads += 1
-        try:
-            value = _ORIGINAL["get_fact"](self, cls, **kwargs)
-        finally:
-            reads.readers.discard(me)
-        if reads.generation == generation:
-            reads.keep(key, value)
-        return copy.deepcopy(value)
+    pyinfra calls an operation's function twice: while adding it (up to its first command, to learn whether it
+    changes anything; nothing runs) and while executing it, when each command runs before the function goes on."""
 
-    def run_shell_command(self, *args, **kwargs):
-        reads = getattr(self, "_sglang_reads", None)
-        if reads is not None:
-            reads.changed()
-        return _ORIGINAL["run_shell_command"](self, *args, **kwargs)
+    def decorate(func):
+        @functools.wraps(func)
+        def commands(*func_args, **func_kwargs):
+            generator = func(*func_args, **func_kwargs)
+            answer = None
+            while True:
+                try:
+                    command = generator.send(answer)
+                except StopIteration as stop:
+                    return stop.value
+                from_pyinfra = _executing()
+                try:
+                    answer = yield command
+                except GeneratorExit:  # pyinfra stopped at this command: it failed, or the run only looked
+                    if from_pyinfra:
+                        _changed_here()
+                    generator.close()
+                    raise
+                if from_pyinfra:
+                    _changed_here()  # the command ran
 
-    def put_file(self, *args, **kwargs):
-        reads = getattr(self, "_sglang_reads", None)
-        if reads is not None:
-            reads.changed()
-        return _ORIGINAL["put_file"](self, *args, **kwargs)
+        return pyinfra_operation(*args, **kwargs)(commands)
 
-    Host.get_fact = get_fact
-    Host.run_shell_command = run_shell_command
-    Host.put_file = put_file
+    return decorate
 
 
-def _execution(host) -> str:
+def _executing() -> bool:
+    return bool(context_host.state.is_executing)
+
+
+def _changed_here() -> None:
+    changed(context_host)
+
+
+def _execution(host, reads: HostReads) -> str:
     """The connector arguments a fact read on `host` would run with now (an operation's own `_sudo`...), as a key.
 
     pyinfra works them out from the current operation's and deploy's arguments over the host's data and the
     run's config (half a millisecond, on every fact asked for); within a run only the first two change, so the
     answer is kept by them, per host.
     """
-    reads = getattr(host, "_sglang_reads", None)
-    context = (_connector_view(host.current_op_global_arguments), _connector_view(getattr(host, "current_deploy_kwargs", None)))
-    if reads is not None and context in reads.executions:
-        return reads.executions[context]
-    _, arguments = _handle_fact_kwargs(host.state, host, File, (), {"path": "/"})
-    execution = json.dumps({k: arguments.get(k) for k in _CONNECTOR_KEYS}, sort_keys=True, default=str)
-    if reads is not None:
-        reads.executions[context] = execution
-    return execution
-
-
-def _connector_view(arguments) -> str:
-    return json.dumps({k: arguments[k] for k in _CONNECTOR_KEYS if arguments and k in arguments}, sort_keys=True, default=str)
+    context = connector_context(host)
+    if context not in reads.executions:
+        reads.executions[context] = json.dumps(connector_arguments(host), sort_keys=True, default=str)
+    return reads.executions[context]
 
 
 def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
@@ -356,7 +374,7 @@ def _load_read_set(path: Path | None) -> list[tuple[type, dict]]:
         entries = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    known = _batched_facts()
+    known = _BATCHED
     out = []
     for entry in entries if isinstance(entries, list) else ():
         if isinstance(entry, list) and len(entry) == 2 and entry[0] in known and plain_arguments(entry[1]):
@@ -449,6 +467,39 @@ class Batch:
     facts: list[FactBase]  # the fact object that processes each job's output (some keep what their command was given)
     python_ids: set[int]
 
+    def __str__(self) -> str:  # how pyinfra names it in its log: "Loaded fact ...HostRead (batch=...)"
+        return f"{len(self.keys)} facts"
+
+    def read(self, stdout_lines: list[str]) -> dict[str, object]:
+        """The answers of the jobs that succeeded, by key (the others are read on their own when asked for, so
+        their errors are reported as pyinfra reports them)."""
+        answers = {}
+        for job_id, (status, lines) in split_batch(stdout_lines, self.python_ids).items():
+            if status != 0:
+                continue
+            fact = self.facts[job_id]
+            try:
+                answers[self.keys[job_id]] = fact.process(lines) if lines else fact.default()
+            except Exception:
+                continue
+        return answers
+
+
+class HostRead(FactBase):
+    """Many facts of a host in one command: a planned `Batch`'s answers, by key. Read with pyinfra's `host.get_fact`
+    (`_read_batch`); the lock's command may run the same batch, whose output `Batch.read` takes the same way."""
+
+    def command(self, batch: Batch) -> str:
+        self.batch = batch  # the same object processes the output (as pyinfra's Sha1File keeps its path)
+        return batch.command
+
+    def process(self, output: list[str]) -> dict[str, object]:
+        return self.batch.read(output)
+
+    @staticmethod
+    def default() -> dict[str, object]:
+        return {}
+
 
 def plan_batch(reads: HostReads, key: str | None, cls: type | None, kwargs: dict | None,
                extra: dict[str, tuple[type, dict]] | None = None) -> Batch | None:
@@ -477,7 +528,7 @@ MAX_BATCH_BYTES = 96 * 1024
 def _keep_first(item, asked: set) -> tuple:
     """Which entries a batch too large keeps: the facts being asked for, the slow reads, our own, then pyinfra's."""
     fact_key, (fact_cls, _) = item
-    return (fact_key not in asked, _name(fact_cls) not in _slow_facts(), not fact_cls.__module__.startswith("operations."))
+    return (fact_key not in asked, _name(fact_cls) not in _SLOW, not fact_cls.__module__.startswith("operations."))
 
 
 def _built_within_bound(asked: set, wanted: dict):
@@ -488,9 +539,9 @@ def _built_within_bound(asked: set, wanted: dict):
     while kept:
         # The longest reads start first (the batch's children run a few at a time): a venv's file check
         # queued behind a dozen short reads would add their time to its own. Otherwise, the read set's order.
-        ordered = sorted(kept, key=lambda item: (_name(item[1][0]) not in _slow_facts(), place[item[0]]))
+        ordered = sorted(kept, key=lambda item: (_name(item[1][0]) not in _SLOW, place[item[0]]))
         entries = [(i, fact_cls(), fact_kwargs) for i, (_, (fact_cls, fact_kwargs)) in enumerate(ordered)]
-        built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _slow_facts()))
+        built = batch_command(entries, frozenset(i for i, fact, _ in entries if _name(type(fact)) in _SLOW))
         if built is None:
             return None
         if len(built[0].encode()) <= MAX_BATCH_BYTES or len(kept) == 1:
@@ -499,17 +550,9 @@ def _built_within_bound(asked: set, wanted: dict):
     return None
 
 
-def absorb(batch: Batch, reads: HostReads, stdout_lines: list[str]) -> None:
-    """Keep the answers of the batch's jobs that succeeded (the others are read on their own when asked for)."""
-    for job_id, (status, lines) in split_batch(stdout_lines, batch.python_ids).items():
-        fact = batch.facts[job_id]
-        if status != 0:
-            continue  # read on its own when asked for, so the error is reported as pyinfra does
-        try:
-            value = fact.process(lines) if lines else fact.default()
-        except Exception:
-            continue
-        reads.keep(batch.keys[job_id], value)
+def _keep_all(reads: HostReads, answers: dict[str, object]) -> None:
+    for key, value in answers.items():
+        reads.keep(key, value)
 
 
 _QUOTED_ARG = re.compile(r"""''|[\w@%+=:,./-]+|'(?:[^']|'"'"')*'""")
@@ -538,10 +581,11 @@ def _read_batch(host, reads: HostReads, key: str | None, cls: type | None, kwarg
         return False
     generation = reads.generation
     reads.remote_reads += 1
-    ok, output = _ORIGINAL["run_shell_command"](host, batch.command, print_output=False)  # not a change
-    if not ok or reads.generation != generation:
+    # A batch that fails as a whole (never seen: each job's status is its own) costs a warning and the single reads.
+    answers = host.get_fact(HostRead, batch=batch, _ignore_errors=True)
+    if not answers or reads.generation != generation:
         return False
-    absorb(batch, reads, output.stdout_lines)
+    _keep_all(reads, answers)
     return True
 
 
@@ -573,15 +617,36 @@ def split_batch(stdout_lines: list[str], python_ids: set[int]) -> dict[int, tupl
     return results
 
 
-class _SaveReadSets(BaseStateCallback):
-    """When a host disconnects, keep what it was asked for as the next run's read set."""
+class Reads(BaseStateCallback):
+    """The run's hosts' answers, kept true through pyinfra's own callbacks.
+
+    An operation that ran a command on a host (it changed something, or failed part way) drops that host's
+    answers: pyinfra completes an operation's `OperationMeta` just after its host callbacks, so this looks at it
+    when the operation has ended on every host (`operation_end`), and where hosts run their operations one after
+    another (`--serial`, `--no-wait`), when the host starts its next one. When a host disconnects, what it was
+    asked for is kept as the next run's read set."""
+
+    def operation_host_start(self, state, host, op_hash):
+        reads = reads_of(host)
+        if reads is None:
+            return
+        previous, reads.last_op = reads.last_op, op_hash
+        if previous is not None and previous not in reads.accounted and _ran_commands(state, host, previous):
+            reads.changed()
+
+    def operation_end(self, state, op_hash):
+        for name, reads in _RUNS.get(state, {}).items():
+            host = state.inventory.get_host(name, None)
+            if host is not None and _ran_commands(state, host, op_hash):
+                reads.accounted.add(op_hash)
+                reads.changed()
 
     def host_disconnect(self, state, host):
-        reads = getattr(host, "_sglang_reads", None)
+        reads = reads_of(host)
         if reads is None:
             return
         logger.debug(f"{host.name}: {reads.remote_reads} read call(s) to the host, {len(reads.asked)} distinct batchable facts asked for")
-        if reads.read_set is None or not reads.asked:
+        if reads.read_set is None or not reads.asked or not reads.keep_read_set:
             return
         entries = sorted(([name, kwargs] for name, kwargs in reads.asked.values()), key=json.dumps)
         try:
@@ -591,3 +656,10 @@ class _SaveReadSets(BaseStateCallback):
             os.replace(tmp, reads.read_set)
         except OSError as exc:
             logger.debug(f"{host.name}: read set not saved: {exc}")
+
+
+def _ran_commands(state, host, op_hash: str) -> bool:
+    """Whether operation `op_hash`, complete on `host`, ran a command there (pyinfra's OperationMeta)."""
+    data = state.ops.get(host, {}).get(op_hash)
+    meta = getattr(data, "operation_meta", None)
+    return meta is not None and meta.is_complete() and (meta.did_change() or meta.did_error())

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pyinfra import host
-from pyinfra.api import operation
 
 from operations import readiness, remote, this_run
+from operations.host_reads import operation
 
 # pyinfra's SystemdStatus counts these sub-states as running (facts/systemd.py); so does this.
 RUNNING = ("running", "waiting", "exited", "listening", "mounted")

@@ -86,12 +86,11 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.connectors.util import make_unix_command_for_host
 
-from operations import remote
+from operations import host_reads, remote
 from operations.private_dir import NotPrivate, cache_root, private_dir
-from operations.streaming import first_line, open_session, rest_of_output, ssh_transport
-from operations.this_run import unproxied
+from operations.pyinfra_adapter import real_host, ssh_transport, unix_command
+from operations.streaming import first_line, open_session, rest_of_output
 
 LOCK_PATH = "/run/sglang-deploy.lock"
 # A peer that acknowledges nothing for this long is gone: TCP keepalive probes start after
@@ -474,7 +473,7 @@ class RunLocks:
         if channel is None:
             return None
         script = f"{lock_command}\nif [ -e {_LOCK_SH}/{_marker(token)} ]; then\n{read.command}\nfi"
-        command = make_unix_command_for_host(getattr(host, "state", None), host, script).get_raw_value()
+        command = unix_command(host, script)
         logger.debug(f"{host.name}: taking the deploy lock and reading the host in one command")
         channel.settimeout(timeout)
         try:
@@ -500,6 +499,8 @@ class RunLocks:
                 return
             slot.held = False
         self.events.append(f"release {slot.name}")
+        # Another run may have the host before this one takes it again: what was read under this hold is dropped.
+        host_reads.changed(slot.host)
         try:
             self._run(slot.host, release_command(slot.token or ""), timeout=30)
             return
@@ -764,7 +765,8 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     A host that is the machine of another host of the run is refused, with `--dry` too.
     """
     global _RUN
-    host, state = unproxied(host), unproxied(state)
+    host = real_host(host)
+    state = host.state
     if _RUN is None or _RUN.state is not state:
         _RUN = _Run(state, _executing())
         state.add_callback_handler(_RUN)

@@ -28,12 +28,12 @@ import json
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
-from pyinfra.operations import files
+from pyinfra.api import FactBase
 
 from configuration.settings import HostConfig
-from operations import remote, units
+from operations import directory, host_reads, remote, units
 from operations.file_write import replace_file
+from operations.host_reads import operation
 
 MARKER = ".sglang-deploy-staged.json"
 JOURNAL = ".sglang-deploy-partial.jsonl"
@@ -47,6 +47,7 @@ VERIFY_MODES = ("fast", "full")
 # models.staged -------------------------------------------------------------------------
 
 
+@host_reads.batched()
 class StagedModel(FactBase):
     """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
     (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
@@ -166,7 +167,7 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, not {verify!r}")
     full = {"verify": "full"} if verify == "full" else {}
-    state = host.get_fact(StagedModel, src=src, dest=dest, **full)
+    state = host_reads.get(host, StagedModel, src=src, dest=dest, **full)
     if state["src"] is None:
         # Nothing to copy from: the stage script fails with the message that says so.
         reason = "source missing"
@@ -187,6 +188,7 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
 # models.unused_removed -----------------------------------------------------------------
 
 
+@host_reads.batched()
 class OwnedInShm(FactBase):
     """``{"owned": {entry: "staged" | "partial" | "old"}, "in_units": [model, ...]}``: directories in the
     shm dir that carry our marker or journal, and the models there that an installed unit loads."""
@@ -235,7 +237,7 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
             keep=["Qwen3.6-27B"],
         )
     """
-    state = host.get_fact(OwnedInShm, shm_dir=shm_dir)
+    state = host_reads.get(host, OwnedInShm, shm_dir=shm_dir)
     # A model an installed unit still loads stays: a service moved away keeps its models until
     # its unit is removed (after its new host answers), then the last pass releases them.
     remove = unused(state["owned"], [*keep, *state["in_units"]])
@@ -250,6 +252,7 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
 # models.boot_staging -------------------------------------------------------------------
 
 
+@host_reads.batched()
 class BootStaging(FactBase):
     """``{"files": {path: sha256}, "enabled": bool}`` for the boot unit's files (absent ones left out)."""
 
@@ -325,7 +328,7 @@ def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, pres
             wanted=models.boot_files(config),
         )
     """
-    state = host.get_fact(BootStaging, paths=sorted(wanted), unit=unit)
+    state = host_reads.get(host, BootStaging, paths=sorted(wanted), unit=unit)
     if present:
         stale = [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
         for path in stale:
@@ -359,7 +362,7 @@ def stage_for_host(config: HostConfig) -> dict:
     models = config.staged_models
     keep = [m.name for m in models]
     if models:
-        files.directory(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir, present=True)
+        directory.present(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir)
     unused_removed(name=f"Unused staged models removed from {config.shm_dir}", shm_dir=config.shm_dir, keep=keep)
     ops = {}
     for i, model in enumerate(models):

@@ -18,12 +18,13 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host
-from pyinfra.api import FactBase, OperationError, operation
+from pyinfra.api import FactBase, OperationError
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
-from operations import remote, this_run
+from operations import host_reads, remote, this_run
 from operations.file_write import replace_file
+from operations.host_reads import operation
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"\A[0-9a-f]{64}\Z")
@@ -108,6 +109,7 @@ def load_patch_set(name: str) -> PatchSet:
     return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root)
 
 
+@host_reads.batched()
 class InstalledFiles(FactBase):
     """Installed version of ``distribution`` and sha256 (or None) of each path under ``site_packages``."""
 
@@ -185,7 +187,8 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     paths = tuple(f.path for f in patch_set.files)
     backups = _backup_dir(venv_path, patch_set.name)
     record_path = _record_path(venv_path, patch_set.name)
-    state = host.get_fact(
+    state = host_reads.get(
+        host,
         InstalledFiles,
         site_packages=site_packages,
         distribution=patch_set.distribution,

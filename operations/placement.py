@@ -23,10 +23,11 @@ import shlex
 from dataclasses import dataclass
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api import FactBase, FunctionCommand
 
 from configuration.settings import HostConfig, validate_inventory
-from operations import remote
+from operations import host_reads, remote
+from operations.host_reads import operation
 from operations.models import BOOT_UNIT
 from operations.readiness import probe_address
 from report import summary
@@ -35,6 +36,7 @@ UNIT_DIR = "/etc/systemd/system"
 PREFIX = "sglang-"
 
 
+@host_reads.batched()
 class ManagedUnits(FactBase):
     """``{unit: {"path", "managed", "active", "enabled", "pid"}}`` for the host's ``sglang-*.service`` files."""
 
@@ -175,7 +177,7 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
             elsewhere={"dflash": [Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001)]},
         )
     """
-    units = host.get_fact(ManagedUnits, unit_dir=unit_dir)
+    units = host_reads.get(host, ManagedUnits, unit_dir=unit_dir)
     remove = leftovers(units, keep)
     if not remove:
         host.noop("no unit of an unplaced service on this host")

@@ -23,12 +23,12 @@ from pathlib import PurePosixPath
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
-from pyinfra.api.operation import OperationMeta
+from pyinfra.api import FactBase, FunctionCommand
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import redact, remote, rollback, service_user, this_run
+from operations import host_reads, redact, remote, rollback, service_user, this_run
+from operations.host_reads import operation
 from report import summary
 
 # The preflight runs as root, outside the unit's sandbox: the environment it takes from the unit must not make root's
@@ -112,32 +112,13 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
 
 
 def _planned_changes(inputs_changed) -> list[str]:
-    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change,
-    by name. Each is an `OperationMeta` that `any_changed(...)` closed over; before execution
-    only its planned `will_change` is known. Unreadable inputs count as a change."""
+    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change, by name
+    (`this_run.Inputs.planned`); inputs given only as a callable count as a change."""
     if inputs_changed is None:
         return []
-    metas = []
-    for cell in inputs_changed.__closure__ or ():
-        value = cell.cell_contents
-        metas += [m for m in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(m, OperationMeta)]
-    if not metas:
-        return ["(its inputs)"]
-    real = this_run.unproxied(host)
-    changing = []
-    for meta in metas:
-        try:
-            op_data = real.state.get_op_data_for_host(real, meta._hash)
-            conditional = bool(op_data.global_arguments.get("_if"))
-            name = ", ".join(sorted(real.state.get_op_meta(meta._hash).names)) or meta._hash
-        except Exception:  # not an operation of this run's state: judge it by its own plan
-            conditional, name = False, meta._hash
-        # pyinfra plans a conditional operation (`_if`) as changing whatever its condition will
-        # say (the ABI probe always shows as "Conditional Change"); it changes only when the
-        # operations its condition reads change, and those are judged on their own here.
-        if not conditional and meta.will_change:
-            changing.append(name)
-    return changing
+    if isinstance(inputs_changed, this_run.Inputs):
+        return inputs_changed.planned()
+    return ["(its inputs)"]
 
 
 def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -> None:
@@ -146,7 +127,7 @@ def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -
     A generation's path names its content (stack and patch-set digests, operations/venv.py), so
     an existing one holds the engine the unit will run; the run may still repair it or stage
     models first, which the message says, but the parser's verdict is the one that counts."""
-    result = host.get_fact(Verdict, venv_path=venv_path, cmd=cmd)
+    result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd)
     if result.get("absent"):
         host.log(f"{service}: preflight runs once this run has built {venv_path}")
         return
@@ -196,7 +177,7 @@ def passed(
             endpoint="http://127.0.0.1:30000", unit_path="/etc/systemd/system/sglang-ddtree.service", unit_text="...",
         )
     """
-    current = host.get_fact(Sha1File, path=unit_path)
+    current = host_reads.get(host, Sha1File, path=unit_path)
     unit_changes = current != hashlib.sha1(unit_text.encode()).hexdigest()
     inputs_change = this_run.changed(inputs_changed)
     if not unit_changes and not inputs_change:

@@ -14,9 +14,10 @@ import shlex
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from operations import host_reads, redact, remote, this_run
+from operations.host_reads import operation
 from report.summary import record
 
 # How old a kept answer may be when it decides that a service serves. A converged run reaches this gate about a
@@ -24,6 +25,7 @@ from report.summary import record
 VERDICT_MAX_AGE_S = 30
 
 
+@host_reads.batched()
 class ServiceState(FactBase):
     """systemd state of a unit and the HTTP status of its `/health` (None when nothing answers)."""
 
@@ -36,7 +38,7 @@ class ServiceState(FactBase):
 
 def service_state(unit: str, address: str, port: int, inputs: tuple[str, ...] = ()) -> dict:
     """The `ServiceState` fact; a clear error where pyinfra returned nothing (it has failed the host already)."""
-    state = host.get_fact(ServiceState, unit=unit, address=address, port=port, inputs=inputs)
+    state = host_reads.get(host, ServiceState, unit=unit, address=address, port=port, inputs=inputs)
     if not isinstance(state, dict):
         raise OperationError(
             f"{host.name}: could not read the state of {unit} (systemd and {address}:{port}/health): the connection "

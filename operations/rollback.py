@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pyinfra import host
-from pyinfra.api import operation
 from pyinfra.facts.files import Directory
-from pyinfra.operations import files
 
-from operations import remote
+from operations import directory, host_reads, remote
+from operations.host_reads import operation
 
 STATE_DIR = "/var/lib/sglang-deploy"
 BACKUP_DIR = f"{STATE_DIR}/rollback"
@@ -97,7 +96,7 @@ def state_private(create: bool = True):
         rollback.state_private(name="State directory /var/lib/sglang-deploy is root's alone")
     """
     for path in (STATE_DIR, RECORD_DIR, BACKUP_DIR):
-        if not create and host.get_fact(Directory, path=path) is None:
+        if not create and host_reads.get(host, Directory, path=path) is None:
             host.noop(f"directory {path} does not exist")
             continue
-        yield from files.directory._inner(path=path, present=True, user="root", group="root", mode="700")
+        yield from directory.present._inner(path=path, user="root", group="root", mode="700")

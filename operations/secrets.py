@@ -22,13 +22,13 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
-from pyinfra.operations import files
+from pyinfra.api import FactBase
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
-from operations import redact
+from operations import directory, host_reads, redact
 from operations.file_write import replace_file
+from operations.host_reads import operation
 
 SECRETS_DIR = "/etc/sglang-deploy/secrets"
 _ENV_PREFIX = "SGLANG_DEPLOY_SECRET_"
@@ -159,6 +159,7 @@ def config_text(api_key: Secret | None, admin_api_key: Secret | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+@host_reads.batched()
 class SecretFileState(FactBase):
     """sha256 and mode of a secret file (never its content), or None if absent."""
 
@@ -186,8 +187,8 @@ def ensure_directory(group: str) -> None:
     restarts no service (a key file's operation is one of its service's inputs).
     """
     dir_mode, _ = file_modes(group)
-    files.directory(name=f"Secrets directory {SECRETS_DIR} is {dir_mode} root:{group}", path=SECRETS_DIR, present=True,
-                    user="root", group=group, mode=dir_mode)
+    directory.present(name=f"Secrets directory {SECRETS_DIR} is {dir_mode} root:{group}", path=SECRETS_DIR,
+                      user="root", group=group, mode=dir_mode)
 
 
 @operation()
@@ -218,7 +219,7 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
         # The file's sha256 is derived from the keys (a weak key could be guessed from it): `-vvv` prints it
         # (this fact's output, the started record's), so it is redacted like the keys themselves.
         redact.register(f"sha256 of the key file of {service}", digest)
-    state = host.get_fact(SecretFileState, path=path)
+    state = host_reads.get(host, SecretFileState, path=path)
     if not present:
         if state is None:
             host.noop(f"secret file of {service} is absent")

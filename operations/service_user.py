@@ -27,9 +27,12 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import server
+from pyinfra.facts.server import Groups
+
+from operations import host_reads
+from operations.host_reads import operation
 
 STATE_DIR = "/var/lib/sglang"
 CACHE_DIR = "/var/cache/sglang"
@@ -81,6 +84,7 @@ def hidden_paths(venv_path: str, store_paths: tuple[str, ...]) -> list[tuple[str
     return list(seen.items())
 
 
+@host_reads.batched()
 class GpuDevices(FactBase):
     """Mode (octal), group and path of each NVIDIA character device (empty on a host without them)."""
 
@@ -125,7 +129,7 @@ def device_access(devices: list[tuple[str, str, str]], user: str) -> tuple[tuple
 
 def gpu_device_groups(user: str) -> tuple[str, ...]:
     """The GPU device groups of the current host (a fact, read before the deploy changes anything)."""
-    groups, _ = device_access(host.get_fact(GpuDevices), user)
+    groups, _ = device_access(host_reads.get(host, GpuDevices), user)
     return groups
 
 
@@ -136,7 +140,7 @@ def devices_reachable(user: str):
 
     + user: the service user
     """
-    _, closed = device_access(host.get_fact(GpuDevices), user)
+    _, closed = device_access(host_reads.get(host, GpuDevices), user)
     if closed:
         raise OperationError(
             f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, group root): "
@@ -147,6 +151,7 @@ def devices_reachable(user: str):
     yield from ()
 
 
+@host_reads.batched()
 class Account(FactBase):
     """One account's passwd entry and its primary group's name, or None when it does not exist.
 
@@ -170,6 +175,20 @@ class Account(FactBase):
 
 
 @operation()
+def group_present(group: str):
+    """
+    A system group ``group`` (pyinfra's `server.group` does the same, reading the host's groups again on every run;
+    this decides from the host's one read).
+
+    + group: its name
+    """
+    if group in host_reads.get(host, Groups):
+        host.noop(f"group {group} exists")
+        return
+    yield StringCommand("groupadd", "--system", QuoteString(group))
+
+
+@operation()
 def account(user: str, group: str, home: str, shell: str):
     """
     A system account ``user`` with primary group ``group``, home ``home`` (not created) and login shell ``shell``.
@@ -179,7 +198,7 @@ def account(user: str, group: str, home: str, shell: str):
     + home: its home directory, set in passwd only (systemd's `StateDirectory=` makes it for the unit)
     + shell: its login shell (`/usr/sbin/nologin`)
     """
-    found = host.get_fact(Account, user=user)
+    found = host_reads.get(host, Account, user=user)
     if found is None:
         yield StringCommand("useradd", "-d", QuoteString(home), "-s", QuoteString(shell), "-g", QuoteString(group), "-r", "-M", QuoteString(user))
         return
@@ -201,5 +220,5 @@ def ensure_account(user: str) -> None:
     devices_reachable(name=f"GPU devices reachable by {user}", user=user)
     if user == "root":
         return
-    server.group(name=f"System group {user}", group=group_of(user), system=True)
+    group_present(name=f"System group {user}", group=group_of(user))
     account(name=f"System user {user} (no login shell) runs the services", user=user, group=group_of(user), home=STATE_DIR, shell=NOLOGIN)

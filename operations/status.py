@@ -30,8 +30,8 @@ from pyinfra.api import FactBase
 from pyinfra.facts.files import File, Sha1File
 
 from operations import gpus, host_reads, lifecycle, lock, models, patches, placement, readiness, remote, units, venv
+from operations.pyinfra_adapter import real_host
 from operations.service_user import gpu_device_groups
-from operations.this_run import unproxied
 
 COVERS = (
     "DEPLOY WOULD covers the GPU check, venv generations (fast check), patch sets, staged models (fast check), "
@@ -133,7 +133,7 @@ def service_changes(state: dict, unit_path: str, unit_changed: bool, inputs_chan
 
 def _fact(host, cls, **kwargs):
     try:
-        return host.get_fact(cls, **kwargs)
+        return host_reads.get(host, cls, **kwargs)
     except Exception as exc:  # a fact that failed on the host: shown in the row, never a traceback
         return _Unread(f"{cls.__name__}: {exc}")
 
@@ -153,23 +153,20 @@ def read_host(state, host, config, stack, patch_sets: dict, watched: dict[str, t
     `watched`: service name -> the paths its process loads (deploys/service.py `watched_inputs`), the
     arguments the deploy reads `ServiceState` with (so the answer comes from the same read).
     """
-    host = unproxied(host)  # the Host itself: pyinfra's `host` names it only in the greenlet loading this file
+    host = real_host(host)  # the Host itself: pyinfra's `host` names it only in the greenlet loading this file
     lock.send_without_delay(host)  # each command otherwise waits for a delayed ACK (operations/lock.py)
     lock.watch_connection(host)  # a host that stops answering is dropped within seconds, not waited for
     digest = repr(config)
-    reads = host_reads.prepare(state, host, config_digest=digest)
+    # The status keeps nothing on the control machine: what it asks is not saved as the next read set.
+    host_reads.prepare(state, host, config_digest=digest, keep_read_set=False)
     # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder, and where
     # nothing is placed (the deploy reads no GPUs there), the GPUs. /health and its latency come with the deploy's
     # own ServiceState read.
     also = [(StatusProbe, {})] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
-    try:
-        host_reads.install(state, host, config_digest=digest, also=tuple(also))
-        probe = _fact(host, StatusProbe)
-        bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
-        return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)
-    finally:
-        # The status keeps nothing on the control machine: what it asked is not saved as the next read set.
-        reads.asked.clear()
+    host_reads.install(state, host, config_digest=digest, also=tuple(also))
+    probe = _fact(host, StatusProbe)
+    bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
+    return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)
 
 
 def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[dict]:

@@ -21,6 +21,7 @@ from typing import Callable
 import gevent
 
 from operations import host_reads
+from operations.pyinfra_adapter import ssh_transport
 
 CHUNK = 1 << 20
 PROGRESS_EVERY_S = 5.0
@@ -37,13 +38,6 @@ def channel(host, command: str):
         raise RuntimeError(f"{host.name}: streaming needs an SSH connection to the host")
     opened.exec_command(command)
     return opened
-
-
-def ssh_transport(host):
-    """The paramiko transport under `host`'s pyinfra SSH connection; None where it has none (another connector)."""
-    client = getattr(getattr(host, "connector", None), "client", None)
-    get_transport = getattr(client, "get_transport", None)
-    return get_transport() if get_transport else None
 
 
 def open_session(host):

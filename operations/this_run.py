@@ -7,10 +7,11 @@ on an earlier one's change judges by the host's state alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from pyinfra import host
-from pyinfra.context import ContextObject
+from pyinfra.api.operation import OperationMeta
 
 
 def changed(flag: Callable[[], bool] | None) -> bool:
@@ -24,7 +25,18 @@ def executing() -> bool:
     return bool(host.state.is_executing)
 
 
-def unproxied(obj):
-    """The object behind pyinfra's context proxy (`from pyinfra import host`, `state`), which is empty outside the
-    host's load; any other object as it is. Kept on the real host, a value outlives the load (host_reads, lock)."""
-    return obj._get_module() if isinstance(obj, ContextObject) else obj
+@dataclass(frozen=True)
+class Inputs:
+    """Operations of this run whose result a service's process loads (its venv, patch sets, models, key file),
+    by the name each was added with; `conditional`: an operation with an `_if`, which pyinfra plans as changing
+    whatever its condition will say. Called, it answers whether any of them changed (as pyinfra's `any_changed`)."""
+
+    ops: tuple[tuple[str, OperationMeta, bool], ...]
+
+    def __call__(self) -> bool:
+        return any(meta.did_change() for _, meta, _ in self.ops)
+
+    def planned(self) -> list[str]:
+        """The names of those planned to change: before execution (and all of `--dry`) only a plan is known. A
+        conditional operation changes only when the operations its condition reads change, judged on their own."""
+        return [name for name, meta, conditional in self.ops if not conditional and meta.will_change]

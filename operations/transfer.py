@@ -18,14 +18,16 @@ import shlex
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration.settings import GLOBAL_KEYS
-from operations import remote, streaming
+from operations import host_reads, remote, streaming
+from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 
 
+@host_reads.batched()
 class StoreListing(FactBase):
     """``{relpath: size}`` of a model directory (marker and manifest files left out), or None if absent."""
 
@@ -141,7 +143,7 @@ def in_store(model: str, path: str, source: str | None = None):
 
         transfer.in_store(name="Qwen3.6-27B in the store", model="Qwen3.6-27B", path="/root/models/Qwen3.6-27B", source="gpu-a")
     """
-    listing = host.get_fact(StoreListing, path=path)
+    listing = host_reads.get(host, StoreListing, path=path)
     if listing:
         host.noop(f"model {model} is in the store at {path}")
         return

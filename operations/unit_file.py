@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host
-from pyinfra.api import operation
 from pyinfra.facts.files import File, Sha1File
 
+from operations import host_reads
 from operations.file_write import replace_file
+from operations.host_reads import operation
 
 MODE = "644"
 
@@ -24,8 +25,8 @@ def written(path: str, text: str):
     Written beside and renamed over (operations/file_write.py): systemd, or a reader, never
     sees half a unit, even if the connection drops mid-upload.
     """
-    found = host.get_fact(File, path=path)
-    same_text = found is not None and host.get_fact(Sha1File, path=path) == hashlib.sha1(text.encode()).hexdigest()
+    found = host_reads.get(host, File, path=path)
+    same_text = found is not None and host_reads.get(host, Sha1File, path=path) == hashlib.sha1(text.encode()).hexdigest()
     if same_text and str(found.get("mode")) == MODE and found.get("user") == "root" and found.get("group") == "root":
         host.noop(f"unit file {path} is current")
         return

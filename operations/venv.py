@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError
 from pyinfra.operations import files
 
 from configuration.stacks import Package, Stack
+from operations import host_reads, remote, streaming
 from operations import installer as installer_mod
-from operations import remote, streaming
+from operations.host_reads import operation
 from tools import wheelhouse as wheelhouse_mod
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
@@ -154,6 +155,7 @@ def resolve(
 # Facts ---------------------------------------------------------------------------------
 
 
+@host_reads.batched(slow=True)
 class VenvState(FactBase):
     """The live link, the wanted and live generations' distributions, the host's wheel cache.
 
@@ -209,7 +211,7 @@ def unread(what: str, where: str) -> OperationError:
 
 
 def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
-    facts = host.get_fact(VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
+    facts = host_reads.get(host, VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
     if facts is None:
         raise unread("the serving venv", gen.live)
     refuse_untrusted(facts, gen, host_cache)
@@ -588,7 +590,7 @@ def _donor_state(source: Source, verify: str = "fast") -> dict | None:
     if not donor.connected:
         return None
     path = _donor_path(source)
-    facts = donor.get_fact(VenvState, live=path, wanted=path, host_cache="/nonexistent", verify=verify)
+    facts = host_reads.get(donor, VenvState, live=path, wanted=path, host_cache="/nonexistent", verify=verify)
     if facts is not None and facts.get("untrusted"):
         # Its files would become this generation's, run by root: a donor's venv must be root's too.
         logger.warning(f"{host.name}: donor {source.location}'s venv {path} is not used: {'; '.join(facts['untrusted'][:2])}")

@@ -17,10 +17,14 @@ import sys
 import zlib
 
 import pytest
+from pyinfra import host as context_host
 from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
 from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.operations import files, server
 
 from operations import host_reads, remote
 from operations.transfer import StoreListing
@@ -123,36 +127,79 @@ def test_the_runner_imports_only_what_the_scripts_import():
     assert host_reads.split_batch(proc.stdout.splitlines(), {1}) == {1: (0, ["[]"])}
 
 
-def test_a_fact_is_read_once_until_a_command_runs_on_the_host(local, tree):
+def run_operations(state, *operations) -> None:
+    """Add each (operation, arguments) on the @local host and run them, as pyinfra's CLI does."""
+    for op, kwargs in operations:
+        add_op(state, op, **kwargs)
+    run_ops(state)
+
+
+def test_a_fact_is_read_once_until_an_operation_runs_a_command_on_the_host(local, tree):
     state, host, reads = installed(local, "data-1")
     path = str(tree / "config.json")
-    first = host.get_fact(Sha1File, path=path)
+    first = host_reads.get(host, Sha1File, path=path)
     (tree / "config.json").write_text('{"changed": true}')  # behind pyinfra's back: not seen (one read per run)
-    assert host.get_fact(Sha1File, path=path) == first
+    assert host_reads.get(host, Sha1File, path=path) == first
     assert reads.remote_reads == 1
-    host.run_shell_command(f"echo '{{}}' > {shlex.quote(path)}", print_output=False)  # a change made by the run
-    again = host.get_fact(Sha1File, path=path)
-    assert again != first and reads.remote_reads == 2
-    assert host.get_fact(Sha1File, path=path) == again and reads.remote_reads == 2
+    seen = []
+
+    @host_reads.operation()
+    def look():
+        if context_host.state.is_executing:
+            seen.append(host_reads.get(context_host, Sha1File, path=path))
+        context_host.noop("looked")
+        yield from ()
+
+    run_operations(
+        state,
+        (files.directory, {"path": str(tree / "sub")}),  # changes nothing: the answers are kept...
+        (look, {}),
+        (server.shell, {"commands": [f"echo '{{}}' > {shlex.quote(path)}"]}),  # ...a command drops them
+        (look, {}),
+    )
+    assert seen[0] == first and seen[1] not in (first, None)
+    assert reads.remote_reads == 2
+
+
+def test_our_operation_reads_again_after_each_of_its_own_commands(local, tree):
+    """`host_reads.operation`: a fact read after the operation's own command (in the same operation) is the
+    host's answer after that command; while pyinfra only looks at an operation (before executing it) nothing
+    is dropped."""
+    state, host, reads = installed(local, "d")
+    path = str(tree / "config.json")
+    seen = []
+
+    @host_reads.operation()
+    def write_then_read():
+        seen.append(host_reads.get(context_host, Sha1File, path=path))
+        yield f"echo changed > {shlex.quote(path)}"
+        seen.append(host_reads.get(context_host, Sha1File, path=path))
+
+    before = host_reads.get(host, Sha1File, path=path)
+    add_op(state, write_then_read)
+    assert seen == [before] and reads.remote_reads == 1  # looked at up to its first command: nothing ran, nothing dropped
+    run_ops(state)
+    assert seen[1] == before and seen[2] != before  # executing: read again after its command ran
+    assert reads.remote_reads == 2
 
 
 def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree):
     state, host = local()
     host_reads.install(state, host, config_digest="data-1")
-    first = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    first = [host_reads.get(host, cls, **kwargs) for cls, kwargs in facts_for(tree)]
     assert host_reads.reads_of(host).remote_reads == len(facts_for(tree))
     state.trigger_callbacks("host_disconnect", host)
 
     state, host = local()
     host_reads.install(state, host, config_digest="data-1")
-    second = [host.get_fact(cls, **kwargs) for cls, kwargs in reversed(facts_for(tree))]
+    second = [host_reads.get(host, cls, **kwargs) for cls, kwargs in reversed(facts_for(tree))]
     assert [_no_atime(v) for v in second[::-1]] == [_no_atime(v) for v in first]
     assert host_reads.reads_of(host).remote_reads == 1
 
     # Other data on the same host: another read set (none yet), so each fact is read on its own.
     state, host = local()
     host_reads.install(state, host, config_digest="data-2")
-    [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    [host_reads.get(host, cls, **kwargs) for cls, kwargs in facts_for(tree)]
     assert host_reads.reads_of(host).remote_reads == len(facts_for(tree))
 
 
@@ -161,9 +208,9 @@ def test_a_full_verify_is_never_read_ahead(local, tmp_path):
 
     state, host, reads = installed(local, "d")
     kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
-    host.get_fact(VenvState, verify="full", **kwargs)
-    host.get_fact(VenvState, **kwargs)  # the default, fast: the same as verify="fast"
-    host.get_fact(VenvState, verify="fast", **kwargs)
+    host_reads.get(host, VenvState, verify="full", **kwargs)
+    host_reads.get(host, VenvState, **kwargs)  # the default, fast: the same as verify="fast"
+    host_reads.get(host, VenvState, verify="fast", **kwargs)
     assert reads.remote_reads == 2
     state.trigger_callbacks("host_disconnect", host)
     saved = json.loads(reads.read_set.read_text())
@@ -181,32 +228,31 @@ class Fails(FactBase):
 
 
 def test_a_fact_that_fails_in_the_batch_is_read_on_its_own_and_fails_as_pyinfra_reports_it(local, tree, monkeypatch):
-    batched = {**host_reads._batched_facts(), host_reads._name(Fails): Fails}
-    monkeypatch.setattr(host_reads, "_batched_facts", lambda: batched)
+    monkeypatch.setitem(host_reads._BATCHED, host_reads._name(Fails), Fails)
     state, host = local()
     host_reads.install(state, host, config_digest="d")
     with pytest.raises(PyinfraError):
-        host.get_fact(Fails)
-    host.get_fact(File, path=str(tree / "config.json"))
+        host_reads.get(host, Fails)
+    host_reads.get(host, File, path=str(tree / "config.json"))
     state.trigger_callbacks("host_disconnect", host)
 
     state, host = local()
     host_reads.install(state, host, config_digest="d")  # the batch: File answers, Fails is left out
     reads = host_reads.reads_of(host)
-    assert reads.remote_reads == 1 and host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    assert reads.remote_reads == 1 and host_reads.get(host, File, path=str(tree / "config.json"))["size"] == 2
     with pytest.raises(PyinfraError):
-        host.get_fact(Fails)  # read on its own, and the host fails as it would without the batch
+        host_reads.get(host, Fails)  # read on its own, and the host fails as it would without the batch
     assert reads.remote_reads == 2
 
 
-def test_an_upload_drops_the_answers_too(local, tree):
+def test_an_operations_upload_drops_the_answers_too(local, tree):
     state, host, reads = installed(local, "d")
     path = str(tree / "config.json")
-    before = host.get_fact(Sha1File, path=path)
+    before = host_reads.get(host, Sha1File, path=path)
     source = tree / "new.json"
     source.write_text('{"new": 1}')
-    host.put_file(str(source), path)
-    assert host.get_fact(Sha1File, path=path) != before and reads.remote_reads == 2
+    run_operations(state, (files.put, {"src": str(source), "dest": path}))
+    assert host_reads.get(host, Sha1File, path=path) != before and reads.remote_reads == 2
 
 
 def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(local, tree, monkeypatch):
@@ -215,20 +261,20 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
     import gevent
 
     state, host, reads = installed(local, "d")
-    original = host_reads._ORIGINAL["get_fact"]
+    original = host.get_fact
 
-    def read_during_a_change(self, cls, **kwargs):
-        value = original(self, cls, **kwargs)
-        gevent.spawn(host.run_shell_command, "true", print_output=False).join()  # B changes meanwhile
+    def read_during_a_change(cls, **kwargs):
+        value = original(cls, **kwargs)
+        gevent.spawn(host_reads.changed, host).join()  # B changes meanwhile (B's operation, a stream into B)
         return value
 
-    monkeypatch.setitem(host_reads._ORIGINAL, "get_fact", read_during_a_change)
+    monkeypatch.setattr(host, "get_fact", read_during_a_change)
     path = str(tree / "config.json")
-    host.get_fact(Sha1File, path=path)
+    host_reads.get(host, Sha1File, path=path)
     assert reads.answers == {}
-    monkeypatch.setitem(host_reads._ORIGINAL, "get_fact", original)
-    host.get_fact(Sha1File, path=path)
-    host.get_fact(Sha1File, path=path)
+    monkeypatch.setattr(host, "get_fact", original)
+    host_reads.get(host, Sha1File, path=path)
+    host_reads.get(host, Sha1File, path=path)
     assert reads.remote_reads == 2  # read again once, then kept
 
 
@@ -246,7 +292,7 @@ def _a_run_that_asked(local, tree, digest: str):
     """Leave a read set behind: one run on @local that asked for every fact of facts_for(tree)."""
     state, host = local()
     host_reads.install(state, host, config_digest=digest)
-    [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    [host_reads.get(host, cls, **kwargs) for cls, kwargs in facts_for(tree)]
     state.trigger_callbacks("host_disconnect", host)
 
 
@@ -258,7 +304,7 @@ def test_a_read_begun_when_the_lock_is_taken_answers_the_run(local, tree):
     assert reads.remote_reads == 0  # prepared: nothing read yet
     host_reads.start_read(host)  # what lock.acquire's on_held does as the host's lock is taken
     host_reads.install(state, host, config_digest="lock-1")
-    answers = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    answers = [host_reads.get(host, cls, **kwargs) for cls, kwargs in facts_for(tree)]
     assert reads.remote_reads == 1 and answers[1] is None and answers[4]["config.json"] == 2
 
 
@@ -275,11 +321,11 @@ def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
     gevent.joinall(reads.pending)  # the read is done...
     assert reads.answers
     (tree / "config.json").write_text('{"another run": 1}')
-    host.run_shell_command("true", print_output=False)  # ...then the lock is given back: a command on the host
+    host_reads.changed(host)  # ...then the lock is given back (operations/lock.py `_give_back` says so)
     assert not reads.answers
     host_reads.install(state, host, config_digest="lock-2")
     assert reads.remote_reads == 2  # read again, in one call
-    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == len('{"another run": 1}')
+    assert host_reads.get(host, StoreListing, path=str(tree))["config.json"] == len('{"another run": 1}')
     assert reads.remote_reads == 2
 
 
@@ -292,7 +338,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
     state, host = local()
     host_reads.prepare(state, host, config_digest="lock-3")
     reads = host_reads.reads_of(host)
-    real_run, calls = host_reads._ORIGINAL["run_shell_command"], []
+    real_run, calls = host.run_shell_command, []
 
     def slow_first(*args, **kwargs):
         result = real_run(*args, **kwargs)
@@ -301,7 +347,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
             gevent.sleep(0.5)  # read now, answer late
         return result
 
-    monkeypatch.setitem(host_reads._ORIGINAL, "run_shell_command", slow_first)
+    monkeypatch.setattr(host, "run_shell_command", slow_first)
     host_reads.start_read(host)  # the first hold
     while not calls:
         gevent.sleep(0.01)
@@ -309,7 +355,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
     host_reads.start_read(host)  # the second
     host_reads.install(state, host, config_digest="lock-3")
     assert len(calls) == 2 and not reads.pending
-    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == len('{"taken again": true}')
+    assert host_reads.get(host, StoreListing, path=str(tree))["config.json"] == len('{"taken again": true}')
 
 
 def _run_locally(command: str, answer_after_s: float = 0.0):
@@ -333,12 +379,12 @@ def test_a_read_run_by_the_command_that_took_the_lock_answers_the_run_without_an
     batch = host_reads.lock_read(host)
     assert batch is not None and len(batch.keys) == len(facts_for(tree))
     calls = []
-    real_run = host_reads._ORIGINAL["run_shell_command"]
-    monkeypatch.setitem(host_reads._ORIGINAL, "run_shell_command", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    real_run = host.run_shell_command
+    monkeypatch.setattr(host, "run_shell_command", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     host_reads.start_read(host, (batch, _run_locally(batch.command)))
     host_reads.install(state, host, config_digest="with-lock-1")
     reads = host_reads.reads_of(host)
-    answers = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
+    answers = [host_reads.get(host, cls, **kwargs) for cls, kwargs in facts_for(tree)]
     assert calls == [] and reads.remote_reads == 1
     assert answers[1] is None and answers[4]["config.json"] == 2
 
@@ -358,11 +404,11 @@ def test_a_read_run_with_the_lock_that_failed_or_went_stale_is_read_again(local,
         host_reads.start_read(host, (batch, _run_locally(batch.command, answer_after_s=0.5)))
         gevent.sleep(0.2)  # read, not yet answered...
         (tree / "config.json").write_text('{"changed": 1}')
-        host.run_shell_command("true", print_output=False)  # ...when a command runs on the host (the lock given back)
+        host_reads.changed(host)  # ...when the lock is given back
     host_reads.install(state, host, config_digest=f"with-lock-{spoil}")
     assert reads.remote_reads == 2  # the lock's read, then one call of its own
     expected = len('{"changed": 1}') if spoil == "host changed" else 2
-    assert host.get_fact(StoreListing, path=str(tree))["config.json"] == expected
+    assert host_reads.get(host, StoreListing, path=str(tree))["config.json"] == expected
     assert reads.remote_reads == 2
 
 
@@ -408,7 +454,7 @@ def test_a_planted_read_set_runs_nothing_but_the_reads_this_deploy_derives(local
     read_set.write_text(json.dumps(planted))
     host_reads.install(state, host, config_digest="d")
     assert host_reads.reads_of(host).remote_reads == 1  # the plain entries still share one read
-    assert host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    assert host_reads.get(host, File, path=str(tree / "config.json"))["size"] == 2
     assert not pwned.exists()
 
 
@@ -427,19 +473,19 @@ def test_an_answer_older_than_a_decision_allows_is_read_again(local, tree, monke
     and other facts' answers, are kept."""
     state, host, reads = installed(local, "d")
     config = str(tree / "config.json")
-    host.get_fact(File, path=config)
-    host.get_fact(Directory, path=str(tree))
+    host_reads.get(host, File, path=config)
+    host_reads.get(host, Directory, path=str(tree))
     assert reads.remote_reads == 2
     host_reads.fresh(host, File, max_age_s=60)
-    host.get_fact(File, path=config)
+    host_reads.get(host, File, path=config)
     assert reads.remote_reads == 2  # young enough: kept
     clock = [host_reads.time.monotonic() + 120]
     monkeypatch.setattr(host_reads.time, "monotonic", lambda: clock[0])
     host_reads.fresh(host, File, max_age_s=60)
     (tree / "config.json").write_text("{}\n")
-    assert host.get_fact(File, path=config)["size"] == 3  # read again: the host's answer now
+    assert host_reads.get(host, File, path=config)["size"] == 3  # read again: the host's answer now
     assert reads.remote_reads == 3
-    host.get_fact(Directory, path=str(tree))
+    host_reads.get(host, Directory, path=str(tree))
     assert reads.remote_reads == 3  # another fact's answer is not dropped
 
 
@@ -485,8 +531,8 @@ def test_a_read_set_too_large_for_one_shell_argument_is_batched_in_part_and_the_
     assert any("StoreListing" in k for k in batch.keys)  # ours are kept before pyinfra's
     assert 0 < len(batch.keys) < len(entries)
     host_reads.install(state, host, config_digest="d")
-    assert host.get_fact(File, path=paths[-1]) is not None  # one the batch left out: read on its own
-    assert host.get_fact(File, path=paths[0]) is not None
+    assert host_reads.get(host, File, path=paths[-1]) is not None  # one the batch left out: read on its own
+    assert host_reads.get(host, File, path=paths[0]) is not None
 
 
 def test_facts_asked_beside_the_read_set_come_from_the_same_single_call(local, tree):
@@ -496,7 +542,7 @@ def test_facts_asked_beside_the_read_set_come_from_the_same_single_call(local, t
     read_set.write_text(json.dumps([["pyinfra.facts.files:File", {"path": str(tree / "config.json")}]]))
     host_reads.install(state, host, config_digest="d", also=((Directory, {"path": str(tree)}), (Sha1File, {"path": str(tree / "config.json")})))
     reads = host_reads.reads_of(host)
-    assert host.get_fact(Directory, path=str(tree)) is not None
-    assert host.get_fact(Sha1File, path=str(tree / "config.json")) == "bf21a9e8fbc5a3846fb05b4fa0859e0917b2202f"
-    assert host.get_fact(File, path=str(tree / "config.json"))["size"] == 2
+    assert host_reads.get(host, Directory, path=str(tree)) is not None
+    assert host_reads.get(host, Sha1File, path=str(tree / "config.json")) == "bf21a9e8fbc5a3846fb05b4fa0859e0917b2202f"
+    assert host_reads.get(host, File, path=str(tree / "config.json"))["size"] == 2
     assert reads.remote_reads == 1

@@ -143,14 +143,15 @@ def test_dry_run_that_passes_or_cannot_check_yet_does_not_fail(monkeypatch):
 
 def test_dry_run_names_the_inputs_the_run_changes_first(monkeypatch):
     from pyinfra.api.operation import OperationMeta
-    from pyinfra.operations.util import any_changed
+
+    from operations.this_run import Inputs
 
     passing = {"parser": "sglang 0.5.23", "parse_error": None, "import_error": None}
-    rebuilt, same = OperationMeta("a", True), OperationMeta("b", False)
-    _, lines, failed, asked = run_dry(monkeypatch, passing, inputs_changed=any_changed(same, rebuilt))
+    rebuilt, same, probe = OperationMeta("a", True), OperationMeta("b", False), OperationMeta("c", True)
+    _, lines, failed, asked = run_dry(monkeypatch, passing, inputs_changed=Inputs((("b", same, False), ("a", rebuilt, False), ("c", probe, True))))
     assert preflight.Verdict in asked and not failed
     assert "dflash: preflight would pass (sglang 0.5.23) (the run first changes: a)" in lines
-    _, lines, _, _ = run_dry(monkeypatch, passing, inputs_changed=any_changed(same))
+    _, lines, _, _ = run_dry(monkeypatch, passing, inputs_changed=Inputs((("b", same, False),)))
     assert "dflash: preflight would pass (sglang 0.5.23)" in lines
 
 
