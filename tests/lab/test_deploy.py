@@ -79,6 +79,15 @@ def test_second_run_reports_no_changes_and_restarts_nothing(first_run):
     assert {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()} == pids
 
 
+def test_a_converged_run_reads_each_host_in_one_call(first_run):
+    """pyinfra's --debug log names each host's read calls (operations/host_reads.py): on a converged host one, the
+    command that took its deploy lock; every fact the run asks comes from it."""
+    result = deploy("lab/inventory.py", "--debug")
+    assert result.returncode == 0 and result.changed == [], result
+    calls = dict(re.findall(r"\b(gpu-[a-z]): (\d+) read call\(s\) to the host", result.stdout + result.stderr))
+    assert {"gpu-a", SPARE} <= set(calls) and set(calls.values()) == {"1"}, calls
+
+
 def test_dry_run_on_converged_hosts_plans_nothing_unconditional(first_run):
     result = deploy("lab/inventory.py", "--dry")
     assert result.returncode == 0, result
