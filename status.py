@@ -28,7 +28,7 @@ options = status_view.options_from(os.environ)
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
-watched = {s.name: watched_inputs(s, f"/etc/systemd/system/{s.unit_name}") for s in config.services}
+watched = {s.name: watched_inputs(s, s.unit_path) for s in config.services}
 status_view.record(host.name, status_reads.read_host(state, host, config, stack, patch_sets, watched))
 # Added last (after the host read's own callbacks): its host_disconnect ends the process with the status's code.
 if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):

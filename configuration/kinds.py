@@ -22,6 +22,8 @@ from typing import Annotated, Any, Callable, Literal, Union
 from pydantic import AfterValidator, BeforeValidator, Strict, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from configuration.host_paths import OWN_PATHS, SERVICE_CACHE_DIR, SERVICE_STATE_DIR
+
 REFUSED = "refused"
 
 
@@ -324,12 +326,6 @@ DENIED_PATHS = (
 # Trees nothing of ours may be inside (system files, kernel interfaces), except the RAM disks.
 DENIED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr", "/run/user")
 ALLOWED_IN_DENIED_TREES = ("/dev/shm",)
-# Our own fixed paths on every host (operations/secrets.py, models.py, lock.py, units).
-OWN_PATHS = ("/etc/sglang-deploy", "/usr/local/lib/sglang-deploy", "/run/sglang-deploy.lock", "/etc/systemd/system")
-# The unit's StateDirectory= and CacheDirectory= (templates/sglang.service.j2): systemd hands them to the
-# service user, whose home the first is (operations/service_user.py; a unit test keeps them equal).
-SERVICE_STATE_DIR = "/var/lib/sglang"
-SERVICE_CACHE_DIR = "/var/cache/sglang"
 # Places the service user or any local user can write. Root later runs the venv's python, reads and installs
 # the wheels and serves the models: none of those may lie where someone else could put or swap a file.
 WRITABLE_BY_OTHERS = {

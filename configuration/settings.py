@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from configuration import engine_flags, kinds, schema
+from configuration import engine_flags, host_paths, kinds, schema
 from configuration.errors import DataError
 from configuration.yamlload import load_file
 from operations.secrets import Secret, config_path, resolve
@@ -178,6 +178,10 @@ class Service:
     @property
     def unit_name(self) -> str:
         return f"sglang-{self.name}.service"
+
+    @property
+    def unit_path(self) -> str:
+        return host_paths.unit_path(self.unit_name)
 
     @property
     def models(self) -> tuple[ModelUse, ...]:

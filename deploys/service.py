@@ -45,7 +45,7 @@ def watched_inputs(service, unit_path: str) -> tuple[str, ...]:
 def service(config, service, stack, patch_sets: dict, environment: Environment, model_copies: ModelCopies,
             device_groups: tuple[str, ...]) -> None:
     """Add the operations that make one service run its data, and gate on its readiness."""
-    unit_path = f"/etc/systemd/system/{service.unit_name}"
+    unit_path = service.unit_path
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
     staging = models.boot_unit_name(config) if any(m.location == "shm" for m in service.models) else None
     unit_text = units.render_unit(

@@ -29,11 +29,11 @@ from pyinfra.api import FactBase, FunctionCommand
 
 from configuration import stacks
 from configuration.errors import fail_dry_run
+from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
 from operations import host_reads, remote
 from operations.host_reads import operation
 
-UNIT_DIR = "/etc/systemd/system"
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 # Values nvidia-smi prints for a field it cannot read from a GPU in trouble.

@@ -32,7 +32,6 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
-SECRETS_DIR = "/etc/sglang-deploy/secrets"
 MARK = "MEASURE-RESULT "
 DEFAULTS = {"prompts": 64, "input_len": 256, "output_len": 256, "concurrency": 8, "probe": 4, "timeout_s": 1800}
 # (column, bench JSON key, format): what the table shows of each service's run.
@@ -301,7 +300,7 @@ def served(service: str, placed=None, report: Report | None = None):
         return
     spec = {
         "service": service, "port": placed.port,
-        "key_file": f"{SECRETS_DIR}/{service}.yml" if placed.api_key else None,
+        "key_file": placed.config_file if placed.api_key else None,
         "bench_args": report.options.bench_args(placed.port, "@OUT@"),
         "probe": report.options.probe, "input_len": report.options.input_len,
         "output_len": report.options.output_len, "timeout_s": report.options.timeout_s,

@@ -30,6 +30,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase
 
+from configuration import host_paths
+from configuration.host_paths import BOOT_LIST, BOOT_SCRIPT
 from configuration.settings import HostConfig
 from operations import directory, host_reads, remote, units
 from operations.file_write import replace_file
@@ -38,9 +40,7 @@ from operations.host_reads import operation
 MARKER = ".sglang-deploy-staged.json"
 JOURNAL = ".sglang-deploy-partial.jsonl"
 BOOT_UNIT = "sglang-stage-models.service"
-BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
-BOOT_SCRIPT = "/usr/local/lib/sglang-deploy/stage_model.py"
-BOOT_LIST = "/etc/sglang-deploy/models.json"
+BOOT_UNIT_PATH = host_paths.unit_path(BOOT_UNIT)
 VERIFY_MODES = ("fast", "full")
 
 
@@ -194,7 +194,7 @@ class OwnedInShm(FactBase):
     shm dir that carry our marker or journal, and the models there that an installed unit loads."""
 
     def command(self, shm_dir: str) -> str:
-        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL, "/etc/systemd/system")
+        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL, shlex.quote(host_paths.UNIT_DIR))
 
     def process(self, output):
         return json.loads("\n".join(output))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
+from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, validate_inventory
 from operations import host_reads, remote
 from operations.host_reads import operation
@@ -32,7 +33,6 @@ from operations.models import BOOT_UNIT
 from operations.readiness import probe_address
 from report import summary
 
-UNIT_DIR = "/etc/systemd/system"
 PREFIX = "sglang-"
 
 

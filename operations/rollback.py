@@ -26,10 +26,10 @@ from typing import Callable
 from pyinfra import host
 from pyinfra.facts.files import Directory
 
+from configuration.host_paths import STATE_DIR
 from operations import directory, host_reads, remote
 from operations.host_reads import operation
 
-STATE_DIR = "/var/lib/sglang-deploy"
 BACKUP_DIR = f"{STATE_DIR}/rollback"
 RECORD_DIR = f"{STATE_DIR}/started"  # remote/service_state.py: RECORD_DIR
 

@@ -31,11 +31,11 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.server import Groups
 
+from configuration.host_paths import SERVICE_CACHE_DIR as CACHE_DIR
+from configuration.host_paths import SERVICE_STATE_DIR as STATE_DIR
 from operations import host_reads
 from operations.host_reads import operation
 
-STATE_DIR = "/var/lib/sglang"
-CACHE_DIR = "/var/cache/sglang"
 # ProtectHome=tmpfs mounts an empty, read-only tmpfs on each of these.
 HOME_DIRS = ("/root", "/home", "/run/user")
 NOLOGIN = "/usr/sbin/nologin"

@@ -282,7 +282,7 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
         if not m["verified"]:
             changes.append(f"stage model {m['name']} ({m['why']})")
 
-    unit_path = f"/etc/systemd/system/{service.unit_name}"
+    unit_path = service.unit_path
     unit_changed = False
     if not mine:  # a unit is written only once the GPU check passes (its GPU is then decided)
         digests = {name: patch_sets[name].digest for name in service.patch_sets}

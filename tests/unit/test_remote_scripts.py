@@ -64,3 +64,25 @@ def test_an_include_that_would_change_meaning_when_inlined_is_refused(tmp_path, 
     make_script_dir(tmp_path, monkeypatch, "def twice(x):\n    return 2 * x\n", script)
     with pytest.raises(AssertionError, match=message.replace("[", r"\[").replace("]", r"\]")):
         remote.script("x")
+
+
+def _constant(script: str, name: str):
+    """The value a remote script assigns to `name` at its top level (a literal, or the default of `os.environ.get`)."""
+    tree = ast.parse((Path(remote.__file__).parent / f"{script}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call):  # os.environ.get("VARIABLE", default)
+                value = value.args[1]
+            return ast.literal_eval(value)
+    raise AssertionError(f"{script}.py assigns no {name}")
+
+
+def test_the_host_paths_a_script_keeps_a_copy_of_are_the_deploys():
+    """A script travels alone (stdlib only): where it cannot be given a path as an argument, it keeps a copy of
+    configuration/host_paths.py's, compared here."""
+    from configuration import host_paths
+    from operations import lock, rollback
+
+    assert _constant("service_state", "RECORD_DIR") == rollback.RECORD_DIR == f"{host_paths.STATE_DIR}/started"
+    assert _constant("lock_host", "LOCK") == host_paths.LOCK_PATH == lock.LOCK_PATH  # lock.py's copy: until it imports host_paths

@@ -209,9 +209,10 @@ def test_the_places_the_service_user_writes_are_the_ones_configuration_refuses_f
     # CacheDirectory (systemd hands them to the service user); they must stay the directories the unit names.
     from pathlib import Path
 
-    from configuration import kinds
+    from configuration import host_paths, kinds
 
-    assert (kinds.SERVICE_STATE_DIR, kinds.SERVICE_CACHE_DIR) == (service_user.STATE_DIR, service_user.CACHE_DIR)
+    assert {host_paths.SERVICE_STATE_DIR, host_paths.SERVICE_CACHE_DIR} <= set(kinds.WRITABLE_BY_OTHERS)
+    assert (host_paths.SERVICE_STATE_DIR, host_paths.SERVICE_CACHE_DIR) == (service_user.STATE_DIR, service_user.CACHE_DIR)
     template = (units.TEMPLATES / "sglang.service.j2").read_text()
     assert f"StateDirectory={Path(service_user.STATE_DIR).name}" in template
     assert f"CacheDirectory={Path(service_user.CACHE_DIR).name}" in template
