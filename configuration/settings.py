@@ -30,8 +30,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from configuration import engine_flags, host_paths, kinds, schema
 from configuration.errors import DataError
+from configuration.secrets import Secret, config_path, resolve
 from configuration.yamlload import load_file
-from operations.secrets import Secret, config_path, resolve
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,6 +32,8 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
+from operations import redact
+
 MARK = "MEASURE-RESULT "
 DEFAULTS = {"prompts": 64, "input_len": 256, "output_len": 256, "concurrency": 8, "probe": 4, "timeout_s": 1800}
 # (column, bench JSON key, format): what the table shows of each service's run.
@@ -273,7 +275,8 @@ def install(state, services: list[str], options: Options, out: Path | None) -> R
 def _run(state, host, service: str, venv: str, command: str, report: Report) -> bool:
     host.log(f"measuring {service} ({venv}): {report.options.prompts} prompts, then {report.options.probe} probe requests")
     ok, output = host.run_shell_command(command, print_output=False)
-    result = parse_output(output.stdout) or {"error": (output.stderr or output.stdout)[-2000:] or "no output"}
+    # The engine's own text: secret-named values masked, registered ones redacted (operations/redact.py).
+    result = parse_output(output.stdout) or {"error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
     result["host"] = host.name
     report.results[service] = result
     if not result.get("bench"):

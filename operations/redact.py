@@ -1,7 +1,7 @@
 """Redaction: no secret value the run knows reaches anything the run prints.
 
-Every secret value is registered once, where secrets are loaded (`operations/secrets.py`). From
-the first registration on, a pyinfra CLI run's output streams (`sys.stdout`, `sys.stderr`, and the
+Every secret value is registered once, where secrets are loaded (configuration/secrets.py), in the
+registry of configuration/redaction.py, which this module reads. From the first registration on, a pyinfra CLI run's output streams (`sys.stdout`, `sys.stderr`, and the
 logging handlers that write to them) replace each value with `<secret NAME>`. pyinfra prints
 everything through `click.echo`, which looks `sys.stdout`/`sys.stderr` up at each call: our
 `host.log` lines, journal tails and failure reasons, exceptions and their tracebacks, the commands
@@ -30,13 +30,14 @@ import re
 import sys
 import urllib.parse
 
-# Shorter values would be found inside ordinary words; every key the deploy accepts has 16 or more.
-MIN_LENGTH = 8
+from configuration import redaction
+from configuration.redaction import MIN_LENGTH
+
 # A line break in printed text, with the indentation around it (journal tails are indented by 4).
 _LINE_BREAK = r"(?:[ \t]*\r?\n[ \t]*)?"
 
-# value -> (the name it was last registered under, the compiled pattern of every form of it)
-_PATTERNS: dict[str, tuple[str, re.Pattern]] = {}
+# value -> the compiled pattern of every form of it (the values and their names: configuration/redaction.py)
+_PATTERNS: dict[str, re.Pattern] = {}
 
 # A secret-named key (`api_key`, `admin-api-key`, `hf_token`, `ssl_keyfile_password`, `client_secret`,
 # `"apiKey"`), optionally quoted, then `=` or `:` and its value, quoted or bare. Plurals (`max_tokens`)
@@ -55,16 +56,23 @@ REDACTED = "<redacted>"
 
 def register(name: str, value: str) -> None:
     """Redact `value` from everything printed from now on, as `<secret NAME>` (the name it was last registered under)."""
-    if not isinstance(value, str) or len(value) < MIN_LENGTH:
-        return
-    known = _PATTERNS.get(value)
-    _PATTERNS[value] = (name, known[1] if known else _pattern(value))
-    _install_on_output()
+    redaction.register(name, value)
 
 
 def known(value: str) -> bool:
     """Is `value` registered already (under whatever name)?"""
-    return value in _PATTERNS
+    return redaction.known(value)
+
+
+def _registered(value: str) -> None:
+    """Told of each registration (whoever registered it): its pattern ready, the CLI's output redacted from now on."""
+    _pattern_of(value)
+    _install_on_output()
+
+
+# Registered with the registry when this module loads: every entry point imports it before it loads the data
+# (tests/unit/test_redact.py checks that), so no value is registered before the output can be wrapped.
+redaction.on_register(lambda value: _registered(value))
 
 
 def forms(value: str) -> set[str]:
@@ -101,10 +109,17 @@ def _pattern(value: str) -> re.Pattern:
     return re.compile("|".join(_LINE_BREAK.join(map(re.escape, form)) for form in alternatives))
 
 
+def _pattern_of(value: str) -> re.Pattern:
+    pattern = _PATTERNS.get(value)
+    if pattern is None:
+        pattern = _PATTERNS[value] = _pattern(value)
+    return pattern
+
+
 def redact(text: str) -> str:
     """`text` with every registered secret value, in any of its forms, replaced by `<secret NAME>`."""
-    for name, pattern in _PATTERNS.values():
-        text = pattern.sub(f"<secret {name}>", text)
+    for value, name in redaction.registered():
+        text = _pattern_of(value).sub(f"<secret {name}>", text)
     return text
 
 

@@ -190,7 +190,8 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
 
     assert imports(ROOT / "measure.py") == {"os", "pathlib.Path", "pyinfra.host", "pyinfra.state",
                                             "configuration.settings", "operations.measure"}
-    assert not {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))}
+    # Of the deploy's own modules only the redaction of what it prints (it locks, reads and changes nothing).
+    assert {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))} <= {"operations.redact"}
 
 
 def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys):

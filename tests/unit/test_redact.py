@@ -16,6 +16,7 @@ import urllib.parse
 import click
 import pytest
 
+from configuration import redaction
 from operations import redact
 from operations.remote import _DIR as REMOTE_DIR
 
@@ -28,7 +29,7 @@ INSTALL_ON_OUTPUT = redact._install_on_output  # the fixture below stubs it for 
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
     """A registry of this test's own, and no stream installed (pytest owns the streams)."""
-    monkeypatch.setattr(redact, "_PATTERNS", {})
+    monkeypatch.setattr(redaction, "_REGISTERED", {})
     monkeypatch.setattr(redact, "_install_on_output", lambda: None)
     redact.register("first", KEY)
     redact.register("second", PLAIN)
@@ -177,16 +178,19 @@ def test_installed_under_the_cli_it_redacts_stdout_stderr_and_log_handlers(monke
         logger.removeHandler(handler)
 
 
-def test_a_pyinfra_cli_process_prints_no_registered_value(tmp_path):
-    """End to end in a process of its own: the CLI's click output, its log handler and a traceback."""
+@pytest.mark.parametrize("registry", ["redact", "redaction"])
+def test_a_pyinfra_cli_process_prints_no_registered_value(tmp_path, registry):
+    """End to end in a process of its own: the CLI's click output, its log handler and a traceback; the value
+    registered here, or where secrets are loaded (configuration/redaction.py, which this module listens to)."""
     script = f"""
 import click, pyinfra, sys
 from pyinfra import logger
 from pyinfra_cli.log import setup_logging
 pyinfra.is_cli = True
 setup_logging(20)
+from configuration import redaction
 from operations import redact
-redact.register("cli-key", {PLAIN!r})
+{registry}.register("cli-key", {PLAIN!r})
 click.echo("echo {PLAIN}")
 logger.info("log {PLAIN}")
 print("print {PLAIN}", file=sys.stderr)

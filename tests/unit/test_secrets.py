@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from configuration import settings
+from configuration import redaction, settings
+from configuration import secrets as lookup
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
 from operations import secrets
@@ -75,7 +76,7 @@ def test_open_bind_is_allowed_when_said_explicitly(monkeypatch):
 
 
 def test_a_secret_never_shows_itself():
-    secret = secrets.Secret("k", KEY)
+    secret = lookup.Secret("k", KEY)
     assert KEY not in repr(secret) and KEY not in str(secret) and KEY not in f"{secret}"
 
 
@@ -83,7 +84,7 @@ def test_an_unreadable_secrets_file_is_named_without_its_content(tmp_path):
     path = tmp_path / "secrets.yml"
     path.write_text(f"k: [{KEY}\n")
     with pytest.raises(DataError) as caught:
-        secrets.load_secrets_file(path)
+        lookup.load_secrets_file(path)
     assert str(path) in str(caught.value) and KEY not in str(caught.value)
 
 
@@ -116,14 +117,14 @@ def test_a_key_that_is_not_printable_ascii_is_refused_by_name_never_by_value(mon
 
 
 def test_every_punctuation_character_is_a_usable_key():
-    assert secrets.value_problem("".join(chr(c) for c in range(0x21, 0x7F))) is None
+    assert lookup.value_problem("".join(chr(c) for c in range(0x21, 0x7F))) is None
 
 
 def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp_path):
     """The secrets file's values and every $SGLANG_DEPLOY_SECRET_* value, used by a service or not."""
     from operations import redact
 
-    monkeypatch.setattr(redact, "_PATTERNS", {})
+    monkeypatch.setattr(redaction, "_REGISTERED", {})
     unused = "unit-test-unused-env-secret-31f0"
     in_file = "unit-test-unused-file-secret-8a2d"
     monkeypatch.setenv("SGLANG_DEPLOY_SECRET_UNUSED", unused)
@@ -138,7 +139,7 @@ def test_a_secret_is_redacted_under_its_own_name_however_many_services_ask(monke
     """`<secret dflash-key>`, not the variable it came from, also after other secrets were resolved."""
     from operations import redact
 
-    monkeypatch.setattr(redact, "_PATTERNS", {})
+    monkeypatch.setattr(redaction, "_REGISTERED", {})
     admin = "unit-test-admin-key-77aa01bc9d"
     config = host_config(data(api_key_secret="dflash-key", admin_api_key_secret="dflash-admin"), monkeypatch,
                          {"SGLANG_DEPLOY_SECRET_DFLASH_KEY": KEY, "SGLANG_DEPLOY_SECRET_DFLASH_ADMIN": admin})
@@ -185,7 +186,7 @@ def test_the_key_files_sha256_is_redacted_like_the_keys(monkeypatch):
     from operations import redact
     from tests.unit.test_operations import run
 
-    monkeypatch.setattr(redact, "_PATTERNS", {})
+    monkeypatch.setattr(redaction, "_REGISTERED", {})
     key = secrets.Secret("k", KEY)
     digest = hashlib.sha256(secrets.config_text(key, None).encode()).hexdigest()
     run(secrets.config_file, {secrets.SecretFileState: None}, service="s", api_key=key, admin_api_key=None, group="sglang")
