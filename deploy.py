@@ -10,12 +10,13 @@ Each step is a component in deploys/ (a pyinfra @deploy; its operations are name
 from pyinfra import host, state
 
 from configuration import settings, stacks
+from configuration.patch_sets import load_patch_set
 from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.service import service, service_account
-from operations import host_reads, lock, patches
+from operations import host_reads, lock
 from report import health_timer, summary
 
 # The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
@@ -23,7 +24,7 @@ from report import health_timer, summary
 # anywhere stops the run before any host's lock is taken (configuration/settings.py).
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
-patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
+patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
 summary.install_summary(state)
 # From here every fact of this host is read once (one batched call on a converged host, begun as soon as
 # the run holds the host's lock) and again only after a command ran there (operations/host_reads.py).

@@ -19,15 +19,15 @@ import shutil
 from pyinfra import host, state
 
 from configuration import settings, stacks
+from configuration.patch_sets import load_patch_set
 from deploys.service import watched_inputs
-from operations import patches
 from operations import status as status_reads
 from report import status_view
 
 options = status_view.options_from(os.environ)
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
-patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
+patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
 watched = {s.name: watched_inputs(s, s.unit_path) for s in config.services}
 status_view.record(host.name, status_reads.read_host(state, host, config, stack, patch_sets, watched))
 # Added last (after the host read's own callbacks): its host_disconnect ends the process with the status's code.

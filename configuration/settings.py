@@ -29,8 +29,10 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from configuration import engine_flags, host_paths, kinds, schema
+from configuration import patch_sets as patch_set_files
 from configuration.errors import DataError
 from configuration.secrets import Secret, config_path, resolve
+from configuration.stacks import load_stack, normalize
 from configuration.yamlload import load_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -444,8 +446,6 @@ def _stray_group_files() -> None:
 
 def _host_config(host) -> HostConfig:
     """Validate everything `host` sees into a `HostConfig`, or raise `DataError`."""
-    from configuration.stacks import load_stack  # stacks import settings' helpers
-
     _no_unknown_keys(host)
     reader = _Reader(host)
     src = reader.source
@@ -456,7 +456,7 @@ def _host_config(host) -> HostConfig:
     if engine_version is not None and engine_flags.load(engine_version) is None:
         raise DataError(src("stack"), "stack", data.stack,
                         f"pins {engine_flags.ENGINE} {engine_version}, whose flag list is not in files/engine_flags/: "
-                        "generate it (python -m configuration.engine_flags generate VENV_PYTHON; see configuration/engine_flags.py)")
+                        "generate it (python -m tools.engine_flags generate VENV_PYTHON; see tools/engine_flags.py)")
     hosts = [h.name for h in host.inventory]
     stack_sources = _stack_sources(src("stack_sources"), data.stack_sources, data.wheelhouse, hosts, host.name, data.venv_path)
     _model_sources(src("model_sources"), data.model_sources, host)
@@ -658,8 +658,8 @@ def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any
     patch_sets = tuple(spec.patch_sets)
     s, p, _ = at("patch_sets")
     for patch_set in patch_sets:
-        _require((REPO_ROOT / "files" / "patches" / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(available_patch_sets()) or '(none)'}")
-        _patch_set_fits_the_stack(ctx, s, p, _load_patch_set(patch_set))  # its manifest, checked like the data
+        _require((patch_set_files.PATCHES_DIR / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(patch_set_files.available()) or '(none)'}")
+        _patch_set_fits_the_stack(ctx, s, p, patch_set_files.load_patch_set(patch_set))  # its manifest, checked like the data
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
     args = _args(*at("args"), engine)
     _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
@@ -922,8 +922,7 @@ def _ddtree_tree_with_cuda_graph(src: str, by_dest: dict[str, _Arg]) -> None:
 
 
 def available_patch_sets() -> list[str]:
-    root = REPO_ROOT / "files" / "patches"
-    return sorted(p.parent.name for p in root.glob("*/patchset.yml"))
+    return patch_set_files.available()
 
 
 def _placement(reader: _Reader) -> dict[str, dict[str, Any]]:
@@ -1013,11 +1012,9 @@ def _set_in_any_layer(host, key: str) -> bool:
     return any(key in layer for layer in layers)
 
 
-def _patch_set_fits_the_stack(ctx: _ServiceContext, src: str, key_path: str, patch_set) -> None:
+def _patch_set_fits_the_stack(ctx: _ServiceContext, src: str, key_path: str, patch_set: patch_set_files.PatchSet) -> None:
     """A patch set is written for one version of its base: over another version it would not apply (the host would
     refuse it only after building a venv generation for it). Known here, so refused before any host is touched."""
-    from configuration.stacks import normalize
-
     pinned = ctx.pins.get(normalize(patch_set.distribution))
     _require(
         pinned == patch_set.version, src, key_path, patch_set.name,
@@ -1027,8 +1024,3 @@ def _patch_set_fits_the_stack(ctx: _ServiceContext, src: str, key_path: str, pat
         " (python -m tools.patchset_build; README \"Stacks and patch sets\")",
     )
 
-
-def _load_patch_set(name: str):
-    from operations.patches import load_patch_set  # patches imports pyinfra's host context
-
-    return load_patch_set(name)

@@ -8,7 +8,7 @@ For each file the pristine original is looked up in SITE_PACKAGES (a directory) 
 a wheel (a .whl file): its sha256 becomes `original`, or `original: null` when the patch
 adds the file. The base version must be the pristine's (read from its `.dist-info/METADATA`),
 and a file identical to its original is refused (there is nothing to patch). The result is
-`OUT/NAME/patchset.yml` (the format `operations.patches.load_patch_set` reads; paths sorted,
+`OUT/NAME/patchset.yml` (the format `configuration.patch_sets.load_patch_set` reads; paths sorted,
 so the same input gives the same bytes) with the files copied beside it. DIR may be
 `OUT/NAME` itself: the set is then rebuilt in place after its files were edited.
 
@@ -51,6 +51,8 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from configuration.errors import DataError
+from configuration.patch_sets import load_patch_set
 from configuration.stacks import normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -724,14 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     added = sum(v["original"] is None for v in files.values())
     if target.parent == DEFAULT_OUT.resolve():
         # The deploy's own reader must accept the result.
-        from configuration.errors import DataError
-        from operations.patches import load_patch_set
-
         load_patch_set.cache_clear()
         try:
             load_patch_set(args.name)
         except DataError as exc:
-            print(f"patchset_build: error: operations.patches cannot load the result: {exc}", file=sys.stderr)
+            print(f"patchset_build: error: configuration.patch_sets cannot load the result: {exc}", file=sys.stderr)
             return 1
     try:
         shown = target.relative_to(Path.cwd())

@@ -54,6 +54,12 @@ def top_level_imports(body: str) -> tuple[str, ...]:
     return _GIVEN.get(body, ())
 
 
+def script_path(name: str) -> Path:
+    """The file of remote script `name` as it lies here (run as it is, with `_common` not inlined, only by scripts that
+    do not import it: tools/engine_flags.py runs `engine_flags` with a venv's Python on the control machine)."""
+    return _DIR / f"{name}.py"
+
+
 def script(name: str) -> str:
     """The text of remote script `name`, with _common.py in place of its `from _common import` statement."""
     text, imports = _script(name)

@@ -1,7 +1,7 @@
 # Run with a venv's Python that has sglang installed: print, as one JSON object, every option
 # string of the parser `prepare_server_args` builds (the same construction: a fresh
 # ArgumentParser, ServerArgs.add_cli_args), with the action's dest, whether it takes a value,
-# its choices, and the speculative algorithms the engine registers. configuration/engine_flags.py
+# its choices, and the speculative algorithms the engine registers. tools/engine_flags.py
 # turns this into files/engine_flags/<dist>-<version>.json (the control machine's copy).
 import argparse
 import json

@@ -29,9 +29,8 @@ import pytest
 import yaml
 from pyinfra.api import Config, Inventory, State
 
-from configuration import settings, stacks
+from configuration import patch_sets, settings, stacks
 from configuration.errors import DataError
-from operations import patches
 
 CORPUS = Path(__file__).parent / "bad_data"
 CASES = sorted(p for p in CORPUS.glob("*/*.yml"))
@@ -64,7 +63,7 @@ def world(tmp_path, monkeypatch):
     """A deploy dir of its own: group_data with the base, stacks and patch sets where cases can add theirs."""
     monkeypatch.setattr(settings, "_KEY_SOURCES", {})
     monkeypatch.setattr(settings, "_GROUP_DIRS", set())
-    monkeypatch.setattr(settings, "REPO_ROOT", tmp_path)  # the stray-file scan and the patch-set lookup
+    monkeypatch.setattr(settings, "REPO_ROOT", tmp_path)  # the stray-file scan
     monkeypatch.chdir(tmp_path)
     group_data = tmp_path / "group_data"
     group_data.mkdir()
@@ -72,12 +71,12 @@ def world(tmp_path, monkeypatch):
     shutil.copytree(stacks.STACKS_DIR, stack_dir)
     monkeypatch.setattr(stacks, "STACKS_DIR", stack_dir)
     stacks._load_stack_file.cache_clear()
-    shutil.copytree(patches.PATCHES_DIR, tmp_path / "files" / "patches")
-    monkeypatch.setattr(patches, "PATCHES_DIR", tmp_path / "files" / "patches")
-    patches.load_patch_set.cache_clear()
+    shutil.copytree(patch_sets.PATCHES_DIR, tmp_path / "files" / "patches")
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", tmp_path / "files" / "patches")
+    patch_sets.load_patch_set.cache_clear()
     yield tmp_path
     stacks._load_stack_file.cache_clear()
-    patches.load_patch_set.cache_clear()
+    patch_sets.load_patch_set.cache_clear()
 
 
 def load_group(folder: Path, name: str, content: bytes) -> dict:
@@ -103,8 +102,8 @@ def validate(world: Path, kind: str, content: bytes) -> dict:
         (stacks.STACKS_DIR / "case-stack.yml").write_bytes(content)
         group = {"stack": "case-stack"}
     elif kind == "patchset":
-        root = patches.PATCHES_DIR / "case-set"
-        shutil.copytree(patches.PATCHES_DIR / "ddtree-sample", root)
+        root = patch_sets.PATCHES_DIR / "case-set"
+        shutil.copytree(patch_sets.PATCHES_DIR / "ddtree-sample", root)
         (root / "patchset.yml").write_bytes(content)
         group = {"services": deep(base["services"], {"ddtree": {"patch_sets": ["case-set"]}})}
     elif kind == "secrets":

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from configuration import engine_flags, stacks
-from operations import patches
+from configuration import engine_flags, patch_sets, stacks
 
 
 def pinned_versions() -> set[str]:
@@ -18,20 +17,20 @@ def pinned_versions() -> set[str]:
 
 def test_every_engine_version_a_stack_pins_has_its_flag_list():
     missing = [v for v in sorted(pinned_versions()) if engine_flags.load(v) is None]
-    assert not missing, f"generate: python -m configuration.engine_flags generate VENV_PYTHON (sglang {missing})"
+    assert not missing, f"generate: python -m tools.engine_flags generate VENV_PYTHON (sglang {missing})"
     assert pinned_versions() <= set(engine_flags.known_versions())
 
 
-@pytest.mark.parametrize("name", sorted(p.parent.name for p in patches.PATCHES_DIR.glob("*/patchset.yml")))
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in patch_sets.PATCHES_DIR.glob("*/patchset.yml")))
 def test_every_patch_set_over_a_pinned_version_has_a_current_flag_list(name):
-    patch_set = patches.load_patch_set(name)
+    patch_set = patch_sets.load_patch_set(name)
     if patch_set.distribution != "sglang" or patch_set.version not in pinned_versions():
         pytest.skip(f"{name} patches no pinned sglang")
     path = engine_flags.file_for(patch_set.version, name)
-    assert path.is_file(), f"generate: python -m configuration.engine_flags generate VENV_PYTHON --patch-set {name}"
+    assert path.is_file(), f"generate: python -m tools.engine_flags generate VENV_PYTHON --patch-set {name}"
     stored = json.loads(path.read_text())
     assert stored["patch_set"] == {"name": name, "digest": patch_set.digest}, (
-        f"{name} changed since {path.name} was generated: regenerate it (configuration/engine_flags.py)"
+        f"{name} changed since {path.name} was generated: regenerate it (tools/engine_flags.py)"
     )
 
 

@@ -25,6 +25,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from configuration import patch_sets
 from configuration.errors import DataError
 from operations import lifecycle, models, patches, readiness, remote, service_user
 from report import summary
@@ -193,7 +194,7 @@ def sha256(data: bytes) -> str:
 
 
 @pytest.fixture
-def patch_set(tmp_path, monkeypatch) -> patches.PatchSet:
+def patch_set(tmp_path, monkeypatch) -> patch_sets.PatchSet:
     root = tmp_path / "patches"
     folder = root / "demo"
     for rel, text in ((REPLACED, PATCHED_TEXT), (ADDED, ADDED_TEXT)):
@@ -206,10 +207,10 @@ def patch_set(tmp_path, monkeypatch) -> patches.PatchSet:
         f"  {REPLACED}: {{sha256: {sha256(PATCHED_TEXT)}, original: {sha256(ORIGINAL_TEXT)}}}\n"
         f"  {ADDED}: {{sha256: {sha256(ADDED_TEXT)}, original: null}}\n"
     )
-    monkeypatch.setattr(patches, "PATCHES_DIR", root)
-    patches.load_patch_set.cache_clear()
-    yield patches.load_patch_set("demo")
-    patches.load_patch_set.cache_clear()
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", root)
+    patch_sets.load_patch_set.cache_clear()
+    yield patch_sets.load_patch_set("demo")
+    patch_sets.load_patch_set.cache_clear()
 
 
 _UNSET = object()
@@ -360,8 +361,8 @@ def test_revert_without_a_backup_fails_naming_the_file(patch_set):
 
 
 def test_patch_set_digest_follows_its_files(patch_set, tmp_path):
-    other = patches.PatchSet("demo", "sglang", "0.5.23", (patches.PatchFile(REPLACED, "1" * 64, None),), tmp_path)
-    same = patches.PatchSet("demo", "sglang", "0.5.23", (patches.PatchFile(REPLACED, "1" * 64, None),), tmp_path / "x")
+    other = patch_sets.PatchSet("demo", "sglang", "0.5.23", (patch_sets.PatchFile(REPLACED, "1" * 64, None),), tmp_path)
+    same = patch_sets.PatchSet("demo", "sglang", "0.5.23", (patch_sets.PatchFile(REPLACED, "1" * 64, None),), tmp_path / "x")
     assert other.digest == same.digest
     assert other.digest != patch_set.digest
     assert dataclasses.replace(other, version="0.5.24").digest != other.digest
@@ -382,16 +383,16 @@ def test_patch_set_digest_follows_its_files(patch_set, tmp_path):
 def test_bad_patch_set_manifest(patch_set, edit, key, fix):
     manifest = patch_set.root / "patchset.yml"
     manifest.write_text(edit(manifest.read_text()))
-    patches.load_patch_set.cache_clear()
+    patch_sets.load_patch_set.cache_clear()
     with pytest.raises(DataError) as caught:
-        patches.load_patch_set("demo")
+        patch_sets.load_patch_set("demo")
     assert str(caught.value).startswith(f"files/patches/demo/patchset.yml: {key}: ")
     assert fix in caught.value.fix
 
 
 def test_unknown_patch_set(patch_set):
     with pytest.raises(DataError, match="files/patches/nope/patchset.yml: \\(file\\): .*must exist and be valid YAML"):
-        patches.load_patch_set("nope")
+        patch_sets.load_patch_set("nope")
 
 
 # readiness.ready -----------------------------------------------------------------------

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configuration import stacks
+from configuration import patch_sets, stacks
 from configuration.settings import REPO_ROOT
-from operations import patches
 from tools import patchset_build
 from tools.patchset_build import BuildError, build, main
 
@@ -108,12 +107,12 @@ def test_output_is_deterministic_and_rebuilds_in_place(pristine, patched, out):
 
 def test_the_deploy_reads_what_it_builds(pristine, patched, out, monkeypatch):
     build("demo-set", "demo==1.0", patched, pristine, out)
-    monkeypatch.setattr(patches, "PATCHES_DIR", out)
-    patches.load_patch_set.cache_clear()
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", out)
+    patch_sets.load_patch_set.cache_clear()
     try:
-        patch_set = patches.load_patch_set("demo-set")
+        patch_set = patch_sets.load_patch_set("demo-set")
     finally:
-        patches.load_patch_set.cache_clear()
+        patch_sets.load_patch_set.cache_clear()
 
     assert (patch_set.distribution, patch_set.version) == ("demo", "1.0")
     assert [(f.path, f.original) for f in patch_set.files] == [
@@ -200,8 +199,8 @@ def _sglang_wheel() -> Path | None:
 
 
 def test_ddtree_sample_loads():
-    patches.load_patch_set.cache_clear()
-    patch_set = patches.load_patch_set("ddtree-sample")
+    patch_sets.load_patch_set.cache_clear()
+    patch_set = patch_sets.load_patch_set("ddtree-sample")
 
     assert (patch_set.name, patch_set.distribution, patch_set.version) == ("ddtree-sample", "sglang", "0.5.23")
     assert any(f.original is None for f in patch_set.files) and any(f.original for f in patch_set.files)
@@ -214,7 +213,7 @@ def test_ddtree_sample_originals_are_the_pinned_wheels_files(tmp_path):
     wheel = _sglang_wheel()
     if wheel is None:
         pytest.skip("the sglang 0.5.23 wheel is not in a local wheelhouse (make wheelhouse)")
-    patch_set = patches.load_patch_set("ddtree-sample")
+    patch_set = patch_sets.load_patch_set("ddtree-sample")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         for patch_file in patch_set.files:

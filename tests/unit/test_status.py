@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from configuration.patch_sets import PatchFile, PatchSet
 from operations import gpus, readiness, status
-from operations.patches import PatchFile, PatchSet, applied_record
+from operations.patches import applied_record
 from report import status_view as view
 
 

@@ -1,0 +1,106 @@
+"""Patch sets on the control machine: `files/patches/<name>/`, its manifest read and checked like the data.
+
+A patch set is `files/patches/<name>/`: `patchset.yml` names the base distribution and
+version it was written for and, for each file (a path under site-packages), the sha256
+of its content and of the original it replaces (null for a new file); the files lie
+beside it at the same relative paths. `load_patch_set(name)` returns the checked `PatchSet`,
+or the `DataError` naming the manifest, the key and the fix. Applying one on a host is
+operations/patches.py's; `python -m tools.patchset_build` writes a manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+
+from configuration.errors import DataError
+from configuration.yamlload import load_file
+
+PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
+_SHA_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+# The manifest's keys: anything else is a typo (`orignal:` would leave an original never backed up).
+_TOP_KEYS = ("name", "description", "base", "files")
+_BASE_KEYS = ("distribution", "version")
+_FILE_KEYS = ("sha256", "original")
+
+
+@dataclass(frozen=True)
+class PatchFile:
+    path: str  # relative to site-packages
+    sha256: str
+    original: str | None  # sha256 of the file it replaces; None: the patch adds it
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    name: str
+    distribution: str
+    version: str
+    files: tuple[PatchFile, ...]
+    root: Path
+
+    def local(self, patch_file: PatchFile) -> Path:
+        return self.root / patch_file.path
+
+    @property
+    def digest(self) -> str:
+        """Identifies the set's exact content (its manifest pins every file's sha256)."""
+        text = f"{self.distribution}=={self.version}\n" + "".join(f"{f.path} {f.sha256}\n" for f in self.files)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def load_patch_set(name: str) -> PatchSet:
+    root = PATCHES_DIR / name
+    shown = f"files/patches/{name}/patchset.yml"
+    if not (root / "patchset.yml").is_file():
+        raise DataError(shown, "(file)", name, "must exist and be valid YAML: a patch set is files/patches/<name>/patchset.yml and its files")
+    raw = load_file(root / "patchset.yml", shown)
+    for key in raw if isinstance(raw, dict) else ():
+        if key not in _TOP_KEYS:
+            raise DataError(shown, str(key), raw[key], f"unknown key; allowed: {', '.join(_TOP_KEYS)}")
+    if not isinstance(raw, dict) or raw.get("name") != name:
+        raise DataError(shown, "name", (raw or {}).get("name") if isinstance(raw, dict) else raw, f"must be '{name}' (the directory name)")
+    base = raw.get("base")
+    if not isinstance(base, dict) or not base.get("distribution") or not base.get("version"):
+        raise DataError(shown, "base", base, 'must be {distribution: sglang, version: "0.5.23"}: the install the files were written for')
+    for key in base:
+        if key not in _BASE_KEYS:
+            raise DataError(shown, f"base.{key}", base[key], f"unknown key; allowed: {', '.join(_BASE_KEYS)}")
+    if not isinstance(base["version"], str):
+        raise DataError(shown, "base.version", base["version"], 'must be a quoted version such as "0.5.23"')
+    entries = raw.get("files")
+    if not isinstance(entries, dict) or not entries:
+        raise DataError(shown, "files", entries, "must map each file path (relative to site-packages) to {sha256, original}")
+    patch_files = []
+    for rel, spec in entries.items():
+        key = f"files.{rel}"
+        pure = PurePosixPath(str(rel))
+        if pure.is_absolute() or ".." in pure.parts:
+            raise DataError(shown, key, rel, "must be a relative path inside site-packages, without '..'")
+        if not isinstance(spec, dict) or not _SHA_RE.match(str(spec.get("sha256", ""))):
+            raise DataError(shown, f"{key}.sha256", spec, "must give the sha256 (64 hex digits) of the patched content")
+        for file_key in spec:
+            if file_key not in _FILE_KEYS:
+                raise DataError(shown, f"{key}.{file_key}", spec[file_key], f"unknown key; allowed: {', '.join(_FILE_KEYS)} (null for a new file)")
+        if "original" not in spec:
+            raise DataError(shown, f"{key}.original", None, "must be given: the sha256 of the file it replaces, or null for a new file")
+        original = spec.get("original")
+        if original is not None and not _SHA_RE.match(str(original)):
+            raise DataError(shown, f"{key}.original", original, "must be the sha256 of the replaced original, or null for a new file")
+        local = root / str(rel)
+        if not local.is_file():
+            raise DataError(shown, key, str(local), "the patched file is missing beside patchset.yml")
+        actual = hashlib.sha256(local.read_bytes()).hexdigest()
+        if actual != spec["sha256"]:
+            raise DataError(shown, f"{key}.sha256", spec["sha256"], f"{local} has sha256 {actual}: regenerate the manifest")
+        patch_files.append(PatchFile(str(rel), spec["sha256"], original))
+    return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root)
+
+
+def available() -> list[str]:
+    """The names of the patch sets in `files/patches/` (each a directory with a `patchset.yml`)."""
+    return sorted(p.parent.name for p in PATCHES_DIR.glob("*/patchset.yml"))
