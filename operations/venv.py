@@ -40,11 +40,11 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 from pyinfra.operations import files
 
+from configuration import wheels
 from configuration.stacks import Package, Stack
 from operations import host_reads, remote, streaming
 from operations import installer as installer_mod
 from operations.host_reads import operation
-from tools import wheelhouse as wheelhouse_mod
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
@@ -113,7 +113,7 @@ def resolve(
         tried = []
         for source in sources:
             if source.kind == "wheelhouse":
-                path = wheelhouse_mod.find(package, Path(source.location))
+                path = wheels.find(package, Path(source.location))
                 if path is not None:
                     chosen[package.name] = (source, path)
                     break
@@ -144,9 +144,9 @@ def resolve(
             )
     for name, (source, path) in chosen.items():
         package = next(p for p in packages if p.name == name)
-        if path is not None and package.sha256 and wheelhouse_mod.sha256_of(path) != package.sha256:
+        if path is not None and package.sha256 and wheels.sha256_of(path) != package.sha256:
             raise OperationError(
-                f"stack {stack.name}: {path} has sha256 {wheelhouse_mod.sha256_of(path)}, the stack pins "
+                f"stack {stack.name}: {path} has sha256 {wheels.sha256_of(path)}, the stack pins "
                 f"{package.sha256}; delete the file and rebuild the wheelhouse, or correct files/stacks/{stack.name}.yml"
             )
     return chosen
@@ -300,17 +300,17 @@ def planned_overlaps(
     """
     if not install:
         return []
-    wheels: dict[Package, Path] = {}
+    wheel_paths: dict[Package, Path] = {}
     houses = [Path(s.location) for s in sources if s.kind == "wheelhouse"]
     for package in stack.packages:
         path = (chosen.get(package.name) or (None, None))[1]
         if path is None and package.name not in chosen:
-            path = next((found for house in houses if (found := wheelhouse_mod.find(package, house)) is not None), None)
+            path = next((found for house in houses if (found := wheels.find(package, house)) is not None), None)
         if path is not None:
-            wheels[package] = path
+            wheel_paths[package] = path
     try:
-        found = [f"{o.describe()} (read from their wheels' RECORD)" for o in wheelhouse_mod.overlaps(wheels)]
-    except wheelhouse_mod.WheelhouseError as exc:
+        found = [f"{o.describe()} (read from their wheels' RECORD)" for o in wheels.overlaps(wheel_paths)]
+    except wheels.WheelhouseError as exc:
         raise OperationError(f"stack {stack.name}: {exc}") from exc
     wanted = stack.wanted()
     for key, donor in donors.items():

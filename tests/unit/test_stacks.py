@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configuration import stacks
+from configuration import stacks, wheels
 from configuration.errors import DataError
 from configuration.settings import GLOBAL_KEYS, REPO_ROOT
 from configuration.stacks import Package, Stack
@@ -317,7 +317,7 @@ def test_the_labs_abi_mismatch_stack_differs_from_the_lab_stack_only_in_the_kern
     ],
 )
 def test_wheel_matches(filename, package, matches):
-    assert wheelhouse.wheel_matches(filename, package) is matches
+    assert wheels.wheel_matches(filename, package) is matches
 
 
 def _stack(tmp_path: Path, *packages: Package) -> Stack:
@@ -347,7 +347,7 @@ def test_locate_finds_named_files_and_wheels_by_name_and_version(tmp_path, house
         Package("torch", "2.11.0+cu130", torch.name, torch_sha),
     )
 
-    assert wheelhouse.locate(stack, house) == {"sglang-kernel": kernel, "torch": torch}
+    assert wheels.locate(stack, house) == {"sglang-kernel": kernel, "torch": torch}
 
 
 def test_locate_only_the_packages_asked_for(tmp_path, house):
@@ -355,13 +355,13 @@ def test_locate_only_the_packages_asked_for(tmp_path, house):
     wanted = Package("sglang-kernel", "0.3.1")
     stack = _stack(tmp_path, wanted, Package("torch", "2.11.0+cu130", "torch-missing.whl"))
 
-    assert wheelhouse.locate(stack, house, [wanted]) == {"sglang-kernel": kernel}
+    assert wheels.locate(stack, house, [wanted]) == {"sglang-kernel": kernel}
 
 
 def test_locate_names_the_missing_file_and_the_wheelhouse(tmp_path, house):
     stack = _stack(tmp_path, Package("torch", "2.11.0+cu130", "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl", SHA))
-    with pytest.raises(wheelhouse.WheelhouseError) as caught:
-        wheelhouse.locate(stack, house)
+    with pytest.raises(wheels.WheelhouseError) as caught:
+        wheels.locate(stack, house)
     message = str(caught.value)
     assert "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl not found" in message
     assert f"looked in wheelhouse {house.resolve()}" in message
@@ -370,15 +370,15 @@ def test_locate_names_the_missing_file_and_the_wheelhouse(tmp_path, house):
 
 def test_locate_names_the_missing_distribution_when_no_file_is_pinned(tmp_path, house):
     _wheel(house, "torch-2.10.0-cp311-cp311-linux_x86_64.whl")
-    with pytest.raises(wheelhouse.WheelhouseError, match=r"stack demo: a wheel of torch==2\.11\.0\+cu130 not found"):
-        wheelhouse.locate(_stack(tmp_path, Package("torch", "2.11.0+cu130")), house)
+    with pytest.raises(wheels.WheelhouseError, match=r"stack demo: a wheel of torch==2\.11\.0\+cu130 not found"):
+        wheels.locate(_stack(tmp_path, Package("torch", "2.11.0+cu130")), house)
 
 
 def test_locate_detects_a_sha256_mismatch(tmp_path, house):
     path, actual = _wheel(house, "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl", b"truncated")
     stack = _stack(tmp_path, Package("torch", "2.11.0+cu130", path.name, SHA))
-    with pytest.raises(wheelhouse.WheelhouseError) as caught:
-        wheelhouse.locate(stack, house)
+    with pytest.raises(wheels.WheelhouseError) as caught:
+        wheels.locate(stack, house)
     message = str(caught.value)
     assert f"{path} has sha256 {actual}, the stack pins {SHA}" in message
     assert "files/stacks/demo.yml" in message
@@ -387,15 +387,15 @@ def test_locate_detects_a_sha256_mismatch(tmp_path, house):
 def test_locate_without_verify_skips_the_hash(tmp_path, house):
     path, _ = _wheel(house, "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl")
     stack = _stack(tmp_path, Package("torch", "2.11.0+cu130", path.name, SHA))
-    assert wheelhouse.locate(stack, house, verify=False) == {"torch": path}
+    assert wheels.locate(stack, house, verify=False) == {"torch": path}
 
 
 def test_sha256_of_is_cached_and_follows_a_changed_file(house):
     path, first = _wheel(house, "a-1-py3-none-any.whl", b"one")
-    assert wheelhouse.sha256_of(path) == first
+    assert wheels.sha256_of(path) == first
     assert (house / ".sha256-cache.json").is_file()
     path.write_bytes(b"three")  # another size: a new cache key
-    assert wheelhouse.sha256_of(path) == hashlib.sha256(b"three").hexdigest()
+    assert wheels.sha256_of(path) == hashlib.sha256(b"three").hexdigest()
 
 
 def test_wheelhouse_cli_help_exits_zero(capsys):
@@ -416,8 +416,8 @@ def test_stand_in_wheel_pins_match_a_fresh_build(tmp_path, stack_name, package):
     """Every `build:` package of every stack: a changed stand-in must come with a new pin (and, to reach hosts, a new version)."""
     built = wheelhouse._build_standin(package, tmp_path)
     assert built.name == package.file, f"{stack_name}: {package.name} builds {built.name}, the stack names {package.file}"
-    assert wheelhouse.wheel_matches(built.name, package)
-    assert wheelhouse.sha256_of(built) == package.sha256, f"{stack_name}: {package.name} {package.version} pin is stale"
+    assert wheels.wheel_matches(built.name, package)
+    assert wheels.sha256_of(built) == package.sha256, f"{stack_name}: {package.name} {package.version} pin is stale"
 
 
 def test_build_standin_passes_the_version_only_to_scripts_that_take_it(tmp_path):
@@ -476,7 +476,7 @@ def test_build_adds_the_uv_wheel_for_the_stacks_architecture(tmp_path, house, fa
 
     assert files == [house / torch.file, house / UV_X86.file]
     assert calls == [(["uv==0.13.9"], (("none",), ("manylinux_2_17_x86_64", "manylinux2014_x86_64")))]
-    assert wheelhouse.sha256_of(house / UV_X86.file) == UV_X86.sha256
+    assert wheels.sha256_of(house / UV_X86.file) == UV_X86.sha256
 
     calls.clear()
     assert wheelhouse.build(_stack(tmp_path, torch), house) == files  # all there and intact: nothing fetched
@@ -508,7 +508,7 @@ def test_an_altered_uv_wheel_is_fetched_again_and_a_bad_download_is_refused(tmp_
 
     (house / UV_X86.file).write_bytes(b"truncated")
     content["uv"] = b"not what the pin says"
-    with pytest.raises(wheelhouse.WheelhouseError, match=rf"{UV_X86.file} has sha256 .*, the stack pins {UV_X86.sha256}"):
+    with pytest.raises(wheels.WheelhouseError, match=rf"{UV_X86.file} has sha256 .*, the stack pins {UV_X86.sha256}"):
         wheelhouse.build(_stack(tmp_path, torch), house)
 
 

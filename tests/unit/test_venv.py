@@ -326,7 +326,7 @@ def test_a_converged_venv_opens_no_wheel(stack, house, monkeypatch):
     both = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13")
     gen = gen_of(both)
     state = venv_facts(gen.path, **{"nvidia-cutlass-dsl-libs-base": "4.5.2", "nvidia-cutlass-dsl-libs-cu13": "4.5.2"})
-    monkeypatch.setattr(venv.wheelhouse_mod, "wheel_files", lambda path: pytest.fail(f"{path} opened on the converged path"))
+    monkeypatch.setattr(venv.wheels, "wheel_files", lambda path: pytest.fail(f"{path} opened on the converged path"))
     result = run_env(facts(gen, wanted=state), both, house)
     assert result.commands == [] and len(result.noops) == 1
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from configuration import wheels
 from configuration.stacks import Package, Stack
 from tools import wheelhouse
 
@@ -79,7 +80,7 @@ def test_wheel_files_lists_what_lands_in_site_packages(tmp_path):
     path = make_wheel(tmp_path, "demo", "1.0", {
         "demo/a.py": b"a\n", "demo-1.0.data/purelib/demo/b.py": b"bb\n", "demo-1.0.data/scripts/demo-tool": b"#!python\n",
     })
-    files = wheelhouse.wheel_files(path)
+    files = wheels.wheel_files(path)
     assert sorted(files) == ["demo/a.py", "demo/b.py"]  # .dist-info and scripts are not site-packages files of a package
     assert files["demo/b.py"][1] == "3"
 
@@ -87,13 +88,13 @@ def test_wheel_files_lists_what_lands_in_site_packages(tmp_path):
 def test_wheel_files_refuses_a_file_that_is_not_a_wheel(tmp_path):
     path = tmp_path / "demo-1.0-py3-none-any.whl"
     path.write_bytes(b"not a zip")
-    with pytest.raises(wheelhouse.WheelhouseError, match=r"demo-1\.0-py3-none-any\.whl: not a wheel: its RECORD cannot be read"):
-        wheelhouse.wheel_files(path)
+    with pytest.raises(wheels.WheelhouseError, match=r"demo-1\.0-py3-none-any\.whl: not a wheel: its RECORD cannot be read"):
+        wheels.wheel_files(path)
 
 
 def test_overlaps_names_the_pair_the_shared_and_the_differing_files(tmp_path, cutlass):
     house = tmp_path / "wheelhouse"
-    (found,) = wheelhouse.overlaps({p: house / p.file for p in (cutlass["base"], cutlass["cu13"])})
+    (found,) = wheels.overlaps({p: house / p.file for p in (cutlass["base"], cutlass["cu13"])})
     assert (found.first.name, found.second.name, found.top) == ("nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13", "nvidia_cutlass_dsl")
     # py.typed is empty and the .pth a loose top-level file: no claim, as on the host (remote/venv_state.py).
     assert found.paths == ("nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so", "nvidia_cutlass_dsl/python_packages/cutlass/__init__.py")
@@ -103,13 +104,13 @@ def test_overlaps_names_the_pair_the_shared_and_the_differing_files(tmp_path, cu
 
 def test_one_directory_without_a_common_file_is_no_overlap(tmp_path, cutlass):
     house = tmp_path / "wheelhouse"
-    assert wheelhouse.overlaps({p: house / p.file for p in (cutlass["cu12-split"], cutlass["cu13-split"])}) == []
+    assert wheels.overlaps({p: house / p.file for p in (cutlass["cu12-split"], cutlass["cu13-split"])}) == []
 
 
 def test_build_refuses_a_stack_of_two_wheels_of_one_file_naming_both_the_path_and_the_fix(tmp_path, cutlass):
     house = tmp_path / "wheelhouse"
     stack = _stack(tmp_path, cutlass["base"], cutlass["cu13"])
-    with pytest.raises(wheelhouse.WheelhouseError) as caught:
+    with pytest.raises(wheels.WheelhouseError) as caught:
         wheelhouse.build(stack, house)
     message = str(caught.value)
     assert "stack demo: nvidia_cutlass_dsl/ is installed by both nvidia-cutlass-dsl-libs-base 4.5.2 and nvidia-cutlass-dsl-libs-cu13 4.5.2" in message
