@@ -33,6 +33,7 @@ from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
 from operations import host_reads, remote
 from operations.host_reads import operation
+from report import summary
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -508,8 +509,6 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
 def _refuse(state, host, errors: tuple[str, ...]) -> bool:
     for error in errors:
         host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red", log_func=logger.error)
-    from report import summary  # the run's summary
-
     for error in errors:
         service = error.split(":", 1)[0]
         summary.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")

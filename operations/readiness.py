@@ -16,7 +16,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import host_reads, redact, remote, this_run
+from operations import host_reads, redact, remote, rollback, this_run
 from operations.host_reads import operation
 from report.summary import record
 
@@ -85,8 +85,6 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
     if plan is None:
         record(host.name, service, endpoint, "FAILED", result["reason"])
         return False
-    from operations import rollback
-
     done, error = rollback.undo(host, plan)
     if error:
         host.log_styled(f"{service}: NOT ROLLED BACK: {error}", fg="red", log_func=logger.error)
