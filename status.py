@@ -26,6 +26,7 @@ from report import status_view
 
 options = status_view.options_from(os.environ)
 config = settings.host_config(host)
+addresses = {name: c.ssh_address for name, c in settings.validate_inventory(host.state).items()}  # validated with config
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
 watched = {s.name: watched_inputs(s, s.unit_path) for s in config.services}
@@ -33,4 +34,5 @@ status_view.record(host.name, status_reads.read_host(state, host, config, stack,
 # Added last (after the host read's own callbacks): its host_disconnect ends the process with the status's code.
 if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):
     width = shutil.get_terminal_size((120, 24)).columns
-    state.add_callback_handler(status_view.StatusPrinter(options, status_reads.COVERS, width, status_reads.unreachable_reason))
+    state.add_callback_handler(status_view.StatusPrinter(options, status_reads.COVERS, width,
+                                                         lambda h: status_reads.unreachable_reason(*addresses[h.name])))

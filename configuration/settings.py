@@ -22,7 +22,7 @@ import functools
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +234,14 @@ class HostConfig:
     stack_sources: tuple = (("wheelhouse", "wheelhouse"),)
     installer: str = "auto"
     service_user: str = "sglang"
+    verify_env: str = "fast"
+    # Where SSH reaches the host: (`ssh_hostname`, else the inventory name; `ssh_port`, else 22).
+    ssh_address: tuple[str, int] | None = None
+    # What this host reads of other hosts, from their validated configurations (`validate_inventory`): the live venv
+    # (`venv_path`) of each donor `stack_sources` names without a `path`, the store (`model_store`) of each host
+    # `model_sources` names.
+    peer_venvs: dict = field(default_factory=dict)
+    peer_stores: dict = field(default_factory=dict)
 
     @property
     def staged_models(self) -> tuple[ModelUse, ...]:
@@ -402,7 +410,14 @@ def _validate_all(inventory) -> dict[str, HostConfig]:
     configs = {host.name: _host_config(host) for host in hosts}
     _one_host_per_service(hosts, configs)
     _one_name_per_address(hosts)
-    return configs
+    return {name: _with_peers(config, configs) for name, config in configs.items()}
+
+
+def _with_peers(config: HostConfig, configs: dict[str, HostConfig]) -> HostConfig:
+    """`config` with what it reads of the other hosts, from their validated configurations."""
+    venvs = {entry[1]: configs[entry[1]].venv_path for entry in config.stack_sources if entry[0] == "donor" and len(entry) == 2}
+    stores = {source: configs[source].model_store for source in config.model_sources.values() if source in configs}
+    return replace(config, peer_venvs=venvs, peer_stores=stores)
 
 
 def _one_host_per_service(hosts: list, configs: dict[str, HostConfig]) -> None:
@@ -498,6 +513,8 @@ def _host_config(host) -> HostConfig:
         verify_models=data.verify_models,
         failed_gpus=tuple(host_data.failed_gpus),
         service_user=data.service_user,
+        verify_env=data.verify_env,
+        ssh_address=(str(host.data.get("ssh_hostname") or host.name), int(host.data.get("ssh_port") or 22)),
     )
 
 

@@ -7,12 +7,15 @@ used are released after it.
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
+from configuration import settings
 from operations import models, placement
 
 
 @deploy("Cleanup")
 def cleanup(config) -> None:
-    placement.remove_unplaced(config)
+    # Where the other hosts place each service: every host's validated configuration (validated once per run).
+    placement.remove_unplaced(config, settings.validate_inventory(host.state))
     models.release_unused(config)

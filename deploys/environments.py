@@ -43,7 +43,8 @@ def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
 @deploy("Environments")
 def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, Environment]:
     """Add each venv's build, patch sets, ABI probe and switch; venv path -> Environment."""
-    sources = tuple(venv.Source(*source) for source in config.stack_sources)
+    sources = tuple(venv.Source(*source, live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
+                    for source in config.stack_sources)
     probe = venv.probe_for(stack, config.launcher, probe_args)
     built_envs = {}
     # Made where services will run; elsewhere only an older deploy's (0755) is tightened.
@@ -57,12 +58,14 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             sources=sources,
             host_cache=config.host_wheel_cache,
             installer=config.installer,
+            verify=config.verify_env,
         )
         # Where the build changed nothing, the index it writes after an install may be missing or stale.
         venv.record_index(
             name=f"Generation {gen.id}'s RECORD index is current",
             gen=gen,
             host_cache=config.host_wheel_cache,
+            verify=config.verify_env,
             _if=built.did_not_change,
         )
         patched = [

@@ -42,6 +42,7 @@ def models(config) -> ModelCopies:
             model=model.name,
             path=model.store_path,
             source=config.model_sources.get(model.name),
+            source_store=config.peer_stores.get(config.model_sources.get(model.name)),
         )
         for model in config.store_models
     }

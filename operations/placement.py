@@ -26,7 +26,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
 from configuration.host_paths import UNIT_DIR
-from configuration.settings import HostConfig, validate_inventory
+from configuration.settings import HostConfig
 from operations import host_reads, remote
 from operations.host_reads import operation
 from operations.models import BOOT_UNIT
@@ -190,10 +190,11 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
         yield FunctionCommand(_remove, (unit, units[unit]["path"], service, others), {})
 
 
-def remove_unplaced(config: HostConfig) -> None:
-    """Add the removal of what the inventory no longer places on this host (after the readiness gates)."""
+def remove_unplaced(config: HostConfig, configs: dict[str, HostConfig]) -> None:
+    """Add the removal of what the inventory no longer places on this host (after the readiness gates); `configs`:
+    every host's validated configuration (`configuration.settings.validate_inventory`)."""
     unplaced_removed(
         name="Services no longer placed on this host removed",
         keep=[s.unit_name for s in config.services],
-        elsewhere=placed_elsewhere(validate_inventory(host.state), host.name),
+        elsewhere=placed_elsewhere(configs, config.host),
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 
 from pyinfra.api import FactBase
 from pyinfra.facts.files import File, Sha1File
@@ -328,12 +329,9 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
     }
 
 
-def unreachable_reason(host, timeout_s: float = 1.5) -> str:
-    """Why pyinfra could not connect to `host`, as far as one TCP connect to its SSH port says (bounded)."""
-    import socket
-
-    address = str(host.data.get("ssh_hostname") or host.name)
-    port = int(host.data.get("ssh_port") or 22)
+def unreachable_reason(address: str, port: int, timeout_s: float = 1.5) -> str:
+    """Why pyinfra could not connect to a host SSH reaches at `address`:`port` (its validated `ssh_address`), as far as
+    one TCP connect to that port says (bounded)."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
             return f"SSH to {address}:{port} failed (the port answers: see pyinfra's error above: keys, host key, user)"

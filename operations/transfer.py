@@ -20,7 +20,6 @@ from pathlib import Path, PurePosixPath
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from configuration.settings import GLOBAL_KEYS
 from operations import host_reads, remote, streaming
 from operations.host_reads import operation
 
@@ -128,7 +127,7 @@ def is_local(source: str) -> bool:
 
 
 @operation()
-def in_store(model: str, path: str, source: str | None = None):
+def in_store(model: str, path: str, source: str | None = None, source_store: str | None = None):
     """
     Make sure the model directory ``path`` exists in this host's store.
 
@@ -136,12 +135,14 @@ def in_store(model: str, path: str, source: str | None = None):
     + path: its directory in this host's model store
     + source: where to stream it from when it is missing here: an inventory host whose store
       has it, or the model's directory on the control machine (a path)
+    + source_store: when ``source`` is a host, its model store (its validated ``model_store``)
 
     **Example:**
 
     .. code:: python
 
-        transfer.in_store(name="Qwen3.6-27B in the store", model="Qwen3.6-27B", path="/root/models/Qwen3.6-27B", source="gpu-a")
+        transfer.in_store(name="Qwen3.6-27B in the store", model="Qwen3.6-27B", path="/root/models/Qwen3.6-27B", source="gpu-a",
+                          source_store="/root/models")
     """
     listing = host_reads.get(host, StoreListing, path=path)
     if listing:
@@ -156,8 +157,9 @@ def in_store(model: str, path: str, source: str | None = None):
         raise OperationError(f"model_sources names {host.name} itself for {model}, which it lacks")
     if is_local(source):
         source_path = source
+    elif source_store is None:
+        raise OperationError(f"model {model}: the model store of {source} is not known: pass `source_store`")
     else:
-        source_store = host.inventory.get_host(source).data.get("model_store", GLOBAL_KEYS["model_store"].default)
         source_path = f"{source_store}/{model}"
     host.log(f"model {model} is missing from {path}: streaming it from {source}:{source_path}")
     yield FunctionCommand(_stream, (source, source_path, path), {})

@@ -91,6 +91,8 @@ class Source:
     kind: str
     location: str
     path: str | None = None
+    # A donor named without `path`: its host's `venv_path` (its live venv), from that host's validated configuration.
+    live_venv: str | None = None
 
     @property
     def key(self) -> str:
@@ -192,16 +194,6 @@ def index_command(gen: Generation, host_cache: str) -> str:
     return _venv_script(gen.live, gen.path, host_cache, "write-index")
 
 
-def verify_mode() -> str:
-    """`verify_env` from the host's data (fast or full)."""
-    from configuration.settings import GLOBAL_KEYS
-
-    mode = host.data.get("verify_env", GLOBAL_KEYS["verify_env"].default)
-    if mode not in VERIFY_MODES:
-        raise OperationError(f"{host.name}: verify_env: {mode!r}: must be `fast` (sizes, and the sha256 of files modified after install) or `full` (the sha256 of every file)")
-    return mode
-
-
 def unread(what: str, where: str) -> OperationError:
     """A fact that came back empty: pyinfra has already failed the host (its connection dropped, or the command died)."""
     return OperationError(
@@ -211,6 +203,8 @@ def unread(what: str, where: str) -> OperationError:
 
 
 def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
+    if verify not in VERIFY_MODES:  # the data's `verify_env` is validated before any host is touched
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, not {verify!r}")
     facts = host_reads.get(host, VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
     if facts is None:
         raise unread("the serving venv", gen.live)
@@ -376,6 +370,7 @@ def environment(
     sources: tuple[Source, ...],
     host_cache: str,
     installer: str = "auto",
+    verify: str = "fast",
 ):
     """
     Make the generation ``gen`` hold exactly the distributions of ``stack``, beside the live one.
@@ -385,6 +380,8 @@ def environment(
     + sources: where files come from, tried in order (`Source("wheelhouse", dir)`, `Source("index", url)`)
     + host_cache: directory on the host where pushed wheels (and uv) are kept
     + installer: ``auto`` (uv when the wheelhouse ships it for the host's architecture), ``uv`` or ``pip``
+    + verify: ``fast`` or ``full``, how the installed files are checked against their RECORD (the validated
+      ``verify_env``)
 
     Exactness:
         Every distribution is installed ``--no-deps`` from a pinned file; versions are
@@ -404,7 +401,6 @@ def environment(
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
-    verify = verify_mode()
     facts = state_of(gen, host_cache, verify)
     wanted, live_state = facts["wanted"], facts["live_state"]
     kind = _installer_kind(installer, sources, facts)
@@ -473,7 +469,7 @@ def environment(
 
 
 @operation()
-def record_index(gen: Generation, host_cache: str):
+def record_index(gen: Generation, host_cache: str, verify: str = "fast"):
     """
     Keep the generation's RECORD index current: the list of every distribution's files that a fast check reads
     instead of each RECORD (remote/venv_state.py). `environment` writes it after each install; this writes it
@@ -482,9 +478,8 @@ def record_index(gen: Generation, host_cache: str):
     nothing.
 
     + gen: the `Generation` whose index to keep
-    + host_cache: as for `environment` (the venv read is the same, shared with it)
+    + host_cache, verify: as for `environment` (the venv read is the same, shared with it)
     """
-    verify = verify_mode()
     wanted = state_of(gen, host_cache, verify)["wanted"]
     if wanted is None or wanted.get("index") not in INDEX_REWRITTEN:
         host.noop(f"generation {gen.id}'s RECORD index: {(wanted or {}).get('index', 'no generation')}")
@@ -567,9 +562,11 @@ def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, 
 
 
 def _donor_path(source: Source) -> str:
-    from configuration.settings import GLOBAL_KEYS
-
-    return source.path or host.inventory.get_host(source.location).data.get("venv_path", GLOBAL_KEYS["venv_path"].default)
+    """The donor's venv to copy from: the one at `path`, else its host's live venv."""
+    path = source.path or source.live_venv
+    if path is None:
+        raise OperationError(f"{host.name}: donor {source.location}: no venv to copy from (neither `path` nor its host's `venv_path` given)")
+    return path
 
 
 def _donor_host(name: str):

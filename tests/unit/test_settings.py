@@ -116,6 +116,7 @@ def test_valid_data_gives_typed_host_config():
         launcher="sglang.launch_server",
         readiness_timeout_s=1800,
         smoke_test=True,
+        ssh_address=("gpu-a", 22),
         services=(
             Service(
                 name="ddtree",
@@ -626,3 +627,23 @@ def test_an_int_python_cannot_write_out_is_a_message(host_data, key):
 
 def test_a_message_shows_a_value_holding_an_int_python_cannot_write_out():
     assert "too long to show" in str(DataError("x.yml", "k", [10**5000], "fix"))
+
+
+def test_what_a_host_reads_of_other_hosts_comes_from_their_validated_configuration():
+    """A donor's live venv, a model source's store and each host's SSH address are the other hosts' validated values:
+    no operation reads a host's data (tests/unit/test_layers.py)."""
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory((
+        [
+            ("gpu-a", {"run_services": ["ddtree"], "stack_sources": [{"donor": "gpu-b"}, "wheelhouse"], "model_sources": {TARGET: "gpu-b"}}),
+            ("gpu-b", {"ssh_hostname": "10.0.0.2", "ssh_port": 2222, "venv_path": "/srv/venv", "model_store": "/srv/models"}),
+        ],
+        base_data(),
+    ))
+    State(inventory, Config())
+    configs = settings.validate_inventory(inventory.get_host("gpu-a").state)
+    assert configs["gpu-a"].peer_venvs == {"gpu-b": "/srv/venv"}
+    assert configs["gpu-a"].peer_stores == {"gpu-b": "/srv/models"}
+    assert (configs["gpu-a"].ssh_address, configs["gpu-b"].ssh_address) == (("gpu-a", 22), ("10.0.0.2", 2222))
+    assert configs["gpu-b"].peer_venvs == configs["gpu-b"].peer_stores == {}

@@ -25,3 +25,11 @@ def test_a_host_cannot_be_its_own_source():
     with pytest.raises(OperationError) as caught:
         run(transfer.in_store, {transfer.StoreListing: None}, model="Qwen3.6-27B", path=PATH, source="gpu-a")
     assert "names gpu-a itself" in str(caught.value)
+
+
+def test_a_model_is_streamed_from_the_source_hosts_validated_store():
+    result = run(transfer.in_store, {transfer.StoreListing: None}, model="Qwen3.6-27B", path=PATH, source="gpu-b",
+                 source_store="/srv/models")
+    assert "streaming it from gpu-b:/srv/models/Qwen3.6-27B" in result.logs[0]
+    with pytest.raises(OperationError, match="the model store of gpu-b is not known"):
+        run(transfer.in_store, {transfer.StoreListing: None}, model="Qwen3.6-27B", path=PATH, source="gpu-b")

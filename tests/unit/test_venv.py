@@ -258,12 +258,14 @@ def test_verify_env_full_reads_the_fact_in_full_mode_and_says_so(stack, house):
         seen.append(kw)
         return copy.deepcopy(fact)
 
-    result = run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "full"},
+    result = run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), verify="full",
                  gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
     assert seen[0]["verify"] == "full"
     assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions; checked: sha256, 812 file(s) hashed)"]
-    with pytest.raises(OperationError, match="verify_env: 'sha1': must be `fast`"):
-        run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "sha1"},
+    # The data's `verify_env` is validated with the rest of it (tests/unit/bad_data/crashes/verify-env-*.yml): the host
+    # never reads it, the deploy passes the validated value.
+    with pytest.raises(ValueError, match="verify must be one of"):
+        run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "full"}, verify="sha1",
             gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
 
 
@@ -843,3 +845,10 @@ def test_a_venv_without_site_packages_asks_for_no_index(tmp_path):
     (root / "pyvenv.cfg").write_text("version = 3.11.7\n")
     assert _venv_state(root, "fast")["wanted"]["index"] == "not used"
     assert _venv_state(root, "write-index") == {"written": False, "why": "no site-packages"}
+
+
+def test_a_donor_is_read_at_its_path_else_at_its_hosts_validated_venv_path():
+    """deploys/environments.py gives a donor named without `path` its host's validated `venv_path` (HostConfig.peer_venvs)."""
+    assert venv._donor_path(venv.Source("donor", "gpu-old", live_venv="/srv/venv")) == "/srv/venv"
+    assert venv._donor_path(venv.Source("donor", "gpu-old", "/opt/v", live_venv="/srv/venv")) == "/opt/v"
+    assert str(venv.Source("donor", "gpu-old", live_venv="/srv/venv")) == "donor gpu-old"
