@@ -71,7 +71,7 @@ def _registered(value: str) -> None:
 
 
 # Registered with the registry when this module loads: every entry point imports it before it loads the data
-# (tests/unit/test_redact.py checks that), so no value is registered before the output can be wrapped.
+# (tests/unit/test_layers.py checks that), so no value is registered before the output can be wrapped.
 redaction.on_register(lambda value: _registered(value))
 
 
