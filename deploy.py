@@ -29,7 +29,8 @@ summary.install_summary(state)
 # From here every fact of this host is read once (one batched call on a converged host, begun as soon as
 # the run holds the host's lock) and again only after a command ran there (operations/host_reads.py).
 host_reads.prepare(state, host, config_digest=repr(config))
-lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read, read=host_reads.lock_read)
+lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read, read=host_reads.lock_read,
+             waits={name: c.lock_wait_s for name, c in settings.validate_inventory(host.state).items()})
 host_reads.install(state, host, config_digest=repr(config))
 health_timer.install_timer(state)
 

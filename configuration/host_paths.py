@@ -27,7 +27,7 @@ SERVICE_STATE_DIR = "/var/lib/sglang"
 SERVICE_CACHE_DIR = "/var/cache/sglang"
 
 # What no configured directory may be, contain or lie inside (configuration/kinds.py).
-OWN_PATHS = (CONFIG_DIR, SCRIPT_DIR, LOCK_PATH, UNIT_DIR)
+OWN_PATHS = (CONFIG_DIR, SCRIPT_DIR, LOCK_PATH, UNIT_DIR, STATE_DIR)
 
 
 def unit_path(unit_name: str) -> str:

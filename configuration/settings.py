@@ -22,6 +22,7 @@ import functools
 import math
 import re
 import sys
+import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -380,6 +381,10 @@ def host_config(host) -> HostConfig:
     return validate_inventory(state)[host.name]
 
 
+# Each run's validated inventory (or its first DataError), by the run's State: nothing is kept on pyinfra's objects.
+_VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def validate_inventory(state) -> dict[str, HostConfig]:
     """Validate the whole inventory once per run: every host (with --data), every service
     defined (placed or not), every stack and patch-set manifest they use, and what only the
@@ -390,13 +395,13 @@ def validate_inventory(state) -> dict[str, HostConfig]:
     greenlet runs meanwhile) and keeps the result on the run's `state`; every later load
     gets the same configs, or re-raises the same error. So a bad value for one host stops the
     run before any host's deploy lock is taken."""
-    cached = getattr(state, "_sglang_deploy_validated", None)
+    cached = _VALIDATED.get(state)
     if cached is None:
         try:
             cached = _validate_all(state.inventory)
         except DataError as exc:
             cached = exc
-        state._sglang_deploy_validated = cached
+        _VALIDATED[state] = cached
     if isinstance(cached, DataError):
         raise cached
     return cached

@@ -306,9 +306,9 @@ def fresh(host, cls: type, max_age_s: float) -> None:
 
 def read_set_path(host, config_digest: str) -> Path:
     """Where the facts this data read on this host are kept between runs (control machine, per user, in a directory
-    of this user's alone: operations/private_dir.py)."""
-    address = str(host.data.get("ssh_hostname") or host.name)
-    digest = hashlib.sha256(f"{host.name}\0{address}\0{config_digest}".encode()).hexdigest()[:32]
+    of this user's alone: operations/private_dir.py). `config_digest` stands for the host's validated config, its
+    address included."""
+    digest = hashlib.sha256(f"{host.name}\0{config_digest}".encode()).hexdigest()[:32]
     # A read set names the commands every host runs: it is kept where only this user can write (or the run stops).
     return private_dir(cache_root() / "reads") / f"{digest}.json"
 

@@ -87,6 +87,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
+from configuration.settings import GLOBAL_KEYS
 from operations import host_reads, remote
 from operations.private_dir import NotPrivate, cache_root, private_dir
 from operations.pyinfra_adapter import real_host, ssh_transport, unix_command
@@ -629,9 +630,11 @@ class RunLocks:
 class _Run(BaseStateCallback):
     """The process's one run: the barrier at which all hosts arrive, its locks, its callbacks."""
 
-    def __init__(self, state, executing: bool):
+    def __init__(self, state, executing: bool, waits: dict[str, float] | None = None):
         self.state = state
         self.executing = executing
+        # Each host's validated lock_wait_s, for hosts locked before their own load arrives (deploy.py passes them).
+        self.waits = dict(waits or {})
         self.expected = {h.name: h for h in state.inventory.get_active_hosts()}
         # pyinfra loads at most this many hosts at once (--parallel, or 20 per CPU): no more can arrive together.
         self.at_once = getattr(getattr(state, "pool", None), "size", None) or len(self.expected)
@@ -679,7 +682,7 @@ class _Run(BaseStateCallback):
     def _take(self) -> None:
         # Hosts that could not load yet (more hosts than pyinfra loads at once) are locked with the others,
         # with their data's lock_wait_s as given (their own load validates it).
-        hosts = [self.arrived.get(name) or (h, _raw_wait(h)) for name, h in sorted(self.expected.items())]
+        hosts = [self.arrived.get(name) or (h, float(self.waits.get(name, DEFAULT_WAIT_S))) for name, h in sorted(self.expected.items())]
         for host, _ in hosts:
             watch_connection(host)
             send_without_delay(host)
@@ -723,13 +726,7 @@ class _Run(BaseStateCallback):
 _RUN: _Run | None = None
 
 
-def _raw_wait(host) -> float:
-    value = getattr(getattr(host, "data", None), "get", lambda *_: None)("lock_wait_s")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    from configuration.settings import GLOBAL_KEYS
-
-    return float(GLOBAL_KEYS["lock_wait_s"].default)
+DEFAULT_WAIT_S = float(GLOBAL_KEYS["lock_wait_s"].default)
 
 
 def _executing(argv: list[str] | None = None) -> bool:
@@ -755,7 +752,7 @@ def _executing(argv: list[str] | None = None) -> bool:
 
 
 def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None,
-            read: Callable[[object], object | None] | None = None) -> None:
+            read: Callable[[object], object | None] | None = None, waits: dict[str, float] | None = None) -> None:
     """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had.
 
     `on_held(host)` is called as soon as the host's lock is taken (with `--dry`, once its lock is looked at),
@@ -763,12 +760,13 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     `read(host)` gives the host's read to begin in the very command that takes its lock (host_reads.lock_read):
     then `on_held(host, (that read, its output))` is called instead.
     A host that is the machine of another host of the run is refused, with `--dry` too.
+    `waits`: every host's validated `lock_wait_s` by name (a host may be locked before its own load arrives).
     """
     global _RUN
     host = real_host(host)
     state = host.state
     if _RUN is None or _RUN.state is not state:
-        _RUN = _Run(state, _executing())
+        _RUN = _Run(state, _executing(), waits)
         state.add_callback_handler(_RUN)
     run = _RUN
     run.arrive(host, wait_s, on_held, read)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A CPU-only venv in which sglang 0.5.13's own argument parser runs: what
-# `python -m configuration.engine_flags generate VENV/bin/python [--patch-set NAME]` needs to write
+# `python -m tools.engine_flags generate VENV/bin/python [--patch-set NAME]` needs to write
 # files/engine_flags/sglang-0.5.13*.json. Not a serving venv (that is the stack sglang-0.5.13-cu130).
 #
 #   bash bench/ddtree/cpu_parser_venv.sh VENV SGLANG_WHEEL

@@ -5,7 +5,7 @@
 #   bash bench/ddtree/parse_check.sh VENV
 #
 # The patch set (files/patches/ddtree-0_5_13, bench/ddtree/build_patchset.sh) is laid over a copy of the
-# venv's sglang, as `configuration.engine_flags generate --patch-set` does; the models are bench/gpu/tiny_models.py's
+# venv's sglang, as `tools.engine_flags generate --patch-set` does; the models are bench/gpu/tiny_models.py's
 # (draft block size 4) and a copy of its draft with block size 16 (the Qwen3.6 drafters' 16-token block), so
 # that budget 15 is the spine of a 16-token draft (no tree in ad7ab160) and 31 a tree. --device cpu: the parser's
 # accelerator check is not what is tested here. The parser needs a few more modules than the flag dump: added here.

@@ -6,7 +6,7 @@ both happen on the way to `sglang.srt.server_args`. PyPI has no CPU build of tor
 wheels link libtorch_cuda: beside a CPU torch, `operator torchvision::nms does not exist`), so a
 CPU-only machine cannot import the real one. These names exist here so that the imports succeed;
 every one of them refuses to be used. The engine's argument parser, which is all that runs in
-such a venv (`python -m configuration.engine_flags generate`), uses none of them.
+such a venv (`python -m tools.engine_flags generate`), uses none of them.
 
     python bench/ddtree/torchvision_standin.py VENV/lib/python3.X/site-packages
 """

@@ -84,5 +84,5 @@ def test_the_checked_in_engine_flags_are_the_lab_venvs_parser():
     assert len(patch_sets) <= 1, patch_sets
     stored = json.loads(engine_flags.file_for(live["version"], patch_sets[0] if patch_sets else None).read_text())
     assert {k: v for k, v in stored.items() if k != "patch_set"} == live, (
-        f"{generation} on {host}: regenerate with python -m configuration.engine_flags generate VENV_PYTHON"
+        f"{generation} on {host}: regenerate with python -m tools.engine_flags generate VENV_PYTHON"
     )

@@ -609,9 +609,8 @@ def test_the_last_host_to_arrive_takes_every_lock_of_the_run(tmp_path):
 def test_with_fewer_load_slots_than_hosts_the_arrived_ones_lock_them_all(tmp_path):
     # pyinfra loads at most `--parallel` hosts at once: the others cannot arrive until these finish loading.
     a, b, c = machines(tmp_path, ("a-host", "10.0.0.1"), ("b-host", "10.0.0.2"), ("c-host", "10.0.0.3"))
-    c.data = {"lock_wait_s": 7}
     state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: [a, b, c]), pool=SimpleNamespace(size=2))
-    run = lock._Run(state, executing=True)
+    run = lock._Run(state, executing=True, waits={"c-host": 7})  # every host's validated lock_wait_s (deploy.py)
     first = threading.Thread(target=run.arrive, args=(a, 5))
     first.start()
     run.arrive(b, 5)  # the second of two slots: takes every lock, c's too
