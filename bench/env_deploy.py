@@ -25,6 +25,7 @@ built = venv.environment(
     sources=tuple(venv.Source(*source) for source in config.stack_sources),
     host_cache=config.host_wheel_cache,
     installer=config.installer,
+    verify=config.verify_env,
 )
 was = venv.live_target(gen, config.host_wheel_cache)
 changed = any_changed(built)
