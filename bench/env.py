@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.run import INVENTORY, PYINFRA, timed  # noqa: E402 - the one way a bench times a command
+from bench.timing import INVENTORY, PYINFRA, timed  # noqa: E402 - the one way a bench times a command
 
 HOST = "gpu-a"
 ROUNDS = 3

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.run import PYINFRA, side_by_side  # noqa: E402 - the one way a bench compares two commands
+from bench.timing import PYINFRA, side_by_side  # noqa: E402 - the one way a bench compares two commands
 
 ROUNDS = 5
 ONE, EIGHT = "gpu-d", "gpu-e"

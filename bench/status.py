@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.run import INVENTORY, PYINFRA, side_by_side  # noqa: E402 - the one way a bench compares two commands
+from bench.timing import INVENTORY, PYINFRA, side_by_side  # noqa: E402 - the one way a bench compares two commands
 
 ROUNDS = 11
 
