@@ -289,7 +289,7 @@ def credential_env_name(name: str) -> bool:
 
 SECRETS_FIX = ("a credential in the data sits in a world-readable unit file, the process's argv or environment and the "
                "run's output: keep it out of the data; the deploy passes secrets only as the API keys named by "
-               "`api_key_secret`/`admin_api_key_secret` (README: \"Secrets\"), from the control machine's secrets file")
+               "`api_key_secret`/`admin_api_key_secret` (docs/threat-model.md, \"Secrets, exposure and host keys\"), from the control machine's secrets file")
 
 
 # The name's shape; which names a service may set is the env map's rule (configuration/schema.py), which shows

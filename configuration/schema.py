@@ -1,7 +1,7 @@
 """The operators' data as typed models: every key, its kind, its default and its documentation.
 
-Three models, one per table of the README's "Variables" (generated from them, see `readme_tables`; a unit
-test fails when the README and the schema differ): `GroupData` (keys any group, or a host, may set),
+Three models, one per table of docs/variables.md (generated from them, see `readme_tables`; a unit
+test fails when docs/variables.md and the schema differ): `GroupData` (keys any group, or a host, may set),
 `HostData` (keys of the inventory's hosts) and `ServiceSpec` (the keys of `services.<name>`, after a host's
 `run_services` overrides). Models are strict (no string read as a number, no bool as an int) and forbid
 unknown keys; each field's type is a kind of value from configuration/kinds.py, which checks the whole
@@ -43,7 +43,7 @@ STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 def var(default: Any = None, doc: str = "", when: str = "", kind: str = "", required: bool = False) -> Any:
-    """A field with what the README's table says of it: the kind's name, what it does, when to change it."""
+    """A field with what the variables table (docs/variables.md) says of it: the kind's name, what it does, when to change it."""
     extra = {"when": when, "kind": kind, "required": required}
     if required:
         return Field(description=doc, json_schema_extra=extra)
@@ -220,7 +220,7 @@ class ServiceSpec(BaseModel):
         "a trusted, isolated network only", "boolean")
 
 
-# The README's tables -------------------------------------------------------------------------------
+# The variables tables (docs/variables.md) -------------------------------------------------------------------------------
 
 TABLES = (("Group data (`group_data/*.yml`)", GroupData), ("Host data (the inventory)", HostData),
           ("Service keys (`services.<name>.*`)", ServiceSpec))
@@ -252,7 +252,7 @@ def table(model: type[BaseModel]) -> str:
 
 
 def readme_tables() -> str:
-    """The README's variables tables, as the schema says them (`python -m configuration.schema` prints them)."""
+    """docs/variables.md's tables, as the schema says them (`python -m configuration.schema` prints them)."""
     return "\n\n".join(f"{title}:\n\n{table(model)}" for title, model in TABLES)
 
 

@@ -1043,6 +1043,6 @@ def _patch_set_fits_the_stack(ctx: _ServiceContext, src: str, key_path: str, pat
         f"files/patches/{patch_set.name}/patchset.yml is written for {patch_set.distribution} {patch_set.version}, but the "
         f"stack {ctx.data.stack} " + (f"pins {patch_set.distribution} {pinned}" if pinned else f"has no {patch_set.distribution}")
         + f": use a stack with {patch_set.distribution} {patch_set.version}, or port the patch set to {pinned or 'the stack'}"
-        " (python -m tools.patchset_build; README \"Stacks and patch sets\")",
+        " (python -m tools.patchset_build; docs/stacks-and-patch-sets.md)",
     )
 
