@@ -26,12 +26,8 @@ class Environment:
     probed: OperationMeta
     switched: OperationMeta
 
-    @property
-    def ops(self) -> tuple[OperationMeta, OperationMeta]:
-        return self.probed, self.switched
-
     def named_ops(self) -> list[tuple[str, OperationMeta, bool]]:
-        """`ops` as `this_run.Inputs` names them; the probe runs under a condition (`_if`)."""
+        """The operations that (re)made it, as `this_run.Inputs` names them; the probe runs under a condition (`_if`)."""
         return [(f"generation {self.gen.id} probed", self.probed, True), (f"{self.gen.live} switched to generation {self.gen.id}", self.switched, False)]
 
 

@@ -23,12 +23,9 @@ class ModelCopies:
     store: dict[str, OperationMeta]
     staged: dict[str, OperationMeta]
 
-    def of(self, service) -> list[OperationMeta]:
-        """The operations whose change means `service` loads other model files."""
-        return [meta for _, meta, _ in self.named_of(service)]
-
     def named_of(self, service) -> list[tuple[str, OperationMeta, bool]]:
-        """`of(service)` as `this_run.Inputs` names them: (what the operation makes, it, conditional)."""
+        """The operations whose change means `service` loads other model files, as `this_run.Inputs` names them:
+        (what the operation makes, it, conditional)."""
         ops = [(f"model {m.name} staged", self.staged[m.name], False) for m in service.models if m.name in self.staged]
         return ops + [(f"model {m.name} in the store", self.store[m.name], False) for m in service.models if m.location == "store"]
 

@@ -61,8 +61,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         group=group_of(config.service_user),
     )
     # What this service's process loads besides its unit: its venv, patch sets, staged models, key file.
-    inputs = [*environment.ops, *model_copies.of(service), key_file]
-    named_inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service), (f"API keys of {service.name}", key_file, False)))
+    inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service), (f"API keys of {service.name}", key_file, False)))
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
@@ -73,7 +72,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         endpoint=service.endpoint,
         unit_path=unit_path,
         unit_text=unit_text,
-        inputs_changed=named_inputs,
+        inputs_changed=inputs,
     )
     unit_file = unit_written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text)
 
@@ -93,7 +92,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         port=service.port,
         inputs=watched,
         unit_changed=unit_file.did_change,
-        inputs_changed=any_changed(unit_file, *inputs),
+        inputs_changed=any_changed(unit_file, *inputs.metas()),
         outcome=started,
     )
     readiness.ready(

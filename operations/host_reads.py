@@ -54,7 +54,7 @@ from pyinfra.api import operation as pyinfra_operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.facts import files, server, systemd
 
-from operations import remote
+from operations import remote, this_run
 from operations.private_dir import cache_root, private_dir
 from operations.pyinfra_adapter import connector_arguments, connector_context, real_host
 
@@ -330,28 +330,20 @@ def operation(*args, **kwargs):
                     command = generator.send(answer)
                 except StopIteration as stop:
                     return stop.value
-                from_pyinfra = _executing()
+                from_pyinfra = this_run.executing()
                 try:
                     answer = yield command
                 except GeneratorExit:  # pyinfra stopped at this command: it failed, or the run only looked
                     if from_pyinfra:
-                        _changed_here()
+                        changed(context_host)
                     generator.close()
                     raise
                 if from_pyinfra:
-                    _changed_here()  # the command ran
+                    changed(context_host)  # the command ran
 
         return pyinfra_operation(*args, **kwargs)(commands)
 
     return decorate
-
-
-def _executing() -> bool:
-    return bool(context_host.state.is_executing)
-
-
-def _changed_here() -> None:
-    changed(context_host)
 
 
 def _execution(host, reads: HostReads) -> str:

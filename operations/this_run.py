@@ -36,6 +36,9 @@ class Inputs:
     def __call__(self) -> bool:
         return any(meta.did_change() for _, meta, _ in self.ops)
 
+    def metas(self) -> list[OperationMeta]:
+        return [meta for _, meta, _ in self.ops]
+
     def planned(self) -> list[str]:
         """The names of those planned to change: before execution (and all of `--dry`) only a plan is known. A
         conditional operation changes only when the operations its condition reads change, judged on their own."""
