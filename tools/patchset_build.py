@@ -31,6 +31,12 @@ a `conflicts.yml` naming the inputs. Edit those files, then pass that directory 
 a resolution is used only for a file that conflicts, for the very inputs it was made from,
 and only without conflict markers. Paths of the change outside CHANGE_ROOT (tests, docs,
 kernel sources) are not part of the installed package: they are listed and left out.
+
+An operator's own fixes to the merged files (a bug the change has on this release, found on
+a real host) go on top with --fix PATCH, in order: each a unified diff (`git diff` form, -p1)
+whose paths are site-packages paths (a/sglang/srt/x.py). The build is refused, naming the fix
+and git's hunk message, where a fix does not apply, deletes a file, or leaves a Python file
+that no longer compiles; the manifest's comment names the fixes applied.
 """
 
 from __future__ import annotations
@@ -527,6 +533,68 @@ def merge_change(change: Change, pristine: Pristine, resolved: Path | None = Non
     return patched, report, conflicts
 
 
+def _fix_paths(fix: Path) -> list[tuple[str | None, str | None]]:
+    """(old path, new path) per file of a fix, from its '--- a/PATH' and '+++ b/PATH' lines (-p1): None for /dev/null."""
+    def path(header: str) -> str | None:
+        name = header[4:].split("\t")[0].strip()
+        return None if name == "/dev/null" else name.split("/", 1)[1] if "/" in name else name
+
+    paths, old = [], None
+    for line in fix.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("--- "):
+            old = path(line)
+        elif line.startswith("+++ "):
+            paths.append((old, path(line)))
+    return paths
+
+
+def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine, report: MergeReport) -> dict[str, bytes]:
+    """`patched` with each fix (a -p1 unified diff over site-packages paths) applied in order by `git apply`.
+
+    A file a fix edits that the change left alone is read from the release. Raises BuildError naming the fix
+    and git's message (the file and the hunk's line) where one does not apply."""
+    result = dict(patched)
+    for fix in fixes:
+        if not fix.is_file():
+            raise BuildError(f"--fix {fix}: no such file")
+        pairs = _fix_paths(fix)
+        if not pairs:
+            raise BuildError(f"--fix {fix}: not a unified diff (no '--- a/PATH' / '+++ b/PATH' lines)")
+        with tempfile.TemporaryDirectory(prefix="patchset-fix.") as tmp:
+            work = Path(tmp)
+            _git(work, "init", "-q")  # its own repository: git apply works on this tree and nowhere above it
+            for old, new in pairs:
+                if new is None:
+                    raise BuildError(f"--fix {fix}: deletes {old}: a patch set cannot delete a file")
+                for rel in {old, new} - {None}:
+                    if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+                        raise BuildError(f"--fix {fix}: path {rel!r} must be a site-packages path without '..'")
+                    data = result[rel] if rel in result else pristine.read(rel)
+                    if data is not None:
+                        dest = work / PurePosixPath(rel)
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_bytes(data)
+            out = subprocess.run(["git", "-C", str(work), "apply", "--verbose", str(fix.resolve())],
+                                 capture_output=True, check=False)
+            if out.returncode != 0:
+                message = out.stderr.decode(errors="replace").strip().replace(str(work) + "/", "")
+                raise BuildError(f"--fix {fix}: does not apply to the merged files of {report.release}:\n{message}\n"
+                                 "port the fix to these files (the change or the release moved), then build again")
+            for _old, new in pairs:
+                data = (work / PurePosixPath(new)).read_bytes()
+                problem = _compiles(new, data)
+                if problem:
+                    raise BuildError(f"--fix {fix}: {new} does not compile after it ({problem})")
+                if data == pristine.read(new):
+                    result.pop(new, None)
+                    report.outcomes[new] = f"back to {report.release}'s own file after --fix {fix.name}: left out"
+                    continue
+                before = report.outcomes.get(new, f"{report.release}'s own file")
+                report.outcomes[new] = f"{before}; then --fix {fix.name}"
+                result[new] = data
+    return result
+
+
 def _conflict_message(report: MergeReport, folder: Path) -> str:
     lines = []
     for rel, hunks in sorted(report.conflicts.items()):
@@ -646,6 +714,7 @@ def build_from_change(
     force: bool = False,
     resolved: Path | None = None,
     conflicts_dir: Path | None = None,
+    fixes: list[Path] | None = None,
 ) -> tuple[Path, MergeReport]:
     """Merge `change` into the release's files and write `out/name/`; returns it and what each file's merge did.
 
@@ -662,13 +731,15 @@ def build_from_change(
             folder = (conflicts_dir or out / f".{name}.conflicts").resolve()
             _write_conflicts(folder, conflicts)
             raise BuildError(_conflict_message(report, folder))
+        patched_files = apply_fixes(list(fixes or ()), patched_files, pristine, report)
         if not patched_files:
             raise BuildError(f"the change leaves nothing to patch in {distribution} {version}: " + "; ".join(report.lines()))
         entries = build_entries(patched_files, pristine)
     finally:
         pristine.close()
     description = description or _description(
-        name, entries, distribution, version, f": {change.label_base} to {change.label_change}, three-way merged")
+        name, entries, distribution, version, f": {change.label_base} to {change.label_change}, three-way merged"
+        + "".join(f", then {fix.name}" for fix in fixes or ()))
     _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description))
     return target, report
 
@@ -690,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the change's folder that is site-packages (sglang's repository: python)")
     parser.add_argument("--resolved", type=Path, metavar="DIR", help="hand resolutions of conflicted merges (the --conflicts folder, edited)")
     parser.add_argument("--conflicts", type=Path, metavar="DIR", help="where a refused merge writes its conflicts (default OUT/.NAME.conflicts)")
+    parser.add_argument("--fix", type=Path, action="append", default=[], metavar="PATCH",
+                        help="an operator's fix applied after the merge (a -p1 unified diff over site-packages paths); repeatable, in order")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where patch sets live (default: files/patches)")
     parser.add_argument("--description", help="the one-line comment at the top of patchset.yml")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT/NAME")
@@ -699,8 +772,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either --patched DIR or --change-base and --change")
     if from_change and (args.change_base is None or args.change is None):
         parser.error("--change-base and --change go together")
-    if not from_change and (args.git or args.change_root or args.resolved or args.conflicts):
-        parser.error("--git, --change-root, --resolved and --conflicts go with --change-base/--change")
+    if not from_change and (args.git or args.change_root or args.resolved or args.conflicts or args.fix):
+        parser.error("--git, --change-root, --resolved, --conflicts and --fix go with --change-base/--change")
     report = None
     try:
         if from_change:
@@ -710,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                 change = change_from_dirs(Path(args.change_base), Path(args.change), args.change_root)
             target, report = build_from_change(
                 args.name, args.base, change, args.pristine, args.out, args.description, args.force,
-                args.resolved, args.conflicts,
+                args.resolved, args.conflicts, args.fix,
             )
         else:
             target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force)

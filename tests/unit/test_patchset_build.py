@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -460,3 +461,81 @@ def test_command_needs_one_source(release_wheel, patched, out, capsys):
     with pytest.raises(SystemExit):
         main(["x", "--base", "demo==1.0", "--pristine", str(release_wheel), "--change", "a"])
     assert "give either --patched DIR or --change-base and --change" in capsys.readouterr().err
+
+
+def fix_file(tmp_path, name: str, rel: str, before: bytes, after: bytes) -> Path:
+    """An operator's fix as `git diff` writes it: a/REL -> b/REL over site-packages paths."""
+    a, b = tmp_path / f"{name}-a", tmp_path / f"{name}-b"
+    for root, data in ((a, before), (b, after)):
+        if data is not None:
+            write(root / rel, data)
+    import subprocess
+
+    diff = subprocess.run(["git", "diff", "--no-index", "--no-color", f"{name}-a/{rel}" if before is not None else "/dev/null",
+                           f"{name}-b/{rel}"], cwd=tmp_path, capture_output=True, text=True).stdout
+    text = diff.replace(f"a/{name}-a/", "a/").replace(f"b/{name}-b/", "b/").replace(f"a/{name}-b/", "a/")
+    assert text, "the fix is empty"
+    return write(tmp_path / f"{name}.patch", "A comment before the diff says why.\n\n" + text)
+
+
+def test_a_fix_goes_on_top_of_the_merge_and_on_a_release_file_the_change_left(tmp_path, release_wheel, out, capsys):
+    fixed = MERGED.replace(b"LIMIT = 4", b"LIMIT = 8")
+    core_fix = fix_file(tmp_path, "limit", "demo/core.py", MERGED, fixed)
+    same_fix = fix_file(tmp_path, "same", "demo/same.py", b"X = 1\n", b"X = 2\n")
+    target, report = from_dirs(tmp_path, {"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": CHANGED},
+                               release_wheel, out, fixes=[core_fix, same_fix])
+
+    assert (target / "demo" / "core.py").read_bytes() == fixed
+    assert (target / "demo" / "same.py").read_bytes() == b"X = 2\n"
+    assert manifest(target)["files"] == {
+        "demo/core.py": {"sha256": sha256(fixed), "original": sha256(RELEASE)},
+        "demo/same.py": {"sha256": sha256(b"X = 2\n"), "original": sha256(b"X = 1\n")},
+    }
+    assert report.outcomes == {
+        "demo/core.py": "merged cleanly (three-way: the release's file differs from the change's base); then --fix limit.patch",
+        "demo/same.py": "demo 1.0's own file; then --fix same.patch",
+    }
+    assert (target / "patchset.yml").read_text().splitlines()[0].endswith(
+        "three-way merged, then limit.patch, then same.patch)")
+
+
+def test_a_fix_that_does_not_apply_names_the_fix_and_the_file_and_writes_nothing(tmp_path, release_wheel, out):
+    stale = fix_file(tmp_path, "stale", "demo/core.py", RELEASE.replace(b"LIMIT = 4", b"LIMIT = 5"),
+                     RELEASE.replace(b"LIMIT = 4", b"LIMIT = 6"))
+    with pytest.raises(patchset_build.BuildError) as err:
+        from_dirs(tmp_path, {"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": CHANGED},
+                  release_wheel, out, fixes=[stale])
+    message = str(err.value)
+    assert f"--fix {stale}: does not apply to the merged files of demo 1.0" in message
+    assert "patch failed: demo/core.py:" in message  # git's file and hunk line
+    assert not (out / "demo-port").exists()
+
+
+@pytest.mark.parametrize("before, after, message", [
+    (b"X = 1\n", None, "deletes demo/same.py: a patch set cannot delete a file"),
+    (b"X = 1\n", b"X = (\n", "demo/same.py does not compile after it"),
+])
+def test_what_a_fix_cannot_do_is_refused(tmp_path, release_wheel, out, before, after, message):
+    if after is None:
+        fix = write(tmp_path / "gone.patch", "diff --git a/demo/same.py b/demo/same.py\ndeleted file mode 100644\n"
+                    "--- a/demo/same.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-X = 1\n")
+    else:
+        fix = fix_file(tmp_path, "bad", "demo/same.py", before, after)
+    with pytest.raises(patchset_build.BuildError, match=re.escape(message)):
+        from_dirs(tmp_path, {"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": CHANGED},
+                  release_wheel, out, fixes=[fix])
+
+
+def test_fix_goes_with_a_change_only(release_wheel, patched, out, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["x", "--base", "demo==1.0", "--pristine", str(release_wheel), "--patched", str(patched),
+              "--fix", str(tmp_path / "a.patch")])
+    assert "--fix go with --change-base/--change" in capsys.readouterr().err
+
+
+def test_the_ddtree_port_fix_is_a_diff_of_site_packages_paths():
+    fix = Path(__file__).resolve().parents[2] / "bench" / "ddtree" / "fixes" / "ddtree-verify-width.patch"
+    assert patchset_build._fix_paths(fix) == [
+        ("sglang/srt/layers/attention/triton_backend.py", "sglang/srt/layers/attention/triton_backend.py"),
+        ("sglang/srt/model_executor/cuda_graph_runner.py", "sglang/srt/model_executor/cuda_graph_runner.py"),
+    ]
