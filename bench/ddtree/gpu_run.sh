@@ -7,7 +7,7 @@
 #   bash bench/ddtree/gpu_run.sh prepare                         # gpucarry/: the wheels the donor lacks, in 60 MiB parts
 # On the GPU machine (the run tool; each call carries at most 64 MiB, ignored files stay on a warm machine):
 #   bash bench/ddtree/gpu_run.sh receive                         # one call per part: carry gpucarry/wh513.tar.part-NN
-#   bash bench/ddtree/gpu_run.sh run [SERVICES]                  # default: plain,dflash,ddtree15,ddtree31
+#   bash bench/ddtree/gpu_run.sh run [SERVICES]                  # default: plain,dflash,ddtree15,ddtree31,ddtree7
 #
 # `prepare` downloads into /tmp/wh513 only the stack's files the H200 donor venv does not hold exactly
 # (bench/results/h200-donor-pip-freeze.txt: 139 of the stack's 187, 1362 MiB, sha256-checked against the stack)
@@ -78,7 +78,7 @@ if [ "$MODE" = receive ]; then
     exit 0
 fi
 
-SERVICES=${2:-plain,dflash,ddtree15,ddtree31}
+SERVICES=${2:-plain,dflash,ddtree15,ddtree31,ddtree7}
 BACKEND=${GPU_BACKEND:-triton}
 RESULTS=${RESULTS:-$HERE/bench/results/h200-ddtree-$(date -u +%F).txt}
 RUNS=${RUNS:-/root/ddtree-runs}
@@ -114,15 +114,23 @@ for svc in ${SERVICES//,/ }; do
     t0=$(date +%s)
     GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
     rc=$?
-    # Seen 2026-12-03: the generation a first deploy builds is refused by every later deploy ("nvidia_cutlass_dsl/ is
-    # installed by both nvidia-cutlass-dsl-libs-base and nvidia-cutlass-dsl-libs-cu13", operations/venv.py). Until the
-    # venv check takes that shared directory, the generation is removed and built again (about 70 s), once, said here.
-    gen=$(grep -o "/[^ :]*\.generations/[^ :]*: nvidia_cutlass_dsl/ is installed by both" "$LOGS/deploy-$tag.log" | head -1 | cut -d: -f1)
-    if [ $rc -ne 0 ] && [ -n "$gen" ]; then
-        echo "deploy $svc: refused its own generation $gen (nvidia_cutlass_dsl/ from two wheels): removed, building it again"
-        rm -rf "${gen%.generations/*}" "${gen%/*}"
-        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$tag.log" 2>&1
-        rc=$?
+    if [ $rc -eq 0 ]; then
+        # The same deploy again: on a converged host it must change nothing (the repeat deploy that, on 2026-12-03,
+        # refused the generation the first one built: nvidia_cutlass_dsl/ from two wheels, since dropped from the stack).
+        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y --json bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/redeploy-$tag.json" 2> "$LOGS/redeploy-$tag.log"
+        rrc=$?
+        echo "deploy $svc again: exit $rrc; $(python3 - "$LOGS/redeploy-$tag.json" <<'PY'
+import json, sys
+try:
+    ops = json.load(open(sys.argv[1]))["results"]["operations"]
+except Exception as exc:
+    print(f"no JSON result ({exc})"); sys.exit()
+changed = [op["name"] for op in ops if op.get("success")]
+errors = [op["name"] for op in ops if op.get("error")]
+print(f"{len(ops)} operations, {len(changed)} changed {changed}, {len(errors)} errors {errors}")
+PY
+)"
+        [ $rrc -eq 0 ] || { tail -30 "$LOGS/redeploy-$tag.log"; status=1; }
     fi
     grep -E "GPUs:|attention-backend|preflight|PREFLIGHT|Patch set|patch set|copying|ABI probe|switching|Grand total|rror" "$LOGS/deploy-$tag.log" | grep -v "^--> Starting" | tail -20
     echo "deploy $svc: exit $rc in $(( $(date +%s) - t0 )) s"
@@ -181,7 +189,7 @@ print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if
     for i in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" || break; sleep 1; done
 done
 runs=()
-for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
+for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31,ddtree7}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
     [ -f "$f" ] && [[ " ${runs[*]-} " != *" $f "* ]] && runs+=("$f")
 done
 [ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m operations.measure combine "${RESULTS%.txt}.json" "${runs[@]}"

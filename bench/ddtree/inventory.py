@@ -8,6 +8,8 @@ tree. `attention-backend` is GPU_BACKEND (default triton, what SM 12.x gets; `au
 On the H200 (2026-12-03, bench/results/h200-2026-12-03-d0a14af-ddtree-*) ddtree31 died at start capturing the
 target's CUDA graph; ddtree31-bs8 (`cuda-graph-max-bs: 8`) captured it and died at its first replay (the graph
 holds 16 tokens a request, the tree verifies 32); ddtree31-nocg (`disable-cuda-graph: true`) served.
+The port's fix (bench/ddtree/fixes/ddtree-verify-width.patch) sizes the target's graphs and triton verify
+buffers as budget + 1; ddtree7 is the spine below block - 1 (8 tokens a request, not the block's 16).
 """
 
 import os
@@ -39,6 +41,7 @@ SERVICES = {
     "plain": service(30200),
     "dflash": service(30201, {"speculative-algorithm": "DFLASH"}),
     "ddtree15": service(30202, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15}, patch=True),
+    "ddtree7": service(30206, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 7}, patch=True),
     "ddtree31": service(30203, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31}, patch=True),
     "ddtree31-bs8": service(30204, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31, "cuda-graph-max-bs": 8}, patch=True),
     "ddtree31-nocg": service(30205, {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31, "disable-cuda-graph": True}, patch=True),
