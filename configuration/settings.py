@@ -918,12 +918,15 @@ def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_s
 
 
 def _ddtree_tree_with_cuda_graph(src: str, by_dest: dict[str, _Arg]) -> None:
-    """DDTREE with a budget of at least the draft's block size verifies a tree of budget + 1 tokens a request, while
-    the target's CUDA graphs are captured for block-size tokens. On an H200 (sglang 0.5.13 with PR #27509 merged,
-    attention-backend triton, a 16-token draft) budget 31 failed every start: at capture (CUBLAS_STATUS_EXECUTION_FAILED),
-    or, with a smaller capture, at the first verify ("The size of tensor a (16) must match the size of tensor b (32)");
-    with CUDA graphs off it served (bench/results/h200-2026-12-03-d0a14af-ddtree-triton.txt). Known here where the
-    data gives both numbers; a block size taken from the draft's own config is the engine's to check."""
+    """DDTREE with a budget of at least the draft's block size verifies a tree of budget + 1 tokens a request. As
+    merged from PR #27509, the target's CUDA graphs were captured for block-size tokens: on an H200 (sglang 0.5.13,
+    triton, a 16-token draft) budget 31 failed every start (bench/results/h200-2026-12-03-d0a14af-ddtree-triton.txt).
+    The port's fixes (bench/ddtree/fixes/) size the graph runner and the triton backend's verify buffers as budget + 1,
+    flatten the tree's mask per request and capture the draft as DFLASH's: with them budget 31 served with CUDA graphs
+    on triton (bench/results/h200-2026-12-03-59fd030-ddtree31-triton.txt). Other backends keep block-size buffers in
+    the PR (flashattention_backend sizes its graph metadata by speculative_num_draft_tokens) and were never served with
+    a tree: refused here, naming the ways out. `auto` is refused too: it is triton only on SM 12.x. Known here where
+    the data gives both numbers; a block size taken from the draft's own config is the engine's to check."""
     algorithm = by_dest.get("speculative_algorithm")
     if algorithm is None or str(algorithm.value).upper() != "DDTREE":
         return
@@ -933,13 +936,17 @@ def _ddtree_tree_with_cuda_graph(src: str, by_dest: dict[str, _Arg]) -> None:
         return  # the default budget is block size - 1: the spine, served with CUDA graphs
     budget, block = kinds.positive_whole_number(budget_arg.value), kinds.positive_whole_number(block_arg.value)
     cuda_graph_off = by_dest.get("disable_cuda_graph") is not None and by_dest["disable_cuda_graph"].value is True
-    if budget is None or block is None or budget < block or cuda_graph_off:
+    backend_arg = by_dest.get("attention_backend")
+    backend = None if backend_arg is None else str(backend_arg.value)
+    if budget is None or block is None or budget < block or cuda_graph_off or backend == "triton":
         return
+    shown = "sglang's default backend" if backend is None else f"attention-backend {backend}"
     raise DataError(
         src, budget_arg.key_path, budget_arg.value,
-        f"a DDTREE budget of {budget} with a block size of {block} verifies {budget + 1} tokens a request, but the target's "
-        f"CUDA graphs are captured for {block}: on a real GPU (sglang 0.5.13 with PR #27509) every such start failed; "
-        f"add `disable-cuda-graph: true` (it served so, slower), or use a budget of at most {block - 1} (the spine, as DFLASH)",
+        f"a DDTREE budget of {budget} with a block size of {block} verifies a tree of {budget + 1} tokens a request; with "
+        f"CUDA graphs on, only the triton backend was fixed for that and served it (ddtree-0_5_13 with the fixes in "
+        f"bench/ddtree/fixes/), and {shown} keeps block-size graph buffers: set `attention-backend: triton`, or add "
+        f"`disable-cuda-graph: true`, or use a budget of at most {block - 1} (the spine, as DFLASH)",
     )
 
 

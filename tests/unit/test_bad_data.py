@@ -137,11 +137,13 @@ def test_the_base_alone_is_valid(world):
 
 
 def test_a_ddtree_tree_with_cuda_graphs_off_or_the_spine_is_valid(world):
-    """The two ways out that the DDTREE budget refusal names are accepted (engine_values/ddtree-tree-with-cuda-graph)."""
+    """The three ways out that the DDTREE budget refusal names are accepted (engine_values/ddtree-tree-with-cuda-graph)."""
     tree = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 31\n      disable-cuda-graph: true\n"
     assert [s.name for s in validate(world, "group", tree)["gpu-a"].services] == ["ddtree", "dflash"]
     spine = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 15\n"
     assert [s.name for s in validate(world, "group", spine)["gpu-a"].services] == ["ddtree", "dflash"]
+    on_triton = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 31\n      attention-backend: triton\n"
+    assert [s.name for s in validate(world, "group", on_triton)["gpu-a"].services] == ["ddtree", "dflash"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
