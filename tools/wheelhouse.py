@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,8 +107,26 @@ def _download(stack: Stack, wheelhouse: Path, packages: list[Package], tags: tup
     if tags:
         abis, platforms = tags
         cmd += [arg for abi in abis for arg in ("--abi", abi)]
-        cmd += [arg for platform in platforms for arg in ("--platform", platform)]
+        cmd += [arg for platform in platform_order(platforms) for arg in ("--platform", platform)]
     subprocess.run(cmd + [p.spec for p in packages], check=True, env=env)
+
+
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def platform_order(platforms) -> list[str]:
+    """The pinned file's platform tags, the newest glibc first, as pip orders a real host's own tags.
+
+    pip downloads the file whose best tag ranks first; two files of one release can both fit (regex
+    2026.11.19 has `...manylinux_2_17_x86_64.whl` and `...manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl`),
+    and in the file name's order they tie on `manylinux2014` and pip takes the one the index lists first.
+    Newest first, the pinned file's own newest tag decides.
+    """
+    def glibc(platform: str) -> tuple[int, int]:
+        found = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+        return (int(found[1]), int(found[2])) if found else _LEGACY_MANYLINUX.get(platform.split("_", 1)[0], (0, 0))
+
+    return sorted(platforms, key=glibc, reverse=True)
 
 
 def main(argv: list[str]) -> int:

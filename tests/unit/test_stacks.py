@@ -554,3 +554,20 @@ def test_wheelhouse_cli_checks_every_stack_name_before_building(tmp_path, monkey
     assert wheelhouse.main(["demo,nope", str(tmp_path / "wh")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: command line: STACK: 'nope': unknown stack; available: demo")
+
+
+def test_pip_download_is_given_the_pinned_files_newest_platform_first(tmp_path, monkeypatch):
+    """regex 2026.11.19 has two cp311 x86_64 files that fit `manylinux2014`: in the file name's order pip took the
+    other one (the index lists it first); the pinned file's own newest tag, first, makes pip take the pinned one."""
+    seen = []
+    monkeypatch.setattr(wheelhouse.subprocess, "run", lambda cmd, **kwargs: seen.append(cmd))
+    pin = Package("regex", "2026.11.19", "regex-2026.11.19-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl", SHA)
+    (tags, group), = wheelhouse._by_wheel_tags([pin]).items()
+    wheelhouse._download(_stack(tmp_path, pin), tmp_path, group, tags)
+
+    (cmd,) = seen
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--platform"] == [
+        "manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"]
+    assert cmd[-1] == "regex==2026.11.19"
+    assert wheelhouse.platform_order(("manylinux1_x86_64", "manylinux_2_28_x86_64", "manylinux_2_5_x86_64", "any")) == [
+        "manylinux_2_28_x86_64", "manylinux1_x86_64", "manylinux_2_5_x86_64", "any"]
