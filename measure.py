@@ -1,13 +1,14 @@
 """Served throughput of named services, side by side, with the engine's own benchmark client. Read only.
 
     MEASURE_SERVICES=dflash,ddtree pyinfra inventory.py measure.py -y
-    MEASURE_SERVICES=plain,dflash MEASURE_PROMPTS=16 pyinfra lab/inventory.py measure.py -y
+    MEASURE_SERVICES=plain,dflash MEASURE_PROMPTS=16 MEASURE_TOKENIZER=/root/tok pyinfra INVENTORY measure.py -y
 
 The first service is the baseline. Options (environment variables, with their defaults; the
 deploy's `--data` accepts only its own keys): MEASURE_PROMPTS=64, MEASURE_INPUT_LEN=256,
 MEASURE_OUTPUT_LEN=256, MEASURE_CONCURRENCY=8 (requests at a time), MEASURE_PROBE=4 (accept-length
 probe requests), MEASURE_TIMEOUT_S=1800, MEASURE_OUT=FILE (the raw results' JSON; default
-./measure-<UTC time>.json). Every service gets the same load, one service at
+./measure-<UTC time>.json), MEASURE_TOKENIZER=PATH (the client's --tokenizer on the service's host;
+default: the served model's). Every service gets the same load, one service at
 a time (operations/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
 lock (operations/lock.py is not called) and adds no operation but the measurements.
 """

@@ -7,10 +7,13 @@ service's host, from the service's own venv, against its local port:
 
     VENV/bin/python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:PORT \\
         --dataset-name random-ids --num-prompts N --random-input-len I --random-output-len O \\
-        --random-range-ratio 1 --max-concurrency C --request-rate inf --seed 1 --output-file F --disable-tqdm
+        --random-range-ratio 1 --max-concurrency C --request-rate inf --seed 1 --output-file F --disable-tqdm \\
+        [--tokenizer T]
 
-then an accept-length probe: P requests to `/generate` (the same I and O, greedy), whose own
-`meta_info` (completion tokens over verify steps) gives the accept length of these requests alone.
+(`--tokenizer` with MEASURE_TOKENIZER; without it the client loads the tokenizer of the model path
+the server reports), then an accept-length probe: P requests to `/generate` (the same I and O,
+greedy), whose own `meta_info` (completion tokens over verify steps) gives the accept length of
+these requests alone.
 `/server_info`'s `avg_spec_accept_length` (and so the client's `accept_length`) is cumulative since
 the server started, warm-up, readiness checks and every earlier user included: it is kept in the
 raw results but not shown. An API key is read on the host from the service's key file, never sent.
@@ -57,6 +60,9 @@ class Options:
     concurrency: int = DEFAULTS["concurrency"]
     probe: int = DEFAULTS["probe"]
     timeout_s: int = DEFAULTS["timeout_s"]
+    # MEASURE_TOKENIZER: the client's --tokenizer (a path on the service's host, or a name in its HF cache);
+    # None: the one of the model path the server reports.
+    tokenizer: str | None = None
 
     def bench_args(self, port: int, output_file: str) -> list[str]:
         return [
@@ -65,6 +71,7 @@ class Options:
             "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
             "--random-range-ratio", "1", "--max-concurrency", str(self.concurrency), "--request-rate", "inf",
             "--seed", "1", "--output-file", output_file, "--disable-tqdm",
+            *(["--tokenizer", self.tokenizer] if self.tokenizer else []),
         ]
 
 
@@ -73,8 +80,8 @@ def env_name(key: str) -> str:
 
 
 def options_from(environ) -> Options:
-    """`MEASURE_PROMPTS=64 ...` in the environment: each a whole number (the probe may be 0)."""
-    values = {}
+    """`MEASURE_PROMPTS=64 ...` in the environment: each a whole number (the probe may be 0); MEASURE_TOKENIZER a path."""
+    values: dict = {"tokenizer": (environ.get("MEASURE_TOKENIZER") or "").strip() or None}
     for key, default in DEFAULTS.items():
         raw = environ.get(env_name(key))
         if raw is None or raw.strip() == "":

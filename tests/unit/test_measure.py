@@ -67,7 +67,8 @@ def test_a_failed_or_missing_service_is_named_and_the_ratio_keeps_the_first_that
     raw = json.loads((tmp_path / "m.json").read_text())
     assert raw["services"] == ["plain", "dflash", "ddtree"] and raw["results"]["ddtree"] is None
     assert raw["results"]["dflash"]["bench"]["output_throughput"] == 200.0
-    assert raw["options"] == {"prompts": 8, "input_len": 16, "output_len": 32, "concurrency": 2, "probe": 2, "timeout_s": 1800}
+    assert raw["options"] == {"prompts": 8, "input_len": 16, "output_len": 32, "concurrency": 2, "probe": 2, "timeout_s": 1800,
+                              "tokenizer": None}
 
 
 def test_options_and_services_from_the_environment():
@@ -81,6 +82,17 @@ def test_options_and_services_from_the_environment():
     args = measure.Options().bench_args(30001, "/tmp/x.jsonl")
     assert args[:8] == ["-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", "http://127.0.0.1:30001",
                         "--dataset-name", "random-ids"]
+    assert "--tokenizer" not in args  # the client loads the served model's own
+
+
+def test_a_tokenizer_is_passed_to_the_client_as_given():
+    options = measure.options_from({"MEASURE_TOKENIZER": " /root/tok dir "})
+    assert options == measure.Options(tokenizer="/root/tok dir")
+    assert options.bench_args(30001, "/tmp/x.jsonl")[-2:] == ["--tokenizer", "/root/tok dir"]
+    assert measure.options_from({"MEASURE_TOKENIZER": " "}).tokenizer is None
+    # Runs combined from JSON files written before the option existed keep working.
+    raw = {"prompts": 8, "input_len": 16, "output_len": 32, "concurrency": 2, "probe": 2, "timeout_s": 1800}
+    assert measure.Options(**raw).tokenizer is None
 
 
 # The host-side script and the stand-in ---------------------------------------------------------
