@@ -4,7 +4,9 @@ trusts between runs (the dropped-locks records of operations/lock.py; the read s
 A file there decides what the deploy does (a dropped-lock record lets a run take a lock over; a read set
 names the commands a host runs): so the directory must be this user's own, mode 0700, and no symlink to
 somewhere else. One another local user made first (in /tmp, say), or one anyone may write, could hold
-files planted there. `private_dir(path)` makes it so (mode 0700, as this user) or stops with what it found.
+files planted there; so could one under a parent another user owns or may write (they can rename the
+directory away and put theirs in its place). `private_dir(path)` makes it so (mode 0700, as this user) or stops
+with what it found.
 """
 
 from __future__ import annotations
@@ -53,7 +55,31 @@ def private_dir(path: Path) -> Path:
             f"symlink; found {problem}. The deploy trusts what it finds there: if you made it yourself, check what "
             f"it holds and `chmod 700 {path}`; otherwise remove it (`rm -rf {path}`) and run again"
         )
+    unsafe = _unsafe_ancestor(path)
+    if unsafe:
+        raise NotPrivate(
+            f"{path}: {unsafe}, so another user could move this directory aside and put their own in its place. "
+            f"The deploy trusts what it finds there: keep its caches under directories only you or root may write "
+            f"(set SGLANG_DEPLOY_CACHE, or XDG_CACHE_HOME, to such a place)"
+        )
     return path
+
+
+def _unsafe_ancestor(path: Path) -> str | None:
+    """The first directory above `path` (symlinks resolved, as the kernel walks it) that someone other than this
+    user or root owns, or that others may write without the sticky bit (in a sticky directory such as /tmp only an
+    entry's owner may rename it); None when every one is safe."""
+    euid = os.geteuid()
+    for ancestor in Path(os.path.realpath(path.parent)).joinpath("x").parents:
+        try:
+            info = os.stat(ancestor)
+        except OSError as exc:
+            return f"its parent {ancestor} cannot be read ({exc.strerror})"
+        if info.st_uid not in (0, euid):
+            return f"its parent {ancestor} is owned by {_who(info.st_uid)}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"its parent {ancestor} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}, no sticky bit)"
+    return None
 
 
 def _tighten(path: Path) -> None:

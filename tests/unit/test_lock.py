@@ -969,3 +969,33 @@ def test_a_lock_its_run_recorded_as_dropped_is_recorded_in_a_private_dir(tmp_pat
     lock.mark_dropped(token)
     assert stat_mode(lock.dropped_dir()) == 0o700 and (lock.dropped_dir() / token).read_text() == str(os.getpid())
     assert lock.dropped_dir() == tmp_path / "cache" / "dropped-locks"
+
+
+def test_a_private_dir_under_a_parent_others_can_replace_it_in_is_refused(tmp_path):
+    """A 0700 directory of this user's is no safer than its parents: one another user owns, or may write without the
+    sticky bit, lets them rename it away and put theirs in its place (also through a symlinked parent)."""
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)
+    with pytest.raises(private_dir.NotPrivate) as refused:
+        private_dir.private_dir(open_parent / "sglang-deploy" / "reads")
+    assert f"its parent {open_parent} may be written by others (mode 0777, no sticky bit)" in str(refused.value)
+    assert "SGLANG_DEPLOY_CACHE" in str(refused.value)
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 4321, 4321)
+    mine = theirs / "mine"
+    mine.mkdir(mode=0o700)  # this user's own 0700 directory, inside another user's
+    via_link = tmp_path / "cache-link"
+    via_link.symlink_to(mine)
+    for path in (mine / "reads", via_link / "reads"):
+        with pytest.raises(private_dir.NotPrivate) as refused:
+            private_dir.private_dir(path)
+        assert f"its parent {theirs} is owned by uid 4321" in str(refused.value)
+
+    sticky = tmp_path / "sticky"  # as /tmp: others may write, but only an entry's owner may rename it
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    made = private_dir.private_dir(sticky / "sglang-deploy" / "reads")
+    assert stat_mode(made) == 0o700
