@@ -10,7 +10,7 @@
 # and the small packages a parser needs; transformers 5.8.1 (0.5.13's pin) and four more come from PyPI.
 # sglang 0.5.13 imports torchvision on the way to its parser, and PyPI has no CPU torchvision (its wheels
 # link libtorch_cuda: "operator torchvision::nms does not exist" beside a CPU torch), so the venv gets the
-# parser-only stand-in of bench/ddtree/torchvision_standin.py, whose every function refuses to run.
+# lab's torchvision stand-in (lab/standin_torchvision: its names import, every one refuses to run).
 set -euo pipefail
 VENV=${1:?usage: cpu_parser_venv.sh VENV SGLANG_WHEEL}
 WHEEL=${2:?usage: cpu_parser_venv.sh VENV SGLANG_WHEEL}
@@ -25,7 +25,9 @@ mapfile -t LAB < <(grep -E '^  [a-z0-9-]+: \{' "$STACK" | grep -vE '^  (sglang|s
 "$VENV/bin/pip" install -q transformers==5.8.1 openai==2.6.1 partial-json-parser==0.2.1.1.post7 \
     sympy==1.14.0 dill==0.4.1 sentencepiece==0.2.1
 "$VENV/bin/pip" install -q --no-deps "$WHEEL"
-SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 "$HERE/bench/ddtree/torchvision_standin.py" "$SITE" >/dev/null
+STANDIN_DIR=$(mktemp -d)
+python3 "$HERE/lab/standin_torchvision/build.py" "$STANDIN_DIR" >/dev/null
+"$VENV/bin/pip" install -q --no-deps --no-index "$STANDIN_DIR"/torchvision-*.whl
+rm -rf "$STANDIN_DIR"
 cd / && CUDA_VISIBLE_DEVICES= "$VENV/bin/python" -c \
     'import argparse; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p); print("parser ok:", len(p._actions), "actions")'
