@@ -17,11 +17,11 @@ every timestamp 1980-01-01 00:00:00, mode 0644, no compression.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import sys
-import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: this also runs as a script
+from lab import wheel_writer  # noqa: E402
 
 NAME = "sglang-kernel"
 PKG = "sgl_kernel"
@@ -33,8 +33,6 @@ DEFAULT_VERSION = "0.4.10+cpu"
 HERE = Path(__file__).resolve().parent
 SRC = HERE / PKG
 
-_FIXED_DATE = (1980, 1, 1, 0, 0, 0)
-_FILE_MODE = 0o100644  # regular file, rw-r--r--
 _COMMON_OPS = (
     b"sglang-kernel stand-in (lab/standin_kernel): a placeholder, not a shared object.\n"
     b"The real sglang-kernel ships its compiled ops here; sgl_kernel/__init__.py stands in for loading them.\n"
@@ -44,10 +42,6 @@ _COMMON_OPS = (
 def wheel_name(version: str) -> str:
     return "%s-%s-%s.whl" % (DIST, version, TAG)
 
-
-def _record_hash(data: bytes) -> str:
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def _metadata(version: str) -> bytes:
@@ -94,48 +88,20 @@ def wheel_entries(version: str = DEFAULT_VERSION) -> list[tuple[str, bytes]]:
         ("%s/WHEEL" % dist_info, _wheel_file(version)),
         ("%s/top_level.txt" % dist_info, (PKG + "\n").encode("utf-8")),
     ]
-    record_name = "%s/RECORD" % dist_info
-    record_lines = ["%s,%s,%d" % (name, _record_hash(data), len(data)) for name, data in entries]
-    record_lines.append("%s,," % record_name)
-    entries.append((record_name, ("\n".join(record_lines) + "\n").encode("utf-8")))
-    return entries
+    return wheel_writer.with_record(entries, dist_info)
 
 
 def build_wheel(out_dir, version: str = DEFAULT_VERSION) -> Path:
     """Write ``sglang_kernel-<version>-py3-none-any.whl`` into out_dir; return its path."""
-    entries = wheel_entries(version)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / wheel_name(version)
-    tmp = out / (target.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
-            info.compress_type = zipfile.ZIP_STORED
-            info.create_system = 3  # unix, so that external_attr is read as a mode
-            info.external_attr = _FILE_MODE << 16
-            zf.writestr(info, data)
-    tmp.replace(target)
-    return target
+    return wheel_writer.write(wheel_entries(version), Path(out_dir) / wheel_name(version))
 
 
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_file = wheel_writer.sha256_file
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2) or argv[0] in ("-h", "--help"):
-        sys.stderr.write("usage: python3 lab/standin_kernel/build.py OUT_DIR [VERSION]  (%s)\n" % ", ".join(sorted(VERSIONS)))
-        return 2
-    path = build_wheel(*argv)
-    print("%s  %s" % (sha256_file(path), path))
-    return 0
-
+    usage = "usage: python3 lab/standin_kernel/build.py OUT_DIR [VERSION]  (%s)" % ", ".join(sorted(VERSIONS))
+    return wheel_writer.main(argv, usage, build_wheel, max_args=2)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,12 +13,12 @@ every timestamp 1980-01-01 00:00:00, mode 0644, no compression.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 import sys
-import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: this also runs as a script
+from lab import wheel_writer  # noqa: E402
 
 NAME = "torchvision"
 PKG = "torchvision"
@@ -26,8 +26,6 @@ TAG = "py3-none-any"
 HERE = Path(__file__).resolve().parent
 SRC = HERE / PKG
 
-_FIXED_DATE = (1980, 1, 1, 0, 0, 0)
-_FILE_MODE = 0o100644  # regular file, rw-r--r--
 
 
 def version() -> str:
@@ -41,10 +39,6 @@ def version() -> str:
 def wheel_name() -> str:
     return "%s-%s-%s.whl" % (PKG, version(), TAG)
 
-
-def _record_hash(data: bytes) -> str:
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def _metadata() -> bytes:
@@ -76,48 +70,19 @@ def wheel_entries() -> list[tuple[str, bytes]]:
         ("%s/WHEEL" % dist_info, _wheel_file()),
         ("%s/top_level.txt" % dist_info, (PKG + "\n").encode("utf-8")),
     ]
-    record_name = "%s/RECORD" % dist_info
-    record_lines = ["%s,%s,%d" % (name, _record_hash(data), len(data)) for name, data in entries]
-    record_lines.append("%s,," % record_name)
-    entries.append((record_name, ("\n".join(record_lines) + "\n").encode("utf-8")))
-    return entries
+    return wheel_writer.with_record(entries, dist_info)
 
 
 def build_wheel(out_dir) -> Path:
     """Write ``torchvision-<version>-py3-none-any.whl`` into out_dir; return its path."""
-    entries = wheel_entries()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / wheel_name()
-    tmp = out / (target.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
-            info.compress_type = zipfile.ZIP_STORED
-            info.create_system = 3  # unix, so that external_attr is read as a mode
-            info.external_attr = _FILE_MODE << 16
-            zf.writestr(info, data)
-    tmp.replace(target)
-    return target
+    return wheel_writer.write(wheel_entries(), Path(out_dir) / wheel_name())
 
 
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_file = wheel_writer.sha256_file
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        sys.stderr.write("usage: python3 lab/standin_torchvision/build.py OUT_DIR\n")
-        return 2
-    path = build_wheel(argv[0])
-    print("%s  %s" % (sha256_file(path), path))
-    return 0
-
+    return wheel_writer.main(argv, "usage: python3 lab/standin_torchvision/build.py OUT_DIR", build_wheel)
 
 if __name__ == "__main__":
     sys.exit(main())
