@@ -3,7 +3,10 @@
 A patch set is `files/patches/<name>/`: `patchset.yml` names the base distribution and
 version it was written for and, for each file (a path under site-packages), the sha256
 of its content and of the original it replaces (null for a new file); the files lie
-beside it at the same relative paths. `load_patch_set(name)` returns the checked `PatchSet`,
+beside it at the same relative paths. `attention_backends` (optional) names the attention backends
+the set was served on: a service using it must run on one of them (`unserved_backend`), since a
+set that parses and imports can still die on the GPU in a backend it never met (DDTree on fa3:
+bench/results/h200-2026-12-03-b2ac97c-ddtree-auto.txt). `load_patch_set(name)` returns the checked `PatchSet`,
 or the `DataError` naming the manifest, the key and the fix. Applying one on a host is
 operations/patches.py's; `python -m tools.patchset_build` writes a manifest.
 """
@@ -15,6 +18,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from configuration.errors import DataError
 from configuration.yamlload import load_file
@@ -22,9 +26,13 @@ from configuration.yamlload import load_file
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 # The manifest's keys: anything else is a typo (`orignal:` would leave an original never backed up).
-_TOP_KEYS = ("name", "description", "base", "files")
+_TOP_KEYS = ("name", "description", "base", "attention_backends", "files")
 _BASE_KEYS = ("distribution", "version")
 _FILE_KEYS = ("sha256", "original")
+BACKEND_RE = re.compile(r"\A[a-z0-9_]+\Z")  # sglang's backend names: fa3, triton, flashinfer, trtllm_mha, ...
+# The engine's flags that choose an attention backend: the one for both phases, each phase's own, and the draft's.
+ATTENTION_BACKEND_FLAGS = ("attention-backend", "prefill-attention-backend", "decode-attention-backend",
+                           "speculative-draft-attention-backend")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class PatchSet:
     version: str
     files: tuple[PatchFile, ...]
     root: Path
+    attention_backends: tuple[str, ...] | None = None  # None: never served on a GPU, nothing to hold it to
 
     def local(self, patch_file: PatchFile) -> Path:
         return self.root / patch_file.path
@@ -72,6 +81,13 @@ def load_patch_set(name: str) -> PatchSet:
             raise DataError(shown, f"base.{key}", base[key], f"unknown key; allowed: {', '.join(_BASE_KEYS)}")
     if not isinstance(base["version"], str):
         raise DataError(shown, "base.version", base["version"], 'must be a quoted version such as "0.5.23"')
+    backends = raw.get("attention_backends")
+    if "attention_backends" in raw and (
+            not isinstance(backends, list) or not backends or len(set(map(str, backends))) != len(backends)
+            or not all(isinstance(b, str) and BACKEND_RE.match(b) for b in backends)):
+        raise DataError(shown, "attention_backends", backends,
+                        "must list the attention backends the set was served on, each once, e.g. [triton] "
+                        "(sglang's names, lower case); leave the key out for a set never served on a GPU")
     entries = raw.get("files")
     if not isinstance(entries, dict) or not entries:
         raise DataError(shown, "files", entries, "must map each file path (relative to site-packages) to {sha256, original}")
@@ -98,7 +114,38 @@ def load_patch_set(name: str) -> PatchSet:
         if actual != spec["sha256"]:
             raise DataError(shown, f"{key}.sha256", spec["sha256"], f"{local} has sha256 {actual}: regenerate the manifest")
         patch_files.append(PatchFile(str(rel), spec["sha256"], original))
-    return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root)
+    return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root,
+                    tuple(backends) if backends is not None else None)
+
+
+def unserved_backend(patch_set: PatchSet, args: dict[str, Any]) -> tuple[str, Any] | None:
+    """The first attention-backend flag in a service's `args` (flag -> value) whose backend `patch_set` was not
+    served on: `(flag, value)`, with `("attention-backend", None)` where the flag is left out and sglang's
+    default for the GPU would run (fa3 on an H200). None where the set names no backends, or all fit.
+    `attention-backend: auto` is the deploy's own value, resolved on the host from the GPU: passed over here,
+    checked again there once resolved (operations/gpus.py)."""
+    if patch_set.attention_backends is None:
+        return None
+    for flag in ATTENTION_BACKEND_FLAGS:
+        value = args.get(flag)
+        if flag == "attention-backend" and value is None:
+            return flag, None
+        if value is None or value is False or (flag == "attention-backend" and value == "auto"):
+            continue
+        if str(value) not in patch_set.attention_backends:
+            return flag, value
+    return None
+
+
+def unserved_reason(patch_set: PatchSet, flag: str, value: Any, what: str | None = None) -> str:
+    """Why `unserved_backend`'s answer is refused, and the ways out; `what` says what was asked for, where the
+    flag and value alone do not (a resolved `auto`)."""
+    served = ", ".join(patch_set.attention_backends or ())
+    what = what or (f"without `{flag}` sglang runs its default backend for the GPU (fa3 on sm 9.0)" if value is None
+                    else f"`{flag}: {value}`")
+    return (f"{what}, and patch set {patch_set.name} was served only on {served} (its manifest's attention_backends): "
+            f"set `attention-backend: {patch_set.attention_backends[0]}`, or serve the set on that backend on a GPU first "
+            f"(bench/ddtree/gpu_run.sh) and add it with `python -m tools.patchset_build --attention-backend`")
 
 
 def available() -> list[str]:

@@ -685,6 +685,7 @@ def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
     args = _args(*at("args"), engine)
     _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
+    _served_backends(*origin["args"], args, patch_sets)
     listening = _listens_beyond_loopback(at("bind"), args)
     _exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
@@ -914,40 +915,23 @@ def _check_arg_values(src: str, args: list[_Arg], gpus: tuple[int, ...], patch_s
             fix = (f"add a patch set that provides it to `patch_sets`: {', '.join(providers)}" if providers
                    else f"use one of {', '.join(sorted(engine.algorithms - {'NONE'}))}")
             raise DataError(src, algorithm.key_path, algorithm.value, f"{engine.label} has no speculative algorithm {name}: {fix}")
-    _ddtree_tree_with_cuda_graph(src, by_dest)
 
 
-def _ddtree_tree_with_cuda_graph(src: str, by_dest: dict[str, _Arg]) -> None:
-    """DDTREE with a budget of at least the draft's block size verifies a tree of budget + 1 tokens a request. As
-    merged from PR #27509, the target's CUDA graphs were captured for block-size tokens: on an H200 (sglang 0.5.13,
-    triton, a 16-token draft) budget 31 failed every start (bench/results/h200-2026-12-03-d0a14af-ddtree-triton.txt).
-    The port's fixes (bench/ddtree/fixes/) size the graph runner and the triton backend's verify buffers as budget + 1,
-    flatten the tree's mask per request and capture the draft as DFLASH's: with them budget 31 served with CUDA graphs
-    on triton (bench/results/h200-2026-12-03-59fd030-ddtree31-triton.txt). Other backends keep block-size buffers in
-    the PR (flashattention_backend sizes its graph metadata by speculative_num_draft_tokens) and were never served with
-    a tree: refused here, naming the ways out. `auto` is refused too: it is triton only on SM 12.x. Known here where
-    the data gives both numbers; a block size taken from the draft's own config is the engine's to check."""
-    algorithm = by_dest.get("speculative_algorithm")
-    if algorithm is None or str(algorithm.value).upper() != "DDTREE":
-        return
-    budget_arg = by_dest.get("speculative_ddtree_budget")
-    block_arg = by_dest.get("speculative_dflash_block_size") or by_dest.get("speculative_num_draft_tokens")
-    if budget_arg is None or block_arg is None:
-        return  # the default budget is block size - 1: the spine, served with CUDA graphs
-    budget, block = kinds.positive_whole_number(budget_arg.value), kinds.positive_whole_number(block_arg.value)
-    cuda_graph_off = by_dest.get("disable_cuda_graph") is not None and by_dest["disable_cuda_graph"].value is True
-    backend_arg = by_dest.get("attention_backend")
-    backend = None if backend_arg is None else str(backend_arg.value)
-    if budget is None or block is None or budget < block or cuda_graph_off or backend == "triton":
-        return
-    shown = "sglang's default backend" if backend is None else f"attention-backend {backend}"
-    raise DataError(
-        src, budget_arg.key_path, budget_arg.value,
-        f"a DDTREE budget of {budget} with a block size of {block} verifies a tree of {budget + 1} tokens a request; with "
-        f"CUDA graphs on, only the triton backend was fixed for that and served it (ddtree-0_5_13 with the fixes in "
-        f"bench/ddtree/fixes/), and {shown} keeps block-size graph buffers: set `attention-backend: triton`, or add "
-        f"`disable-cuda-graph: true`, or use a budget of at most {block - 1} (the spine, as DFLASH)",
-    )
+def _served_backends(src: str, args_path: str, args: list[_Arg], patch_sets: tuple[str, ...]) -> None:
+    """A patch set that names the attention backends it was served on (its manifest's `attention_backends`) holds
+    the service to them: DDTree's port parsed, imported and passed every deploy on sglang's default backend (fa3 on
+    the H200), then died capturing its CUDA graphs or at its first request (bench/results/
+    h200-2026-12-03-b2ac97c-ddtree-auto.txt), while on triton it served. `auto` is resolved and checked on the host."""
+    given = {a.flag: a.value for a in args}
+    for name in patch_sets:
+        patch_set = patch_set_files.load_patch_set(name)
+        unserved = patch_set_files.unserved_backend(patch_set, given)
+        if unserved is None:
+            continue
+        flag, value = unserved
+        arg = next((a for a in args if a.flag == flag), None)
+        raise DataError(src, arg.key_path if arg else args_path, value,
+                        patch_set_files.unserved_reason(patch_set, flag, value))
 
 
 def available_patch_sets() -> list[str]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
-from configuration import stacks
+from configuration import patch_sets, stacks
 from configuration.errors import fail_dry_run
 from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
@@ -417,6 +417,22 @@ def _engine_failures(service: Service, facts: GpuFacts, engine: str | None, erro
         )
 
 
+def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> None:
+    """The backend `attention-backend: auto` resolved to on this host's GPU, held to the service's patch sets' served
+    backends (configuration.patch_sets.unserved_backend). The control machine checked every backend the data names;
+    only `auto` waits for the GPU."""
+    caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
+    resolved = _arg(service, "attention-backend")
+    shown = resolved or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}"
+    for name in service.patch_sets:
+        patch_set = patch_sets.load_patch_set(name)
+        unserved = patch_sets.unserved_backend(patch_set, dict(service.args))
+        if unserved is not None:
+            what = f"`attention-backend: auto` gives {shown} here"
+            errors.append(f"{service.name}: " + patch_sets.unserved_reason(patch_set, *unserved, what=what))
+            return
+
+
 def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> GpuDecisions:
     """Resolve `gpu: auto` and `attention-backend: auto`, and check every service's GPUs and memory.
 
@@ -485,7 +501,10 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
 
     services = []
     for service in config.services:
+        auto_backend = _arg(resolved[service.name], "attention-backend") == "auto"
         service = _backend(resolved[service.name], facts, decisions)
+        if auto_backend:
+            _served_backends(service, facts, errors)
         if service.gpus:
             _memory(service, facts, decisions, warnings, errors)
             _engine_failures(service, facts, engine, errors)

@@ -37,6 +37,11 @@ a real host) go on top with --fix PATCH, in order: each a unified diff (`git dif
 whose paths are site-packages paths (a/sglang/srt/x.py). The build is refused, naming the fix
 and git's hunk message, where a fix does not apply, deletes a file, or leaves a Python file
 that no longer compiles; the manifest's comment names the fixes applied.
+
+Once the set has served on a GPU, name the attention backends it served on with
+--attention-backend NAME (repeatable): the manifest's `attention_backends`, to which the deploy
+then holds every service using the set (a backend it never met can die at start or at the first
+request even though the flags parse: DDTree's port on fa3).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from configuration.errors import DataError
-from configuration.patch_sets import load_patch_set
+from configuration.patch_sets import BACKEND_RE, load_patch_set
 from configuration.stacks import normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -196,13 +201,16 @@ def _scalar(text: str) -> str:
     return text if _PLAIN_RE.match(text) and yaml.safe_load(text) == text else json.dumps(text)
 
 
-def render_manifest(name: str, distribution: str, version: str, entries: list[Entry], description: str) -> str:
+def render_manifest(name: str, distribution: str, version: str, entries: list[Entry], description: str,
+                    attention_backends: tuple[str, ...] = ()) -> str:
     lines = [
         f"# {description}",
         f"name: {_scalar(name)}",
         f"base: {{distribution: {_scalar(distribution)}, version: {json.dumps(version)}}}",
-        "files:",
     ]
+    if attention_backends:
+        lines.append(f"attention_backends: [{', '.join(attention_backends)}]")
+    lines.append("files:")
     for entry in sorted(entries, key=lambda e: e.path):
         original = "null" if entry.original is None else json.dumps(entry.original)
         lines.append(f"  {_scalar(entry.path)}: {{sha256: {json.dumps(entry.sha256)}, original: {original}}}")
@@ -212,6 +220,8 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
         "base": {"distribution": distribution, "version": version},
         "files": {e.path: {"sha256": e.sha256, "original": e.original} for e in entries},
     }
+    if attention_backends:
+        expected["attention_backends"] = list(attention_backends)
     if yaml.safe_load(text) != expected:  # a path YAML would read differently
         raise BuildError("internal error: the rendered manifest does not read back as written")
     return text
@@ -672,6 +682,14 @@ def _open_pristine(pristine_path: Path, distribution: str, version: str) -> Pris
     return pristine
 
 
+def _check_backends(backends: tuple[str, ...]) -> None:
+    for backend in backends:
+        if not BACKEND_RE.match(backend):
+            raise BuildError(f"--attention-backend {backend!r}: must be sglang's name for it, lower case (triton, fa3, flashinfer, ...)")
+    if len(set(backends)) != len(backends):
+        raise BuildError(f"--attention-backend: {', '.join(backends)} names one backend twice")
+
+
 def _description(name: str, entries: list[Entry], distribution: str, version: str, how: str) -> str:
     added = sum(e.original is None for e in entries)
     return (f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
@@ -686,9 +704,11 @@ def build(
     out: Path = DEFAULT_OUT,
     description: str | None = None,
     force: bool = False,
+    attention_backends: tuple[str, ...] = (),
 ) -> Path:
     """Write `out/name/` and return that directory; raises BuildError."""
     distribution, version = parse_base(base)
+    _check_backends(attention_backends)
     if description is not None and ("\n" in description or "\r" in description):
         raise BuildError("--description: must be one line")
     patched = patched.resolve()
@@ -700,7 +720,7 @@ def build(
     finally:
         pristine.close()
     description = description or _description(name, entries, distribution, version, "")
-    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description))
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description, attention_backends))
     return target
 
 
@@ -715,12 +735,14 @@ def build_from_change(
     resolved: Path | None = None,
     conflicts_dir: Path | None = None,
     fixes: list[Path] | None = None,
+    attention_backends: tuple[str, ...] = (),
 ) -> tuple[Path, MergeReport]:
     """Merge `change` into the release's files and write `out/name/`; returns it and what each file's merge did.
 
     Where a file conflicts, the merges are written to `conflicts_dir` (default `out/.name.conflicts`)
     and BuildError names each file and hunk; nothing is written to `out/name`."""
     distribution, version = parse_base(base)
+    _check_backends(attention_backends)
     if description is not None and ("\n" in description or "\r" in description):
         raise BuildError("--description: must be one line")
     target = _check_target(name, out, None, force)
@@ -740,7 +762,7 @@ def build_from_change(
     description = description or _description(
         name, entries, distribution, version, f": {change.label_base} to {change.label_change}, three-way merged"
         + "".join(f", then {fix.name}" for fix in fixes or ()))
-    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description))
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description, attention_backends))
     return target, report
 
 
@@ -763,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conflicts", type=Path, metavar="DIR", help="where a refused merge writes its conflicts (default OUT/.NAME.conflicts)")
     parser.add_argument("--fix", type=Path, action="append", default=[], metavar="PATCH",
                         help="an operator's fix applied after the merge (a -p1 unified diff over site-packages paths); repeatable, in order")
+    parser.add_argument("--attention-backend", action="append", default=[], metavar="NAME", dest="attention_backends",
+                        help="an attention backend the set was served on, on a GPU (repeatable): the manifest's "
+                             "attention_backends; services using the set are then held to them")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where patch sets live (default: files/patches)")
     parser.add_argument("--description", help="the one-line comment at the top of patchset.yml")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT/NAME")
@@ -783,10 +808,11 @@ def main(argv: list[str] | None = None) -> int:
                 change = change_from_dirs(Path(args.change_base), Path(args.change), args.change_root)
             target, report = build_from_change(
                 args.name, args.base, change, args.pristine, args.out, args.description, args.force,
-                args.resolved, args.conflicts, args.fix,
+                args.resolved, args.conflicts, args.fix, tuple(args.attention_backends),
             )
         else:
-            target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force)
+            target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force,
+                           tuple(args.attention_backends))
     except BuildError as exc:
         for line in str(exc).splitlines():
             print(f"patchset_build: error: {line}", file=sys.stderr)

@@ -40,7 +40,8 @@ echo "$SHA  $WHEELS/$FILE" | sha256sum --check --quiet
 
 "$PY" -m tools.patchset_build "$NAME" --base sglang==0.5.13 --pristine "$WHEELS/$FILE" \
     --git "$FORK" --change-base "$BASE" --change "$CHANGE" --change-root python \
-    --fix bench/ddtree/fixes/ddtree-verify-width.patch --fix bench/ddtree/fixes/ddtree-triton-tree-mask.patch --force
+    --fix bench/ddtree/fixes/ddtree-verify-width.patch --fix bench/ddtree/fixes/ddtree-triton-tree-mask.patch \
+    --attention-backend triton --force
 # The same inputs must give the committed manifest, byte for byte.
 diff -u bench/ddtree/$NAME.patchset.yml "files/patches/$NAME/patchset.yml"
 echo "manifest: files/patches/$NAME/patchset.yml is bench/ddtree/$NAME.patchset.yml"

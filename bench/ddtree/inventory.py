@@ -10,6 +10,9 @@ target's CUDA graph; ddtree31-bs8 (`cuda-graph-max-bs: 8`) captured it and died 
 holds 16 tokens a request, the tree verifies 32); ddtree31-nocg (`disable-cuda-graph: true`) served.
 The port's fix (bench/ddtree/fixes/ddtree-verify-width.patch) sizes the target's graphs and triton verify
 buffers as budget + 1; ddtree7 is the spine below block - 1 (8 tokens a request, not the block's 16).
+With the fixes all of them serve on triton (h200-2026-12-03-b2ac97c-ddtree-triton.txt); with GPU_BACKEND=auto
+on an H200 (sglang's default, fa3) every DDTREE service died (-ddtree-auto.txt), and since the set's manifest
+names triton alone (attention_backends), the deploy's GPU check now refuses them there before any change.
 """
 
 import os

@@ -8,12 +8,13 @@ tests (services, units and staged models are dropped), so that each test pays fo
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.lab.labutil import ROOT, clean_host, deploy, http_get, lab_hosts, main_pid, ssh, write_inventory
+from tests.lab.labutil import ROOT, clean_host, deploy, http_get, lab_hosts, main_pid, repo_copy, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -121,6 +122,30 @@ def test_a_gpu_that_cannot_serve_fails_the_host_before_any_change(gpus, expected
     assert result.returncode != 0
     assert f"GPU CHECK FAILED, nothing changed on this host: {expected}" in output(result)
     assert f"{NEW}/dflash" in output(result) and "FAILED  GPU check:" in output(result)
+    assert ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
+
+
+def test_auto_on_an_h200_is_refused_for_a_patch_set_served_only_on_triton(tmp_path):
+    """DDTree's port served on triton and died on fa3, sglang's default on an H200 (bench/results/
+    h200-2026-12-03-b2ac97c-ddtree-auto.txt): a set whose manifest names triton alone is refused by the host's GPU
+    check where `attention-backend: auto` resolves to that default, with --dry too, before anything changes."""
+    root = repo_copy(tmp_path / "repo")
+    target = root / "files" / "patches" / "test-served-triton"
+    shutil.copytree(root / "files" / "patches" / "ddtree-sample", target)
+    text = (target / "patchset.yml").read_text().replace("name: ddtree-sample", "name: test-served-triton")
+    (target / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    lab("gpus", NEW, "--count", "2", "--name", "NVIDIA H200", "--compute-cap", "9.0", "--memory-mib", "143771")
+    services = {"served": {**SERVICES["tmp"], "patch_sets": ["test-served-triton"]}}
+    inventory = write_inventory("test_placement_served", {NEW: {"services": services, "run_services": ["served"]}}, root=root)
+    expected = ("served: `attention-backend: auto` gives sglang's default on sm 9.0 here, and patch set test-served-triton "
+                "was served only on triton (its manifest's attention_backends): set `attention-backend: triton`")
+    before = ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout
+
+    dry = deploy(inventory, "--dry", as_json=False, root=root)
+    assert dry.returncode != 0 and f"[{NEW}] GPU check will fail: {expected}" in output(dry), output(dry)[-3000:]
+    result = deploy(inventory, as_json=False, root=root)
+    assert result.returncode != 0
+    assert f"GPU CHECK FAILED, nothing changed on this host: {expected}" in output(result), output(result)[-3000:]
     assert ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
 
 

@@ -136,14 +136,60 @@ def test_the_base_alone_is_valid(world):
     assert [s.name for s in configs["gpu-a"].services] == ["ddtree", "dflash"]
 
 
-def test_a_ddtree_tree_with_cuda_graphs_off_or_the_spine_is_valid(world):
-    """The three ways out that the DDTREE budget refusal names are accepted (engine_values/ddtree-tree-with-cuda-graph)."""
-    tree = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 31\n      disable-cuda-graph: true\n"
-    assert [s.name for s in validate(world, "group", tree)["gpu-a"].services] == ["ddtree", "dflash"]
-    spine = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 15\n"
-    assert [s.name for s in validate(world, "group", spine)["gpu-a"].services] == ["ddtree", "dflash"]
-    on_triton = b"services:\n  ddtree:\n    args:\n      speculative-ddtree-budget: 31\n      attention-backend: triton\n"
-    assert [s.name for s in validate(world, "group", on_triton)["gpu-a"].services] == ["ddtree", "dflash"]
+def served_on_triton(world: Path) -> None:
+    """`served-triton`: ddtree-sample's files with the manifest naming triton as the one backend it served on."""
+    root = patch_sets.PATCHES_DIR / "served-triton"
+    shutil.copytree(patch_sets.PATCHES_DIR / "ddtree-sample", root)
+    text = (root / "patchset.yml").read_text().replace("name: ddtree-sample", "name: served-triton")
+    (root / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    assert patch_sets.load_patch_set("served-triton").attention_backends == ("triton",)
+
+
+def with_args(args: str) -> bytes:
+    """The base's ddtree service on `served-triton` (which has no engine flag list of its own: no DDTREE flags)."""
+    plain = "speculative-algorithm: null, speculative-dflash-block-size: null, speculative-ddtree-budget: null"
+    return f"services:\n  ddtree:\n    patch_sets: [served-triton]\n    args: {{{plain}, {args}}}\n".encode()
+
+
+@pytest.mark.parametrize(("args", "key", "value", "said"), [
+    ("attention-backend: fa3", "services.ddtree.args.attention-backend", "fa3", "`attention-backend: fa3`"),
+    ("attention-backend: triton, decode-attention: flashinfer", "services.ddtree.args.decode-attention", "flashinfer",
+     "`decode-attention-backend: flashinfer`"),
+    ("attention-backend: null", "services.ddtree.args", None, "without `attention-backend` sglang runs its default"),
+    ("attention-backend: triton, decode-attention-backend: fa3", "services.ddtree.args.decode-attention-backend", "fa3",
+     "`decode-attention-backend: fa3`"),
+    ("attention-backend: triton, prefill-attention-backend: flashinfer", "services.ddtree.args.prefill-attention-backend",
+     "flashinfer", "`prefill-attention-backend: flashinfer`"),
+    ("attention-backend: triton, speculative-draft-attention-backend: fa3",
+     "services.ddtree.args.speculative-draft-attention-backend", "fa3", "`speculative-draft-attention-backend: fa3`"),
+], ids=["fa3", "a-prefix", "sglangs-default", "decode", "prefill", "draft"])
+def test_a_backend_the_patch_set_was_not_served_on_is_refused(world, args, key, value, said):
+    """Every flag that picks an attention backend, and sglang's default where none is given, is held to the
+    backends the patch set's manifest says it served on (DDTree's port died on fa3, served on triton)."""
+    served_on_triton(world)
+    with pytest.raises(DataError) as caught:
+        validate(world, "group", with_args(args))
+    error = caught.value
+    assert (error.source.endswith("case.yml"), error.key_path, error.value) == (True, key, value), str(error)
+    assert said in str(error) and "patch set served-triton was served only on triton" in str(error)
+    assert "set `attention-backend: triton`" in str(error) and "--attention-backend" in str(error)
+
+
+@pytest.mark.parametrize("args", [
+    "attention-backend: triton",
+    "attention-backend: triton, decode-attention-backend: triton, speculative-draft-attention-backend: triton",
+    "attention-backend: auto",  # resolved from the GPU on the host, and checked there (operations/gpus.py)
+])
+def test_the_backends_it_served_on_are_accepted(world, args):
+    served_on_triton(world)
+    services = validate(world, "group", with_args(args))["gpu-a"].services
+    assert services[0].patch_sets == ("served-triton",)
+
+
+def test_a_set_that_names_no_backends_holds_nothing(world):
+    """ddtree-sample was never served on a GPU (parser level only): its services may name any backend."""
+    content = b"services:\n  ddtree:\n    args:\n      attention-backend: fa3\n      decode-attention-backend: flashinfer\n"
+    assert [s.name for s in validate(world, "group", content)["gpu-a"].services] == ["ddtree", "dflash"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])

@@ -121,6 +121,36 @@ def test_the_deploy_reads_what_it_builds(pristine, patched, out, monkeypatch):
     ]
 
 
+def test_the_backends_it_served_on_go_into_the_manifest_and_the_deploy_reads_them(pristine, patched, out, monkeypatch, capsys):
+    argv = ["demo-set", "--base", "demo==1.0", "--patched", str(patched), "--pristine", str(pristine), "--out", str(out),
+            "--attention-backend", "triton", "--attention-backend", "fa3"]
+    assert main(argv) == 0, capsys.readouterr().err
+    text = (out / "demo-set" / "patchset.yml").read_text()
+    assert 'base: {distribution: demo, version: "1.0"}\nattention_backends: [triton, fa3]\nfiles:\n' in text
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", out)
+    patch_sets.load_patch_set.cache_clear()
+    try:
+        patch_set = patch_sets.load_patch_set("demo-set")
+    finally:
+        patch_sets.load_patch_set.cache_clear()
+    assert patch_set.attention_backends == ("triton", "fa3")
+    # The backends say nothing of the files: the generation a set makes keeps its name.
+    plain = build("demo-plain", "demo==1.0", patched, pristine, out)
+    assert manifest(plain)["files"] == manifest(out / "demo-set")["files"] and "attention_backends" not in manifest(plain)
+
+
+@pytest.mark.parametrize(("backends", "message"), [
+    (("Triton",), "must be sglang's name for it, lower case"),
+    (("triton\n",), "must be sglang's name for it, lower case"),
+    (("",), "must be sglang's name for it, lower case"),
+    (("triton", "triton"), "names one backend twice"),
+], ids=["upper-case", "trailing-newline", "empty", "twice"])
+def test_a_backend_name_the_deploy_would_refuse_is_refused_at_build(pristine, patched, out, backends, message):
+    with pytest.raises(BuildError, match=message):
+        build("demo-set", "demo==1.0", patched, pristine, out, attention_backends=backends)
+    assert not (out / "demo-set").exists()
+
+
 def test_unchanged_file_is_refused(pristine, patched, out):
     write(patched / "demo" / "__init__.py", b"")  # the same bytes as the installed file
 

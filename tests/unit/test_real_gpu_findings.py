@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,54 @@ def test_the_gpu_check_refuses_the_combination_that_died_on_the_h200(engine, arg
 def test_the_combination_is_not_refused_on_sm_12():
     blackwell = dataclasses.replace(H200, gpus=(gpus.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
     assert not [e for e in gpus.decide(_h200_config(), blackwell, "0.5.11").errors if "piecewise" in e]
+
+
+# 7. DDTree's port (sglang 0.5.13 + PR #27509 + the fixes) served on triton and died on fa3, sglang's default on sm 9.0
+#    (bench/results/h200-2026-12-03-b2ac97c-ddtree-auto.txt): its manifest names triton, and `auto` is held to it here.
+
+
+@pytest.fixture
+def served_on_triton(tmp_path, monkeypatch):
+    """ddtree-sample's files as `served-triton`, whose manifest names triton as the one backend it served on."""
+    from configuration import patch_sets
+    shutil.copytree(patch_sets.PATCHES_DIR, tmp_path / "patches")
+    root = tmp_path / "patches" / "served-triton"
+    shutil.copytree(tmp_path / "patches" / "ddtree-sample", root)
+    text = (root / "patchset.yml").read_text().replace("name: ddtree-sample", "name: served-triton")
+    (root / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", tmp_path / "patches")
+    patch_sets.load_patch_set.cache_clear()
+    yield
+    patch_sets.load_patch_set.cache_clear()
+
+
+def _served_config(**args):
+    data = lab_data()
+    data["services"] = {"svc": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B", "patch_sets": ["served-triton"],
+                                "args": {"attention-backend": "auto", **args}}}
+    return settings.host_config(make_host(data, {"run_services": ["svc"]}))
+
+
+def test_auto_resolved_to_sglangs_default_is_refused_for_a_set_served_only_on_triton(served_on_triton):
+    plan = gpus.decide(_served_config(), H200, "0.5.23")
+    assert plan.errors == (
+        "svc: `attention-backend: auto` gives sglang's default on sm 9.0 here, and patch set served-triton was served "
+        "only on triton (its manifest's attention_backends): set `attention-backend: triton`, or serve the set on that "
+        "backend on a GPU first (bench/ddtree/gpu_run.sh) and add it with `python -m tools.patchset_build --attention-backend`",
+    )
+
+
+def test_auto_resolved_to_triton_is_accepted(served_on_triton):
+    blackwell = dataclasses.replace(H200, gpus=(gpus.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
+    plan = gpus.decide(_served_config(), blackwell, "0.5.23")
+    assert plan.errors == () and dict(plan.config.services[0].args)["attention-backend"] == "triton"
+
+
+def test_a_backend_named_in_the_data_is_the_control_machines_to_refuse(served_on_triton):
+    with pytest.raises(DataError, match="patch set served-triton was served only on triton"):
+        _served_config(**{"attention-backend": "fa3"})
+    plan = gpus.decide(_served_config(**{"attention-backend": "triton"}), H200, "0.5.23")
+    assert plan.errors == ()
 
 
 # 6. The donor of the real story is a venv beside the one the deploy builds, on the same host.
