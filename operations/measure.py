@@ -8,7 +8,7 @@ service's host, from the service's own venv, against its local port:
     VENV/bin/python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:PORT \\
         --dataset-name random-ids --num-prompts N --random-input-len I --random-output-len O \\
         --random-range-ratio 1 --max-concurrency C --request-rate inf --seed 1 --output-file F --disable-tqdm \\
-        [--tokenizer T]
+        [--tokenizer=T]
 
 (`--tokenizer` with MEASURE_TOKENIZER; without it the client loads the tokenizer of the model path
 the server reports), then an accept-length probe: P requests to `/generate` (the same I and O,
@@ -35,6 +35,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
+from configuration import kinds
 from operations import redact
 
 MARK = "MEASURE-RESULT "
@@ -71,7 +72,8 @@ class Options:
             "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
             "--random-range-ratio", "1", "--max-concurrency", str(self.concurrency), "--request-rate", "inf",
             "--seed", "1", "--output-file", output_file, "--disable-tqdm",
-            *(["--tokenizer", self.tokenizer] if self.tokenizer else []),
+            # One word with `=`: the client's argparse never reads the value as an option of its own.
+            *([f"--tokenizer={self.tokenizer}"] if self.tokenizer else []),
         ]
 
 
@@ -81,13 +83,18 @@ def env_name(key: str) -> str:
 
 def options_from(environ) -> Options:
     """`MEASURE_PROMPTS=64 ...` in the environment: each a whole number (the probe may be 0); MEASURE_TOKENIZER a path."""
-    values: dict = {"tokenizer": (environ.get("MEASURE_TOKENIZER") or "").strip() or None}
+    tokenizer = (environ.get("MEASURE_TOKENIZER") or "").strip() or None
+    if tokenizer is not None and (tokenizer.startswith("-") or kinds.control_character(tokenizer)):
+        raise ValueError(f"MEASURE_TOKENIZER={environ['MEASURE_TOKENIZER']!r}: must be one line, a path on the service's "
+                         "host or a model name, not starting with '-' (write ./-name for a relative path)")
+    values: dict = {"tokenizer": tokenizer}
     for key, default in DEFAULTS.items():
         raw = environ.get(env_name(key))
         if raw is None or raw.strip() == "":
             values[key] = default
             continue
-        value = int(raw) if raw.strip().isdigit() else -1
+        # ASCII digits only: str.isdigit also takes '²' and Arabic-Indic digits.
+        value = int(raw.strip()) if kinds.ASCII_DECIMAL.fullmatch(raw.strip()) else -1
         least = 0 if key == "probe" else 1
         if value < least:
             raise ValueError(f"{env_name(key)}={raw!r}: must be a whole number of at least {least}")

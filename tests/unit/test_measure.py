@@ -85,11 +85,25 @@ def test_options_and_services_from_the_environment():
     assert "--tokenizer" not in args  # the client loads the served model's own
 
 
+@pytest.mark.parametrize("raw", ["--help", "-h", "/root/tok\n--seed=2", "/root/\x1b[2Jtok", "/root/tok\u2028x"])
+def test_a_tokenizer_the_client_would_read_as_options_or_another_line_is_refused(raw):
+    with pytest.raises(ValueError, match=r"MEASURE_TOKENIZER=.*must be one line, a path on the service's host or a model name"):
+        measure.options_from({"MEASURE_TOKENIZER": raw})
+
+
+@pytest.mark.parametrize(("key", "raw"), [("MEASURE_PROMPTS", "\u0661\u0666"), ("MEASURE_PROMPTS", "2\u00b2"),
+                                          ("MEASURE_PROBE", "-1"), ("MEASURE_INPUT_LEN", "1e3"), ("MEASURE_OUTPUT_LEN", "0x10")])
+def test_a_count_that_is_not_ascii_digits_is_refused(key, raw):
+    with pytest.raises(ValueError, match=f"{key}=.*must be a whole number"):
+        measure.options_from({key: raw})
+
+
 def test_a_tokenizer_is_passed_to_the_client_as_given():
     options = measure.options_from({"MEASURE_TOKENIZER": " /root/tok dir "})
     assert options == measure.Options(tokenizer="/root/tok dir")
-    assert options.bench_args(30001, "/tmp/x.jsonl")[-2:] == ["--tokenizer", "/root/tok dir"]
+    assert options.bench_args(30001, "/tmp/x.jsonl")[-1] == "--tokenizer=/root/tok dir"
     assert measure.options_from({"MEASURE_TOKENIZER": " "}).tokenizer is None
+    assert measure.options_from({"MEASURE_TOKENIZER": "Qwen/Qwen3-8B"}).tokenizer == "Qwen/Qwen3-8B"
     # Runs combined from JSON files written before the option existed keep working.
     raw = {"prompts": 8, "input_len": 16, "output_len": 32, "concurrency": 2, "probe": 2, "timeout_s": 1800}
     assert measure.Options(**raw).tokenizer is None
