@@ -543,19 +543,29 @@ def merge_change(change: Change, pristine: Pristine, resolved: Path | None = Non
     return patched, report, conflicts
 
 
-def _fix_paths(fix: Path) -> list[tuple[str | None, str | None]]:
-    """(old path, new path) per file of a fix, from its '--- a/PATH' and '+++ b/PATH' lines (-p1): None for /dev/null."""
-    def path(header: str) -> str | None:
-        name = header[4:].split("\t")[0].strip()
-        return None if name == "/dev/null" else name.split("/", 1)[1] if "/" in name else name
+def _fix_paths(fix: Path) -> list[str]:
+    """The site-packages paths a fix edits or creates, as git itself reads its headers (`git apply --numstat -z`:
+    quoted and non-ASCII names included). BuildError for what a patch set cannot carry, as `git apply --summary`
+    names it: a deletion, a rename or a copy (a rename deletes its old path), a mode change (a set holds contents)."""
+    def git_apply(*args: str) -> str:
+        out = subprocess.run(["git", "apply", *args, str(fix.resolve())], capture_output=True, check=False)
+        if out.returncode != 0:
+            raise BuildError(f"--fix {fix}: git cannot read it as a diff ({out.stderr.decode(errors='replace').strip()}); "
+                             "write it as `git diff` does, over a/ and b/ site-packages paths")
+        return out.stdout.decode("utf-8", errors="surrogateescape")
 
-    paths, old = [], None
-    for line in fix.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("--- "):
-            old = path(line)
-        elif line.startswith("+++ "):
-            paths.append((old, path(line)))
-    return paths
+    for line in git_apply("--summary").splitlines():
+        words = line.split()
+        if words[:2] == ["delete", "mode"]:
+            raise BuildError(f"--fix {fix}: deletes {' '.join(words[3:])}: a patch set cannot delete a file")
+        if words[:1] in (["rename"], ["copy"]):
+            raise BuildError(f"--fix {fix}: {line.strip()}: a patch set cannot rename or copy a file (a rename deletes "
+                             "the old path); write the new file whole in the fix instead")
+        if words[:2] == ["mode", "change"]:
+            raise BuildError(f"--fix {fix}: {line.strip()}: a patch set holds file contents, not modes")
+    # -z: "ADDED\tDELETED\tPATH\0" per file, paths as they are (no C quoting).
+    records = [r for r in git_apply("--numstat", "-z").split("\0") if r]
+    return [record.split("\t", 2)[2] for record in records]
 
 
 def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine, report: MergeReport) -> dict[str, bytes]:
@@ -567,30 +577,27 @@ def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine
     for fix in fixes:
         if not fix.is_file():
             raise BuildError(f"--fix {fix}: no such file")
-        pairs = _fix_paths(fix)
-        if not pairs:
-            raise BuildError(f"--fix {fix}: not a unified diff (no '--- a/PATH' / '+++ b/PATH' lines)")
+        paths = _fix_paths(fix)
+        if not paths:
+            raise BuildError(f"--fix {fix}: not a unified diff (no file in it; write it as `git diff` does)")
         with tempfile.TemporaryDirectory(prefix="patchset-fix.") as tmp:
             work = Path(tmp)
             _git(work, "init", "-q")  # its own repository: git apply works on this tree and nowhere above it
-            for old, new in pairs:
-                if new is None:
-                    raise BuildError(f"--fix {fix}: deletes {old}: a patch set cannot delete a file")
-                for rel in {old, new} - {None}:
-                    if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
-                        raise BuildError(f"--fix {fix}: path {rel!r} must be a site-packages path without '..'")
-                    data = result[rel] if rel in result else pristine.read(rel)
-                    if data is not None:
-                        dest = work / PurePosixPath(rel)
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        dest.write_bytes(data)
+            for rel in paths:
+                if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+                    raise BuildError(f"--fix {fix}: path {rel!r} must be a site-packages path without '..'")
+                data = result[rel] if rel in result else pristine.read(rel)
+                if data is not None:
+                    dest = work / PurePosixPath(rel)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(data)
             out = subprocess.run(["git", "-C", str(work), "apply", "--verbose", str(fix.resolve())],
                                  capture_output=True, check=False)
             if out.returncode != 0:
                 message = out.stderr.decode(errors="replace").strip().replace(str(work) + "/", "")
                 raise BuildError(f"--fix {fix}: does not apply to the merged files of {report.release}:\n{message}\n"
                                  "port the fix to these files (the change or the release moved), then build again")
-            for _old, new in pairs:
+            for new in paths:
                 data = (work / PurePosixPath(new)).read_bytes()
                 problem = _compiles(new, data)
                 if problem:

@@ -556,6 +556,30 @@ def test_what_a_fix_cannot_do_is_refused(tmp_path, release_wheel, out, before, a
                   release_wheel, out, fixes=[fix])
 
 
+@pytest.mark.parametrize("diff, message", [
+    ("diff --git a/demo/same.py b/demo/moved.py\nsimilarity index 100%\nrename from demo/same.py\nrename to demo/moved.py\n",
+     "rename demo/{same.py => moved.py} (100%): a patch set cannot rename or copy a file"),
+    ("diff --git a/demo/same.py b/demo/copy.py\nsimilarity index 100%\ncopy from demo/same.py\ncopy to demo/copy.py\n",
+     "copy demo/{same.py => copy.py} (100%): a patch set cannot rename or copy a file"),
+    ("diff --git a/demo/same.py b/demo/same.py\nold mode 100644\nnew mode 100755\n",
+     "mode change 100644 => 100755 demo/same.py: a patch set holds file contents, not modes"),
+    ("just some words\n", "git cannot read it as a diff (error: No valid patches in input"),
+], ids=["rename", "copy", "mode", "no-diff"])
+def test_what_a_fix_cannot_carry_is_named_as_git_reads_it(tmp_path, release_wheel, out, diff, message):
+    fix = write(tmp_path / "odd.patch", "Why: a comment.\n\n" + diff)
+    with pytest.raises(patchset_build.BuildError, match=re.escape(message)):
+        from_dirs(tmp_path, {"python/demo/core.py": CHANGE_BASE}, {"python/demo/core.py": CHANGED},
+                  release_wheel, out, fixes=[fix])
+    assert not (out / "demo-port").exists()
+
+
+def test_a_quoted_path_in_a_fix_is_read_as_git_reads_it(tmp_path):
+    """git C-quotes a path with a tab, a quote or (by default) a non-ASCII byte in its headers."""
+    fix = write(tmp_path / "q.patch", 'diff --git "a/demo/caf\\303\\251.py" "b/demo/caf\\303\\251.py"\n'
+                '--- "a/demo/caf\\303\\251.py"\n+++ "b/demo/caf\\303\\251.py"\n@@ -1 +1 @@\n-X = 1\n+X = 2\n')
+    assert patchset_build._fix_paths(fix) == ["demo/caf\u00e9.py"]
+
+
 def test_fix_goes_with_a_change_only(release_wheel, patched, out, capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["x", "--base", "demo==1.0", "--pristine", str(release_wheel), "--patched", str(patched),
@@ -566,6 +590,5 @@ def test_fix_goes_with_a_change_only(release_wheel, patched, out, capsys, tmp_pa
 def test_the_ddtree_port_fix_is_a_diff_of_site_packages_paths():
     fix = Path(__file__).resolve().parents[2] / "bench" / "ddtree" / "fixes" / "ddtree-verify-width.patch"
     assert patchset_build._fix_paths(fix) == [
-        ("sglang/srt/layers/attention/triton_backend.py", "sglang/srt/layers/attention/triton_backend.py"),
-        ("sglang/srt/model_executor/cuda_graph_runner.py", "sglang/srt/model_executor/cuda_graph_runner.py"),
+        "sglang/srt/layers/attention/triton_backend.py", "sglang/srt/model_executor/cuda_graph_runner.py",
     ]
