@@ -106,14 +106,19 @@ def test_output_is_deterministic_and_rebuilds_in_place(pristine, patched, out):
     assert manifest(in_place)["files"]["demo/sub/extra.py"]["original"] is None
 
 
-def test_the_deploy_reads_what_it_builds(pristine, patched, out, monkeypatch):
-    build("demo-set", "demo==1.0", patched, pristine, out)
+def read_back(out: Path, name: str, monkeypatch) -> patch_sets.PatchSet:
+    """The set as the deploy's own reader (configuration.patch_sets) loads it from `out`."""
     monkeypatch.setattr(patch_sets, "PATCHES_DIR", out)
     patch_sets.load_patch_set.cache_clear()
     try:
-        patch_set = patch_sets.load_patch_set("demo-set")
+        return patch_sets.load_patch_set(name)
     finally:
         patch_sets.load_patch_set.cache_clear()
+
+
+def test_the_deploy_reads_what_it_builds(pristine, patched, out, monkeypatch):
+    build("demo-set", "demo==1.0", patched, pristine, out)
+    patch_set = read_back(out, "demo-set", monkeypatch)
 
     assert (patch_set.distribution, patch_set.version) == ("demo", "1.0")
     assert [(f.path, f.original) for f in patch_set.files] == [
@@ -127,13 +132,7 @@ def test_the_backends_it_served_on_go_into_the_manifest_and_the_deploy_reads_the
     assert main(argv) == 0, capsys.readouterr().err
     text = (out / "demo-set" / "patchset.yml").read_text()
     assert 'base: {distribution: demo, version: "1.0"}\nattention_backends: [triton, fa3]\nfiles:\n' in text
-    monkeypatch.setattr(patch_sets, "PATCHES_DIR", out)
-    patch_sets.load_patch_set.cache_clear()
-    try:
-        patch_set = patch_sets.load_patch_set("demo-set")
-    finally:
-        patch_sets.load_patch_set.cache_clear()
-    assert patch_set.attention_backends == ("triton", "fa3")
+    assert read_back(out, "demo-set", monkeypatch).attention_backends == ("triton", "fa3")
     # The backends say nothing of the files: the generation a set makes keeps its name.
     plain = build("demo-plain", "demo==1.0", patched, pristine, out)
     assert manifest(plain)["files"] == manifest(out / "demo-set")["files"] and "attention_backends" not in manifest(plain)
