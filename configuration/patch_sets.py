@@ -128,9 +128,11 @@ def unserved_backend(patch_set: PatchSet, args: dict[str, Any]) -> tuple[str, An
         return None
     for flag in ATTENTION_BACKEND_FLAGS:
         value = args.get(flag)
-        if flag == "attention-backend" and value is None:
-            return flag, None
-        if value is None or value is False or (flag == "attention-backend" and value == "auto"):
+        if value is None or value is False:  # `false` and null leave the flag out, as not writing it does
+            if flag == "attention-backend":
+                return flag, None
+            continue
+        if flag == "attention-backend" and value == "auto":
             continue
         if str(value) not in patch_set.attention_backends:
             return flag, value

@@ -156,13 +156,14 @@ def with_args(args: str) -> bytes:
     ("attention-backend: triton, decode-attention: flashinfer", "services.ddtree.args.decode-attention", "flashinfer",
      "`decode-attention-backend: flashinfer`"),
     ("attention-backend: null", "services.ddtree.args", None, "without `attention-backend` sglang runs its default"),
+    ("attention-backend: false", "services.ddtree.args", None, "without `attention-backend` sglang runs its default"),
     ("attention-backend: triton, decode-attention-backend: fa3", "services.ddtree.args.decode-attention-backend", "fa3",
      "`decode-attention-backend: fa3`"),
     ("attention-backend: triton, prefill-attention-backend: flashinfer", "services.ddtree.args.prefill-attention-backend",
      "flashinfer", "`prefill-attention-backend: flashinfer`"),
     ("attention-backend: triton, speculative-draft-attention-backend: fa3",
      "services.ddtree.args.speculative-draft-attention-backend", "fa3", "`speculative-draft-attention-backend: fa3`"),
-], ids=["fa3", "a-prefix", "sglangs-default", "decode", "prefill", "draft"])
+], ids=["fa3", "a-prefix", "sglangs-default", "false-leaves-it-out", "decode", "prefill", "draft"])
 def test_a_backend_the_patch_set_was_not_served_on_is_refused(world, args, key, value, said):
     """Every flag that picks an attention backend, and sglang's default where none is given, is held to the
     backends the patch set's manifest says it served on (DDTree's port died on fa3, served on triton)."""
