@@ -83,8 +83,8 @@ def load_patch_set(name: str) -> PatchSet:
         raise DataError(shown, "base.version", base["version"], 'must be a quoted version such as "0.5.23"')
     backends = raw.get("attention_backends")
     if "attention_backends" in raw and (
-            not isinstance(backends, list) or not backends or len(set(map(str, backends))) != len(backends)
-            or not all(isinstance(b, str) and BACKEND_RE.match(b) for b in backends)):
+            not isinstance(backends, list) or not backends
+            or not all(isinstance(b, str) and BACKEND_RE.match(b) for b in backends) or len(set(backends)) != len(backends)):
         raise DataError(shown, "attention_backends", backends,
                         "must list the attention backends the set was served on, each once, e.g. [triton] "
                         "(sglang's names, lower case); leave the key out for a set never served on a GPU")
@@ -136,6 +136,16 @@ def unserved_backend(patch_set: PatchSet, args: dict[str, Any]) -> tuple[str, An
             continue
         if str(value) not in patch_set.attention_backends:
             return flag, value
+    return None
+
+
+def first_unserved(names: tuple[str, ...], args: dict[str, Any]) -> tuple[PatchSet, str, Any] | None:
+    """Over a service's patch sets, in order: the first set and `unserved_backend`'s answer for it, or None."""
+    for name in names:
+        patch_set = load_patch_set(name)
+        unserved = unserved_backend(patch_set, args)
+        if unserved is not None:
+            return (patch_set, *unserved)
     return None
 
 

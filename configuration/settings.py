@@ -922,16 +922,11 @@ def _served_backends(src: str, args_path: str, args: list[_Arg], patch_sets: tup
     the service to them: DDTree's port parsed, imported and passed every deploy on sglang's default backend (fa3 on
     the H200), then died capturing its CUDA graphs or at its first request (bench/results/
     h200-2026-12-03-b2ac97c-ddtree-auto.txt), while on triton it served. `auto` is resolved and checked on the host."""
-    given = {a.flag: a.value for a in args}
-    for name in patch_sets:
-        patch_set = patch_set_files.load_patch_set(name)
-        unserved = patch_set_files.unserved_backend(patch_set, given)
-        if unserved is None:
-            continue
-        flag, value = unserved
+    unserved = patch_set_files.first_unserved(patch_sets, {a.flag: a.value for a in args})
+    if unserved is not None:
+        patch_set, flag, value = unserved
         arg = next((a for a in args if a.flag == flag), None)
-        raise DataError(src, arg.key_path if arg else args_path, value,
-                        patch_set_files.unserved_reason(patch_set, flag, value))
+        raise DataError(src, arg.key_path if arg else args_path, value, patch_set_files.unserved_reason(*unserved))
 
 
 def available_patch_sets() -> list[str]:

@@ -421,16 +421,13 @@ def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> No
     """The backend `attention-backend: auto` resolved to on this host's GPU, held to the service's patch sets' served
     backends (configuration.patch_sets.unserved_backend). The control machine checked every backend the data names;
     only `auto` waits for the GPU."""
+    unserved = patch_sets.first_unserved(service.patch_sets, dict(service.args))
+    if unserved is None:
+        return
     caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-    resolved = _arg(service, "attention-backend")
-    shown = resolved or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}"
-    for name in service.patch_sets:
-        patch_set = patch_sets.load_patch_set(name)
-        unserved = patch_sets.unserved_backend(patch_set, dict(service.args))
-        if unserved is not None:
-            what = f"`attention-backend: auto` gives {shown} here"
-            errors.append(f"{service.name}: " + patch_sets.unserved_reason(patch_set, *unserved, what=what))
-            return
+    shown = _arg(service, "attention-backend") or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}"
+    what = f"`attention-backend: auto` gives {shown} here"
+    errors.append(f"{service.name}: " + patch_sets.unserved_reason(*unserved, what=what))
 
 
 def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> GpuDecisions:
