@@ -8,13 +8,13 @@ tests (services, units and staged models are dropped), so that each test pays fo
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 
 import pytest
 
 from tests.lab.labutil import ROOT, clean_host, deploy, http_get, lab_hosts, main_pid, repo_copy, ssh, write_inventory
+from tests.served_sets import served_copy
 
 pytestmark = pytest.mark.lab
 
@@ -130,10 +130,7 @@ def test_auto_on_an_h200_is_refused_for_a_patch_set_served_only_on_triton(tmp_pa
     h200-2026-12-03-b2ac97c-ddtree-auto.txt): a set whose manifest names triton alone is refused by the host's GPU
     check where `attention-backend: auto` resolves to that default, with --dry too, before anything changes."""
     root = repo_copy(tmp_path / "repo")
-    target = root / "files" / "patches" / "test-served-triton"
-    shutil.copytree(root / "files" / "patches" / "ddtree-sample", target)
-    text = (target / "patchset.yml").read_text().replace("name: ddtree-sample", "name: test-served-triton")
-    (target / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    served_copy(root / "files" / "patches", "test-served-triton")
     lab("gpus", NEW, "--count", "2", "--name", "NVIDIA H200", "--compute-cap", "9.0", "--memory-mib", "143771")
     services = {"served": {**SERVICES["tmp"], "patch_sets": ["test-served-triton"]}}
     inventory = write_inventory("test_placement_served", {NEW: {"services": services, "run_services": ["served"]}}, root=root)

@@ -31,6 +31,7 @@ from pyinfra.api import Config, Inventory, State
 
 from configuration import patch_sets, settings, stacks
 from configuration.errors import DataError
+from tests.served_sets import served_copy
 
 CORPUS = Path(__file__).parent / "bad_data"
 CASES = sorted(p for p in CORPUS.glob("*/*.yml"))
@@ -138,10 +139,7 @@ def test_the_base_alone_is_valid(world):
 
 def served_on_triton(world: Path) -> None:
     """`served-triton`: ddtree-sample's files with the manifest naming triton as the one backend it served on."""
-    root = patch_sets.PATCHES_DIR / "served-triton"
-    shutil.copytree(patch_sets.PATCHES_DIR / "ddtree-sample", root)
-    text = (root / "patchset.yml").read_text().replace("name: ddtree-sample", "name: served-triton")
-    (root / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    served_copy(patch_sets.PATCHES_DIR, "served-triton")
     assert patch_sets.load_patch_set("served-triton").attention_backends == ("triton",)
 
 

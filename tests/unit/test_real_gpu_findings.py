@@ -18,6 +18,7 @@ from configuration import settings
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
 from operations import gpus, preflight, remote
+from tests.served_sets import served_copy
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_config, lab_data, render
 from tests.unit.test_venv import _fake_venv, _remote
@@ -164,10 +165,7 @@ def served_on_triton(tmp_path, monkeypatch):
     """ddtree-sample's files as `served-triton`, whose manifest names triton as the one backend it served on."""
     from configuration import patch_sets
     shutil.copytree(patch_sets.PATCHES_DIR, tmp_path / "patches")
-    root = tmp_path / "patches" / "served-triton"
-    shutil.copytree(tmp_path / "patches" / "ddtree-sample", root)
-    text = (root / "patchset.yml").read_text().replace("name: ddtree-sample", "name: served-triton")
-    (root / "patchset.yml").write_text(text.replace("\nfiles:", "\nattention_backends: [triton]\nfiles:", 1))
+    served_copy(tmp_path / "patches", "served-triton")
     monkeypatch.setattr(patch_sets, "PATCHES_DIR", tmp_path / "patches")
     patch_sets.load_patch_set.cache_clear()
     yield
