@@ -104,6 +104,8 @@ def answers_now(state, placed: Placed) -> str | None:
         return f"{placed.host} could not be read now ({type(exc).__name__}: {exc})"
     if not isinstance(found, dict):
         return f"{placed.host} could not be read now"
+    if found.get("stranger"):  # another process holds its port there: its answer is not the service's
+        return f"{placed.unit} on {placed.host} cannot be asked now: {found['stranger']}"
     if found.get("active") != "active" or found.get("health") != 200:
         return f"{placed.unit} on {placed.host} is {found.get('active')}, /health {found.get('health')} now"
     return None

@@ -29,20 +29,28 @@ import stat
 import sys
 import time
 
-from _common import STAMP, file_digest, private_dir, systemctl_show, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import STAMP, file_digest, peer_untrusted, private_dir, systemctl_show, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 RECORD_DIR = "/var/lib/sglang-deploy/started"
 MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
 
 
-def http_status(address, port, path, timeout=5):
-    """The status code of `GET path` (redirects not followed: /health answers for itself).
+class NotTheService(Exception):
+    """The port answered from a socket no process of the unit holds (docs/threat-model.md: peer identity)."""
+
+
+def http_status(address, port, path, unit, control_group, timeout=5):
+    """The status code of `GET path` (redirects not followed: /health answers for itself), asked only of the
+    unit's own process: NotTheService (why) when another one holds the connection's server end.
 
     A socket and one request, not urllib: http.client's imports (the email package) cost about 45 ms
     of CPU, a tenth of a one-service host's whole read, on every converged run. Raises OSError when nothing
     answers or the connection drops before a status line, ValueError when what answers is not HTTP.
     """
     with socket.create_connection((address, port), timeout=timeout) as conn:
+        stranger = peer_untrusted(conn, unit, control_group)
+        if stranger:
+            raise NotTheService(stranger)
         conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}:{port}\r\nConnection: close\r\n\r\n".encode())
         head = b""
         while b"\n" not in head and len(head) < 8192:
@@ -61,7 +69,7 @@ def http_status(address, port, path, timeout=5):
 
 def show(unit):
     props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic",
-             "UnitFileState", "NeedDaemonReload")
+             "UnitFileState", "NeedDaemonReload", "ControlGroup")
     return systemctl_show([unit], props).get(unit, {})
 
 
@@ -128,10 +136,12 @@ if sys.argv[1] == "--record":
 
 unit, address, port, paths = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 props = show(unit)
-health, health_error = None, None
+health, health_error, stranger = None, None, None
 asked = time.monotonic()
 try:
-    health = http_status(address, port, "/health")
+    health = http_status(address, port, "/health", unit, props.get("ControlGroup"))
+except NotTheService as exc:
+    stranger = health_error = str(exc)  # not asked: its answer would say nothing of the service
 except OSError:
     health = None  # nothing answers, or the connection was refused, reset or timed out
 except ValueError as exc:
@@ -181,4 +191,6 @@ print(json.dumps({
     "enabled": props.get("UnitFileState"), "need_reload": props.get("NeedDaemonReload") == "yes",
     "health": health, "health_error": health_error, "health_ms": health_ms, "uptime_s": uptime, "newer": newer,
     "recorded": record is not None,
+    # Set when another process than the unit's holds the port (its uid, pid, cgroup): no answer of it counts.
+    "stranger": stranger,
 }))

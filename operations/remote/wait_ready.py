@@ -6,6 +6,10 @@
 # (sgl-project/sglang#37457), and the journal tail goes to the deploy's output and CI logs. The
 # file's values, and the value of every secret-named `key=value` in the journal, are masked here,
 # on the host, before anything leaves it (operations/redact.py does the same on the control machine).
+# Every request goes only to the unit's own process: after connecting and before sending a byte (the key
+# is in the smoke completion's header), the server's end of the connection must be a socket a process of the
+# unit's cgroup holds (_common.peer_untrusted). Whoever else holds the port is named, and the gate fails:
+# the engine opens its port only after minutes of loading, and any local user may bind it first.
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE
 import http.client
 import json
@@ -13,8 +17,8 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from _common import peer_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 unit, address, port, timeout, smoke = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 config_file = sys.argv[6] if len(sys.argv) > 6 else "-"
@@ -71,8 +75,27 @@ start = time.monotonic()
 
 
 def unit_state():
-    out = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,Result"], capture_output=True, text=True)
+    out = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,ControlGroup"], capture_output=True, text=True)
     return dict(line.partition("=")[::2] for line in out.stdout.splitlines())
+
+
+class NotTheService(Exception):
+    """The port answered from a socket no process of the unit holds."""
+
+
+def ask(method, path, control_group, body=None, timeout=10):
+    """(status, reason, body bytes) of one request, sent only once the connection's server end is the unit's."""
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    try:
+        conn.connect()
+        stranger = peer_untrusted(conn.sock, unit, control_group)
+        if stranger:
+            raise NotTheService(stranger)
+        conn.request(method, path, body=body, headers=headers if body is not None else {})
+        response = conn.getresponse()
+        return response.status, response.reason, response.read()
+    finally:
+        conn.close()
 
 
 def journal_tail(lines=25):
@@ -91,12 +114,12 @@ while True:
     if state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart":
         die(f"{unit} is {state.get('ActiveState')}/{state.get('SubState')} (result: {state.get('Result')}) before it became ready")
     try:
-        with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
-            if response.status == 200:
-                break
-            last = f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        last = f"HTTP {exc.code}"
+        status, _, _ = ask("GET", "/health", state.get("ControlGroup"))
+        if status == 200:
+            break
+        last = f"HTTP {status}"
+    except NotTheService as exc:
+        die(f"{unit} cannot be asked: {exc} (another process answers on its port: stop it, or move the service to a free port)")
     except OSError as exc:
         last = "connection refused (loading)" if "refused" in str(exc) else str(exc)
     except http.client.HTTPException as exc:  # something that is not an HTTP server holds the port (sshd on 22)
@@ -109,10 +132,13 @@ ready_s = round(time.monotonic() - start, 1)
 reply = None
 if smoke:
     body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "Reply with OK."}], "max_tokens": 8, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            reply = json.load(response)["choices"][0]["message"]["content"]
-    except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException) as exc:
+        status, why, answer = ask("POST", "/v1/chat/completions", unit_state().get("ControlGroup"), body=body, timeout=120)
+        if status != 200:
+            raise ValueError(f"HTTP Error {status}: {why}")
+        reply = json.loads(answer)["choices"][0]["message"]["content"]
+    except NotTheService as exc:
+        die(f"{unit} answered /health, then its port was not its own: {exc}; the smoke completion (with the key) was not sent")
+    except (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as exc:
         die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
 print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str) else reply}))

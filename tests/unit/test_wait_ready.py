@@ -59,13 +59,20 @@ class Server:
         self.httpd.server_close()
 
 
+def own_control_group() -> str:
+    """This process's cgroup (the unified line of /proc/self/cgroup): the test's server runs in it, as the
+    engine runs in its unit's."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+
+
 @pytest.fixture
 def tools(tmp_path):
     """systemctl/journalctl stand-ins: the unit's state is read from a file the test writes."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     state = tmp_path / "unit-state"
-    state.write_text("ActiveState=activating\nSubState=start\nResult=success\n")
+    state.write_text(f"ActiveState=activating\nSubState=start\nResult=success\nControlGroup={own_control_group()}\n")
     (bin_dir / "systemctl").write_text(f"#!/bin/sh\ncat {state}\n")
     (bin_dir / "journalctl").write_text("#!/bin/sh\necho 'last words of the unit'\n")
     for tool in bin_dir.iterdir():
@@ -197,3 +204,4 @@ def test_a_failure_reason_quoting_the_key_leaves_the_host_masked(tools, server, 
     result = gate(tools, srv.port, smoke=True, config=config)
     assert result["ok"] is False and "smoke chat completion failed" in result["reason"], result
     assert "<redacted>" in result["reason"] and KEY not in json.dumps(result), result
+
