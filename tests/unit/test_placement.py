@@ -201,6 +201,10 @@ def test_answers_now_runs_the_service_state_script_on_the_other_host_at_the_mome
     assert placement.answers_now(_state(OtherHost({}, ok=False)), placed()) == "gpu-e could not be read now"
     assert placement.answers_now(_state(other, failed=True), placed()) == "gpu-e is not in this run or has failed"
     assert placement.answers_now(_state(other, active=False), placed()) == "gpu-e is not in this run or has failed"
+    # Another process answers on the port there (the read asked it nothing): no answer at all, not a working copy.
+    stranger = "port 30001 is held by uid 65534 (nobody), pid 77 in /user.slice, not by sglang-dflash.service"
+    other.answer = {"active": "active", "health": None, "health_error": stranger, "stranger": stranger}
+    assert placement.answers_now(_state(other), placed()) == f"sglang-dflash.service on gpu-e cannot be asked now: {stranger}"
 
 
 def test_a_failed_removal_fails_the_host(monkeypatch):
