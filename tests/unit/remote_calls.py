@@ -36,3 +36,10 @@ def load_remote_module(name: str, module_name: str | None = None) -> types.Modul
     module.__file__ = str(REMOTE_DIR / f"{name}.py")
     exec(compile(remote.script(name), module.__file__, "exec"), module.__dict__)
     return module
+
+
+def own_control_group() -> str:
+    """This process's cgroup (the unified line of /proc/self/cgroup): a test's server runs in it, as the engine runs
+    in its unit's, for the scripts' peer identity check (_common.peer_untrusted) with a systemctl stand-in naming it."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from operations import remote
-from tests.unit.remote_calls import load_remote_module
-from tests.unit.test_wait_ready import KEY, gate, own_control_group, server, tools  # noqa: F401 - fixtures
+from tests.unit.remote_calls import load_remote_module, own_control_group
+from tests.unit.test_wait_ready import KEY, gate, server, tools  # noqa: F401 - fixtures
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="running the impostor as another user needs root")
 common = load_remote_module("stage_model", "peer_identity_under_test")  # _common.py inlined; its main part not run
@@ -81,7 +81,7 @@ def test_the_gate_sends_nothing_to_whoever_else_holds_the_port_and_names_it(tool
     assert heard(proc) == ""
 
 
-def service_state(tools, port: int) -> dict:
+def service_state(tools, port: int) -> dict:  # noqa: F811 - the fixture's value
     """The status view's and the migration's read of a service (operations/remote/service_state.py), run here."""
     proc = subprocess.run(
         [sys.executable, "-", "sglang-x.service", "127.0.0.1", str(port)],

@@ -17,6 +17,7 @@ from configuration.patch_sets import PatchFile, PatchSet
 from operations import gpus, readiness, status
 from operations.patches import applied_record
 from report import status_view as view
+from tests.unit.remote_calls import own_control_group
 
 
 def service_row(**more) -> dict:
@@ -297,11 +298,16 @@ def run_probe(lock: Path) -> dict:
     return status.StatusProbe().process(out.splitlines())
 
 
-def health_of(address: str, port: int) -> dict:
-    """The row's /health, from the deploy's own ServiceState script run here against `address:port`."""
+def health_of(address: str, port: int, tmp_path: Path) -> dict:
+    """The row's /health, from the deploy's own ServiceState script run here against `address:port`, as a unit whose
+    cgroup is this test's own (the server answers from this process: peer identity, tests/unit/test_peer_identity.py)."""
     command = readiness.ServiceState().command(unit="sglang-none.service", address=address, port=port)
+    tools = tmp_path / "bin"
+    tools.mkdir(exist_ok=True)
+    (tools / "systemctl").write_text(f"#!/bin/sh\necho Id=sglang-none.service\necho ControlGroup={own_control_group()}\n")
+    (tools / "systemctl").chmod(0o755)
     out = subprocess.run(["sh", "-c", command.replace("python3 ", f"{sys.executable} ", 1)], capture_output=True,
-                         text=True, timeout=30, check=True).stdout
+                         text=True, timeout=30, check=True, env={**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}).stdout
     return status.health_answer(readiness.ServiceState().process(out.splitlines()))
 
 
@@ -315,9 +321,9 @@ def test_probe_reads_the_lock_and_times_health_and_writes_nothing(tmp_path):
     try:
         got = run_probe(lock)
         assert got["lock"] is None
-        ok = health_of("127.0.0.1", server.server_address[1])
+        ok = health_of("127.0.0.1", server.server_address[1], tmp_path)
         assert ok["status"] == 200 and ok["error"] is None and ok["latency_ms"] >= 0
-        refused = health_of("127.0.0.1", closed_port)
+        refused = health_of("127.0.0.1", closed_port, tmp_path)
         assert refused["status"] is None and refused["error"]
         lock.mkdir()
         (lock / "owner.json").write_text(json.dumps({"who": "root@ctl", "pid": 42, "since": "today", "token": "t" * 32}))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from operations import remote
+from tests.unit.remote_calls import own_control_group
 
 KEY = "unit-test-wait-ready-key-5d1e"  # a test value
 
@@ -57,13 +58,6 @@ class Server:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def own_control_group() -> str:
-    """This process's cgroup (the unified line of /proc/self/cgroup): the test's server runs in it, as the
-    engine runs in its unit's."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
 
 
 @pytest.fixture
