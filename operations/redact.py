@@ -1,8 +1,12 @@
-"""Redaction: no secret value the run knows reaches anything the run prints.
+"""Redaction: no secret value the run knows reaches anything the run prints; and no host's text acts on the terminal.
 
 Every secret value is registered once, where secrets are loaded (configuration/secrets.py), in the
-registry of configuration/redaction.py, which this module reads. From the first registration on, a pyinfra CLI run's output streams (`sys.stdout`, `sys.stderr`, and the
-logging handlers that write to them) replace each value with `<secret NAME>`. pyinfra prints
+registry of configuration/redaction.py, which this module reads. A pyinfra CLI run's output streams (`sys.stdout`,
+`sys.stderr`, and the logging handlers that write to them) are wrapped as this module loads, secrets or not (an
+entry point's imports, before its first line runs; what pyinfra prints while it connects, before it loads the
+entry point, is not wrapped yet). They replace each value with `<secret NAME>`, then write every control character
+and escape sequence in what is printed as a visible escape (report/terminal_text.py: the one gate for text from
+hosts, which pyinfra's own colours, spinner and prompt pass). pyinfra prints
 everything through `click.echo`, which looks `sys.stdout`/`sys.stderr` up at each call: our
 `host.log` lines, journal tails and failure reasons, exceptions and their tracebacks, the commands
 and output `-vvv` shows, the end-of-run summary all pass here, whoever wrote them.
@@ -32,6 +36,7 @@ import urllib.parse
 
 from configuration import redaction
 from configuration.redaction import MIN_LENGTH
+from report import terminal_text
 
 # A line break in printed text, with the indentation around it (journal tails are indented by 4).
 _LINE_BREAK = r"(?:[ \t]*\r?\n[ \t]*)?"
@@ -65,7 +70,7 @@ def known(value: str) -> bool:
 
 
 def _registered(value: str) -> None:
-    """Told of each registration (whoever registered it): its pattern ready, the CLI's output redacted from now on."""
+    """Told of each registration (whoever registered it): its pattern ready, the CLI's output wrapped (if it is not yet)."""
     _pattern_of(value)
     _install_on_output()
 
@@ -145,7 +150,8 @@ def _masked(match: re.Match) -> str:
 
 
 class RedactingStream:
-    """A text stream that redacts what is written, then passes it to `stream`.
+    """A text stream that redacts what is written, makes every control in it visible (terminal_text.for_terminal),
+    then passes it to `stream`.
 
     It has no `buffer`: bytes cannot go around it (click writes bytes to a stream's buffer), and
     `write(b"")` raises, so click takes it for the text stream it is and writes to it as it is.
@@ -157,7 +163,7 @@ class RedactingStream:
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self.stream.write(redact(text))
+        self.stream.write(terminal_text.for_terminal(redact(text), _caller()))
         return len(text)
 
     def writelines(self, lines) -> None:
@@ -173,8 +179,17 @@ class RedactingStream:
         return getattr(self.stream, name)
 
 
+def _caller():
+    """The frame that called the stream's write: it tells pyinfra's own spinner and prompt (which move the cursor) from
+    everything else. None when Python itself writes with no frame of ours below (an uncaught exception's traceback)."""
+    try:
+        return sys._getframe(2)
+    except ValueError:
+        return None
+
+
 def _install_on_output() -> None:
-    """Redact the CLI's stdout and stderr, once. Only under the pyinfra CLI: a program using the
+    """Wrap the CLI's stdout and stderr, once. Only under the pyinfra CLI: a program using the
     API (the tests) keeps its own streams."""
     import pyinfra
 
@@ -189,8 +204,14 @@ def _install_on_output() -> None:
 
 
 def _point_log_handlers(stream, wrapped: RedactingStream) -> None:
-    """Logging handlers made before the first secret was loaded hold the stream itself: give them the redacting one."""
+    """Logging handlers made before the streams were wrapped (logging.basicConfig's, under pyinfra's --debug-all) hold the
+    stream itself: give them the wrapper."""
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
     for handler in (h for lg in loggers for h in lg.handlers):
         if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
             handler.setStream(wrapped)
+
+
+# Under the CLI, wrapped as this module loads, secrets or not: host text is escaped from the first line a deploy file
+# prints (tests/unit/test_host_text.py checks that every entry point imports this module).
+_install_on_output()

@@ -3,7 +3,10 @@ Prometheus textfile. Data in, text out; the one pyinfra piece is `StatusPrinter`
 once the last host is done and ends the process with the exit code.
 
 A row is a plain dict (operations/status.py builds them), one per placed service and one per reached host
-without services (or unreached host): JSON-ready as it is.
+without services (or unreached host): JSON-ready as it is. Its words are mostly the hosts' (unit states, GPU
+names, a model's or a patch's state, errors): the table and the detail view show each on its line with every
+control in it visible (`terminal_text.one_line`), the Prometheus labels too; the JSON holds them whole, escaped
+as JSON escapes them.
 
 Exit codes follow `terraform plan -detailed-exitcode` and monitoring checks:
 0 every host reached, every service healthy, nothing a deploy would change; 2 drift (a deploy would change
@@ -19,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
+
+from report.terminal_text import one_line
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 2
 SCHEMA = "sglang-deploy-status/1"
@@ -194,6 +199,18 @@ COLUMNS: list[tuple[str, object, int]] = [
 ]
 
 
+def as_shown(value):
+    """`value` (a row, or anything in one) with each string as the view shows it: `one_line`, so a cell's width is
+    what the terminal shows and a host's newline cannot start a row of its own."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, dict):
+        return {key: as_shown(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_shown(item) for item in value]
+    return value
+
+
 def _cut(text: str, limit: int = CELL_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -201,6 +218,7 @@ def _cut(text: str, limit: int = CELL_MAX) -> str:
 def table(rows: list[dict], width: int) -> str:
     """The rows as one table that fits `width` columns: columns of lower priority are left out (and named below
     it) until it fits; the LOCK column only when some host's lock is held."""
+    rows = as_shown(rows)
     columns = [c for c in COLUMNS if c[0] != "LOCK" or any(r.get("lock") for r in rows)]
     cells = {name: [_cut(cell(r)) for r in rows] for name, cell, _ in columns}
     widths = {name: max([len(name)] + [len(c) for c in cells[name]]) for name, _, _ in columns}
@@ -224,6 +242,7 @@ def table(rows: list[dict], width: int) -> str:
 
 def detail(rows: list[dict]) -> str:
     """Every column of every row, one `NAME: value` line each, whole (nothing cut)."""
+    rows = as_shown(rows)
     blocks = []
     for row in rows:
         title = f"{row['host']}/{row['service']}" if row.get("service") else f"{row['host']} (no service placed)"
@@ -287,7 +306,9 @@ METRICS = {
 
 
 def _label(value) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value as the table shows it, on one line with every control visible (a raw newline would end the sample
+    and start a metric line of the host's), then `\\` and `"` escaped as the text format reads them."""
+    return one_line(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _labels(**labels) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
+from report.terminal_text import one_line
+
 # host name -> service name -> {"endpoint", "state", "ready"}; printed when the run ends.
 REPORT: dict[str, dict[str, dict[str, str]]] = {}
 
@@ -34,6 +36,8 @@ class SummaryPrinter(BaseStateCallback):
         lines = ["--> Services:"]
         for host_name in sorted(REPORT):
             for name, row in sorted(REPORT[host_name].items()):
+                # A cell may hold a host's words (a failure's reason, a pid): kept to its line, it cannot forge a row.
+                row = {key: one_line(value) for key, value in row.items()}
                 lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} {row['state']:<6}  {row['ready']}")
         logger.info("\n".join(lines))
         REPORT.clear()

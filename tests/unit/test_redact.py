@@ -152,6 +152,14 @@ def test_the_redacting_stream_is_what_click_writes_to():
     assert not hasattr(stream, "buffer")
 
 
+def test_the_stream_redacts_before_it_makes_controls_visible():
+    """A value broken across lines by `\\r\\n` is found while the line break is raw; then the `\\r` left is shown as
+    `\\r` (report/terminal_text.py), not obeyed."""
+    sink = io.StringIO()
+    redact.RedactingStream(sink).write(f"key {PLAIN[:9]}\r\n    {PLAIN[9:]} end\r\n")
+    assert sink.getvalue() == "key <secret second> end\\r\n"
+
+
 def test_installed_under_the_cli_it_redacts_stdout_stderr_and_log_handlers(monkeypatch):
     """Under pyinfra's CLI (`pyinfra.is_cli`), the first registration wraps the streams and the handlers holding them."""
     import pyinfra
