@@ -603,7 +603,10 @@ def test_lifecycle_judges_by_the_host_alone_before_executing():
 
 @pytest.fixture
 def service_host(tmp_path, monkeypatch):
-    """A `systemctl` that reports an active unit with MainPID from $PID, and a record dir in tmp_path."""
+    """A `systemctl` that reports an active unit with MainPID from $PID, in this test's own cgroup (the servers the
+    tests start answer from this process: peer identity), and a record dir in tmp_path."""
+    from tests.unit.remote_calls import own_control_group
+
     import os
     import subprocess
     import sys
@@ -614,7 +617,7 @@ def service_host(tmp_path, monkeypatch):
     (bindir / "systemctl").write_text(
         "#!/bin/sh\n"
         "echo LoadState=loaded; echo ActiveState=active; echo SubState=running; echo MainPID=$PID; echo NRestarts=0\n"
-        "echo ActiveEnterTimestampMonotonic=$ENTERED\n"
+        f"echo ActiveEnterTimestampMonotonic=$ENTERED; echo ControlGroup={own_control_group()}\n"
     )
     (bindir / "systemctl").chmod(0o755)
     script = remote.script("service_state").replace('"/var/lib/sglang-deploy/started"', repr(str(tmp_path / "started")))
