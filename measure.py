@@ -7,9 +7,10 @@ The first service is the baseline. Options (environment variables, with their de
 deploy's `--data` accepts only its own keys): MEASURE_PROMPTS=64, MEASURE_INPUT_LEN=256,
 MEASURE_OUTPUT_LEN=256, MEASURE_CONCURRENCY=8 (requests at a time), MEASURE_PROBE=4 (accept-length
 probe requests), MEASURE_TIMEOUT_S=1800, MEASURE_OUT=FILE (the raw results' JSON; default
-./measure-<UTC time>.json), MEASURE_TOKENIZER=PATH (the client's --tokenizer on the service's host;
-default: the served model's). Every service gets the same load, one service at
-a time (operations/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
+./measure-<UTC time>.json), MEASURE_TOKENIZER=PATH (the client's --tokenizer, an absolute path on the
+service's host; default: the path the deploy staged the service's model at). Every service gets the same
+load, one service at a time, the client running as the service user in the service's sandbox
+(operations/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
 lock (operations/lock.py is not called) and adds no operation but the measurements.
 """
 
@@ -28,4 +29,4 @@ out = os.environ.get("MEASURE_OUT")
 report = measure.install(state, services, options, Path(out) if out else None)
 here = {s.name: s for s in config.services}
 for name in services:
-    measure.served(name=f"Measure {name}", service=name, placed=here.get(name), report=report)
+    measure.served(name=f"Measure {name}", service=name, placed=here.get(name), report=report, config=config)

@@ -3,20 +3,30 @@
 `measure.py` (beside deploy.py) adds one `measure.served` operation per named service, in the order
 given, on every host: the host that runs the service measures it, the others note nothing. pyinfra
 runs an operation on every host before the next, so the services are measured one at a time. On the
-service's host, from the service's own venv, against its local port:
+service's host, from the service's own venv, against its local port, as the service user in the
+service's own sandbox (a transient unit: operations/transient.py, units.service_sandbox), never as root:
 
-    VENV/bin/python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:PORT \\
-        --dataset-name random-ids --num-prompts N --random-input-len I --random-output-len O \\
-        --random-range-ratio 1 --max-concurrency C --request-rate inf --seed 1 --output-file F --disable-tqdm \\
-        [--tokenizer=T]
+    VENV/bin/python -I -c CLIENT_SHIM sglang.bench_serving --backend sglang --base-url http://127.0.0.1:PORT \\
+        --model=MODEL --tokenizer=TOKENIZER --dataset-name random-ids --num-prompts N --random-input-len I \\
+        --random-output-len O --random-range-ratio 1 --max-concurrency C --request-rate inf --seed 1 \\
+        --output-file F --disable-tqdm
 
-(`--tokenizer` with MEASURE_TOKENIZER; without it the client loads the tokenizer of the model path
-the server reports), then an accept-length probe: P requests to `/generate` (the same I and O,
-greedy), whose own `meta_info` (completion tokens over verify steps) gives the accept length of
-these requests alone.
+The model and tokenizer are named, never asked of the server: MODEL is the path the deploy staged the
+service's target model at, TOKENIZER that path or MEASURE_TOKENIZER (an absolute path on the host).
+sglang 0.5.23's client loads a tokenizer with `trust_remote_code=True` hard-coded
+(sglang/benchmark/utils.py `get_tokenizer`, and `check_chat_template` in sglang/benchmark/serving.py), and
+has no flag to turn it off; without `--tokenizer` it loads the one of the path `/model_info` names, and
+without `--model` the model `/v1/models` names, so whatever answered on the port chose Python for it to
+import. CLIENT_SHIM turns remote code off in transformers itself (every `trust_remote_code` resolves to
+False, a directory that holds only remote code is refused with transformers' own message) before it runs
+the client's module as `__main__`.
+
+Then an accept-length probe: P requests to `/generate` (the same I and O, greedy), whose own `meta_info`
+(completion tokens over verify steps) gives the accept length of these requests alone.
 `/server_info`'s `avg_spec_accept_length` (and so the client's `accept_length`) is cumulative since
 the server started, warm-up, readiness checks and every earlier user included: it is kept in the
-raw results but not shown. An API key is read on the host from the service's key file, never sent.
+raw results but not shown. An API key is read on the host, inside the sandbox, by the service user
+from the service's key file (root:<its group> 0640), never sent from here.
 
 Nothing here restarts a service or takes the deploy lock: the operations only run read commands and
 the benchmark's HTTP requests. At the end, one table and a JSON file of the raw results.
@@ -24,8 +34,8 @@ the benchmark's HTTP requests. At the end, one table and a JSON file of the raw 
 
 from __future__ import annotations
 
-import base64
 import json
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -36,7 +46,7 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
 from configuration import kinds
-from operations import redact
+from operations import redact, remote, service_user, transient, units
 
 MARK = "MEASURE-RESULT "
 DEFAULTS = {"prompts": 64, "input_len": 256, "output_len": 256, "concurrency": 8, "probe": 4, "timeout_s": 1800}
@@ -61,20 +71,27 @@ class Options:
     concurrency: int = DEFAULTS["concurrency"]
     probe: int = DEFAULTS["probe"]
     timeout_s: int = DEFAULTS["timeout_s"]
-    # MEASURE_TOKENIZER: the client's --tokenizer (a path on the service's host, or a name in its HF cache);
-    # None: the one of the model path the server reports.
+    # MEASURE_TOKENIZER: the client's --tokenizer, an absolute path on the service's host;
+    # None: the path the service's target model is staged at.
     tokenizer: str | None = None
 
-    def bench_args(self, port: int, output_file: str) -> list[str]:
+    def bench_args(self, port: int, output_file: str, model_path: str) -> list[str]:
+        """The client's arguments (after its module's name): the model and tokenizer named, never the server's."""
         return [
-            "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", f"http://127.0.0.1:{port}",
+            "--backend", "sglang", "--base-url", f"http://127.0.0.1:{port}",
+            # One word each, with `=`: the client's argparse never reads a value as an option of its own.
+            f"--model={model_path}", f"--tokenizer={self.tokenizer or model_path}",
             "--dataset-name", "random-ids", "--num-prompts", str(self.prompts),
             "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
             "--random-range-ratio", "1", "--max-concurrency", str(self.concurrency), "--request-rate", "inf",
             "--seed", "1", "--output-file", output_file, "--disable-tqdm",
-            # One word with `=`: the client's argparse never reads the value as an option of its own.
-            *([f"--tokenizer={self.tokenizer}"] if self.tokenizer else []),
         ]
+
+
+CLIENT_MODULE = "sglang.bench_serving"
+# An absolute host path of the characters the data's host paths may hold, less ':' (it is bound into the client's
+# sandbox, `BindReadOnlyPaths=`, where ':' separates a bind's source from its destination).
+_TOKENIZER_PATH = re.compile(r"/[A-Za-z0-9_./+@-]{0,4095}")
 
 
 def env_name(key: str) -> str:
@@ -84,9 +101,10 @@ def env_name(key: str) -> str:
 def options_from(environ) -> Options:
     """`MEASURE_PROMPTS=64 ...` in the environment: each a whole number (the probe may be 0); MEASURE_TOKENIZER a path."""
     tokenizer = (environ.get("MEASURE_TOKENIZER") or "").strip() or None
-    if tokenizer is not None and (tokenizer.startswith("-") or kinds.control_character(tokenizer)):
-        raise ValueError(f"MEASURE_TOKENIZER={environ['MEASURE_TOKENIZER']!r}: must be one line, a path on the service's "
-                         "host or a model name, not starting with '-' (write ./-name for a relative path)")
+    if tokenizer is not None and (_TOKENIZER_PATH.fullmatch(tokenizer) is None or ".." in tokenizer.split("/")):
+        raise ValueError(f"MEASURE_TOKENIZER={environ['MEASURE_TOKENIZER']!r}: must be an absolute path on the service's host "
+                         "(letters, digits and _ . / + @ -; no '..'), e.g. /root/tokenizers/qwen: the client loads "
+                         "the tokenizer from there, never a name it would look up")
     values: dict = {"tokenizer": tokenizer}
     for key, default in DEFAULTS.items():
         raw = environ.get(env_name(key))
@@ -114,30 +132,85 @@ def requested(raw: str | None) -> list[str]:
 
 # On the host ------------------------------------------------------------------------------
 
+# The client's whole environment (HOST_SCRIPT builds it, `env=`): names the deploy knows to be inert for it, each
+# with its value's source. Nothing of the service's `env` data, root's or systemd's reaches it.
+CLIENT_ENV = {
+    "PATH": "the system's directories (transient.SYSTEM_PATH), none the service user writes",
+    "HOME": "a new, empty directory in the run's private /tmp (PrivateTmp): the caches of the client and of "
+            "transformers start empty and go with the run",
+    "HF_HUB_OFFLINE": "1: huggingface_hub downloads nothing (the model and tokenizer are paths on the host)",
+    "TRANSFORMERS_OFFLINE": "1: transformers downloads nothing either",
+    "LC_CTYPE": "C.UTF-8: text as UTF-8, what Python itself sets under the C locale (PEP 538); names no file of ours",
+    "OPENAI_API_KEY": "only when the service has an API key: read from its key file by the service user inside the "
+                      "sandbox; the client sends it as `Authorization: Bearer` (sglang/benchmark/serving.py get_auth_headers)",
+}
+CLIENT_FIXED_ENV = {"PATH": transient.SYSTEM_PATH, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LC_CTYPE": "C.UTF-8"}
+
+# Runs the client's module as `__main__` (argv: MODULE ARGS...) with remote code off in transformers: sglang 0.5.23's
+# client passes trust_remote_code=True to every tokenizer load, with no flag to turn it off. Every remote-code decision
+# of transformers goes through `resolve_trust_remote_code` (tokenizers, configs, processors, models): it is told
+# False, so a directory with only remote code is refused with transformers' own "contains custom code" message and one
+# with a built-in class loads that; `get_class_from_dynamic_module`, which imports the code, refuses outright. The
+# names are replaced where transformers' modules bound them too (read from their __dict__: no lazy import triggered).
+CLIENT_SHIM = """
+import runpy, sys
+import transformers.dynamic_module_utils as dynamic
+
+resolve = dynamic.resolve_trust_remote_code
+
+def never_trust(trust_remote_code, *args, **kwargs):
+    return resolve(False, *args, **kwargs)
+
+def no_remote_code(*args, **kwargs):
+    raise ValueError("sglang-deploy measure: the client runs no code from a model or tokenizer directory (trust_remote_code is off)")
+
+replaced = {"resolve_trust_remote_code": (resolve, never_trust),
+            "get_class_from_dynamic_module": (dynamic.get_class_from_dynamic_module, no_remote_code)}
+for module in list(sys.modules.values()):
+    names = getattr(module, "__dict__", {})
+    for name, (old, new) in replaced.items():
+        if names.get(name) is old:
+            setattr(module, name, new)
+module = sys.argv.pop(1)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+# Runs in the transient unit, as the service user: reads the key, runs the client, then the probe requests; prints
+# one MEASURE-RESULT line. argv: SPEC_JSON (the script itself on stdin).
 HOST_SCRIPT = r'''
-import json, os, subprocess, sys, tempfile, urllib.request
+import json, os, pwd, subprocess, sys, tempfile, urllib.request
 spec = json.loads(sys.argv[1])
+result = {"service": spec["service"], "ran_as": {"uid": os.getuid()}}
+try:
+    result["ran_as"]["user"] = pwd.getpwuid(os.getuid()).pw_name
+except KeyError:
+    pass
 key = None
-if spec["key_file"] and os.path.exists(spec["key_file"]):
-    for line in open(spec["key_file"], encoding="utf-8"):
-        name, _, value = line.partition(":")
-        if name.strip() == "api-key":
-            key = json.loads(value.strip())
+if spec["key_file"]:
+    try:
+        with open(spec["key_file"], encoding="utf-8") as lines:
+            for line in lines:
+                name, _, value = line.partition(":")
+                if name.strip() == "api-key":
+                    key = json.loads(value.strip())
+    except OSError as exc:
+        result["error"] = "cannot read the API key file as uid %d: %s" % (os.getuid(), exc)
+        print("MEASURE-RESULT " + json.dumps(result))
+        sys.exit(0)
 def redact(text):
     return text.replace(key, "<redacted>") if key else text
-env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
-env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+env = dict(spec["client_env"])
 headers = {"Content-Type": "application/json"}
 if key:
     env["OPENAI_API_KEY"] = key
     headers["Authorization"] = "Bearer " + key
-result = {"service": spec["service"]}
 with tempfile.TemporaryDirectory(prefix="sglang-measure-") as tmp:
     env["HOME"] = tmp
     out_file = os.path.join(tmp, "bench.jsonl")
     args = [a if a != "@OUT@" else out_file for a in spec["bench_args"]]
     try:
-        run = subprocess.run([sys.executable, *args], cwd=tmp, env=env, capture_output=True, text=True, timeout=spec["timeout_s"])
+        run = subprocess.run([sys.executable, "-I", "-c", spec["client_shim"], spec["client_module"], *args], cwd=tmp,
+                             env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=spec["timeout_s"])
         result["rc"] = run.returncode
         tail = (run.stdout + run.stderr)[-3000:]
     except subprocess.TimeoutExpired as exc:
@@ -176,10 +249,31 @@ print("MEASURE-RESULT " + redact(json.dumps(result)))
 '''
 
 
-def host_command(venv: str, spec: dict) -> str:
-    script = base64.b64encode(HOST_SCRIPT.encode()).decode()
-    return (f"cd / && {shlex.quote(venv + '/bin/python')} -c "
-            f"'import base64,sys; exec(base64.b64decode(sys.argv.pop(1)))' {script} {shlex.quote(json.dumps(spec))}")
+def client_sandbox(sandbox: list[str], tokenizer: str | None) -> list[str]:
+    """The service's sandbox, and MEASURE_TOKENIZER bound in read-only where a home directory hides it
+    (ProtectHome=tmpfs; '-': a path that does not exist is the client's error to report, not the unit's)."""
+    if tokenizer and service_user.is_hidden(tokenizer):
+        return [*sandbox, f"BindReadOnlyPaths=-{tokenizer}"]
+    return list(sandbox)
+
+
+def host_command(venv: str, spec: dict, sandbox: list[str], before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> str:
+    """Root's shell line on the host: `before`, the client and probes in a transient unit as the service user, `after`.
+
+    What root runs here is the shell, `systemd-run` and the deploy's own checks: `before` and `after` (shell
+    commands, root's, outside the sandbox: that the port's listeners are the service's own) each must pass, else the line exits non-zero and its output is not taken (`_run`). Everything the
+    engine's code or the server's answers could steer (the client, the tokenizer it loads, the reading of the key
+    file, the probes) runs in the transient unit.
+    """
+    # The client's own timeout, each probe's (600 s) and a margin: systemd stops a run whose caller went away.
+    limit = spec.get("timeout_s", DEFAULTS["timeout_s"]) + 600 * spec.get("probe", 0) + 120
+    run = transient.command(sandbox, {"PATH": transient.SYSTEM_PATH}, [venv + "/bin/python", "-I", "-", json.dumps(spec)],
+                            f"measure {spec['service']}", limit)
+    client = f"{run} <<'PYEOF'\n{HOST_SCRIPT}\nPYEOF\n"
+    # A check may be a heredoc command (a remote script): each goes in a brace group of its own lines.
+    checks_before = [f"{{ {check}\n}} || exit 96\n" for check in before]
+    checks_after = ["rc=$?; [ $rc -eq 0 ] || exit $rc\n", *(f"{{ {check}\n}} || exit 97\n" for check in after)] if after else []
+    return "".join(["cd / || exit 1\n", *checks_before, client, *checks_after])
 
 
 def parse_output(stdout: str) -> dict | None:
@@ -289,8 +383,10 @@ def install(state, services: list[str], options: Options, out: Path | None) -> R
 def _run(state, host, service: str, venv: str, command: str, report: Report) -> bool:
     host.log(f"measuring {service} ({venv}): {report.options.prompts} prompts, then {report.options.probe} probe requests")
     ok, output = host.run_shell_command(command, print_output=False)
-    # The engine's own text: secret-named values masked, registered ones redacted (operations/redact.py).
-    result = parse_output(output.stdout) or {"error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
+    # The engine's own text: secret-named values masked, registered ones redacted (operations/redact.py). A line that
+    # failed (the transient unit could not start, a check of root's failed) gives no result, whatever it printed.
+    result = (parse_output(output.stdout) if ok else None) or {
+        "error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
     result["host"] = host.name
     report.results[service] = result
     if not result.get("bench"):
@@ -299,18 +395,20 @@ def _run(state, host, service: str, venv: str, command: str, report: Report) -> 
 
 
 @operation(is_idempotent=False)
-def served(service: str, placed=None, report: Report | None = None):
+def served(service: str, placed=None, report: Report | None = None, config=None):
     """Measure one service's served throughput with the engine's own benchmark client (read only).
 
     + service: the service's name (the run's `measure_services` entry)
     + placed: this host's `configuration.settings.Service` of that name, or None where it runs elsewhere
     + report: the run's report (`install`), which collects the result
+    + config: this host's `configuration.settings.HostConfig`: the service's unit, whose user and sandbox the client
+      runs in (`units.service_sandbox`)
 
     **Example:**
 
     .. code:: python
 
-        measure.served(name="Measure ddtree", service="ddtree", placed=config.services[0], report=report)
+        measure.served(name="Measure ddtree", service="ddtree", placed=config.services[0], report=report, config=config)
     """
     if placed is None:
         host.noop(f"{service} does not run on this host")
@@ -318,12 +416,19 @@ def served(service: str, placed=None, report: Report | None = None):
     spec = {
         "service": service, "port": placed.port,
         "key_file": placed.config_file if placed.api_key else None,
-        "bench_args": report.options.bench_args(placed.port, "@OUT@"),
+        # The path the deploy staged the target model at: the client's model and, unless MEASURE_TOKENIZER names
+        # another path, its tokenizer; never what the server names.
+        "client_module": CLIENT_MODULE, "client_shim": CLIENT_SHIM, "client_env": CLIENT_FIXED_ENV,
+        "bench_args": report.options.bench_args(placed.port, "@OUT@", placed.target.load_path),
         "probe": report.options.probe, "input_len": report.options.input_len,
         "output_len": report.options.output_len, "timeout_s": report.options.timeout_s,
     }
-    yield FunctionCommand(_run, (service, placed.environment.path, host_command(placed.environment.path, spec), report), {})
-
+    sandbox = client_sandbox(units.service_sandbox(config, placed), report.options.tokenizer)
+    # The client connects on its own: the port's every listener must be the unit's, before it runs and after (peer
+    # identity, operations/remote/port_holder.py), or its figures (and the key it sent) went to someone else.
+    holder = remote.command("port_holder", shlex.quote(placed.unit_name), str(int(placed.port)))
+    command = host_command(placed.environment.path, spec, sandbox, before=(holder,), after=(holder,))
+    yield FunctionCommand(_run, (service, placed.environment.path, command, report), {})
 
 
 def combine(out: Path, parts: list[Path]) -> Report:

@@ -20,62 +20,77 @@ import hashlib
 import json
 import shlex
 from pathlib import PurePosixPath
-from typing import Callable
+from typing import Callable, Sequence
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import host_reads, redact, remote, rollback, service_user, this_run
+from operations import host_reads, redact, remote, rollback, service_user, this_run, transient, units
 from operations.host_reads import operation
 from report import summary
 
-# The preflight runs as root, outside the unit's sandbox: the environment it takes from the unit must not make root's
-# python load code from somewhere else. Refused in the data already (configuration); left out here as well, so
-# that no path to root's process depends on one check. The engine's caches and home (service_user.runtime_environment)
-# are the service user's to write: root's parser never reads them.
-_LOADER_PREFIXES = ("LD_", "PYTHON", "MALLOC_", "GLIBC_")
-_LOADER_NAMES = frozenset({"BASH_ENV", "ENV", "GCONV_PATH", "HOSTALIASES", "LOCALDOMAIN", "NLSPATH", "RES_OPTIONS", "TMPDIR",
-                           "HOME", "PATH", "PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS",
-                           # huggingface's caches hold the python of trust_remote_code models
-                           "HF_HOME", "HF_MODULES_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"})
-_CACHE_SUFFIXES = ("_CACHE", "_CACHE_DIR", "_CACHE_PATH", "_CACHE_HOME", "_WORKSPACE_BASE")
+# The preflight runs the engine's code (its parser, its launcher's imports) outside the service's unit: as the
+# service user, in a transient unit with the sandbox of the unit it is about to install (operations/transient.py,
+# units.sandbox_properties), never as root. Its environment is an ALLOW list: of the unit's variables (the service's
+# `env` data and the GPUs the deploy derives) it takes only the names below, each inert for the engine's parser;
+# everything else is dropped for this run (OPENSSL_CONF, GCONV_PATH, LOCPATH, a cache or config directory, a name
+# the data's checks do not know...). A parse that depends on a dropped variable shows when the service starts, where
+# the readiness gate rolls it back.
+PARSER_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the unit's GPUs, derived from `gpu` (digits and commas; the data may not set it): a real "
+                            "engine's parser asks the device for its defaults (sglang 0.5.11 on an H200 stops with "
+                            "\"No accelerator ... is available\" when they are hidden)",
+    "CUDA_DEVICE_ORDER": "set by the unit to PCI_BUS_ID (units.GPU_ORDER; the data may not set it): the GPUs above "
+                         "numbered as nvidia-smi numbers them",
+    "SGLANG_DDTREE_MAX_TOPK": "a whole number the ddtree patch set reads and checks while the command line is parsed "
+                              "(files/patches/ddtree-sample/.../ddtree_utils.py); names no file, loads nothing",
+    "SGLANG_DDTREE_DEPTH_BONUS": "a number the ddtree patch set reads and checks while the command line is parsed; "
+                                 "names no file, loads nothing",
+}
+# Besides those, the run's own values (never the data's): PATH the system's directories only, HOME the service
+# user's (its StateDirectory, which the sandbox makes writable; a parser that caches something writes it there).
+PARSER_HOME = service_user.runtime_environment()["HOME"]
+# A caller that names no sandbox (a test) still never parses as root: a throwaway user systemd makes for the run.
+NO_SANDBOX = ("DynamicUser=yes",)
+# How long a preflight may take (the SSH command's timeout, and the transient unit's RuntimeMaxSec=).
+PREFLIGHT_TIMEOUT_S = 300
 
 
-def root_may_inherit(name: str) -> bool:
-    """Whether the root preflight takes the unit's variable `name` (loader, interpreter and cache variables: no)."""
-    upper = name.upper()
-    return not (upper.startswith(_LOADER_PREFIXES) or upper in _LOADER_NAMES or upper.startswith("XDG_")
-                or upper.endswith(_CACHE_SUFFIXES) or name in service_user.runtime_environment())
+def parser_environment(environment: dict[str, str]) -> dict[str, str]:
+    """The preflight's whole environment: the deploy's PATH and HOME, then the unit's variables named in PARSER_ENV."""
+    kept = {k: v for k, v in environment.items() if k in PARSER_ENV}
+    return {"PATH": transient.SYSTEM_PATH, "HOME": PARSER_HOME, **kept}
 
 
-def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str]) -> str:
-    """The remote command: a clean environment holding only the unit's variables, its GPUs included.
+def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str],
+            sandbox: Sequence[str] = NO_SANDBOX, service: str = "") -> str:
+    """The remote command: the venv's python in a transient unit with the service's sandbox and `parser_environment`.
 
-    The service's GPUs stay visible: a real engine's parser asks the device for its defaults
-    (sglang 0.5.11 on an H200 stops with "No accelerator ... is available" when they are hidden).
-    Python runs isolated (`-I`: no PYTHON* variable, no user site-packages, not the current
-    directory on sys.path), with none of the variables that steer a loader or point at the engine's
-    writable caches (`root_may_inherit`).
+    `sandbox`: the unit's (`units.sandbox_properties`), so its User=, Group=, SupplementaryGroups= (the GPU devices'
+    groups), its binds and protections. The service's GPUs stay visible (no PrivateDevices in the sandbox; the unit's
+    CUDA_VISIBLE_DEVICES is on the allow list). Python runs isolated (`-I`: no PYTHON* variable, no user
+    site-packages, not the current directory on sys.path) from `/`, the script on stdin.
     """
-    kept = {k: v for k, v in environment.items() if root_may_inherit(k)}
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **kept}
-    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    run = transient.command(sandbox, parser_environment(environment),
+                            [venv_path + "/bin/python", "-I", "-", json.dumps(argv), launcher],
+                            f"preflight{' of ' + service if service else ''}", PREFLIGHT_TIMEOUT_S)
     script = remote.script("preflight")
-    return (
-        f"cd / && env -i {assignments} {shlex.quote(venv_path + '/bin/python')} -I - "
-        f"{shlex.quote(json.dumps(argv))} {shlex.quote(launcher)} <<'PYEOF'\n{script}\nPYEOF"
-    )
+    return f"cd / && {run} <<'PYEOF'\n{script}\nPYEOF"
 
 
 class Verdict(FactBase):
     """The preflight's JSON result, read without changing anything; `{"absent": true}` when the venv
-    does not exist yet (a generation this run builds)."""
+    does not exist yet (a generation this run builds), `{"absent_user": true}` when the account the
+    preflight runs as does not (the run creates it first)."""
 
-    def command(self, venv_path: str, cmd: str) -> str:
+    def command(self, venv_path: str, cmd: str, user: str | None = None) -> str:
         python = shlex.quote(venv_path + "/bin/python")
-        return f"if [ -x {python} ]; then\n{cmd}\nelse echo '{{\"absent\": true}}'; fi"
+        if user is None:
+            return f"if [ -x {python} ]; then\n{cmd}\nelse echo '{{\"absent\": true}}'; fi"
+        return (f"if [ -x {python} ] && getent passwd {shlex.quote(user)} >/dev/null; then\n{cmd}\n"
+                f"elif [ -x {python} ]; then echo '{{\"absent_user\": true}}'; else echo '{{\"absent\": true}}'; fi")
 
     def process(self, output):
         try:
@@ -96,8 +111,13 @@ def verdict(result: dict) -> str | None:
     return None
 
 
+def ran_as(result: dict) -> str:
+    """`sglang 0.5.23, as sglang`: the parser, and the user the preflight ran as (when the result says)."""
+    return f"{result.get('parser')}, as {result['user']}" if result.get("user") else str(result.get("parser"))
+
+
 def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
-    ok, output = host.run_shell_command(cmd, print_output=False, _timeout=300)
+    ok, output = host.run_shell_command(cmd, print_output=False, _timeout=PREFLIGHT_TIMEOUT_S)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -107,7 +127,7 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
         summary.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
-    host.log(f"{service}: preflight passed ({result['parser']})")
+    host.log(f"{service}: preflight passed ({ran_as(result)})")
     return True
 
 
@@ -121,15 +141,18 @@ def _planned_changes(inputs_changed) -> list[str]:
     return ["(its inputs)"]
 
 
-def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -> None:
+def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str], user: str | None = None) -> None:
     """Planning (--dry): run the read-only check now and say what the run will do.
 
     A generation's path names its content (stack and patch-set digests, operations/venv.py), so
     an existing one holds the engine the unit will run; the run may still repair it or stage
     models first, which the message says, but the parser's verdict is the one that counts."""
-    result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd)
+    result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd, **({"user": user} if user else {}))
     if result.get("absent"):
         host.log(f"{service}: preflight runs once this run has built {venv_path}")
+        return
+    if result.get("absent_user"):
+        host.log(f"{service}: preflight runs once this run has created the account {user}, which it runs as")
         return
     first = f" (the run first changes: {'; '.join(inputs_change)})" if inputs_change else ""
     reason = verdict(result)
@@ -138,7 +161,7 @@ def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str]) -
                         fg="red", log_func=logger.error)
         fail_dry_run(host)
     else:
-        host.log(f"{service}: preflight would pass ({result.get('parser')}){first}")
+        host.log(f"{service}: preflight would pass ({ran_as(result)}){first}")
 
 
 @operation()
@@ -160,10 +183,11 @@ def passed(
     + venv_path: the venv the unit runs
     + launcher: the module the unit runs (imported too, with ``sglang.launch_server``)
     + argv: the flags exactly as the unit passes them
-    + environment: the unit's environment
+    + environment: the unit's environment (the preflight takes only the names in ``PARSER_ENV``)
     + endpoint: the service's endpoint (summary)
     + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they differ,
-      and the unit in use is then saved for rollback (`operations/rollback.py`)
+      and the unit in use is then saved for rollback (`operations/rollback.py`); the preflight runs as the user
+      and in the sandbox this unit names (`units.sandbox_properties`)
     + inputs_changed: callable, true when the venv, patch sets or models changed in this run
 
     **Example:**
@@ -183,9 +207,13 @@ def passed(
     if not unit_changes and not inputs_change:
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
+    # The unit's own sandbox and user (a text with no [Service] section, a test's, gets a throwaway user: NO_SANDBOX).
+    sandbox = units.sandbox_properties(unit_text) or list(NO_SANDBOX)
+    user = transient.runs_as(sandbox)
+    cmd = command(venv_path, launcher, argv, environment, sandbox, service)
     if is_dry_run(host):
-        _preview(service, venv_path, command(venv_path, launcher, argv, environment), _planned_changes(inputs_changed))
-    yield FunctionCommand(_run, (service, endpoint, command(venv_path, launcher, argv, environment)), {})
+        _preview(service, venv_path, cmd, _planned_changes(inputs_changed), None if user == "DynamicUser" else user)
+    yield FunctionCommand(_run, (service, endpoint, cmd), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.
         yield rollback.save_command(unit_path, PurePosixPath(unit_path).name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from configuration.settings import HostConfig, Service
-from configuration.stacks import Stack
+from configuration.stacks import Stack, load_stack
 from operations import service_user
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -86,6 +86,53 @@ def venv_bin_path(venv_path: str) -> str:
     (sglang 0.5.11's kernels build with the `ninja` of the `ninja` wheel; without it on PATH the
     first forward pass fails with "No such file or directory: 'ninja'")."""
     return f"{venv_path}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+# The [Service] directives that say what the unit runs and how systemd keeps it running, not the sandbox it runs
+# in: `sandbox_properties` leaves them out (a run in the service's sandbox brings its own command and environment).
+# Everything else in the template's [Service] section is the sandbox, a line added there later included.
+NOT_SANDBOX = frozenset({"Type", "ExecStart", "WorkingDirectory", "Environment", "TimeoutStartSec", "TimeoutStopSec",
+                         "KillMode", "Restart", "RestartSec"})
+
+
+def sandbox_properties(unit_text: str) -> list[str]:
+    """The sandbox of a rendered unit, as `systemd-run -p` assignments: every directive of its [Service] section but
+    NOT_SANDBOX, in order, written as the unit writes it (User=, Group=, SupplementaryGroups=, StateDirectory=, ...,
+    ProtectHome=tmpfs with its BindReadOnlyPaths=, RestrictAddressFamilies=, the ExecStartPre= that makes the GPU
+    device nodes).
+
+    The one source is the template: whatever runs the engine's code outside the unit (the preflight, measure.py's
+    client) runs in the same sandbox as the service, as its user, from the unit text itself, so the two cannot drift.
+    The values are written as a unit file takes them, which `systemd-run -p` takes too (the paths in them have no
+    spaces, quotes, `%` or `$`: configuration/kinds.py).
+    """
+    out: list[str] = []
+    section = None
+    logical = ""
+    for line in unit_text.splitlines():
+        if logical:
+            logical = logical[:-1] + " " + line.strip()
+        elif not line.strip() or line.lstrip().startswith(("#", ";")):
+            continue
+        elif line.startswith("["):
+            section = line.strip()
+            continue
+        else:
+            logical = line
+        if logical.endswith("\\"):
+            continue
+        name, _, _ = logical.partition("=")
+        if section == "[Service]" and name not in NOT_SANDBOX:
+            out.append(logical)
+        logical = ""
+    return out
+
+
+def service_sandbox(config: HostConfig, service: Service) -> list[str]:
+    """`sandbox_properties` of the unit `render_unit` writes for `service` (without the GPU device groups: they
+    only grant access to the GPUs, which a run that opens none does not need)."""
+    stack = load_stack(config.stack)
+    return sandbox_properties(render_unit(config, service, stack, inputs_digest(stack, {})))
 
 
 def render_unit(

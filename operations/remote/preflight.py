@@ -1,16 +1,23 @@
-# Preflight, run with the service's own venv Python and environment (GPUs hidden): parse
-# the exact flags with the installed sglang's own `prepare_server_args`, then import the
-# launcher and the server entry point. Prints one JSON line; exits 0 either way.
+# Preflight, run with the service's own venv Python, as the service user in the service's sandbox (a transient
+# unit, operations/preflight.py), with the unit's GPUs and the few variables the preflight allows: parse the exact
+# flags with the installed sglang's own `prepare_server_args`, then import the launcher and the server entry point.
+# Prints one JSON line (with the user it ran as); exits 0 either way.
 # argv: ARGV_JSON LAUNCHER
 import contextlib
 import importlib
 import io
 import json
+import os
+import pwd
 import sys
 import traceback
 
 argv, launcher = json.loads(sys.argv[1]), sys.argv[2]
-result = {"parser": None, "parse_error": None, "import_error": None}
+result = {"parser": None, "parse_error": None, "import_error": None, "uid": os.getuid()}
+try:
+    result["user"] = pwd.getpwuid(os.getuid()).pw_name
+except KeyError:
+    result["user"] = str(os.getuid())
 
 
 def last_error_line(text, fallback):

@@ -12,7 +12,10 @@ host all along:
   give; the accept length shown is the probe requests' own (2.00), not the client's server-wide figure;
 - the JSON file holds the client's raw results, the options and the probes;
 - nothing restarted (units' MainPID, ActiveEnterTimestamp and NRestarts), the foreign lock untouched and not
-  waited for.
+  waited for;
+- the client ran as the service user (`ran_as`: a transient unit in the service's sandbox, not root), and a
+  tokenizer directory that is remote code (tokenizer_config.json's auto_map) is refused with transformers' own
+  message, its Python never run (sglang's client passes trust_remote_code=True; the deploy turns it off).
 """
 
 from __future__ import annotations
@@ -170,3 +173,42 @@ def test_it_restarted_nothing_and_took_no_lock(measured):
     # The foreign lock was there throughout: not waited for, not taken over, not released.
     assert "ops@ctl-2" in measured.lock_before and lock_state() == measured.lock_before
     assert "another deploy holds" not in measured.proc.stdout + measured.proc.stderr
+
+
+def test_the_client_ran_as_the_service_user_in_its_sandbox(measured):
+    """The client and the probes ran in a transient unit as the service user (not root), which read the key file."""
+    uid = int(ssh(HOST, "id -u sglang").stdout)
+    for name in SERVICES:
+        assert measured.raw["results"][name]["ran_as"] == {"uid": uid, "user": "sglang"}, measured.raw["results"][name]
+
+
+# A tokenizer directory whose tokenizer is remote code (tokenizer_config.json's auto_map): with trust_remote_code, as
+# sglang's client passes it, transformers imports remote_tok.py from it. It leaves a mark where root or the service
+# user could write, and says so.
+REMOTE_CODE_TOK = "/root/measure-remote-code-tok"
+MARK = "/var/cache/sglang/REMOTE-CODE-RAN"
+REMOTE_TOKENIZER = {
+    "tokenizer_config.json": json.dumps({"auto_map": {"AutoTokenizer": [None, "remote_tok.RemoteTokenizer"]}}),
+    "remote_tok.py": f"import os\nopen({MARK!r}, 'w').write('uid %d' % os.getuid())\nraise SystemExit('REMOTE CODE RAN')\n",
+}
+
+
+def test_a_tokenizer_with_remote_code_is_refused_not_run(measured):
+    """sglang 0.5.23's client loads every tokenizer with trust_remote_code=True (no flag turns it off): the deploy
+    turns it off in transformers, so a tokenizer that is remote code is refused, its Python never imported."""
+    files = " && ".join(f"printf '%s' {shlex.quote(text)} > {REMOTE_CODE_TOK}/{name}" for name, text in REMOTE_TOKENIZER.items())
+    ssh(HOST, f"rm -rf {REMOTE_CODE_TOK} {MARK}; mkdir {REMOTE_CODE_TOK} && {files}")
+    try:
+        out = measured.out.with_name("remote-code.json")
+        env = {**os.environ, **OPTIONS, "MEASURE_PROMPTS": "1", "MEASURE_PROBE": "0", "MEASURE_TOKENIZER": REMOTE_CODE_TOK,
+               "MEASURE_SERVICES": "plain", "MEASURE_OUT": str(out)}
+        inventory = ROOT / "lab" / "test_measure.py"
+        proc = subprocess.run([PYINFRA, str(inventory), "measure.py", "-y"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600, env=env)
+        result = json.loads(out.read_text())["results"]["plain"]
+        assert "bench" not in result, result
+        assert "contains custom code which must be executed" in result["error"], result
+        assert "REMOTE CODE RAN" not in proc.stdout + proc.stderr + json.dumps(result)
+        assert ssh(HOST, f"test -e {MARK}", check=False).returncode != 0, ssh(HOST, f"cat {MARK}", check=False).stdout
+    finally:
+        ssh(HOST, f"rm -rf {REMOTE_CODE_TOK} {MARK}", check=False)

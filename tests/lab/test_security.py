@@ -1,6 +1,10 @@
-"""Secrets and exposure on the lab: an API key reaches the server through a root-only file and nowhere else."""
+"""Secrets and exposure on the lab: an API key reaches the server through a root-only file and nowhere else; the
+engine's code outside its unit (the preflight) runs as the service user, with no variable off its allow list."""
 
 from __future__ import annotations
+
+import json
+import shlex
 
 import pytest
 import requests
@@ -100,3 +104,66 @@ def test_binding_beyond_loopback_without_a_key_is_refused_unless_allowed():
     result = deploy(inventory)
     assert result.returncode != 0
     assert "services.open.bind: '0.0.0.0': binding beyond loopback without an API key" in result.stderr
+
+
+# Root runs nothing the service side can steer (issue #34, item 2) ----------------------------------------------------
+
+# Records who opens a FIFO: each open for reading blocks until this writer opens it too; the writer then finds the
+# process that holds it open (its uid, cgroup and command line), gives it an empty file, and logs one JSON line.
+OPEN_TRACER = r"""
+import json, os, sys, time
+fifo, log = sys.argv[1], sys.argv[2]
+while True:
+    fd = os.open(fifo, os.O_WRONLY)
+    who = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{n}") == fifo for n in os.listdir(f"/proc/{pid}/fd")):
+                who.append({"pid": int(pid), "uid": os.stat(f"/proc/{pid}").st_uid,
+                            "cgroup": open(f"/proc/{pid}/cgroup").read().strip(),
+                            "cmdline": open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:300]})
+        except OSError:
+            pass
+    os.write(fd, b"# empty\n")
+    os.close(fd)
+    with open(log, "a") as out:
+        out.write(json.dumps({"t": time.time(), "who": who}) + "\n")
+    time.sleep(0.05)
+"""
+TRACE_DIR = "/run/lab-steer"
+OPENSSL_CONF = f"{TRACE_DIR}/openssl.cnf"
+
+
+@pytest.fixture
+def traced(spare_with_venv):
+    """OPENSSL_CONF's file on the spare host is a FIFO that logs who opens it (a root transient unit)."""
+    host = spare_with_venv
+    ssh(host, f"systemctl stop lab-open-tracer.service 2>/dev/null; rm -rf {TRACE_DIR}; mkdir -m 755 {TRACE_DIR} && "
+              f"mkfifo -m 644 {OPENSSL_CONF} && systemd-run --unit=lab-open-tracer --quiet /usr/bin/python3 -c "
+              f"{shlex.quote(OPEN_TRACER)} {OPENSSL_CONF} {TRACE_DIR}/opened.jsonl", check=True)
+    yield host
+    # The service goes first: once the tracer stops, an open of the FIFO would block for good.
+    clean_host(host, keep_venv=True)
+    ssh(host, f"systemctl stop lab-open-tracer.service; rm -rf {TRACE_DIR}", check=False)
+
+
+def test_the_preflight_runs_as_the_service_user_and_takes_no_variable_off_its_allow_list(traced):
+    """A service's env data names OPENSSL_CONF (the data's checks let it through): OpenSSL reads that file when Python
+    imports hashlib, and a config can load engines and providers, shared objects. The preflight (the engine's
+    parser, outside the unit) ran as root with it; now it runs as the service user in a transient unit, with the
+    few variables on its allow list: the file is opened by the service alone, never by root."""
+    service = {"gpu": 0, "port": 30112, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "env": {"OPENSSL_CONF": OPENSSL_CONF}}
+    inventory = write_inventory("test_steer", {traced: {"services": {"steer": service}, "run_services": ["steer"]}})
+    result = deploy(inventory, as_json=False)
+    assert result.returncode == 0, result
+    opened = [json.loads(line) for line in ssh(traced, f"cat {TRACE_DIR}/opened.jsonl 2>/dev/null; true").stdout.splitlines()]
+    who = [w for entry in opened for w in entry["who"]]
+    print(json.dumps(who, indent=1))
+    # The variable is live: the service itself (its unit sets it) opened the file, as its user, in its cgroup.
+    assert any("sglang-steer.service" in w["cgroup"] for w in who), opened
+    uid = int(ssh(traced, "id -u sglang").stdout)
+    assert [w for w in who if w["uid"] != uid or "sglang-steer.service" not in w["cgroup"]] == [], opened
+    # The preflight says who it ran as: the service user, not root.
+    assert "steer: preflight passed (sglang 0.5.23, as sglang)" in result.stderr + result.stdout, result

@@ -3,7 +3,6 @@ script against the lab's stand-in server, and the stand-in's speed following its
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -79,15 +78,17 @@ def test_options_and_services_from_the_environment():
     assert measure.options_from({"MEASURE_PROMPTS": "16", "MEASURE_PROBE": "0"}) == measure.Options(prompts=16, probe=0)
     with pytest.raises(ValueError, match=r"MEASURE_CONCURRENCY='0': must be a whole number of at least 1"):
         measure.options_from({"MEASURE_CONCURRENCY": "0"})
-    args = measure.Options().bench_args(30001, "/tmp/x.jsonl")
-    assert args[:8] == ["-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", "http://127.0.0.1:30001",
-                        "--dataset-name", "random-ids"]
-    assert "--tokenizer" not in args  # the client loads the served model's own
+    args = measure.Options().bench_args(30001, "/tmp/x.jsonl", "/dev/shm/Qwen3.6-27B")
+    assert args[:8] == ["--backend", "sglang", "--base-url", "http://127.0.0.1:30001",
+                        "--model=/dev/shm/Qwen3.6-27B", "--tokenizer=/dev/shm/Qwen3.6-27B", "--dataset-name", "random-ids"]
 
 
-@pytest.mark.parametrize("raw", ["--help", "-h", "/root/tok\n--seed=2", "/root/\x1b[2Jtok", "/root/tok\u2028x"])
-def test_a_tokenizer_the_client_would_read_as_options_or_another_line_is_refused(raw):
-    with pytest.raises(ValueError, match=r"MEASURE_TOKENIZER=.*must be one line, a path on the service's host or a model name"):
+@pytest.mark.parametrize("raw", ["--help", "-h", "/root/tok\n--seed=2", "/root/\x1b[2Jtok", "/root/tok\u2028x",
+                                 # a name the client would look up, relative paths, what a sandbox's bind would misread
+                                 "Qwen/Qwen3-8B", "./tok", "tok", "/root/../etc/tok", "/root/tok dir", "/root/a:/b",
+                                 "/root/tok%i"])
+def test_a_tokenizer_that_is_not_a_plain_absolute_path_is_refused(raw):
+    with pytest.raises(ValueError, match=r"MEASURE_TOKENIZER=.*must be an absolute path on the service's host"):
         measure.options_from({"MEASURE_TOKENIZER": raw})
 
 
@@ -98,12 +99,15 @@ def test_a_count_that_is_not_ascii_digits_is_refused(key, raw):
         measure.options_from({key: raw})
 
 
-def test_a_tokenizer_is_passed_to_the_client_as_given():
-    options = measure.options_from({"MEASURE_TOKENIZER": " /root/tok dir "})
-    assert options == measure.Options(tokenizer="/root/tok dir")
-    assert options.bench_args(30001, "/tmp/x.jsonl")[-1] == "--tokenizer=/root/tok dir"
+def test_the_client_gets_the_model_and_tokenizer_paths_and_never_trusts_remote_code():
+    """The client is told the model and tokenizer (the staged model's path, or MEASURE_TOKENIZER): it asks the server
+    for neither, and nothing passes it a trust-remote-code flag."""
+    options = measure.options_from({"MEASURE_TOKENIZER": " /root/tok "})
+    assert options == measure.Options(tokenizer="/root/tok")
+    args = options.bench_args(30001, "/tmp/x.jsonl", "/root/models/Qwen3.6-27B")
+    assert [a for a in args if a.startswith(("--model", "--tokenizer"))] == ["--model=/root/models/Qwen3.6-27B", "--tokenizer=/root/tok"]
+    assert not any("trust" in a or "remote" in a for a in args)
     assert measure.options_from({"MEASURE_TOKENIZER": " "}).tokenizer is None
-    assert measure.options_from({"MEASURE_TOKENIZER": "Qwen/Qwen3-8B"}).tokenizer == "Qwen/Qwen3-8B"
     # Runs combined from JSON files written before the option existed keep working.
     raw = {"prompts": 8, "input_len": 16, "output_len": 32, "concurrency": 2, "probe": 2, "timeout_s": 1800}
     assert measure.Options(**raw).tokenizer is None
@@ -181,24 +185,134 @@ def test_the_standins_speed_and_accept_length_follow_its_speculative_flags(stand
     assert found["plain"][0] > found["dflash"][0] > found["ddtree-31"][0]
 
 
+# A stand-in for transformers' remote-code gate, as transformers 5.19 has it (dynamic_module_utils), one module that
+# bound its names at import (as transformers.models.auto.* do), and a stand-in for the client: it writes the one JSON
+# line sglang's would to its --output-file, with what it saw: its environment, argv, and what the gate let through.
+FAKE_TRANSFORMERS = {
+    "transformers/__init__.py": "from . import early\n",
+    "transformers/dynamic_module_utils.py": (
+        "def resolve_trust_remote_code(trust_remote_code, model_name, has_local_code, has_remote_code, error_message=None,\n"
+        "                              upstream_repo=None):\n"
+        "    if has_remote_code and not has_local_code and not trust_remote_code:\n"
+        "        raise ValueError(f'The repository {model_name} contains custom code which must be executed')\n"
+        "    return trust_remote_code\n"
+        "def get_class_from_dynamic_module(class_ref, repo, **kwargs):\n"
+        "    return 'REMOTE CODE IMPORTED'\n"),
+    "transformers/early.py": "from .dynamic_module_utils import get_class_from_dynamic_module, resolve_trust_remote_code\n",
+    "fakeclient.py": (
+        "import json, os, sys\n"
+        "import transformers.early as early\n"
+        "from transformers.dynamic_module_utils import resolve_trust_remote_code as late\n"
+        "def outcome(call):\n"
+        "    try:\n"
+        "        return repr(call())\n"
+        "    except ValueError as exc:\n"
+        "        return 'refused: ' + str(exc)\n"
+        "seen = {'env': dict(os.environ), 'argv': sys.argv[1:], 'uid': os.getuid(),\n"
+        "        'early': outcome(lambda: early.resolve_trust_remote_code(True, '/m', False, True)),\n"
+        "        'late': outcome(lambda: late(True, '/m', False, True)),\n"
+        "        'local': outcome(lambda: late(True, '/m', True, True)),\n"
+        "        'import': outcome(lambda: early.get_class_from_dynamic_module('x.Y', '/m'))}\n"
+        "f = sys.argv[sys.argv.index('--output-file') + 1]\n"
+        "open(f, 'w').write(json.dumps({'output_throughput': 123.0, 'accept_length': 7.0, 'seen': seen,\n"
+        "                               'server_info': {'api_key': 'sk-secret-value-123456'}}) + '\\n')\n"),
+}
+KEY = "measure-test-key-0123456789abcdef"  # a test value
+
+
+def run_on_this_machine(command: str, venv: str, environ: dict, forced: str = "") -> subprocess.CompletedProcess:
+    """The host command without systemd (none here): the words from `env -i` on, as the transient unit runs them;
+    `forced` assignments are put past `env -i`, to show that the client's own environment holds without it."""
+    words = command.split(" -- /usr/bin/env -i ", 1)
+    assert words[0].split("\n")[-1].startswith("systemd-run --wait --pipe --collect --quiet ")
+    local = words[0].rsplit("\n", 1)[0] + f"\n/usr/bin/env -i {forced} " + words[1]
+    local = local.replace(f"{venv}/bin/python", sys.executable)
+    return subprocess.run(["sh", "-c", local], capture_output=True, text=True, timeout=120, env=environ)
+
+
 def test_the_host_script_runs_the_client_then_probes_accept_length(standin, tmp_path):
     port = standin(*SPEEDS["ddtree-31"])
-    # A stand-in for the client: writes the one JSON line sglang's would, to the --output-file it is given.
-    client = ("import json,sys; f=sys.argv[sys.argv.index('--output-file')+1]; "
-              "open(f,'w').write(json.dumps({'output_throughput': 123.0, 'accept_length': 7.0, "
-              "'server_info': {'api_key': 'sk-secret-value-123456'}})+'\\n')")
-    spec = {"service": "ddtree", "port": port, "key_file": None, "probe": 3, "input_len": 8, "output_len": 40,
-            "timeout_s": 60, "bench_args": ["-c", client, "--output-file", "@OUT@"]}
-    script = base64.b64encode(measure.HOST_SCRIPT.encode()).decode()
-    out = subprocess.run([sys.executable, "-c", "import base64,sys; exec(base64.b64decode(sys.argv.pop(1)))", script,
-                          json.dumps(spec)], capture_output=True, text=True, timeout=120)
+    fake = tmp_path / "fake"
+    for rel, text in FAKE_TRANSFORMERS.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(text)
+    key_file = tmp_path / "ddtree.yml"
+    key_file.write_text(f'api-key: "{KEY}"\n')
+    options = measure.Options(prompts=2, input_len=8, output_len=40, probe=3, timeout_s=60)
+    spec = {"service": "ddtree", "port": port, "key_file": str(key_file), "probe": 3, "input_len": 8, "output_len": 40,
+            "timeout_s": 60, "client_module": "fakeclient", "client_env": measure.CLIENT_FIXED_ENV,
+            # -I keeps PYTHONPATH out: the fake transformers and client are put on sys.path by the test, then the shim.
+            "client_shim": f"import sys; sys.path.insert(0, {str(fake)!r})\n" + measure.CLIENT_SHIM,
+            "bench_args": options.bench_args(port, "@OUT@", "/dev/shm/Qwen3.6-27B")}
+    command = measure.host_command("/root/venv_sglang", spec, ["User=sglang", "Group=sglang", "PrivateTmp=yes"])
+    # What a service's env data or root's session could hold: none of it reaches the client.
+    environ = {**os.environ, "OPENSSL_CONF": "/var/lib/sglang/openssl.cnf", "GCONV_PATH": "/var/lib/sglang", "LANG": "C",
+               "PYTHONPATH": str(tmp_path / "nowhere"), "HF_HOME": "/var/lib/sglang/hf"}
+    # And past `env -i` (the transient run's environment): the client's is built whole, so none reaches it either.
+    out = run_on_this_machine(command, "/root/venv_sglang", environ, forced="OPENSSL_CONF=/var/lib/sglang/openssl.cnf LOCPATH=/x")
     result = measure.parse_output(out.stdout)
 
+    assert result is not None, out.stdout + out.stderr
     assert result["bench"]["output_throughput"] == 123.0
     assert result["bench"]["server_info"]["api_key"] == "<set>"
+    seen = result["bench"]["seen"]
+    # The client's environment is the allow list, the key read from the key file by the run itself.
+    assert set(seen["env"]) == set(measure.CLIENT_ENV), seen["env"]
+    assert seen["env"]["OPENAI_API_KEY"] == "<redacted>" and KEY not in out.stdout
+    assert seen["env"]["HF_HUB_OFFLINE"] == "1" and seen["env"]["HOME"].startswith("/tmp/sglang-measure-")
+    # The model and tokenizer are named; remote code is refused, wherever the gate was bound, and never imported.
+    assert "--model=/dev/shm/Qwen3.6-27B" in seen["argv"] and "--tokenizer=/dev/shm/Qwen3.6-27B" in seen["argv"]
+    assert seen["early"].startswith("refused: ") and seen["late"].startswith("refused: ") and seen["local"] == "False"
+    assert seen["import"].startswith("refused: ") and "trust_remote_code is off" in seen["import"]
+    assert result["ran_as"]["uid"] == os.getuid()
     probe = result["probe"]
     assert [r["completion_tokens"] for r in probe["requests"]] == [40, 40, 40]
     assert probe["verify_ct"] == 3 * 13 and probe["accept_length"] == pytest.approx(120 / 39)
+
+
+def test_the_client_runs_as_the_service_user_in_the_services_sandbox():
+    """The host command's one engine-side step is a transient unit with the unit's own sandbox, as its user; a
+    tokenizer under a hidden home directory is bound in read-only; the run's environment is only PATH."""
+    import shlex
+
+    from operations import units
+    from tests.unit.test_units import lab_config, render
+
+    config = lab_config()
+    service = config.services[0]
+    sandbox = measure.client_sandbox(units.service_sandbox(config, service), "/root/tok")
+    assert sandbox[:-1] == units.sandbox_properties(render(config)) and sandbox[-1] == "BindReadOnlyPaths=-/root/tok"
+    assert measure.client_sandbox(["User=sglang"], "/srv/tok") == ["User=sglang"]
+    spec = {"service": "ddtree", "port": 30000, "key_file": None}
+    command = measure.host_command(service.environment.path, spec, sandbox)
+    lines = command.splitlines()
+    assert lines[0] == "cd / || exit 1"
+    words = shlex.split(lines[1].split("<<")[0])
+    assert words[:5] == ["systemd-run", "--wait", "--pipe", "--collect", "--quiet"]
+    properties = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
+    # The client's timeout (default 1800 s) and a margin: systemd stops a run whose caller went away.
+    assert properties == [*sandbox, "RuntimeMaxSec=1920"] and "User=sglang" in properties and "Group=sglang" in properties
+    rest = words[words.index("--") + 1:]
+    assert rest == ["/usr/bin/env", "-i", f"PATH={measure.transient.SYSTEM_PATH}", f"{service.environment.path}/bin/python",
+                    "-I", "-", json.dumps(spec)]
+
+
+def test_checks_of_roots_run_before_and_after_the_client_and_a_failed_one_fails_the_line(tmp_path):
+    """Where a check of the port's listener goes: before the client and after it, outside the sandbox."""
+    spec = {"service": "x", "port": 1, "key_file": None}
+
+    def line(before, after, client_rc=0):
+        command = measure.host_command("/v", spec, ["User=nobody"], before, after)
+        # No systemd here: the transient run is replaced by a shell that says it ran and exits with client_rc.
+        head, tail = command.split("systemd-run ", 1)
+        tail = tail.split("\nPYEOF\n", 1)[1]
+        return subprocess.run(["sh", "-c", f"{head}(echo client; exit {client_rc})\n{tail}"], capture_output=True, text=True)
+
+    ran = line(("echo before",), ("echo after",))
+    assert ran.returncode == 0 and ran.stdout.split() == ["before", "client", "after"]
+    assert line(("false",), ()).returncode == 96 and "client" not in line(("false",), ()).stdout
+    assert line((), ("false",)).returncode == 97
+    assert line((), ("echo after",), client_rc=3).returncode == 3
 
 
 def test_the_command_takes_no_lock_and_restarts_nothing():
@@ -216,8 +330,11 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
 
     assert imports(ROOT / "measure.py") == {"os", "pathlib.Path", "pyinfra.host", "pyinfra.state",
                                             "configuration.settings", "operations.measure"}
-    # Of the deploy's own modules only the redaction of what it prints (it locks, reads and changes nothing).
-    assert {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))} <= {"operations.redact"}
+    # Of the deploy's own modules only the redaction of what it prints, the unit's rendering (the sandbox the client
+    # runs in), the transient run's command line, where a home directory hides a path and the remote scripts (the
+    # read-only check of the port's holder): none locks, reads for a deploy or changes.
+    assert {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))} <= {
+        "operations.redact", "operations.units", "operations.transient", "operations.service_user", "operations.remote"}
 
 
 def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys):

@@ -135,3 +135,34 @@ def test_the_unit_cgroup_is_found_on_this_hosts_layout():
     assert os.getpid() in common._cgroup_pids(own_control_group())
     assert common._cgroup_pids(NOT_HERE) == set()
     assert Path("/proc/self/cgroup").exists()
+
+
+def port_holder(tools, port: int) -> subprocess.CompletedProcess:  # noqa: F811 - the fixture's value
+    """measure.py's check of root's, before and after the benchmark client (operations/remote/port_holder.py)."""
+    return subprocess.run(["sh", "-c", remote.command("port_holder", "sglang-x.service", str(port))], capture_output=True,
+                          text=True, timeout=60, env={"PATH": f"{tools[0]}:/usr/bin:/bin"})
+
+
+@as_root
+def test_the_benchmark_client_does_not_run_against_another_holder_of_the_port(tools, impostor, server):  # noqa: F811
+    """The client makes its own connections (with the key): root checks the port's listeners before it and after it.
+    Seen failing without the check: the client ran against the impostor."""
+    from operations import measure
+
+    port, proc = impostor
+    tools[1].write_text(f"Id=sglang-x.service\nControlGroup={NOT_HERE}\n")
+    refused = port_holder(tools, port)
+    assert refused.returncode == 1, refused
+    assert refused.stdout.startswith(f"sglang-x.service cannot be measured: port {port} is held by uid 65534 (nobody)")
+    # In root's line as measure.served builds it: the client never starts.
+    holder = remote.command("port_holder", "sglang-x.service", str(port))
+    command = measure.host_command("/v", {"service": "x", "port": port, "key_file": None}, ["User=nobody"], (holder,), (holder,))
+    head, tail = command.split("systemd-run ", 1)
+    tail = tail.split("\nPYEOF\n", 1)[1]
+    ran = subprocess.run(["sh", "-c", f"{head}(echo CLIENT RAN)\n{tail}"], capture_output=True, text=True,
+                         env={"PATH": f"{tools[0]}:/usr/bin:/bin"})
+    assert ran.returncode == 96 and "CLIENT RAN" not in ran.stdout, ran
+    srv = server()
+    tools[1].write_text(f"Id=sglang-x.service\nControlGroup={own_control_group()}\n")
+    assert port_holder(tools, srv.port).returncode == 0
+    assert heard(proc) == ""
