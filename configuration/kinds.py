@@ -13,9 +13,12 @@ first one into a `DataError` naming the file, the key path, the value and the fi
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import socket
 import unicodedata
+from collections import deque
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -203,6 +206,46 @@ STACK_NAME = r"[a-z0-9][a-z0-9._-]{0,127}"
 USER_FIX = ("must be a user name (lowercase letters, digits, '_', '-'; up to 32 characters, not starting with a digit or '-'), "
             "e.g. `sglang`, or `root`")
 UserName = Annotated[Text, matching(r"[a-z_][a-z0-9_-]{0,31}", USER_FIX), with_fix(USER_FIX)]
+# Accounts and groups that hold a privilege on most hosts, or that many daemons share: named as `service_user`, the
+# services would run with it, and the deploy would take an account or group others use for its own (its key files are
+# readable by the service user's group). `root` is not here: it is the documented way to run the engine as root.
+PRIVILEGED_ACCOUNTS = {
+    **dict.fromkeys(("sudo", "wheel", "admin"), "its members run any command as root through sudo"),
+    **dict.fromkeys(("docker", "lxd", "incus-admin", "libvirt", "podman"),
+                    "its members start containers or machines as root, which is root on the host"),
+    "adm": "its members read the system logs",
+    "systemd-journal": "its members read the whole journal, which holds the engine's API keys (sglang logs them at start)",
+    "disk": "its members read and write the raw disks, so every file",
+    "kmem": "its members read kernel memory",
+    "shadow": "its members read the password hashes",
+    "staff": "its members write /usr/local (Debian), which root runs programs from",
+    **dict.fromkeys(("bin", "sys", "daemon", "operator", "tty", "utmp", "man", "mail", "www-data", "sshd", "messagebus"),
+                    "a system account or group that owns system files or runs a daemon of its own"),
+    **dict.fromkeys(("nobody", "nogroup", "nfsnobody"),
+                    "shared by many daemons and by NFS's squashed root: whatever it can read, they all can"),
+}
+# systemd's own accounts (systemd-network, systemd-resolve, ...) are all someone else's.
+PRIVILEGED_ACCOUNT_PREFIXES = {"systemd-": "one of systemd's own accounts or groups"}
+
+
+def privileged_account(name: str) -> str | None:
+    """Why `name` is a privileged or shared account or group on most hosts, or None."""
+    if name in PRIVILEGED_ACCOUNTS:
+        return PRIVILEGED_ACCOUNTS[name]
+    return next((why for prefix, why in PRIVILEGED_ACCOUNT_PREFIXES.items() if name.startswith(prefix)), None)
+
+
+def _not_privileged(name: str) -> str:
+    why = privileged_account(name)
+    if why:
+        raise refuse(f"`{name}` is a privileged or shared account or group on most hosts ({why}): the services would run "
+                     "with it, and the deploy would make an account others use its own; name an account of the services' "
+                     "own, e.g. `sglang` (the deploy creates it, and checks on each host that it is its own), or `root` "
+                     "to run them as root knowingly")
+    return name
+
+
+ServiceUserName = Annotated[UserName, AfterValidator(_not_privileged), with_fix(USER_FIX)]
 MODULE_FIX = "must be a Python module name such as sglang.launch_server"
 ModuleName = Annotated[Text, matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", MODULE_FIX), with_fix(MODULE_FIX)]
 FLAG_FIX = "flag names are lowercase words joined by '-', as on sglang's command line (e.g. `attention-backend`)"
@@ -464,13 +507,117 @@ def _index_url(url: str) -> str:
 IndexUrl = Annotated[Text, AfterValidator(_index_url), with_fix(URL_FIX)]
 
 
-def parse_listen_address(value: str) -> str | None:
-    """The host part of an address an engine flag takes (`tcp://H:P`, `H:P`, `[v6]:P`, `H`), or None."""
-    text = str(value).strip()
-    text = re.sub(r"\A[a-z][a-z0-9+.-]*://", "", text)
-    text = text.split("/", 1)[0]
-    if text.startswith("["):
-        return text[1:text.index("]")] if "]" in text else None
-    if text.count(":") == 1:
-        text = text.split(":", 1)[0]
-    return text or None
+# Addresses named anywhere in a value -------------------------------------------------------------------------------
+#
+# The engine takes addresses in many flags, under many names, and inside JSON values (`--kv-events-config
+# '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'`): an address is found by its shape, wherever it is written,
+# rather than by a list of the flags known to take one.
+
+# URL schemes that name no network address: a local socket, a path, the process itself.
+LOCAL_SCHEMES = frozenset({"ipc", "inproc", "file", "unix"})
+_URL_IN_TEXT = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#\s,;'\"<>(){}|\\]*)")
+_WORD_SEPARATORS = re.compile(r"[\s,;'\"<>(){}|=/@\\]+")
+_HOST_AND_PORT = re.compile(r"(?P<host>\[[^\]]*\]|[^:\[\]]*):(?P<port>[0-9]{1,5})")
+# inet_aton's forms with at least one dot (`10.1`, `0x7f.1`); a bare `0.85` is a number, not an address, unless a
+# port follows it.
+_DOTTED_NUMBER = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){1,3}")
+# A DNS name holds a letter: `12:30` is no host and port.
+_DNS_NAME = re.compile(r"(?=[A-Za-z0-9.-]*[A-Za-z])[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.?")
+# JSON held in a string, held in JSON, ...: deeper than this is read as text only.
+MAX_JSON_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class NamedAddress:
+    """One address a value names: as written (`tcp://*:5557`), and its host (`*`, `10.0.0.1`, `node0`)."""
+
+    written: str
+    host: str
+    userinfo: bool = False  # a URL with `user[:password]@` before its host
+
+    @property
+    def beyond_loopback(self) -> bool:
+        # canonical_address reads every spelling of loopback (`127.1`, `::ffff:127.0.0.1`, `localhost`) as one;
+        # `*`, an empty host before a port and a DNS name other than localhost are beyond it.
+        return canonical_address(self.host)[0] != "loopback"
+
+
+def strings_in(value: Any) -> list[str]:
+    """Every string of a value, in the order written: itself, the keys and items of a map or list; a string that
+    holds a JSON document, its strings instead (to MAX_JSON_DEPTH), read as the engine's JSON parser reads them
+    (`tcp:\\/\\/\\u002a:5557` is `tcp://*:5557`)."""
+    found: list[str] = []
+    pending: deque[tuple[Any, int]] = deque([(value, 0)])
+    while pending:
+        item, depth = pending.popleft()
+        if isinstance(item, str):
+            document = _json_in(item) if depth < MAX_JSON_DEPTH else None
+            if document is None:
+                found.append(item)
+            else:
+                pending.append((document[0], depth + 1))
+        elif isinstance(item, dict):
+            pending += [(part, depth) for pair in item.items() for part in pair]
+        elif isinstance(item, list):
+            pending += [(part, depth) for part in item]
+    return found
+
+
+def _json_in(text: str) -> tuple[Any] | None:
+    """(the document) a string holds as JSON (a map, a list or a quoted string), or None: then it is read as text."""
+    if text.lstrip()[:1] not in ("{", "[", '"'):
+        return None
+    try:
+        return (json.loads(text),)
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python parses
+        return None
+
+
+def addresses_in(value: Any) -> list[NamedAddress]:
+    """Every network address a value names, in any of its strings: URLs (`tcp://H:P`, `http://user@H/`, but not
+    `ipc://`, `file://`), `H:P` and `[v6]:P`, zmq's `*` and `*:P`, and bare IP addresses (`0.0.0.0`, `::`)."""
+    return [address for text in strings_in(value) for address in _addresses_in_text(text)]
+
+
+def _addresses_in_text(text: str) -> list[NamedAddress]:
+    found = []
+    for url in _URL_IN_TEXT.finditer(text):
+        if url["scheme"].lower() in LOCAL_SCHEMES:
+            continue
+        userinfo = "@" in url["authority"]
+        host = _url_host(url["authority"].rpartition("@")[2])
+        if host is not None or userinfo:
+            found.append(NamedAddress(url[0], host or "", userinfo))
+    for word in _WORD_SEPARATORS.split(_URL_IN_TEXT.sub(" ", text)):
+        host = _word_host(word)
+        if host is not None:
+            found.append(NamedAddress(word, host))
+    return found
+
+
+def _url_host(host_port: str) -> str | None:
+    """The host of a URL's `host[:port]`: a name, an address, `*`; an empty host before a port binds every
+    interface (`tcp://:5557`, as Python's `bind(("", port))`); None where the URL names no host (`http:///x`)."""
+    if host_port == "":
+        return None
+    split = _HOST_AND_PORT.fullmatch(host_port)
+    host = split["host"] if split else host_port
+    host = host.strip("[]")
+    return host if host else ("*" if split else None)
+
+
+def _word_host(word: str) -> str | None:
+    """The host a word outside a URL names: `*`, `*:P`, `H:P`, `[v6]:P`, a bare IP address; None for any other
+    word (a bare name or number could be anything: `triton`, `0.85`)."""
+    if word == "*":
+        return "*"
+    split = _HOST_AND_PORT.fullmatch(word)
+    if split:
+        host = split["host"]
+        if host == "*" or (host.startswith("[") and _ip(host.strip("[]").split("%")[0]) is not None):
+            return host.strip("[]")
+        if _ip(host.split("%")[0]) is not None or _DOTTED_NUMBER.fullmatch(host.lower()) or _DNS_NAME.fullmatch(host):
+            return host
+        return None
+    bare = word[1:-1] if word.startswith("[") and word.endswith("]") else word
+    return bare if _ip(bare.split("%")[0]) is not None else None

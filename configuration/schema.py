@@ -30,10 +30,10 @@ from configuration.kinds import (
     Port,
     SecretName,
     ServiceName,
+    ServiceUserName,
     ShmDir,
     Text,
     TrustedHostPath,
-    UserName,
     choice,
     refuse,
     seconds,
@@ -154,9 +154,11 @@ class GroupData(BaseModel):
         {}, "Map model name -> where to stream it from when a host's store lacks it: an inventory host (e.g. the one a "
         "service moves away from) or a directory on the control machine.", "migrating to a host without the models",
         "map model name -> host or path")
-    service_user: UserName = var(
+    service_user: ServiceUserName = var(
         "sglang", "Unix user the services run as: a system user the deploy creates (no login shell, home `/var/lib/sglang`), "
-        "in a systemd sandbox (see \"Service user and sandbox\"); `root` runs them as root, in the same sandbox.",
+        "in a systemd sandbox (see \"Service user and sandbox\"); `root` runs them as root, in the same sandbox. Not a "
+        "privileged or shared account or group (`sudo`, `docker`, `adm`, `systemd-journal`, `nobody`, ...); where the "
+        "account exists, it must be the deploy's own (its own group alone, no other group, no login shell, not uid 0).",
         "`root` (per host, in the inventory) where the engine must run as root", "user name")
     secrets_file: ControlFile = var(
         ".secrets/secrets.yml", "Git-ignored YAML map secret name -> value on the control machine "

@@ -20,6 +20,14 @@ What the account must reach, and how:
   which systemd creates and hands to the user (`runtime_environment`).
 - the `--config` file with API keys: root-owned, group the service user's, 0640 in a 0710
   directory (operations/secrets.py); 0600 root-only when the user is root.
+
+The account must be the deploy's own (`dedicated_account`, before any account or group changes): an account of that
+name that exists is not uid or gid 0, its primary group is its own group with no other member, it is in no other
+group, it has no login shell and its home is the deploy's; a group of that name that exists before the account has no
+member. Otherwise the deploy would run the engine with another account's privileges, or make an account others use
+its own (its key files are readable by the account's group): the host stops, naming what it found and the fix.
+The control machine refuses well-known privileged names before any host is touched (configuration/kinds.py,
+`PRIVILEGED_ACCOUNTS`).
 """
 
 from __future__ import annotations
@@ -174,6 +182,101 @@ class Account(FactBase):
         return {"user": name, "uid": int(uid), "home": home, "shell": shell, "group": group}
 
 
+# Shells that log nobody in (useradd's nologin, and false, which older system accounts have).
+NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/usr/bin/nologin", "/bin/false", "/usr/bin/false")
+
+
+@host_reads.batched()
+class AccountStanding(FactBase):
+    """What could make an account someone else's: its passwd entry, its primary group's entry (before the account
+    exists: the group of its name, which useradd would use), the other accounts whose primary group that is, and the
+    groups that list the account as a member (also before it exists: it would be in them at once). From NSS
+    (`getent`), as logins and systemd see them."""
+
+    def command(self, user: str) -> str:
+        quoted = shlex.quote(user)
+        return (
+            f"u={quoted}; p=$(getent passwd \"$u\"); echo \"$p\"; echo @@; "
+            "if [ -n \"$p\" ]; then g=$(printf '%s\\n' \"$p\" | cut -d: -f4); else g=\"$u\"; fi; "
+            "e=$(getent group \"$g\"); echo \"$e\"; echo @@; gid=$(printf '%s\\n' \"$e\" | cut -d: -f3); "
+            "[ -z \"$gid\" ] || getent passwd | awk -F: -v g=\"$gid\" -v u=\"$u\" '$4 == g && $1 != u {print $1}'; echo @@; "
+            "getent group | awk -F: -v u=\"$u\" '{n = split($4, m, \",\"); for (i = 1; i <= n; i++) if (m[i] == u) print $1}'; true"
+        )
+
+    def process(self, output):
+        sections: list[list[str]] = [[]]
+        for line in output:
+            if line.strip() == "@@":
+                sections.append([])
+            elif line.strip():
+                sections[-1].append(line.strip())
+        passwd, group, sharing, listed_in = (sections + [[], [], [], []])[:4]
+        account = None
+        fields = passwd[0].split(":", 6) if passwd else []
+        if len(fields) == 7 and fields[2].isdigit() and fields[3].isdigit():
+            account = {"user": fields[0], "uid": int(fields[2]), "gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+        primary = None
+        fields = group[0].split(":", 3) if group else []
+        if len(fields) == 4 and fields[2].isdigit():
+            primary = {"name": fields[0], "gid": int(fields[2]), "members": [m for m in fields[3].split(",") if m]}
+        return {"account": account, "group": primary, "sharing": sharing, "listed_in": listed_in}
+
+
+def not_dedicated(user: str, standing: dict) -> list[tuple[str, str]]:
+    """(what was found, how to undo it) for each thing that makes `user` someone else's account rather than the
+    services' own, as `AccountStanding` read it; [] when it is theirs (or does not exist, and nothing waits for it)."""
+    account, group = standing["account"], standing["group"]
+    group_name = group["name"] if group else None
+    found: list[tuple[str, str]] = []
+    if account is not None:
+        if account["uid"] == 0:
+            found.append(("uid 0 (root's)", "name another account: one with uid 0 is root"))
+        if account["gid"] == 0:
+            found.append(("primary group gid 0 (root's)", f"usermod -g {user} {user}"))
+        elif group_name != user:
+            found.append((f"primary group {group_name or account['gid']}, not its own group {user}",
+                          f"usermod -g {user} {user} (after groupadd --system {user} where that group does not exist)"))
+        if account["shell"] not in NO_LOGIN_SHELLS:
+            found.append((f"login shell {account['shell'] or '(empty: /bin/sh)'}", f"usermod -s {NOLOGIN} {user}"))
+        if account["home"] != STATE_DIR:
+            found.append((f"home {account['home']}, not {STATE_DIR} (the deploy's accounts have that home; another's is "
+                          "another daemon's or a person's)", f"usermod -d {STATE_DIR} {user}"))
+    elif group is not None and group["gid"] == 0:
+        found.append((f"group {group_name} has gid 0 (root's)", "name another account"))
+    if group is not None and group_name == user:
+        members = [m for m in group["members"] if m != user]
+        if members:
+            found.append((f"its group {user} has other members: {', '.join(members)}",
+                          "; ".join(f"gpasswd -d {m} {user}" for m in members)))
+        if standing["sharing"]:
+            found.append((f"its group {user} is the primary group of {', '.join(standing['sharing'])} too",
+                          "; ".join(f"usermod -g OTHER_GROUP {m}" for m in standing["sharing"])))
+    # Listed in its own group is no other group.
+    others = [g for g in standing["listed_in"] if g != group_name]
+    if others:
+        found.append((f"member of {', '.join(others)}", "; ".join(f"gpasswd -d {user} {g}" for g in others)))
+    return found
+
+
+@operation()
+def dedicated_account(user: str):
+    """
+    Fail the host, before any account or group changes, if ``user`` (or, before it exists, the group of its name) is
+    someone else's: the deploy makes the account its own (usermod) and runs the engine with its privileges.
+
+    + user: the service user (not root)
+    """
+    found = not_dedicated(user, host_reads.get(host, AccountStanding, user=user))
+    if found:
+        raise OperationError(
+            f"service_user {user} is not the services' own account on this host: {'; '.join(f for f, _ in found)}. "
+            f"Set `service_user` to a name no account or group of this host has (the deploy creates it, e.g. sglang), "
+            f"or, if {user} is the services' own account, undo this by hand: {'; '.join(fix for _, fix in found)}"
+        )
+    host.noop(f"account {user} is the services' own, or does not exist yet")
+    yield from ()
+
+
 @operation()
 def group_present(group: str):
     """
@@ -220,5 +323,6 @@ def ensure_account(user: str) -> None:
     devices_reachable(name=f"GPU devices reachable by {user}", user=user)
     if user == "root":
         return
+    dedicated_account(name=f"{user} is the services' own account", user=user)
     group_present(name=f"System group {user}", group=group_of(user))
     account(name=f"System user {user} (no login shell) runs the services", user=user, group=group_of(user), home=STATE_DIR, shell=NOLOGIN)

@@ -34,7 +34,9 @@ STACK = "lab-standin"
 
 # Printable text with what a unit file, a shell or systemd's specifiers would read specially.
 AWKWARD = st.text(st.sampled_from(list("abcXYZ019 _-./:=,+@\"'\\$%;#&|<>(){}[]*?!~`^éß中")), min_size=1, max_size=12)
-WORD = AWKWARD.map(str.strip).filter(lambda w: w != "" and not w.startswith("-"))
+# A word naming an address beyond loopback is accepted only with an API key, one holding `user@` not at all.
+WORD = AWKWARD.map(str.strip).filter(lambda w: w != "" and not w.startswith("-")).filter(
+    lambda w: not any(a.beyond_loopback or a.userinfo for a in kinds.addresses_in(w)))
 FLAG = st.from_regex(r"zz-[a-z0-9]{1,8}(-[a-z0-9]{1,6}){0,2}", fullmatch=True)  # no engine option starts with --zz
 FLAG_VALUE = st.one_of(st.just(True), WORD, st.integers(-10**6, 10**6), st.floats(-1e6, 1e6, allow_nan=False),
                        st.lists(st.one_of(WORD, st.integers(0, 999)), min_size=1, max_size=3))
@@ -46,7 +48,8 @@ SERVICE_NAME = st.from_regex(kinds.NAME, fullmatch=True).filter(lambda n: n not 
 MODEL = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
 HOST = st.from_regex(r"[a-z0-9][a-z0-9.-]{0,20}", fullmatch=True)
 MODULE = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}(\.[A-Za-z_][A-Za-z0-9_]{0,8}){0,2}", fullmatch=True)
-USER = st.one_of(st.just("root"), st.from_regex(r"[a-z_][a-z0-9_-]{0,15}", fullmatch=True))
+USER = st.one_of(st.just("root"), st.from_regex(r"[a-z_][a-z0-9_-]{0,15}", fullmatch=True).filter(
+    lambda u: kinds.privileged_account(u) is None))
 
 
 def path_under(root: str):
