@@ -1,4 +1,4 @@
-"""pyinfra's connector keys in the data: one rule over every key pyinfra's connectors read (settings.CONNECTOR_KEYS).
+"""pyinfra's connector keys in the data: one rule over every key pyinfra's connectors read (connection.CONNECTOR_KEYS).
 
 Each key is classified (fine, weakens authentication, carries a credential); a key the installed pyinfra reads
 that the rule has not classified fails the first test here (and is refused in the data, its value unseen); a
@@ -13,7 +13,7 @@ import os
 import paramiko
 import pytest
 
-from configuration import settings
+from configuration import connection, settings
 from configuration.errors import DataError
 from tests.unit.hosts import make_host
 
@@ -38,37 +38,37 @@ def refused(host_data: dict, override: dict | None = None) -> DataError:
 
 def test_every_key_pyinfras_connectors_read_is_classified():
     """A key a later pyinfra adds (to any connector's data_meta) fails here until it is judged in CONNECTOR_KEYS."""
-    unclassified = sorted(set(settings._connector_data_keys()) - set(settings.CONNECTOR_KEYS))
+    unclassified = sorted(set(connection.connector_data_keys()) - set(connection.CONNECTOR_KEYS))
     assert unclassified == [], f"pyinfra's connectors read keys the rule has not classified: {unclassified}"
 
 
 def test_every_argument_of_paramikos_connect_is_classified():
     """`ssh_paramiko_connect_kwargs` reaches SSHClient.connect: each of its arguments has a rule of its own."""
     arguments = set(inspect.signature(paramiko.SSHClient.connect).parameters) - {"self"}
-    assert sorted(arguments - set(settings.PARAMIKO_CONNECT_ARGUMENTS)) == []
+    assert sorted(arguments - set(connection.PARAMIKO_CONNECT_ARGUMENTS)) == []
 
 
 @pytest.mark.parametrize("table", ["CONNECTOR_KEYS", "PARAMIKO_CONNECT_ARGUMENTS"])
 def test_every_rule_is_one_of_the_classes_and_a_judged_one_says_how(table):
-    for key, rule in getattr(settings, table).items():
-        assert rule.kind in (settings.FINE, settings.WEAKENS, settings.CREDENTIAL, settings.OVERRIDES), key
-        assert (rule.judge is not None) == (rule.kind == settings.WEAKENS), key
-        assert rule.kind == settings.FINE or rule.fix, f"{key}: a refusal needs its fix"
-        assert rule.kind not in (settings.CREDENTIAL, settings.OVERRIDES) or rule.why, key
+    for key, rule in getattr(connection, table).items():
+        assert rule.kind in (connection.FINE, connection.WEAKENS, connection.CREDENTIAL, connection.OVERRIDES), key
+        assert (rule.judge is not None) == (rule.kind == connection.WEAKENS), key
+        assert rule.kind == connection.FINE or rule.fix, f"{key}: a refusal needs its fix"
+        assert rule.kind not in (connection.CREDENTIAL, connection.OVERRIDES) or rule.why, key
 
 
 @pytest.mark.parametrize("table", ["CONNECTOR_KEYS", "PARAMIKO_CONNECT_ARGUMENTS"])
 def test_a_key_whose_name_says_credential_is_classified_as_one(table):
-    for key, rule in getattr(settings, table).items():
+    for key, rule in getattr(connection, table).items():
         if settings.CREDENTIAL_FLAG_WORDS.search(key.removeprefix("ssh_")) or key in ("pkey", "passphrase"):
-            assert rule.kind == settings.CREDENTIAL, key
+            assert rule.kind == connection.CREDENTIAL, key
 
 
 def test_a_connector_key_the_rule_does_not_know_is_refused_with_its_value_hidden(monkeypatch):
     """What the runtime does with a key the test above would catch: refused, as it might carry a credential."""
-    keys = {**settings._connector_data_keys(), "ssh_new_secret_thing": "ssh"}
-    monkeypatch.setattr(settings, "_connector_data_keys", lambda: keys)
-    monkeypatch.setattr(settings, "_pyinfra_keys", lambda: frozenset(keys))
+    keys = {**connection.connector_data_keys(), "ssh_new_secret_thing": "ssh"}
+    monkeypatch.setattr(connection, "connector_data_keys", lambda: keys)
+    monkeypatch.setattr(connection, "pyinfra_keys", lambda: frozenset(keys))
     error = refused({"ssh_new_secret_thing": SECRET})
     assert (error.source, error.key_path, error.value) == (HOST, "ssh_new_secret_thing", "<hidden>")
     assert "ssh connector that this deploy has not judged" in error.fix and "CONNECTOR_KEYS" in error.fix

@@ -10,7 +10,7 @@ tests, which may stub anything):
   nor read as an attribute (`proxy._get_module()`, `meta._hash`), with one exception pyinfra documents for
   nesting operations, `<operation>._inner` (docs.pyinfra.com/en/3.x/api/operations.html);
 - pyinfra modules beyond its operation, fact, command and callback API are imported only by
-  `operations/pyinfra_adapter.py` (and configuration/settings.py's reading of pyinfra's own global argument and
+  `operations/pyinfra_adapter.py` (and configuration/connection.py's reading of pyinfra's own global argument and
   connector key lists, which validation compares the operators' data with).
 """
 
@@ -34,7 +34,7 @@ PUBLIC_MODULES = ("pyinfra", "pyinfra.api", "pyinfra.api.exceptions", "pyinfra.a
                   "pyinfra.api.command", "pyinfra.operations.util")
 PUBLIC_PACKAGES = ("pyinfra.facts", "pyinfra.operations")
 # Validation compares the operators' data with pyinfra's own lists of global arguments and connector keys.
-ALSO_ALLOWED = {("configuration/settings.py", "pyinfra.api.arguments"), ("configuration/settings.py", "pyinfra.api.connectors")}
+ALSO_ALLOWED = {("configuration/connection.py", "pyinfra.api.arguments"), ("configuration/connection.py", "pyinfra.api.connectors")}
 DOCUMENTED_UNDERSCORE = {"_inner"}
 
 
