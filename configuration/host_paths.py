@@ -26,8 +26,11 @@ STATE_DIR = "/var/lib/sglang-deploy"
 SERVICE_STATE_DIR = "/var/lib/sglang"
 SERVICE_CACHE_DIR = "/var/cache/sglang"
 
+# Root's runtime directory (0700; /run empties at a reboot): the staging lock (remote/stage_model.py keeps a copy).
+RUN_DIR = "/run/sglang-deploy"
+
 # What no configured directory may be, contain or lie inside (configuration/kinds.py).
-OWN_PATHS = (CONFIG_DIR, SCRIPT_DIR, LOCK_PATH, UNIT_DIR, STATE_DIR)
+OWN_PATHS = (CONFIG_DIR, SCRIPT_DIR, LOCK_PATH, UNIT_DIR, STATE_DIR, RUN_DIR)
 
 
 def unit_path(unit_name: str) -> str:

@@ -33,7 +33,7 @@ from pyinfra.api import FactBase
 from configuration import host_paths
 from configuration.host_paths import BOOT_LIST, BOOT_SCRIPT
 from configuration.settings import HostConfig
-from operations import directory, host_reads, remote, units
+from operations import host_reads, remote, units
 from operations.file_write import replace_file
 from operations.host_reads import operation
 
@@ -152,7 +152,9 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
         directory another user (or the engine) made there, a copy of our marker and all, is not staged,
         whatever it holds. The stage script renames it aside (``.<name>.untrusted-<time>``, never
         deleted) and stages afresh; a planted ``.<name>.partial`` is never resumed. A source that is not
-        root's throughout is refused.
+        root's throughout is refused. What the script makes (the shm dir when missing, the partial copy and
+        everything in it) it makes exclusively and checks on the handle; a directory is judged before it is
+        read, and read without following a link, at most 32 levels deep.
 
     **Example:**
 
@@ -358,11 +360,11 @@ def stage_for_host(config: HostConfig) -> dict:
 
     Unused copies go first (they free space for new ones); the boot unit comes last. A host
     with no `shm` models gets only checks, which find nothing on a host we never staged to.
+    The shm dir is made by the stage script itself (remote/_common.make_dirs: exclusively, then checked on its
+    handle), never by a `mkdir -p` after a check: in a world-writable /dev/shm another user could make it first.
     """
     models = config.staged_models
     keep = [m.name for m in models]
-    if models:
-        directory.present(name=f"Shm dir {config.shm_dir} exists", path=config.shm_dir)
     unused_removed(name=f"Unused staged models removed from {config.shm_dir}", shm_dir=config.shm_dir, keep=keep)
     ops = {}
     for i, model in enumerate(models):

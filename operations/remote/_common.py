@@ -50,26 +50,65 @@ def beside_model(rel, name, marker_name=None):
     return name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME) or (marker_name is not None and rel == marker_name)
 
 
-def walk_files(root, skip=lambda rel, name: False, dirs_seen=None):
-    """{relpath: os.lstat()} of every file under root, directories in sorted order; None if root is no directory.
+# Reads of a tree another user may have made (a staged copy in /dev/shm) are bounded: deeper or larger than this,
+# the walk stops with a judgement (Unwalkable) instead of a crash or an endless read.
+WALK_MAX_DEPTH = 32
+WALK_MAX_ENTRIES = 200_000
+_DIR_FLAGS = _os.O_RDONLY | _os.O_DIRECTORY | _os.O_NOFOLLOW
 
-    With `dirs_seen` (a dict), also {relpath: os.lstat()} of every directory below root, and of every link to
-    one (not walked into), for `tree_untrusted`: one lstat per directory, none more per file.
+
+class Unwalkable(Exception):
+    """A tree walk_files did not read: deeper than WALK_MAX_DEPTH, more than WALK_MAX_ENTRIES entries, or changed
+    under the walk. Its text is the judgement (the path, and which bound)."""
+
+
+def walk_files(root, skip=lambda rel, name: False, dirs_seen=None, follow_root=False):
+    """{relpath: os.lstat()} of every entry under root that is not a directory, directories in sorted order; None if
+    root is no directory. Nothing is followed: root is lstat'ed (a link to a directory is none, unless
+    `follow_root`: a store's model directory), every directory is opened O_NOFOLLOW relative to its parent's
+    handle, and a link in the tree is listed as what it is (a link), never walked into.
+
+    With `dirs_seen` (a dict), also {relpath: os.lstat()} of every directory below root, for `tree_untrusted`: one
+    lstat per directory, none more per file. Raises Unwalkable past WALK_MAX_DEPTH levels or WALK_MAX_ENTRIES
+    entries.
     """
-    if not _os.path.isdir(root):
-        return None
-    out = {}
-    for base, dirs, names in _os.walk(root):
-        dirs.sort()
-        if dirs_seen is not None:
-            for name in dirs:
-                path = _os.path.join(base, name)
-                dirs_seen[_os.path.relpath(path, root)] = _os.lstat(path)
-        for name in sorted(names):
-            path = _os.path.join(base, name)
-            rel = _os.path.relpath(path, root)
-            if not skip(rel, name):
-                out[rel] = _os.lstat(path)
+    try:
+        fd = _os.open(root, _DIR_FLAGS & ~_os.O_NOFOLLOW if follow_root else _DIR_FLAGS)
+    except OSError:
+        return None  # absent, a link, or not a directory
+    out, seen = {}, [0]
+
+    def scan(fd, rel_dir, depth):
+        with _os.scandir(fd) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+        seen[0] += len(entries)
+        if seen[0] > WALK_MAX_ENTRIES:
+            raise Unwalkable(f"{root}: more than {WALK_MAX_ENTRIES} entries: not read")
+        below = []
+        for entry in entries:
+            rel = _os.path.join(rel_dir, entry.name) if rel_dir else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if dirs_seen is not None:
+                    dirs_seen[rel] = entry.stat(follow_symlinks=False)
+                below.append((entry.name, rel))
+            elif not skip(rel, entry.name):
+                out[rel] = entry.stat(follow_symlinks=False)
+        for name, rel in below:
+            if depth >= WALK_MAX_DEPTH:
+                raise Unwalkable(f"{root}: deeper than {WALK_MAX_DEPTH} levels ({_os.path.join(root, rel)}): not read")
+            try:
+                child = _os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise Unwalkable(f"{_os.path.join(root, rel)}: changed while it was read ({exc.strerror}): not read") from None
+            try:
+                scan(child, rel, depth + 1)
+            finally:
+                _os.close(child)
+
+    try:
+        scan(fd, "", 0)
+    finally:
+        _os.close(fd)
     return out
 
 
@@ -113,7 +152,13 @@ def systemctl_show(units, properties):
 # Trust (README "Threat model"): root reads, runs, serves or deletes only what root owns, what is no
 # symlink, and what nobody else can write or swap: the entry itself and every directory above it. Anything
 # else may have been put there by another local user or by the service user (the engine writes /dev/shm).
+# What root makes itself it makes through make_dirs / make_dir / new_file: created exclusively (never
+# exist_ok), then checked on the handle it got, so a name another user took first is refused, never used.
 TRUSTED_UIDS = frozenset({0, _os.geteuid()})  # root; and whoever runs this (root on a host)
+
+
+class UntrustedPath(PermissionError):
+    """What make_dirs, make_dir and private_dir refuse; its text names the path, its owner and mode."""
 
 
 def _owner(uid):
@@ -152,11 +197,30 @@ def _parent_untrusted(path, st):
     return None
 
 
+def _absent_untrusted(path):
+    """Why an absent `path` may not be counted on to be root's once it exists, or None. Under a directory only
+    root can write, only root can make it. Under one others can write (a sticky /dev/shm, /tmp, /run/lock),
+    whoever makes it first owns it and what root would put in it: root makes such a name only through make_dirs
+    (or make_dir, new_file), which refuse one root did not make."""
+    path = _os.path.abspath(path)
+    parent = _os.path.dirname(path)
+    try:
+        st = _os.stat(parent)  # the directories above were judged already (a link of root's is followed)
+    except OSError:
+        return None
+    if st.st_mode & 0o022:
+        return (f"{path}: absent, in {parent} (owner {_owner(st.st_uid)}, mode {_stat.S_IMODE(st.st_mode):04o}), which others "
+                f"can write: whoever makes it first owns it, so it is trusted only as root makes it (make_dirs: exclusively, "
+                f"then checked)")
+    return None
+
+
 def parents_untrusted(path):
     """Why the directories above `path` may let someone else swap it, or None.
 
     Each directory from / down is lstat'ed; a symlink on the way must be root's, and the directories of
-    where it leads are checked the same way. A few lstat calls: cheap enough for every read.
+    where it leads are checked the same way. One that is missing is judged by `_absent_untrusted`: fine below a
+    directory only root writes, not below one others can write. A few lstat calls: cheap enough for every read.
     """
     path = _os.path.abspath(path)
     parts = [p for p in path.split("/") if p][:-1]
@@ -166,7 +230,7 @@ def parents_untrusted(path):
         try:
             st = _os.lstat(here)
         except FileNotFoundError:
-            return None  # nothing further down exists yet: root makes it
+            return _absent_untrusted(here)  # nothing further down exists yet
         if _stat.S_ISLNK(st.st_mode):
             if st.st_uid not in TRUSTED_UIDS:
                 return _found(here, st, "a symlink on the path, not owned by root")
@@ -181,13 +245,14 @@ def parents_untrusted(path):
 
 def why_untrusted(path, link_ok=False):
     """None when root may trust `path` (read it, run it, serve it, delete it), else why not: the path, its
-    owner and mode. An absent path is judged by its parents (root is about to make it). With `link_ok`, a
-    symlink of root's is followed (the live venv link) and where it leads is judged the same way.
+    owner and mode. An absent path is judged by its parents and by where it would be made: under a directory
+    others can write (/dev/shm, /tmp) it is not trusted, as whoever makes it first owns it (`_absent_untrusted`).
+    With `link_ok`, a symlink of root's is followed (the live venv link) and where it leads is judged the same way.
     """
     try:
         st = _os.lstat(path)
     except FileNotFoundError:
-        return parents_untrusted(path)
+        return parents_untrusted(path) or _absent_untrusted(path)
     if link_ok and _stat.S_ISLNK(st.st_mode) and st.st_uid in TRUSTED_UIDS:
         return parents_untrusted(path) or why_untrusted(_os.path.realpath(path))
     return parents_untrusted(path) or stat_untrusted(path, st)
@@ -203,15 +268,148 @@ def tree_untrusted(root, files, dirs):
     return None
 
 
+_MAX_LINKS = 40  # as the kernel's limit on links followed in one path
+
+
+def _dir_at(fd, name, mode):
+    """(handle, made) of the directory `name` in the directory open as `fd`: opened without following a link, or
+    made with os.mkdir (never exist_ok) and then opened. One another user made first is opened as found (made
+    False) for the caller to judge. Raises OSError where `name` is a link or no directory."""
+    try:
+        return _os.open(name, _DIR_FLAGS, dir_fd=fd), False
+    except FileNotFoundError:
+        pass
+    try:
+        _os.mkdir(name, mode, dir_fd=fd)
+        made = True
+    except FileExistsError:
+        made = False  # made by someone else since the open above: judged as found
+    return _os.open(name, _DIR_FLAGS, dir_fd=fd), made
+
+
+def make_dirs(path, mode=0o755, set_aside=None):
+    """Make the directory `path` and each one missing above it, root's: those above with mode 0755, `path` with
+    `mode` (an existing one keeps its mode). Returns the directories it made, from the top. Raises UntrustedPath
+    (the path, its owner and mode) where something on the way may not be trusted.
+
+    From / down, each component is opened relative to the one above (O_DIRECTORY|O_NOFOLLOW) and judged on that
+    handle (fstat): one that exists must be a directory of root's, writable by root alone or sticky like /dev/shm
+    (`_parent_untrusted`); a symlink of root's is followed (/var/run -> /run) and what it leads to is judged the
+    same way. A missing one is made by os.mkdir, never exist_ok: one another user made in between (in a sticky
+    /dev/shm anyone may) makes it fail, and is then judged as found and refused. Nothing is judged by its path
+    before it is made. With `set_aside(path, why)` (stage_model.py), a component of another user's (or a link of
+    theirs) in a directory others can write is moved aside by it instead (never deleted) and made afresh.
+    """
+    made, links = [], 0
+    todo = [p for p in _os.path.abspath(path).split("/") if p]
+    here, fd = "/", _os.open("/", _DIR_FLAGS)
+    try:
+        why = _parent_untrusted("/", _os.fstat(fd))
+        if why:
+            raise UntrustedPath(why)
+        tries = 0
+        while todo:
+            name = todo.pop(0)
+            if name in (".", ".."):  # from a link's target: `here` is real (no link in it), so `..` is its parent
+                if name == "..":
+                    todo = [p for p in _os.path.dirname(here).split("/") if p] + todo
+                    _os.close(fd)
+                    here, fd = "/", _os.open("/", _DIR_FLAGS)
+                continue
+            there = _os.path.join(here, name)
+            try:
+                child, fresh = _dir_at(fd, name, mode if not todo else 0o755)
+            except OSError as exc:
+                try:
+                    st = _os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    st = None
+                if st is None or _stat.S_ISDIR(st.st_mode):
+                    raise exc  # what the system said (a name gone again, EACCES unprivileged, EROFS): the caller's to tell
+                if _stat.S_ISLNK(st.st_mode) and st.st_uid in TRUSTED_UIDS:
+                    links += 1
+                    if links > _MAX_LINKS:
+                        raise UntrustedPath(f"{there}: more than {_MAX_LINKS} symlinks on the way to {path}") from None
+                    target = _os.readlink(name, dir_fd=fd)
+                    todo = [p for p in target.split("/") if p] + todo
+                    if target.startswith("/"):
+                        _os.close(fd)
+                        here, fd = "/", _os.open("/", _DIR_FLAGS)
+                    continue
+                child, fresh = None, False
+                why = stat_untrusted(there, st) if _stat.S_ISLNK(st.st_mode) else _found(there, st, "not a directory")
+            else:
+                st = _os.fstat(child)
+                if fresh:
+                    made.append(there)
+                    why = None if _stat.S_ISDIR(st.st_mode) and st.st_uid in TRUSTED_UIDS else _found(there, st, "not the directory root just made")
+                    if not why:
+                        _os.fchmod(child, mode if not todo else 0o755)  # on the handle: whatever the umask
+                else:
+                    why = _parent_untrusted(there, st)
+                    if why and not todo:  # `path` itself, the directory root puts things in
+                        why = why.replace(": a parent directory ", ": a directory ", 1)
+            if why:
+                if child is not None:
+                    _os.close(child)
+                if set_aside is not None and tries < 3 and _os.fstat(fd).st_mode & 0o022:
+                    tries += 1
+                    set_aside(there, why)  # someone's name in a world-writable directory: theirs to keep, not ours
+                    todo.insert(0, name)
+                    continue
+                raise UntrustedPath(f"{why}: root makes {path} itself, as root's, and uses nothing another user made or linked there")
+            _os.close(fd)
+            here, fd, tries = there, child, 0
+    finally:
+        _os.close(fd)
+    return made
+
+
+def make_dir(path, mode=0o755):
+    """Make the one directory `path`, exclusively (FileExistsError where anything is there: it may be another
+    user's), with `mode`, checked on its handle to be the directory root just made. Its parent must be trusted
+    (made or judged by the caller)."""
+    _os.mkdir(path, mode)
+    fd = _os.open(path, _DIR_FLAGS)
+    try:
+        st = _os.fstat(fd)
+        if not _stat.S_ISDIR(st.st_mode) or st.st_uid not in TRUSTED_UIDS:
+            raise UntrustedPath(_found(path, st, "not the directory root just made"))
+        _os.fchmod(fd, mode)
+    finally:
+        _os.close(fd)
+
+
+def new_file(path, mode=0o644, binary=False):
+    """A file root writes, opened for writing as made afresh: O_CREAT|O_EXCL|O_NOFOLLOW, never another's file nor a
+    link's target. A leftover of a run that died is removed first; the directory must be root's (the caller
+    made or judged it)."""
+    try:
+        _os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW, mode)
+    return _os.fdopen(fd, "wb", buffering=0) if binary else _os.fdopen(fd, "w")
+
+
 def private_dir(path):
     """Make `path` a directory only root may enter (0700), tightening one that exists; refuse one that is not
-    root's or is a symlink (raises OSError: root never writes into what another user could redirect)."""
-    _os.makedirs(path, mode=0o700, exist_ok=True)
-    st = _os.lstat(path)
-    if _stat.S_ISLNK(st.st_mode) or st.st_uid not in TRUSTED_UIDS or parents_untrusted(path):
-        raise PermissionError(why_untrusted(path) or parents_untrusted(path))
-    if _stat.S_IMODE(st.st_mode) != 0o700:
-        _os.chmod(path, 0o700)
+    root's or is a symlink (raises UntrustedPath, a PermissionError: root never writes into what another user
+    could redirect). Made through make_dirs, then checked and tightened on its handle."""
+    make_dirs(path, 0o700)
+    try:
+        fd = _os.open(path, _DIR_FLAGS)
+    except OSError:
+        st = _os.lstat(path)
+        raise UntrustedPath(stat_untrusted(path, st) or _found(path, st, "not a directory")) from None
+    try:
+        st = _os.fstat(fd)
+        if st.st_uid not in TRUSTED_UIDS:
+            raise UntrustedPath(_found(path, st, "not owned by root"))
+        if _stat.S_IMODE(st.st_mode) != 0o700:
+            _os.fchmod(fd, 0o700)
+    finally:
+        _os.close(fd)
 
 
 # Peer identity (docs/threat-model.md, "A service is known by its unit's cgroup"): an answer on a service's

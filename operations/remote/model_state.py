@@ -9,11 +9,15 @@
 # Trust: `untrusted` says why the staged copy may not be served (a symlink, another owner, a write bit for
 # others, on it, its marker, a file or directory in it, or a directory above it), `src_untrusted` the same of
 # the source; from the lstat results the listing reads anyway, plus one lstat per directory and per parent.
+# Each directory is judged before it is read: one that is not root's (another user's in /dev/shm, a link) is
+# not walked at all (listed as {}), and a walk follows no link and stops past _common's depth and entry bounds
+# with a judgement ("deeper than 32 levels"), never a crash or an endless read.
 import json
 import os
 import sys
 
 from _common import (  # noqa: E402 - remote.script puts _common.py here
+    Unwalkable,
     beside_model,
     manifest_paths,
     sha256_file,
@@ -28,15 +32,22 @@ src = src.rstrip("/") or "/"
 full = sys.argv[4:5] == ["full"]
 
 
-def walk(root, dirs):
-    return walk_files(root, skip=lambda rel, name: beside_model(rel, name, marker_name), dirs_seen=dirs)
-
-
-def untrusted(root, listing, dirs):
-    """Why root may not trust the walked directory `root` (see the top), or None; None when it is absent."""
+def read_tree(root):
+    """(listing, why root may not trust it) of the directory `root` (see the top): (None, None) when it is absent or
+    no directory; ({}, why), unread, when it may not be trusted; else its listing, walked."""
+    if not os.path.lexists(root):
+        return None, None
+    why = why_untrusted(root)  # before anything in it is read: lstat, the directories above
+    if why:
+        return {}, why
+    dirs = {}
+    try:
+        listing = walk_files(root, skip=lambda rel, name: beside_model(rel, name, marker_name), dirs_seen=dirs)
+    except Unwalkable as exc:
+        return {}, str(exc)
     if listing is None:
-        return None
-    return why_untrusted(root) or tree_untrusted(root, listing, dirs)
+        return None, None
+    return listing, tree_untrusted(root, listing, dirs)
 
 
 def source_hashes(listing):
@@ -61,11 +72,9 @@ def source_hashes(listing):
     return None
 
 
-source_dirs, staged_dirs = {}, {}
-source = walk(src, source_dirs)
-staged = walk(dest, staged_dirs)
+source, source_untrusted = read_tree(src)
+staged, dest_untrusted = read_tree(dest)
 marker_path = os.path.join(dest, marker_name)
-dest_untrusted = untrusted(dest, staged, staged_dirs)
 if staged is not None and not dest_untrusted and os.path.lexists(marker_path):
     dest_untrusted = stat_untrusted(marker_path, os.lstat(marker_path))
 marker = None
@@ -88,7 +97,7 @@ out = {
     "marker": marker,
     "free": free,
     "untrusted": dest_untrusted,
-    "src_untrusted": untrusted(src, source, source_dirs),
+    "src_untrusted": source_untrusted,
 }
 if dest_untrusted:
     names = []

@@ -24,6 +24,11 @@
 # staged afresh. The source and the directories above it must be root's too (root reads them, and writes
 # the manifest beside them); a symlink in the source is refused (root would copy what it points at into a
 # directory others can read). Staged files keep the source's read bits, never a write bit but root's.
+# What root makes here it makes exclusively and checks on the handle (_common.make_dirs, make_dir, new_file):
+# the shm dir itself when missing (a name another user took first in a world-writable directory is moved aside
+# the same way), `.NAME.partial`, every directory and file in it. Trees are read without following a link and
+# only so deep and so large (_common.walk_files): past that, a judgement, never a crash. The staging lock lies
+# in a directory of root's alone (RUN_DIR), never in a world-writable one where anyone could take its name.
 #
 # Test hook (tests/lab/test_faults.py): a file /run/sglang-deploy-test/hold-staging whose first line
 # names the model (DEST's basename) holds that model's staging once its `.NAME.partial` exists and
@@ -47,17 +52,28 @@ from concurrent.futures import ThreadPoolExecutor
 from _common import (  # noqa: E402 - remote.script puts _common.py here
     JOURNAL_NAME,
     PART_SUFFIX,
+    UntrustedPath,
+    Unwalkable,
     beside_model,
     exchange,
+    make_dir,
+    make_dirs,
     manifest_paths,
+    new_file,
     parents_untrusted,
+    private_dir,
     stat_untrusted,
     tree_untrusted,
     walk_files,
     why_untrusted,
 )
 
-LOCK_PATH = "/run/lock/sglang-deploy-stage.lock"
+# One staging at a time per host (the deploy's and the boot unit's): a lock file in a directory of the deploy's
+# own that root alone may enter (0700, made by private_dir). Never in /run/lock or the shm dir: a name there
+# anyone can make first, and hold, and staging, the boot unit and the deploy would wait on it. /run empties at
+# boot. (Run unprivileged, as some unit tests are, a directory of that user's.)
+RUN_DIR = "/run/sglang-deploy" if os.geteuid() == 0 else os.path.join(os.path.expanduser("~"), ".cache", "sglang-deploy", "run")
+LOCK_PATH = os.path.join(RUN_DIR, "stage.lock")
 BLOCK = 1 << 22
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 GIB = 1 << 30
@@ -81,7 +97,10 @@ def human(n):
 
 def walk(root, skip=()):
     """{relpath: os.stat_result} of the regular files under root, our own files left out."""
-    out = walk_files(root, skip=lambda rel, name: rel in skip or beside_model(rel, name)) or {}
+    try:
+        out = walk_files(root, skip=lambda rel, name: rel in skip or beside_model(rel, name)) or {}
+    except Unwalkable as exc:
+        raise StageError(f"{exc}: a model is a few levels of files") from None
     for rel, st in out.items():
         if not stat.S_ISREG(st.st_mode):
             raise StageError(f"{os.path.join(root, rel)}: only regular files can be staged (found a link or special file)")
@@ -114,13 +133,15 @@ def save_manifest(src, entries):
                     return path
         except OSError:
             pass
+        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as handle:
+            make_dirs(os.path.dirname(path), 0o755)
+            with new_file(tmp) as handle:
                 handle.write(body)
             os.rename(tmp, path)
             return path
+        except UntrustedPath:
+            continue  # a directory on the way that is not root's: never written through
         except OSError as exc:
             try:
                 os.unlink(tmp)
@@ -181,12 +202,15 @@ def ours(path, marker_name):
 
 def tree_distrusted(path):
     """Why a directory (`.NAME.partial`, `.NAME.old`, a source) and everything in it may not be trusted, or None."""
-    why = why_untrusted(path)
+    why = why_untrusted(path)  # judged before anything in it is read
     if why or not os.path.isdir(path):
         return why
     dirs = {}
-    files = walk_files(path, dirs_seen=dirs)
-    return tree_untrusted(path, files, dirs)
+    try:
+        files = walk_files(path, dirs_seen=dirs)
+    except Unwalkable as exc:
+        return str(exc)
+    return tree_untrusted(path, files or {}, dirs)
 
 
 def staged_distrusted(dest, marker_name):
@@ -203,7 +227,10 @@ def staged_distrusted(dest, marker_name):
     if not os.path.isdir(dest):
         return f"{dest}: not a directory", set()
     dirs = {}
-    files = walk_files(dest, dirs_seen=dirs)
+    try:
+        files = walk_files(dest, dirs_seen=dirs) or {}
+    except Unwalkable as exc:
+        return str(exc), set()
     why = tree_untrusted(dest, {}, dirs)
     bad = {rel: stat_untrusted(os.path.join(dest, rel), st) for rel, st in files.items()}
     bad = {rel: reason for rel, reason in bad.items() if reason}
@@ -220,6 +247,41 @@ def set_aside(path, why):
     os.rename(path, aside)
     print(f"{why}: not trusted, so never served, resumed or deleted; moved aside to {aside} (remove it once you know whose it is)")
     return aside
+
+
+def rename_noreplace(src, dst):
+    """rename(2) that fails (FileExistsError) where anything is at `dst`: a name in the shm dir is never taken over
+    from whoever made it since it was judged (a plain rename would replace an empty directory, and fail on others)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:  # glibc < 2.28: checked first, then renamed
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+        os.rename(src, dst)
+        return
+    at_fdcwd, noreplace = -100, 1
+    if renameat2(at_fdcwd, src.encode(), at_fdcwd, dst.encode(), noreplace) != 0:
+        err = ctypes.get_errno()
+        if err == errno.EINVAL:  # a filesystem without the flag
+            if os.path.lexists(dst):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+            os.rename(src, dst)
+            return
+        raise OSError(err, os.strerror(err), f"{src} -> {dst}")
+
+
+def place(src, dst):
+    """Rename `src` to the name `dst` in the shm dir; whatever someone made there meanwhile is moved aside first."""
+    for _attempt in range(3):
+        try:
+            return rename_noreplace(src, dst)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+        set_aside(dst, why_untrusted(dst) or f"{dst}: appeared while staging (not made by this run)")
+    raise StageError(f"{dst} keeps appearing while staging (not made by this run): find whose it is, then run again")
 
 
 def test_hold(name):
@@ -284,14 +346,14 @@ class Progress:
 
 def copy_file(src_path, target, st, entry, want_sha, progress):
     """Copy src_path to target's temp name, checking it against the manifest entry; then rename to target."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    make_dirs(os.path.dirname(target), 0o755)
     tmp = target + PART_SUFFIX
     sha = hashlib.sha256() if want_sha else None
     crc = 0
     buf = bytearray(BLOCK)
     view = memoryview(buf)
     written = 0
-    with open(src_path, "rb", buffering=0) as reader, open(tmp, "wb", buffering=0) as writer:
+    with open(src_path, "rb", buffering=0) as reader, new_file(tmp, 0o600, binary=True) as writer:
         try:
             os.posix_fadvise(reader.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (AttributeError, OSError):
@@ -409,7 +471,15 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     if not os.path.isdir(src):
         raise StageError(f"model source {src} does not exist on this host: put the model there, or fix `model`/`model_store` in the data")
     listing = walk(src, skip={marker_name})
-    why = tree_distrusted(src) or parents_untrusted(dest)
+    why = tree_distrusted(src)
+    if not why:
+        try:
+            # The shm dir, made here when missing: exclusively and checked (a name another user made first in a
+            # world-writable directory is moved aside), never judged by its path before a later makedirs.
+            make_dirs(parent, 0o755, set_aside=set_aside)
+        except UntrustedPath as exc:
+            why = str(exc)
+    why = why or parents_untrusted(dest)
     if why:
         raise StageError(
             f"{why}: root copies the model from {src} into {parent}, which the service reads; it must be root's and "
@@ -418,7 +488,6 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     cache = load_manifest(src)
     known = {rel: cache[rel] for rel, st in listing.items() if fresh(cache.get(rel), st)}
 
-    os.makedirs(parent, exist_ok=True)
     for leftover in (old, partial):
         why = tree_distrusted(leftover) if os.path.lexists(leftover) else None
         if why:
@@ -504,18 +573,20 @@ def stage_model(src, dest, marker_name, verify, others, interval):
 
     if not os.path.isdir(partial):
         try:
-            os.mkdir(partial, 0o755)  # not exist_ok: one made by someone else since the check above is not ours
+            make_dir(partial, 0o755)  # not exist_ok: one made by someone else since the check above is not ours
         except FileExistsError:
             raise StageError(f"{partial} appeared while staging (not made by this run): run again") from None
     journal_path = os.path.join(partial, JOURNAL_NAME)
-    with open(journal_path, "a"):
-        pass
-    for dirpath, _dirs, names in os.walk(partial):
-        for entry_name in names:
-            if entry_name.endswith(PART_SUFFIX):
-                os.unlink(os.path.join(dirpath, entry_name))
+    # Appended to (a resumed copy's journal is root's: judged above); never through a link.
+    journal_file = os.fdopen(os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a")
+    try:
+        leftovers = walk_files(partial, skip=lambda rel, entry_name: not entry_name.endswith(PART_SUFFIX)) or {}
+    except Unwalkable as exc:
+        journal_file.close()
+        raise StageError(str(exc)) from None
+    for rel in leftovers:
+        os.unlink(os.path.join(partial, rel))
     journal_lock = threading.Lock()
-    journal_file = open(journal_path, "a")
 
     def journaled(rel, entry):
         with journal_lock:
@@ -524,7 +595,7 @@ def stage_model(src, dest, marker_name, verify, others, interval):
 
     for rel in link:
         target = os.path.join(partial, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        make_dirs(os.path.dirname(target), 0o755)
         if os.path.lexists(target):
             os.unlink(target)
         os.link(os.path.join(dest, rel), target)
@@ -556,7 +627,7 @@ def stage_model(src, dest, marker_name, verify, others, interval):
         raise StageError(f"{partial}: {', '.join(wrong[:3])} missing or of the wrong size after copying; nothing was replaced")
     files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
     tmp_marker = os.path.join(partial, marker_name + ".tmp")
-    with open(tmp_marker, "w") as handle:
+    with new_file(tmp_marker) as handle:
         json.dump({"source": src, "files": files}, handle, sort_keys=True)
     os.rename(tmp_marker, os.path.join(partial, marker_name))
     os.unlink(journal_path)
@@ -565,13 +636,13 @@ def stage_model(src, dest, marker_name, verify, others, interval):
         set_aside(dest, why)  # made since the check above: never swapped in as `old` and deleted
     if os.path.isdir(dest):
         if swapped(partial, dest):
-            os.rename(partial, old)
+            place(partial, old)
         else:
-            os.rename(dest, old)
-            os.rename(partial, dest)
+            place(dest, old)
+            place(partial, dest)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.rename(partial, dest)
+        place(partial, dest)
     elapsed = time.monotonic() - started
     rate = f", {human(need_here / elapsed)}/s" if need_here and elapsed > 0 else ""
     print(
@@ -595,7 +666,7 @@ def adopt(src, dest, marker_name, listing, known):
             save_manifest(src, known)
             files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
             tmp_marker = os.path.join(dest, marker_name + ".tmp")
-            with open(tmp_marker, "w") as handle:
+            with new_file(tmp_marker) as handle:
                 json.dump({"source": src, "files": files, "adopted": True}, handle, sort_keys=True)
             os.rename(tmp_marker, os.path.join(dest, marker_name))
             print(f"{os.path.basename(dest)}: an exact copy was already there; marked as staged")
@@ -628,9 +699,11 @@ def main(argv):
         jobs = [(args.src, args.dest)] + [tuple(a) for a in args.also]
         jobs_to_run = jobs[:1]
         marker, verify = args.marker, args.verify
-    lock_path = LOCK_PATH if os.path.isdir(os.path.dirname(LOCK_PATH)) else os.path.join(os.path.dirname(jobs[0][1].rstrip("/")), ".sglang-deploy-stage.lock")
-    # O_NOFOLLOW: the fallback lies in the shm dir, where anyone may have put a link by that name.
-    with os.fdopen(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a") as lock:
+    try:
+        private_dir(RUN_DIR)
+    except UntrustedPath as exc:
+        raise StageError(f"{exc}: the staging lock is kept there; move it away, then run again") from None
+    with os.fdopen(os.open(LOCK_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for i, (src, dest) in enumerate(jobs if args.list else jobs_to_run):
             # The first model checks free space for all of them, so a shortfall stops before any copy.

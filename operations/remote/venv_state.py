@@ -42,7 +42,7 @@ import os
 import stat
 import sys
 
-from _common import STAMP, file_digest, norm, stat_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import STAMP, UntrustedPath, file_digest, make_dirs, new_file, norm, stat_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 live, wanted, host_cache, uv_binary = sys.argv[1:5]
 mode = (sys.argv[5:6] or ["fast"])[0]
@@ -353,10 +353,14 @@ def write_index(venv):
         return False, "its .dist-info files changed while they were read"
     index = {"format": INDEX_FORMAT, "key": key, "dists": dists, "rels": rels, "hashes": hashes, "sizes": sizes}
     path = os.path.join(venv, INDEX)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        make_dirs(os.path.dirname(path), 0o755)  # exclusively where missing, checked on its handle: root's
+    except UntrustedPath as exc:
+        return False, str(exc)
     # Written beside and renamed in: a reader finds the old index or the new one, never part of one (and a
-    # part left by a crash is unreadable JSON: stale, so the RECORDs are read instead).
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+    # part left by a crash is unreadable JSON: stale, so the RECORDs are read instead). Made afresh, never
+    # written through a link.
+    with new_file(path + ".tmp") as handle:
         json.dump(index, handle)
     os.replace(path + ".tmp", path)
     return True, ""

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 
-from _common import exchange, parents_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import exchange, new_file, parents_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 live, wanted = sys.argv[1:3]
 generations = live + ".generations"
@@ -83,7 +83,7 @@ else:
 if previous == wanted:
     previous = state.get("previous")
 state = {"live": wanted, "previous": previous, "switched_at": int(time.time())}
-with open(state_path + ".tmp", "w") as handle:
+with new_file(state_path + ".tmp") as handle:  # made afresh (O_EXCL|O_NOFOLLOW), never through a link
     json.dump(state, handle)
 os.rename(state_path + ".tmp", state_path)
 

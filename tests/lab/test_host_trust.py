@@ -103,3 +103,66 @@ def test_a_squatted_shm_directory_is_moved_aside_staged_afresh_and_the_real_file
     third = deploy(inventory)
     assert third.returncode == 0 and third.changed == [], third
     assert ssh(host, f"ls -d /dev/shm/.{MODEL}.untrusted-*").stdout.split() == aside
+
+
+# A shm dir the deploy must make (shm_dir: /dev/shm/models, absent): the squatter takes the name first --------------
+
+SHM_DIR = "/dev/shm/models"
+SQUAT = f"/var/tmp/{SQUATTER}-models"  # the squatter's own directory, where their links lead
+
+
+def owner_and_mode(host: str, path: str) -> list[str]:
+    return ssh(host, f"stat -c '%U %a %F' {path}").stdout.strip().split(maxsplit=2)
+
+
+@pytest.mark.parametrize("squatted", ["link", "directory"])
+def test_a_shm_dir_another_user_made_or_linked_first_is_moved_aside_and_nothing_runs_from_it(host, squatted):
+    """Before, the deploy judged the absent /dev/shm/models trusted ("root makes it") and made it with `mkdir -p`,
+    which takes a directory another user made first as it is: staging then stopped there (or, had that user been
+    quicker than the check, copied the model into their directory). Now the stage script makes it itself,
+    exclusively and checked on its handle: another user's directory or link there is moved aside (never deleted),
+    the directory made afresh as root's, and the service loads root's copy; nothing is written where their link
+    leads, and nothing of theirs is run."""
+    staged = f"{SHM_DIR}/{MODEL}"
+    inventory = write_inventory("test_host_trust_shm_dir", {
+        host: {"services": {"trust": SERVICE}, "run_services": ["trust"], "shm_dir": SHM_DIR},
+    })
+    # Their directory with a config.json the stand-in would load, and a link where the deploy's directory goes.
+    as_squatter(host, f"rm -rf {SQUAT} && mkdir -p {SQUAT}/{MODEL} && echo '{{\"planted\": true}}' > {SQUAT}/{MODEL}/config.json")
+    if squatted == "link":
+        as_squatter(host, f"ln -s {SQUAT} {SHM_DIR}")
+    else:
+        as_squatter(host, f"mkdir -m 777 {SHM_DIR} && ln -s {SQUAT}/{MODEL} {staged}")
+    assert owner_and_mode(host, SHM_DIR)[0] == SQUATTER
+    ssh(host, "rm -f /run/lock/sglang-deploy-stage.lock")  # an older deploy's lock file: none is made there now
+    planted = ssh(host, f"find {SQUAT} -printf '%u %m %p\\n' | sort").stdout
+    try:
+        result = deploy(inventory)
+        assert result.returncode == 0, result
+        assert http_get(host, PORT, "/health")[0] == 200
+        # Root's directory, made afresh; theirs kept whole beside it, still theirs.
+        assert owner_and_mode(host, SHM_DIR) == ["root", "755", "directory"]
+        aside = ssh(host, "ls -d /dev/shm/.models.untrusted-*").stdout.split()
+        assert len(aside) == 1 and owner_and_mode(host, aside[0])[0] == SQUATTER
+        assert owner_and_mode(host, aside[0])[2] == ("symbolic link" if squatted == "link" else "directory")
+        # Nothing written where their link led, nothing of root's put there.
+        assert ssh(host, f"find {SQUAT} -printf '%u %m %p\\n' | sort").stdout == planted
+        # Served: root's copy of the store, root's throughout; the service runs from it, not from theirs.
+        assert sha256s(host, staged) == sha256s(host, STORE)
+        found = [line.split() for line in ssh(host, f"find {staged} -printf '%u %m %y\\n'").stdout.splitlines()]
+        assert {owner for owner, _, _ in found} == {"root"} and {kind for _, _, kind in found} <= {"d", "f"}
+        assert not [mode for _, mode, _ in found if int(mode, 8) & 0o022]
+        info = json.loads(http_get(host, PORT, "/model_info")[1])
+        assert info["model_path"] == staged
+        pid = main_pid(host, UNIT)
+        assert SQUAT not in ssh(host, f"cat /proc/{pid}/cmdline | tr '\\0' ' '; ls -l /proc/{pid}/cwd /proc/{pid}/fd 2>/dev/null").stdout
+        # The staging lock lies in root's own directory, not in a world-writable one.
+        assert owner_and_mode(host, "/run/sglang-deploy") == ["root", "700", "directory"]
+        assert ssh(host, "ls /run/lock/sglang-deploy-stage.lock 2>/dev/null || true").stdout.strip() == ""
+        assert ssh(host, f"ls {SHM_DIR}/.sglang-deploy-stage.lock /dev/shm/.sglang-deploy-stage.lock 2>/dev/null || true").stdout.strip() == ""
+        # Converged: theirs is neither in the way nor removed.
+        again = deploy(inventory)
+        assert again.returncode == 0 and again.changed == [], again
+        assert ssh(host, "ls -d /dev/shm/.models.untrusted-*").stdout.split() == aside
+    finally:
+        ssh(host, f"rm -rf {SQUAT}", check=False)

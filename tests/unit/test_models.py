@@ -427,7 +427,15 @@ def test_read_only_store_caches_the_manifest_elsewhere(model, monkeypatch, tmp_p
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, mode, *args, **kwargs)
 
+    real_os_open = os.open
+
+    def no_new_file_in_src(path, flags, *args, **kwargs):  # the stage script makes its files with os.open (O_EXCL)
+        if flags & (os.O_WRONLY | os.O_RDWR) and str(path).startswith(str(src)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_os_open(path, flags, *args, **kwargs)
+
     monkeypatch.setattr("builtins.open", no_write_in_src)
+    monkeypatch.setattr(os, "open", no_new_file_in_src)
     stage_model.stage(str(src), str(dest), MARKER, interval=0)
     assert not (src / ".sglang-deploy-manifest.json").exists()
     cached = list((tmp_path / "cache").glob("M-*.json"))
