@@ -13,6 +13,7 @@ on to read the host (`open_session`, `first_line`, `rest_of_output`).
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Callable
 
 import gevent
 
-from operations import host_reads
+from operations import host_reads, remote
 from operations.pyinfra_adapter import ssh_transport
 
 CHUNK = 1 << 20
@@ -87,11 +88,15 @@ def _read_to_end(recv, head: bytes = b"") -> bytes:
 
 
 class Reader:
-    """The sending end: `read(n)` gives the next bytes (b"" at the end), `close()` its (exit status, stderr)."""
+    """The sending end: `read(n)` gives the next bytes (b"" at the end), `close()` its (exit status, stderr),
+    `stop()` ends it early (the receiving end has gone: nothing more is read)."""
 
     read: Callable[[int], bytes]
 
     def close(self) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
         raise NotImplementedError
 
 
@@ -103,6 +108,9 @@ class HostReader(Reader):
     def close(self) -> tuple[int, str]:
         return self._channel.recv_exit_status(), self._channel.recv_stderr(4096).decode(errors="replace")
 
+    def stop(self) -> None:
+        self._channel.close()
+
 
 class LocalReader(Reader):
     def __init__(self, argv: list[str]):
@@ -111,6 +119,9 @@ class LocalReader(Reader):
 
     def close(self) -> tuple[int, str]:
         return self._proc.wait(), self._proc.stderr.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        self._proc.kill()
 
 
 @dataclass
@@ -135,13 +146,26 @@ def pipe(reader: Reader, host, write_command: str, progress: Callable[[int, floa
         block = reader.read(CHUNK)
         if not block:
             break
-        writer.sendall(block)
+        try:
+            writer.sendall(block)
+        except OSError:  # the writing command ended (it refused the stream, or failed): its status says why
+            reader.stop()
+            break
         sent += len(block)
         if progress is not None and time.monotonic() - last >= PROGRESS_EVERY_S:
             last = time.monotonic()
             progress(sent, last - start)
-    writer.shutdown_write()
+    if not writer.closed:
+        writer.shutdown_write()
     read_status, read_errors = reader.close()
     write_status = writer.recv_exit_status()
     errors = (read_errors + writer.recv_stderr(4096).decode(errors="replace")).strip()
     return Piped(sent, read_status, write_status, errors, time.monotonic() - start)
+
+
+def unpack_command(dest: str) -> str:
+    """The command that unpacks a tar stream from another host (a model, a donor's venv files) into the directory
+    `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky bit, no write for group or
+    others), refusing by name what `tar -x` would make as the sender said (a device node, a fifo, a name or a
+    link out of the tree): operations/remote/untar_as_root.py. The script travels as an argument: stdin is the stream."""
+    return f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"

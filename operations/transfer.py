@@ -4,11 +4,14 @@ A host moved to after a GPU failure often has no models. When the data names a s
 a model - another host of the inventory (`model_sources: {Qwen3.6-27B: gpu-a}`) or a
 directory on the control machine (`model_sources: {Qwen3.6-27B: /data/models/Qwen3.6-27B}`) -
 the model is streamed from there into this host's store: host to host through the control
-machine's own SSH connections (a `tar` on each side, nothing written on the control
+machine's own SSH connections (a `tar` on the source, nothing written on the control
 machine), or from a local `tar`, into a
 temporary sibling that is renamed into place only when complete and checked (every file's
 relative path and size). SSH's own integrity check covers the bytes in flight; the staged
 copy in shm is then built and verified from this store as usual. The source is only read.
+The receiving end is not `tar -x` but `streaming.unpack_command`: the files land as root's, without
+the source's owners or setuid bits, and a device node, a fifo or a link out of the tree stops the
+copy, naming it; the temporary sibling is then removed.
 """
 
 from __future__ import annotations
@@ -94,19 +97,14 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     total = sum(src_listing.values())
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
-    src_parent, src_name = str(PurePosixPath(source.path).parent), PurePosixPath(source.path).name
-    reader = source.reader(f"tar -C {shlex.quote(src_parent)} -cf - {shlex.quote(src_name)}")
+    reader = source.reader(f"tar -C {shlex.quote(source.path)} -cf - .")
 
     def progress(sent: int, elapsed: float) -> None:
         rate = sent / max(elapsed, 1e-6)
         eta = (total - sent) / rate if rate else 0
         host.log(f"streaming {name} from {source.label}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
 
-    piped = streaming.pipe(
-        reader, host,
-        f"rm -rf {shlex.quote(partial)} && mkdir -p {shlex.quote(partial)} && tar -C {shlex.quote(partial)} --strip-components=1 -xf -",
-        progress,
-    )
+    piped = streaming.pipe(reader, host, receive_command(partial), progress)
     if not piped.ok:
         host.log_styled(f"streaming {name} from {source.label} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
         return False
@@ -119,6 +117,13 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
         return False
     host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {piped.sent / 2**20:.0f} MiB in {piped.elapsed_s:.1f} s")
     return True
+
+
+def receive_command(partial: str) -> str:
+    """Unpack the model's stream (names relative to the model's directory) into `partial`, made afresh; a stream
+    refused or cut leaves no `partial` behind."""
+    q = shlex.quote(partial)
+    return f"rm -rf {q} && mkdir -p {q} && {streaming.unpack_command(partial)} || {{ status=$?; rm -rf {q}; exit $status; }}"
 
 
 def is_local(source: str) -> bool:

@@ -612,7 +612,8 @@ def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str
 
 
 def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation, specs: list[str]) -> bool:
-    """tar on the donor -> this machine's two SSH connections -> tar into the generation; nothing lands on disk twice."""
+    """tar on the donor -> this machine's two SSH connections -> root's unpacker into the generation (no owner, setuid
+    bit, device or link out of the tree of the donor's: streaming.unpack_command); nothing lands on disk twice."""
     donor = _donor_host(donor_name)
     if not donor.connected:
         host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
@@ -620,7 +621,7 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
     tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
     reader = streaming.HostReader(donor, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF")
-    piped = streaming.pipe(reader, host, f"tar -C {shlex.quote(gen.path)} -xf -")
+    piped = streaming.pipe(reader, host, streaming.unpack_command(gen.path))  # as root's files: no owner, setuid or device of the donor's
     if not piped.ok:
         host.log_styled(f"copy from donor {donor_name} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
         return False

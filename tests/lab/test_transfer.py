@@ -78,3 +78,44 @@ def test_missing_model_is_streamed_from_a_directory_on_the_control_machine(tmp_p
     assert f"streamed {MODEL} from control machine:" in result.stdout + result.stderr
     assert digests(SPARE) == digests("gpu-a")
     assert deploy(inventory).changed == []
+
+
+HOSTILE = "Hostile-Model"
+
+
+@pytest.fixture
+def hostile_model():
+    """A model in gpu-a's store (a copy of MODEL) holding what `tar -x` would land as the source made it: a link
+    out of the model to /etc/shadow, and a setuid, setgid file of nobody's written by all; gone from both hosts after."""
+    ssh("gpu-a", (
+        f"rm -rf /root/models/{HOSTILE} && cp -a /root/models/{MODEL} /root/models/{HOSTILE} && cd /root/models/{HOSTILE} && "
+        "rm -f .sglang-deploy-* && head -c 64M /dev/urandom > extra.bin && printf '#!/bin/sh\\nid\\n' > run.sh && "
+        "chown nobody:nogroup run.sh && chmod 6777 run.sh && ln -s /etc/shadow tokenizer.model"
+    ))
+    yield f"/root/models/{HOSTILE}"
+    for host in ("gpu-a", SPARE):
+        ssh(host, f"rm -rf /root/models/{HOSTILE} /root/models/.{HOSTILE}.partial")
+
+
+def test_a_source_hosts_link_out_of_the_model_is_refused_and_its_setuid_file_lands_as_roots(hostile_model):
+    service = {"hostile": {"gpu": 0, "port": 30132, "model": HOSTILE, "model_in": "store"}}
+    inventory = write_inventory("test_transfer_hostile", {
+        "gpu-a": {"run_services": []},
+        SPARE: {"services": service, "run_services": ["hostile"], "model_sources": {HOSTILE: "gpu-a"}},
+    })
+    store = ssh(SPARE, "ls -A /root/models").stdout.split()
+    result = deploy(inventory, "--limit", SPARE, as_json=False)
+    assert result.returncode != 0, result
+    assert "untar: refused ./tokenizer.model: a symlink to /etc/shadow (absolute)" in result.stdout + result.stderr, result
+    # Nothing of it in the store: no model, no `.NAME.partial`, no file of nobody's or with a setuid or setgid bit.
+    assert ssh(SPARE, "ls -A /root/models").stdout.split() == store
+    assert ssh(SPARE, "find /root/models \\( -user nobody -o -perm /6000 \\) -print").stdout == ""
+
+    # Without the link, the model comes over, and the source's setuid file lands as root's, with neither bit.
+    ssh("gpu-a", f"rm {hostile_model}/tokenizer.model")
+    result = deploy(inventory, "--limit", SPARE, as_json=False)
+    assert result.returncode == 0, result
+    assert f"streamed {HOSTILE} from gpu-a" in result.stdout + result.stderr
+    assert ssh(SPARE, f"stat -c '%U:%G %a' {hostile_model}/run.sh").stdout.strip() == "root:root 755"
+    same = f"cd {hostile_model} && find . -type f | sort | xargs sha256sum"
+    assert ssh(SPARE, same).stdout == ssh("gpu-a", same).stdout

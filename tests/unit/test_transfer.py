@@ -33,3 +33,37 @@ def test_a_model_is_streamed_from_the_source_hosts_validated_store():
     assert "streaming it from gpu-b:/srv/models/Qwen3.6-27B" in result.logs[0]
     with pytest.raises(OperationError, match="the model store of gpu-b is not known"):
         run(transfer.in_store, {transfer.StoreListing: None}, model="Qwen3.6-27B", path=PATH, source="gpu-b")
+
+
+def test_the_receiving_end_unpacks_as_root_and_a_refused_stream_leaves_no_partial(tmp_path):
+    """The store's side of a stream (`receive_command`) is the unpacker, not `tar -x`: a model holding a link out of
+    its directory is refused by name and its `.NAME.partial` removed; a benign one lands, without its setuid bit."""
+    import io
+    import os
+    import subprocess
+    import tarfile
+
+    def stream(*members):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as archive:
+            for info, data in members:
+                archive.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    def member(name, data=b"", mode=0o644, link=""):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.uid = len(data), mode, 1234
+        if link:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+        return info, data
+
+    partial = tmp_path / ".Qwen3.6-27B.partial"
+    hostile = stream(member("./config.json", b"{}"), member("./tokenizer.json", link="/etc/shadow"))
+    result = subprocess.run(["sh", "-c", transfer.receive_command(str(partial))], input=hostile, capture_output=True)
+    assert result.returncode != 0 and b"untar: refused ./tokenizer.json: a symlink to /etc/shadow (absolute)" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    benign = stream(member("./config.json", b"{}"), member("./run.sh", b"#!/bin/sh\n", mode=0o4777))
+    result = subprocess.run(["sh", "-c", transfer.receive_command(str(partial))], input=benign, capture_output=True)
+    assert result.returncode == 0, result.stderr
+    assert (partial / "config.json").read_bytes() == b"{}" and (partial / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (partial / "run.sh").stat().st_uid == os.geteuid()
