@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -17,9 +16,6 @@ from types import SimpleNamespace
 import click
 import pytest
 from pyinfra import progress
-from pyinfra.context import ctx_state
-from pyinfra_cli import cli
-from pyinfra_cli.log import LogFormatter, LogHandler
 
 from operations import redact
 from report import status_view as view
@@ -74,25 +70,51 @@ def test_text_from_a_host_is_shown_not_obeyed(case):
     assert not raw_controls(terminal_text.visible(text))
 
 
+# pyinfra_cli monkey-patches the standard library for gevent as it is imported (pyinfra_cli/__init__.py): a test
+# that needs its code runs it in an interpreter of its own, or every later test in this process would run patched.
+CLI_TERMINAL = """
+import io, json, os, sys
+import click
+from operations import redact
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+screen = Terminal()
+sys.stdout = redact.RedactingStream(screen)
+sys.stderr = redact.RedactingStream(screen)
+"""
+
+
+def in_cli_process(body: str) -> str:
+    """What the terminal behind the gate received while `body` ran in a fresh interpreter (pyinfra_cli imported there)."""
+    code = CLI_TERMINAL + body + "\nos.write(1, json.dumps(screen.getvalue()).encode())\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 @pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))
-def test_a_host_log_line_through_the_cli_stream_is_escaped_and_our_colours_pass(case, monkeypatch):
+def test_a_host_log_line_through_the_cli_stream_is_escaped_and_our_colours_pass(case):
     """pyinfra's own log path (`host.log`: its LogHandler, its LogFormatter colouring a warning yellow, the host's
     prefix in bold), and a plain print and click.echo, all through the stream the CLI writes to."""
-    terminal = cli_terminal(monkeypatch)
     text, shown = HOSTILE[case]
-    logger = logging.getLogger("test_host_text.pyinfra")
-    handler = LogHandler()
-    handler.setFormatter(LogFormatter())
-    logger.addHandler(handler)
-    logger.propagate = False
-    prefix = click.style("gpu-a", bold=True)
-    try:
-        logger.warning(f"[{prefix}] ddtree: last journal lines:\n    {text}")
-    finally:
-        logger.removeHandler(handler)
-    print(f"unit {text}")
-    click.echo(click.style(f"model {text}", fg="red"), err=True)
-    out = terminal.getvalue()
+    out = in_cli_process(f"""
+import logging
+from pyinfra_cli.log import LogFormatter, LogHandler
+text = {text!r}
+logger = logging.getLogger("test_host_text.pyinfra")
+handler = LogHandler()
+handler.setFormatter(LogFormatter())
+logger.addHandler(handler)
+logger.propagate = False
+prefix = click.style("gpu-a", bold=True)
+logger.warning(f"[{{prefix}}] ddtree: last journal lines:\\n    {{text}}")
+logger.removeHandler(handler)
+print(f"unit {{text}}")
+click.echo(click.style(f"model {{text}}", fg="red"), err=True)
+""")
     yellow, bold, red, reset = "\x1b[33m", "\x1b[1m", "\x1b[31m", "\x1b[0m"
     assert out == (f"{yellow}    [{bold}gpu-a{reset}] ddtree: last journal lines:\n    {shown}{reset}\n"
                    f"unit {shown}\n{red}model {shown}{reset}\n")
@@ -163,18 +185,24 @@ def test_pyinfra_spinner_still_draws_and_a_host_name_in_it_is_escaped(monkeypatc
     assert terminal.getvalue()[len(spun):] == "host says\\r\\x1b[K"
 
 
-def test_pyinfra_confirm_prompt_still_moves_the_cursor_up(monkeypatch):
+def test_pyinfra_confirm_prompt_still_moves_the_cursor_up():
     """pyinfra's "Press enter to execute..." is blanked with cursor-up sequences after the answer; from another caller
     they are escaped."""
-    terminal = cli_terminal(monkeypatch)
-    monkeypatch.setattr("builtins.input", lambda *a: "")
-    with ctx_state.use(SimpleNamespace(get_warning_counter=lambda: 0)):
-        assert cli._do_confirm("Detected changes displayed above")
     blank = " " * len("    Press enter to execute...")
-    assert terminal.getvalue().endswith(f"    Press enter to execute...\x1b[1A{blank}\x1b[1A\n")
-    shown_before = len(terminal.getvalue())
-    click.echo(f"\x1b[1A{blank}\x1b[1A", err=True, nl=False)
-    assert terminal.getvalue()[shown_before:] == f"\\x1b[1A{blank}\\x1b[1A"
+    out = in_cli_process(f"""
+import builtins
+from types import SimpleNamespace
+from pyinfra.context import ctx_state
+from pyinfra_cli import cli
+builtins.input = lambda *a: ""
+with ctx_state.use(SimpleNamespace(get_warning_counter=lambda: 0)):
+    assert cli._do_confirm("Detected changes displayed above")
+screen.write("<AFTER>")
+click.echo("\\x1b[1A{blank}\\x1b[1A", err=True, nl=False)
+""")
+    confirmed, _, after = out.partition("<AFTER>")
+    assert confirmed.endswith(f"    Press enter to execute...\x1b[1A{blank}\x1b[1A\n")
+    assert after == f"\\x1b[1A{blank}\\x1b[1A"
 
 
 # -- the renderers: the status view, its JSON and Prometheus text, the end-of-run summary -------------
