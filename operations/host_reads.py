@@ -435,7 +435,11 @@ def batch_command(entries: list[tuple[int, FactBase, dict]], slow: frozenset[int
     if scripts:
         # zlib's fastest level: 0.8 ms against 3.6 ms at level 9 for a GPU host's 120 kB of scripts, for 6 kB more
         # on the wire (23 kB against 17 kB), on every host of every run.
-        payload = base64.b64encode(zlib.compress(json.dumps(scripts).encode("utf-8"), 1)).decode("ascii")
+        # _common.py is inlined in every script (remote.script): the batch carries it once, each body a mark in its
+        # place (zlib's window, 32 kB, is shorter than a script: each copy would cost its full compressed size).
+        shared = remote.shared_text()
+        jobs = [[job_id, body.replace(shared, remote.SHARED_MARK, 1), argv] for job_id, body, argv in scripts]
+        payload = base64.b64encode(zlib.compress(json.dumps({"shared": shared, "jobs": jobs}).encode("utf-8"), 1)).decode("ascii")
         # What the scripts import at their top level (found here when each was inlined): the runner imports it
         # before forking, the slow reads' share before the first forks.
         imports = sorted({module for _, body, _ in scripts for module in remote.top_level_imports(body)})

@@ -60,6 +60,16 @@ def script_path(name: str) -> Path:
     return _DIR / f"{name}.py"
 
 
+# Where a script text sent in a batch (operations/host_reads.py) held `shared_text()`: the batch carries that text once.
+SHARED_MARK = "#@@sglang-deploy-shared@@"
+
+
+@functools.lru_cache(maxsize=None)
+def shared_text() -> str:
+    """_common.py as every script that imports from it holds it, inlined."""
+    return (_DIR / "_common.py").read_text(encoding="utf-8").rstrip("\n")
+
+
 def script(name: str) -> str:
     """The text of remote script `name`, with _common.py in place of its `from _common import` statement."""
     text, imports = _script(name)
@@ -77,7 +87,7 @@ def _script(name: str) -> tuple[str, tuple[str, ...]]:
         return body, tuple(_imports(tree))
     assert len(includes) == 1, f"{name}.py: one `from _common import` statement"
     include = includes[0]
-    common = (_DIR / "_common.py").read_text(encoding="utf-8")
+    common = shared_text()
     common_tree = _common_tree(common)
     # Inlined, an import is a definition: an alias would not exist, and a name the script
     # defines again would replace the shared one for every use in the script.
@@ -92,7 +102,12 @@ def _script(name: str) -> tuple[str, tuple[str, ...]]:
     return text, tuple(_imports(tree) + _imports(common_tree))
 
 
-script.cache_clear = _script.cache_clear  # tests that swap the scripts' directory
+def _clear() -> None:
+    _script.cache_clear()
+    shared_text.cache_clear()
+
+
+script.cache_clear = _clear  # tests that swap the scripts' directory
 
 
 def command(name: str, *args: str) -> str:

@@ -19,6 +19,7 @@ import sys
 import zlib
 
 MARK = "@@sglang-deploy-read"
+SHARED_MARK = "#@@sglang-deploy-shared@@"  # operations/remote/__init__.py: SHARED_MARK (tests/unit/test_host_reads.py keeps them equal)
 
 
 def _child(code, argv, out_fd):
@@ -94,6 +95,9 @@ def run_all(payload, imports=(), early=()):
     the first forks, and the rest while those first jobs run, so the longest start as soon as they can.
     """
     jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
+    if isinstance(jobs, dict):  # {"shared": _common.py's text, "jobs": [...]}: each body holds a mark where it was
+        shared = jobs["shared"]
+        jobs = [[job_id, body.replace(SHARED_MARK, shared, 1), argv] for job_id, body, argv in jobs["jobs"]]
     # Imported here, before the forks: every child finds them loaded, instead of each paying for its own.
     _import(early or imports)
     rest_imported = not early

@@ -546,3 +546,34 @@ def test_facts_asked_beside_the_read_set_come_from_the_same_single_call(local, t
     assert host_reads.get(host, Sha1File, path=str(tree / "config.json")) == "bf21a9e8fbc5a3846fb05b4fa0859e0917b2202f"
     assert host_reads.get(host, File, path=str(tree / "config.json"))["size"] == 2
     assert reads.remote_reads == 1
+
+
+
+def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_sent_once():
+    """_common.py is inlined into every script; sent as it is, each copy costs its whole compressed size (zlib's window,
+    32 kB, is shorter than a script), and the lab's gpu-a read set (two services) outgrew MAX_BATCH_BYTES: its python
+    reads were dropped from the lock's call and made one by one (20 calls). The batch carries it once: these five
+    reads took 82.7 kB before, 42 kB now."""
+    from operations import gpus, models, readiness, venv
+
+    entries = [(0, gpus.GpuState(), {"models": ("/root/models/A", "/root/models/B")})]
+    for i, unit in enumerate(("sglang-ddtree.service", "sglang-dflash.service")):
+        entries.append((len(entries), readiness.ServiceState(), {"unit": unit, "address": "127.0.0.1", "port": 30000 + i,
+                                                                 "inputs": (f"/etc/systemd/system/{unit}", "/root/venv")}))
+    entries.append((len(entries), models.StagedModel(), {"src": "/root/models/A", "dest": "/dev/shm/A"}))
+    entries.append((len(entries), venv.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
+                                                     "host_cache": "/var/cache/sglang-deploy/wheels"}))
+    command, python_ids = host_reads.batch_command(entries)
+    assert python_ids == {0, 1, 2, 3, 4}  # nvidia-smi's read is a script of ours too
+    assert len(command.encode()) < host_reads.MAX_BATCH_BYTES // 2, len(command.encode())
+    shared = remote.shared_text()
+    payload = ast.literal_eval(next(line for line in command.splitlines() if line.startswith("run_all("))[len("run_all("):-1])[0]
+    sent = json.loads(zlib.decompress(base64.b64decode(payload)))
+    assert sent["shared"] == shared and all(shared not in body for _, body, _ in sent["jobs"])
+    assert sum(remote.SHARED_MARK in body for _, body, _ in sent["jobs"]) == 4  # nvidia-smi's read needs no helper
+    assert remote.SHARED_MARK in remote.script("run_scripts")
+
+
+def test_the_runner_puts_the_shared_text_back_in_each_body():
+    jobs = {"shared": "GREETING = 'hi'", "jobs": [[1, f"{remote.SHARED_MARK}\nprint(GREETING)", []]]}
+    assert host_reads.split_batch(_run_runner(jobs).stdout.splitlines(), {1}) == {1: (0, ["hi"])}
