@@ -453,7 +453,17 @@ def _cgroup_pids(control_group):
             except (OSError, ValueError):
                 pass
         return pids
-    return set()
+    # No cgroup tree mounted where systemd's would be (a container without systemd): each process's own word for it.
+    found = set()
+    for pid in _all_pids():
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                paths = [line.split(":", 2)[2] for line in handle.read().splitlines() if line.count(":") >= 2]
+        except OSError:
+            continue
+        if any(p == control_group or p.startswith(control_group.rstrip("/") + "/") for p in paths):
+            found.add(pid)
+    return found
 
 
 def _holders(inodes, pids):
