@@ -295,13 +295,34 @@ class Report:
     done: bool = False
 
 
+def drafting(args: dict) -> str:
+    """What the service drafts with, so that a comparison cannot credit the wrong thing: for DDTREE, whether a tree is
+    built at all. Both public DDTree implementations run a budget of at most block size - 1 as a chain identical to
+    DFLASH (the spine): with a 16-token draft block, budget 15 builds no tree (docs/engine-advisories.md)."""
+    algorithm = str(args.get("speculative-algorithm") or "").upper()
+    if not algorithm:
+        return "none"
+    block = args.get("speculative-dflash-block-size") or args.get("speculative-num-draft-tokens")
+    if algorithm != "DDTREE":
+        return algorithm + (f" (block {block})" if block else "")
+    budget = args.get("speculative-ddtree-budget")
+    if budget is None:
+        return f"DDTREE spine (no budget: block size - 1, a chain as DFLASH{f', block {block}' if block else ''})"
+    if block is None:
+        return f"DDTREE budget {budget} (block size not in the flags: a tree only if the budget exceeds the draft's block - 1)"
+    if int(budget) <= int(block) - 1:
+        return f"DDTREE spine (budget {budget} <= block {block} - 1: a chain, as DFLASH)"
+    return f"DDTREE tree (budget {budget} > block {block} - 1)"
+
+
 def rows(report: Report) -> list[dict]:
     """One row per requested service: its figures, accept length, and output throughput over the first's."""
     out, base = [], None
     for name in report.services:
         result = report.results.get(name)
         bench = (result or {}).get("bench") or {}
-        row = {"service": name, "host": (result or {}).get("host", "-"), "error": None}
+        row = {"service": name, "host": (result or {}).get("host", "-"), "drafting": (result or {}).get("drafting") or "-",
+               "error": None}
         if not result:
             row["error"] = "not measured (its host was not reached, or the service is placed on no host of this run)"
         elif not bench:
@@ -320,6 +341,7 @@ def rows(report: Report) -> list[dict]:
 def table(report: Report) -> str:
     first = report.services[0]
     header = ["service", "host", *(c for c, _, _ in COLUMNS), "accept len", f"vs {first}"]
+    drafted = []
     lines = []
     for row in rows(report):
         cells = [row["service"], row["host"]]
@@ -327,6 +349,7 @@ def table(report: Report) -> str:
         cells.append("-" if row["accept_length"] is None else f"{row['accept_length']:.2f}")
         cells.append("-" if row["ratio"] is None else f"{row['ratio']:.2f}")
         lines.append(cells)
+        drafted.append(f"{row['service']}: drafts with {row['drafting']}")
     widths = [max(len(str(c)) for c in column) for column in zip(header, *lines)]
     text = ["  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
             for cells in (header, *lines)]
@@ -334,6 +357,7 @@ def table(report: Report) -> str:
     text.insert(0, f"{o.prompts} prompts of {o.input_len} random token ids, {o.output_len} output tokens each, "
                    f"at most {o.concurrency} at a time (latencies in ms; accept length from {o.probe} probe requests "
                    "after each run; the last column is output tokens/s over the first service's)")
+    text += drafted
     for row in rows(report):
         if row["error"]:
             text.append(f"{row['service']}: {row['error']}")
@@ -380,7 +404,7 @@ def install(state, services: list[str], options: Options, out: Path | None) -> R
     return _REPORT
 
 
-def _run(state, host, service: str, venv: str, command: str, report: Report) -> bool:
+def _run(state, host, service: str, venv: str, command: str, report: Report, how: str = "-") -> bool:
     host.log(f"measuring {service} ({venv}): {report.options.prompts} prompts, then {report.options.probe} probe requests")
     ok, output = host.run_shell_command(command, print_output=False)
     # The engine's own text: secret-named values masked, registered ones redacted (operations/redact.py). A line that
@@ -388,6 +412,7 @@ def _run(state, host, service: str, venv: str, command: str, report: Report) -> 
     result = (parse_output(output.stdout) if ok else None) or {
         "error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
     result["host"] = host.name
+    result["drafting"] = how
     report.results[service] = result
     if not result.get("bench"):
         logger.warning(f"{host.name}/{service}: the benchmark wrote no result: {str(result.get('error', '')).strip()[-500:]}")
@@ -428,7 +453,7 @@ def served(service: str, placed=None, report: Report | None = None, config=None)
     # identity, operations/remote/port_holder.py), or its figures (and the key it sent) went to someone else.
     holder = remote.command("port_holder", shlex.quote(placed.unit_name), str(int(placed.port)))
     command = host_command(placed.environment.path, spec, sandbox, before=(holder,), after=(holder,))
-    yield FunctionCommand(_run, (service, placed.environment.path, command, report), {})
+    yield FunctionCommand(_run, (service, placed.environment.path, command, report, drafting(dict(placed.args))), {})
 
 
 def combine(out: Path, parts: list[Path]) -> Report:

@@ -347,3 +347,28 @@ def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys
     assert [r["ratio"] for r in measure.rows(combined)] == [1.0, 3.0]
     assert any(line.rstrip().endswith("vs plain") for line in capsys.readouterr().out.splitlines())
     assert json.loads((tmp_path / "all.json").read_text())["services"] == ["plain", "ddtree31"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ({}, "none"),
+    ({"speculative-algorithm": "DFLASH", "speculative-dflash-block-size": 16}, "DFLASH (block 16)"),
+    # The operator's tuning claim: budget 15 with a 16-token block builds no tree in either public implementation.
+    ({"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "speculative-dflash-block-size": 16},
+     "DDTREE spine (budget 15 <= block 16 - 1: a chain, as DFLASH)"),
+    ({"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 16, "speculative-dflash-block-size": 16},
+     "DDTREE tree (budget 16 > block 16 - 1)"),
+    ({"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 31, "speculative-num-draft-tokens": 16},
+     "DDTREE tree (budget 31 > block 16 - 1)"),
+    ({"speculative-algorithm": "DDTREE", "speculative-dflash-block-size": 16},
+     "DDTREE spine (no budget: block size - 1, a chain as DFLASH, block 16)"),
+])
+def test_the_table_says_whether_a_ddtree_service_built_a_tree_or_ran_the_spine(args, said):
+    assert measure.drafting(args) == said
+
+
+def test_the_drafting_line_is_in_the_table_and_the_json():
+    report = measure.Report(["ddtree15"], measure.Options(), Path("unused.json"))
+    report.results["ddtree15"] = {"host": "h", "bench": {"output_throughput": 10.0}, "drafting": measure.drafting(
+        {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "speculative-dflash-block-size": 16})}
+    assert "ddtree15: drafts with DDTREE spine (budget 15 <= block 16 - 1" in measure.table(report)
+    assert json.loads(measure.raw_json(report))["table"][0]["drafting"].startswith("DDTREE spine")

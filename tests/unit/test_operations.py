@@ -605,12 +605,12 @@ def test_lifecycle_judges_by_the_host_alone_before_executing():
 def service_host(tmp_path, monkeypatch):
     """A `systemctl` that reports an active unit with MainPID from $PID, in this test's own cgroup (the servers the
     tests start answer from this process: peer identity), and a record dir in tmp_path."""
-    from tests.unit.remote_calls import own_control_group
-
     import os
     import subprocess
     import sys
     import time
+
+    from tests.unit.remote_calls import own_control_group
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
