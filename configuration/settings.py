@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from configuration import connection, engine_flags, host_paths, kinds, schema
+from configuration import advisories, connection, engine_flags, host_paths, kinds, schema
 from configuration import patch_sets as patch_set_files
 from configuration.connection import HIDDEN
 from configuration.errors import DataError
@@ -685,9 +685,12 @@ def _service(ctx: _ServiceContext, name: str, raw: Any, overrides: dict[str, Any
         _require((patch_set_files.PATCHES_DIR / patch_set / "patchset.yml").exists(), s, p, patch_set, f"no such patch set; available: {', '.join(patch_set_files.available()) or '(none)'}")
         _patch_set_fits_the_stack(ctx, s, p, patch_set_files.load_patch_set(patch_set))  # its manifest, checked like the data
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
-    args = _args(*at("args"), engine)
+    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy, a new set) may add some.
+    whole = engine is not None and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets)
+    args = _args(*at("args"), engine, ctx.engine_version if whole else None, judge_unknown=whole)
     _check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
     _served_backends(*origin["args"], args, patch_sets)
+    _advisories_refused(*origin["args"], args, engine, ctx.engine_version)
     listening = _listens_beyond_loopback(at("bind"), args)
     _exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
@@ -809,10 +812,13 @@ def _argv_word(src: str, path: str, word: Any, shown: Any) -> str:
 _NUMBER_WORD = re.compile(r"-[0-9]{1,18}(\.[0-9]*)?([eE][-+]?[0-9]{1,3})?|-\.[0-9]{1,18}")
 
 
-def _args(src: str, path: str, value: dict, engine: "engine_flags.EngineFlags | None") -> list[_Arg]:
+def _args(src: str, path: str, value: dict, engine: "engine_flags.EngineFlags | None", version: str | None = None,
+          judge_unknown: bool = False) -> list[_Arg]:
     """`args` resolved as the engine's parser will read them: `engine` is the flag list of the
     service's stack and patch sets, or None for a launcher without a pinned engine (then every
-    known engine version's flags are used, so a derived flag is caught whatever it is spelled)."""
+    known engine version's flags are used, so a derived flag is caught whatever it is spelled).
+    With `judge_unknown` (a pinned engine whose whole flag list is known), a flag its parser does not have is refused
+    here (`_known_to_the_engine`)."""
     parser = engine if engine is not None else engine_flags.any_engine()
     out: list[_Arg] = []
     seen: dict[str, str] = {}
@@ -825,6 +831,8 @@ def _args(src: str, path: str, value: dict, engine: "engine_flags.EngineFlags | 
         _not_derived(src, key_path, flag, flag_value, resolved)
         dest = resolved.action.dest if resolved.action else None
         _no_credential(src, key_path, flag, dest)
+        if judge_unknown:
+            _known_to_the_engine(src, key_path, flag, flag_value, resolved, engine, version)
         if resolved.action and f"--{flag}" not in resolved.action.options:
             # A prefix: written out in full, so the unit says what the engine reads.
             flag = max((o for o in resolved.action.options if o.startswith(f"--{flag}")), key=len).lstrip("-")
@@ -843,6 +851,39 @@ def _args(src: str, path: str, value: dict, engine: "engine_flags.EngineFlags | 
         _fits_the_action(src, key_path, flag_value, resolved.action, parser)
         out.append(_Arg(flag, flag_value, key_path, dest, src))
     return out
+
+
+def _known_to_the_engine(src: str, key_path: str, flag: str, flag_value: Any, resolved, engine, version: str | None) -> None:
+    """A flag the pinned engine's own flag list does not have (or a prefix of several) is refused before connecting:
+    its parser would refuse it on the host (`unrecognized arguments`, `ambiguous option`). Named with the engine, what
+    replaced it where an advisory says (files/engine_advisories.yml), else the closest flags it has."""
+    if resolved.action is not None:
+        return
+    if resolved.candidates:
+        options = ", ".join(f"`--{a.flag}`" for a in resolved.candidates)
+        raise DataError(src, key_path, flag_value, f"`--{flag}` is ambiguous in {engine.label}: it could mean {options}; write one out")
+    renamed = advisories.replacement(flag, version)
+    if renamed is not None:
+        raise DataError(src, key_path, flag_value, f"`--{flag}` is not a flag of {engine.label}: {renamed.text()}")
+    names = sorted({o.lstrip("-") for a in engine.actions for o in a.options if o.startswith("--")})
+    close = difflib.get_close_matches(flag, names, n=3, cutoff=0.6)
+    hint = f"; the closest it has: {', '.join(f'`--{c}`' for c in close)}" if close else ""
+    raise DataError(src, key_path, flag_value, f"`--{flag}` is not a flag of {engine.label} (its parser would refuse it on the "
+                                               f"host: unrecognized arguments){hint}; remove it, or pin a stack whose engine has it")
+
+
+def _advisories_refused(src: str, args_path: str, args: list[_Arg], engine, version: str | None) -> None:
+    """An engine advisory (files/engine_advisories.yml) with effect `refuse` whose condition the data decides and which
+    holds: refused before connecting, naming the flag it is about, the reference and the fix. Those that need the GPU
+    (or warn) are the host's GPU check's (operations/gpus.py)."""
+    judged = advisories.Service(version, {a.flag: a.value for a in args}, engine)
+    for advisory in advisories.applying(judged):
+        if advisory.effect != "refuse":
+            continue
+        given = [a for a in args for flag, _ in advisory.flags if judged.value(flag) is not None and
+                 (a.flag == flag or (a.dest is not None and judged._dest(flag) == a.dest))]
+        where, value = (given[0].key_path, given[0].value) if given else (args_path, None)
+        raise DataError(src, where, value, advisory.text())
 
 
 def _not_derived(src: str, key_path: str, flag: str, flag_value: Any, resolved) -> None:

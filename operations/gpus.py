@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
-from configuration import patch_sets, stacks
+from configuration import advisories, engine_flags, patch_sets, stacks
 from configuration.errors import fail_dry_run
 from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
@@ -43,8 +43,6 @@ _MISSING_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9
 _HEADER_RE = re.compile(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)")
 _TABLE_ROW_RE = re.compile(r"^\|\s+(\d+)\s+.*\|\s*([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
 _ACTIVE = ("active", "activating", "reloading", "deactivating")
-# FlashInfer's JIT rejects SM 12.x before flashinfer 0.7.2.post1 (REFERENCE.md, section 2).
-_TRITON_MAJORS = ("12",)
 
 
 # Facts -----------------------------------------------------------------------------------
@@ -344,19 +342,43 @@ def _free_text(free: list[int]) -> str:
     return f"healthy free GPUs: {', '.join(str(i) for i in free)}" if free else "no healthy free GPU on this host"
 
 
-def _backend(service: Service, facts: GpuFacts, decisions: list[str]) -> Service:
+def _engine(service: Service, engine: str | None) -> advisories.Service:
+    """`service` as the advisories judge it: its engine version, its flags as that engine's parser reads them."""
+    return advisories.Service(engine, dict(service.args), engine_flags.for_engine(engine, service.patch_sets))
+
+
+def _caps(service: Service, facts: GpuFacts) -> list[str]:
+    return [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
+
+
+def _backend(service: Service, facts: GpuFacts, engine: str | None, decisions: list[str]) -> Service:
+    """`attention-backend: auto` resolved on this GPU: the backend an advisory that holds for sglang's default here
+    prefers (files/engine_advisories.yml: FlashInfer's JIT on sm 12.x prefers triton), else sglang's default."""
     if _arg(service, "attention-backend") != "auto":
         return service
-    caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-    sm12 = [c for c in caps if c.split(".")[0] in _TRITON_MAJORS]
-    args = [(flag, value) for flag, value in service.args if flag != "attention-backend" or sm12]
-    if sm12:
-        args = [(f, "triton" if f == "attention-backend" else v) for f, v in args]
-        decisions.append(f"{service.name}: attention-backend auto -> triton (sm {sm12[0]}: FlashInfer's JIT fails on SM 12.x before flashinfer 0.7.2.post1)")
+    caps = _caps(service, facts)
+    held = [a for cap in caps for a in advisories.applying(_engine(service, engine), cap, advisories.DEFAULT_BACKEND) if a.prefer]
+    if held:
+        args = [(f, held[0].prefer if f == "attention-backend" else v) for f, v in service.args]
+        decisions.append(f"{service.name}: attention-backend auto -> {held[0].prefer} (sm {caps[0]}: {held[0].summary} [{held[0].id}])")
     else:
+        args = [(flag, value) for flag, value in service.args if flag != "attention-backend"]
         shown = f"sm {caps[0]}" if caps else "GPU not known"
         decisions.append(f"{service.name}: attention-backend auto -> sglang's default ({shown})")
     return dataclasses.replace(service, args=tuple(args))
+
+
+def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: list[str], errors: list[str]) -> None:
+    """The engine advisories that hold for `service` on this host's GPU, with the backend it runs here (`auto` resolved):
+    a refusal is an error (before any change), a warning is shown (also under --dry)."""
+    judged = _engine(service, engine)
+    seen: set[str] = set()
+    for cap in _caps(service, facts) or [None]:
+        for advisory in advisories.applying(judged, cap):
+            if advisory.id in seen:
+                continue
+            seen.add(advisory.id)
+            (errors if advisory.effect == "refuse" else warnings).append(f"{service.name}: {advisory.text()}")
 
 
 def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str], errors: list[str]) -> None:
@@ -401,20 +423,6 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
                         f"(mem-fraction-static {fraction} of {_gib(total)}) for the KV cache")
     else:
         decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of {gpu_text} ({_gib(pool)}), {_gib(pool - need)} left for the KV cache")
-
-
-def _engine_failures(service: Service, facts: GpuFacts, engine: str | None, errors: list[str]) -> None:
-    """Engine, GPU and flag combinations that a real GPU showed failing at start (bench/gpu_serve_check.sh):
-    refused before any restart, each with the way out."""
-    caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-    hopper = [c for c in caps if c.split(".")[0] == "9"]
-    backend = _arg(service, "attention-backend")
-    if engine == "0.5.11" and hopper and backend in (None, "fa3") and not _arg(service, "disable-piecewise-cuda-graph"):
-        errors.append(
-            f"{service.name}: sglang 0.5.11 with attention backend fa3 (its default on sm {hopper[0]}) dies at start "
-            "capturing its piecewise CUDA graph (CUBLAS_STATUS_EXECUTION_FAILED on an H200, bench/results/h200-2026-12-01-2-serve.txt); "
-            "add `disable-piecewise-cuda-graph: true` to the service's args, or set `attention-backend: triton`"
-        )
 
 
 def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> None:
@@ -499,12 +507,12 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
     services = []
     for service in config.services:
         auto_backend = _arg(resolved[service.name], "attention-backend") == "auto"
-        service = _backend(resolved[service.name], facts, decisions)
+        service = _backend(resolved[service.name], facts, engine, decisions)
         if auto_backend:
             _served_backends(service, facts, errors)
         if service.gpus:
             _memory(service, facts, decisions, warnings, errors)
-            _engine_failures(service, facts, engine, errors)
+            _advised(service, facts, engine, warnings, errors)
         services.append(service)
     return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions), tuple(warnings), tuple(errors))
 

@@ -388,7 +388,7 @@ def test_mem_fraction_too_small_is_an_error_with_the_fraction_needed():
 
 def test_little_kv_room_is_a_warning():
     sizes = {"/root/models/Qwen3.6-27B": 80 * GIB, "/root/models/Qwen3.6-27B-DFlash": 1 * GIB}
-    plan = gpus.decide(config_for(["dflash"], dflash={"args": {"mem-fraction-static": 0.88}}), facts(mib=97887, sizes=sizes))
+    plan = gpus.decide(config_for(["dflash"], dflash={"args": {"mem-fraction-static": 0.88, "attention-backend": "triton"}}), facts(mib=97887, sizes=sizes))
     assert plan.ok
     assert plan.warnings == (
         "dflash: models 81.0 GiB per GPU (Qwen3.6-27B 80.0 GiB + Qwen3.6-27B-DFlash 1.0 GiB) leave 3.1 GiB (4%) of the static pool "

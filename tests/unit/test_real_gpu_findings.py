@@ -126,8 +126,11 @@ def test_the_serve_check_starts_exactly_the_units_argv_and_environment():
 # 5. sglang 0.5.11, fa3 (its default on sm 9.0) and its piecewise CUDA graph: CUBLAS_STATUS_EXECUTION_FAILED at start.
 
 
-def _h200_config(**args):
+def _h200_config(engine=None, **args):
+    """A service on the engine's own stack: its flags are validated against that engine's flag list."""
     data = lab_data()
+    if engine == "0.5.11":
+        data["stack"] = "sglang-0.5.11-cu130"
     data["services"] = {"svc": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B", "args": {"attention-backend": "auto", **args}}}
     return settings.host_config(make_host(data, {"run_services": ["svc"]}))
 
@@ -144,7 +147,7 @@ def _h200_config(**args):
     ],
 )
 def test_the_gpu_check_refuses_the_combination_that_died_on_the_h200(engine, args, refused):
-    plan = gpus.decide(_h200_config(**args), H200, engine)
+    plan = gpus.decide(_h200_config(engine, **args), H200, engine)
     errors = [e for e in plan.errors if "piecewise CUDA graph" in e]
     assert bool(errors) == refused
     if refused:
@@ -153,7 +156,7 @@ def test_the_gpu_check_refuses_the_combination_that_died_on_the_h200(engine, arg
 
 def test_the_combination_is_not_refused_on_sm_12():
     blackwell = dataclasses.replace(H200, gpus=(gpus.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
-    assert not [e for e in gpus.decide(_h200_config(), blackwell, "0.5.11").errors if "piecewise" in e]
+    assert not [e for e in gpus.decide(_h200_config("0.5.11"), blackwell, "0.5.11").errors if "piecewise" in e]
 
 
 # 7. DDTree's port (sglang 0.5.13 + PR #27509 + the fixes) served on triton and died on fa3, sglang's default on sm 9.0

@@ -204,7 +204,7 @@ def test_awkward_values_survive_the_round_trip_through_exec_start():
         "json-model-override-args": '{"rope_scaling": {"type": "yarn", "factor": 4.0}}',
         "served-model-name": "100% $HOME's model",
         "tokenizer-path": "C:\\tok\\",
-        "cuda-graph-bs": [1, "2 4"],
+        "cuda-graph-bs-decode": [1, "2 4"],
         "enable-metrics": True,
     }
     config = lab_config(args=args)

@@ -1,0 +1,157 @@
+"""Engine advisories as data (files/engine_advisories.yml, configuration/advisories.py): each entry, a case inside its
+condition (refused or warned, with its id, reference and fix) and one just outside it (not a word), through the path
+that decides it: validation on the control machine where the data decides, the GPU check where the GPU does, and the
+advisories themselves for engine versions no stack pins (the engine's flag list for those is not in this checkout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from configuration import advisories, engine_flags, settings
+from configuration.errors import DataError
+from operations import gpus
+from tests.unit.hosts import make_host
+from tests.unit.test_units import lab_data
+
+STACKS = {"0.5.11": "sglang-0.5.11-cu130", "0.5.13": "sglang-0.5.13-cu130", "0.5.23": None}  # None: the lab's own (0.5.23)
+
+
+def facts(cap: str) -> gpus.GpuFacts:
+    return gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
+                         (gpus.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {})
+
+
+def verdict(engine: str, args: dict, cap: str = "9.0") -> str:
+    """What the deploy says of one DFLASH service on `engine` with `args` on a GPU of compute capability `cap`:
+    `refused: ...` (validation), `gpu error: ...`, `gpu warning: ...`, or `fine`."""
+    data = lab_data()
+    if STACKS[engine]:
+        data["stack"] = STACKS[engine]
+    dflash = data["services"]["dflash"]
+    data["services"] = {"svc": {**dflash, "gpu": 0, "port": 30100, "args": {**dflash["args"], **args}}}
+    try:
+        config = settings.host_config(make_host(data, {"run_services": ["svc"]}))
+    except DataError as error:
+        return f"refused: {error}"
+    plan = gpus.decide(config, facts(cap), engine)
+    said = [f"gpu error: {e}" for e in plan.errors] + [f"gpu warning: {w}" for w in plan.warnings]
+    return "\n".join(said) or "fine"
+
+
+def by_id(name: str) -> advisories.Advisory:
+    return next(a for a in advisories.load() if a.id == name)
+
+
+# (id, engine, args inside, GPU inside, what it says, args just outside, GPU just outside)
+THROUGH_THE_DEPLOY = [
+    ("mamba-scheduler-strategy-renamed", "0.5.23", {"mamba-scheduler-strategy": "extra_buffer"}, "9.0", "refused",
+     None, None),  # outside: 0.5.13 has the flag (below)
+    ("dflash-draft-window-size-renamed", "0.5.23", {"speculative-dflash-draft-window-size": 2048}, "9.0", "refused", None, None),
+    ("disable-piecewise-cuda-graph-renamed", "0.5.23", {"disable-piecewise-cuda-graph": True}, "9.0", "refused", None, None),
+    ("extra-buffer-lazy-with-dflash", "0.5.13", {"mamba-scheduler-strategy": "extra_buffer_lazy"}, "9.0", "refused",
+     {"mamba-scheduler-strategy": "extra_buffer"}, None),
+    ("dflash-prefill-cuda-graph-sm12", "0.5.23", {"attention-backend": "triton"}, "12.0", "gpu warning",
+     {"attention-backend": "triton", "cuda-graph-backend-prefill": "disabled"}, "9.0"),
+    ("flashinfer-jit-sm12", "0.5.23", {"attention-backend": "flashinfer", "cuda-graph-backend-prefill": "disabled"}, "12.0",
+     "gpu warning", {"attention-backend": "triton", "cuda-graph-backend-prefill": "disabled"}, "9.0"),
+    ("sglang-0.5.11-fa3-piecewise-cuda-graph", "0.5.11", {"attention-backend": "fa3"}, "9.0", "gpu error",
+     {"attention-backend": "fa3", "disable-piecewise-cuda-graph": True}, "12.0"),
+]
+
+
+@pytest.mark.parametrize(("name", "engine", "inside", "cap", "says", "outside", "cap_outside"), THROUGH_THE_DEPLOY,
+                         ids=[case[0] for case in THROUGH_THE_DEPLOY])
+def test_each_advisory_is_said_inside_its_condition_and_not_just_outside(name, engine, inside, cap, says, outside, cap_outside):
+    advisory = by_id(name)
+    said = verdict(engine, inside, cap)
+    assert said.startswith(says), said
+    assert f"[{advisory.id}; {advisory.reference}]: {advisory.fix}" in said, said
+    if outside is not None:
+        assert advisory.id not in verdict(engine, outside, cap), "just outside its flags"
+    if cap_outside is not None:
+        assert advisory.id not in verdict(engine, inside, cap_outside), "just outside its GPU"
+
+
+@pytest.mark.parametrize("flag", ["mamba-scheduler-strategy", "speculative-dflash-draft-window-size", "disable-piecewise-cuda-graph"])
+def test_a_flag_renamed_in_0_5_20_is_still_the_old_engines(flag):
+    """Just outside the renames: an engine that still has the flag takes it."""
+    value = {"mamba-scheduler-strategy": "extra_buffer", "speculative-dflash-draft-window-size": 2048}.get(flag, True)
+    engine = "0.5.11" if flag == "disable-piecewise-cuda-graph" else "0.5.13"
+    assert "renamed" not in verdict(engine, {flag: value, "attention-backend": "triton"}, "12.0")
+
+
+# Engine versions no stack pins: the advisories alone, with the flags as written.
+BY_VERSION = [
+    ("mamba-scheduler-strategy-deprecated", {"mamba-scheduler-strategy": "extra_buffer"}, "0.5.17", "0.5.13"),
+    ("extra-buffer-lazy-with-dflash-radix", {"mamba-radix-cache-strategy": "extra_buffer_lazy"}, "0.5.15", "0.5.18"),
+    ("dflash-mamba-track-boundary", {}, "0.5.19", "0.5.20"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "inside", "outside"), BY_VERSION, ids=[case[0] for case in BY_VERSION])
+def test_each_advisory_for_an_unpinned_version_holds_inside_and_not_just_outside(name, args, inside, outside):
+    advisory = by_id(name)
+    service = {"speculative-algorithm": "DFLASH", **args}
+    assert advisories.holds(advisory, advisories.Service(inside, service)) is True
+    assert advisories.holds(advisory, advisories.Service(outside, service)) is False
+
+
+def test_the_track_boundary_advisory_is_outside_with_the_radix_cache_off():
+    service = advisories.Service("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cache": True})
+    assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
+
+
+def test_every_advisory_has_a_case_here():
+    covered = {c[0] for c in THROUGH_THE_DEPLOY} | {c[0] for c in BY_VERSION}
+    assert sorted(a.id for a in advisories.load() if a.id not in covered) == []
+
+
+def test_auto_on_sm_12_resolves_to_what_the_advisory_prefers():
+    said = verdict("0.5.23", {"attention-backend": "auto", "cuda-graph-backend-prefill": "disabled"}, "12.0")
+    assert said == "fine", said  # auto -> triton: the flashinfer advisory no longer holds
+    data = lab_data()
+    config = settings.host_config(make_host(data, {"run_services": {"dflash": {"gpu": 0}}}))
+    plan = gpus.decide(config, facts("12.0"), "0.5.23")
+    assert any("attention-backend auto -> triton (sm 12.0: FlashInfer's JIT" in d and "[flashinfer-jit-sm12]" in d for d in plan.decisions)
+
+
+def test_the_gpu_decides_what_the_data_cannot():
+    """An entry with a compute capability, or a backend `auto` leaves open, waits for the host; the rest is decided."""
+    engine = engine_flags.for_engine("0.5.23")
+    service = advisories.Service("0.5.23", {"speculative-algorithm": "DFLASH", "attention-backend": "auto"}, engine)
+    waiting = {a.id for a in advisories.deferred(service)}
+    assert {"dflash-prefill-cuda-graph-sm12", "flashinfer-jit-sm12"} <= waiting
+    assert "mamba-scheduler-strategy-renamed" not in waiting
+
+
+def test_an_alias_or_prefix_is_the_flag_it_resolves_to():
+    """Conditions read the flags as the engine's parser does: a prefix of `--disable-radix-cache` is that flag."""
+    engine = engine_flags.for_engine("0.5.23")
+    service = advisories.Service("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cach": True}, engine)
+    assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"id": "x", "summary": "s", "effect": "block", "reference": "r", "fix": "f"}, "one of refuse, warn"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "engine": "0.5.x"}, "a PEP 440 specifier"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r"}, "fix: None: required"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "flags": {"a": "set"}}, "a list of `set`"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "when": 1}, "unknown key"),
+])
+def test_a_wrong_entry_is_refused_naming_its_key(tmp_path, entry, message):
+    import yaml
+
+    path = tmp_path / "advisories.yml"
+    path.write_text(yaml.safe_dump({"advisories": [entry]}))
+    with pytest.raises(DataError) as caught:
+        advisories.load(path)
+    assert message in str(caught.value)
+
+
+def test_the_file_loads_and_every_entry_says_where_it_was_seen():
+    for advisory in advisories.load():
+        assert advisory.reference and advisory.fix and advisory.summary
+        assert dataclasses.replace(advisory) == advisory
