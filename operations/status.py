@@ -274,6 +274,8 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
     problems, changes = [], []
     mine = [e for e in decisions.errors if e.startswith(f"{service.name}:")]
     changes += [f"refuse the host (GPU check): {e}" for e in mine]
+    # The GPU check's warnings (engine advisories that hold here, little KV room): shown, not a verdict.
+    warned = [w.split(": ", 1)[1] for w in decisions.warnings if w.startswith(f"{service.name}: ")]
     env = env_state[service.environment.path]
     changes += env["changes"]
     staged = [model_state[m.name] for m in service.models if m.location == "shm"]
@@ -325,7 +327,7 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
         "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"], "venv": service.environment.path},
         "patch_sets": [p for p in env["patches"] if p["name"] in service.patch_sets],
         "models": staged + store, "changes": list(dict.fromkeys(changes)),
-        "healthy": not problems, "problems": problems,
+        "healthy": not problems, "problems": problems, "warnings": warned,
     }
 
 

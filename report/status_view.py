@@ -233,6 +233,7 @@ def table(rows: list[dict], width: int) -> str:
     for row in rows:  # why a row is not ok, whole, whatever the width
         name = f"{row['host']}/{row['service']}" if row.get("service") else row["host"]
         lines += [f"! {name}: {problem}" for problem in row.get("problems") or []]
+        lines += [f"~ {name}: WARNING: {warning}" for warning in row.get("warnings") or []]
     left_out = [name for name, _, _ in columns if all(name != s[0] for s in shown)]
     if left_out:
         lines.append(f"({len(left_out)} column(s) left out to fit {width} columns: {', '.join(left_out)}; "
@@ -264,6 +265,7 @@ def detail(rows: list[dict]) -> str:
                 changes = row.get("changes") or []
                 lines.append(f"  DEPLOY WOULD: {_changes(row) if not changes else ''}".rstrip())
                 lines += [f"    - {c}" for c in changes]
+                lines += [f"  WARNING: {w}" for w in row.get("warnings") or []]
                 continue
             lines.append(f"  {name}: {cell(row)}")
         for problem in row.get("problems") or []:

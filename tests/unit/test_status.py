@@ -335,3 +335,13 @@ def test_probe_reads_the_lock_and_times_health_and_writes_nothing(tmp_path):
         assert run_probe(lock)["lock"] == {"who": "unknown (no owner.json)", "pid": None, "since": None, "control": None}
     finally:
         server.shutdown()
+
+
+def test_an_engine_advisory_that_warns_here_is_shown_and_is_no_verdict():
+    """The GPU check's warnings (files/engine_advisories.yml: an entry that holds on this GPU) are in the row, the
+    table and the detail view, and change neither the verdict nor the exit code."""
+    warning = "FlashInfer's JIT reads the CUDA version from the host's nvcc ... [flashinfer-jit-sm12; ...]: set `attention-backend: triton`"
+    row = service_row(warnings=[warning])
+    assert view.verdict(row) == view.verdict(service_row()) and view.exit_code([row]) == view.EXIT_OK
+    assert f"~ gpu-a/ddtree: WARNING: {warning}" in view.table([row], 200)
+    assert f"  WARNING: {warning}" in view.detail([row])
