@@ -21,15 +21,15 @@ def test_bad_data_stops_the_run_before_any_host_is_touched(spare_with_venv):
     assert ssh(SPARE, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
 
 
+def bad_flag_inventory(args: dict):
+    services = {"bad": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "args": args}}
+    return write_inventory("test_bad_flag", {SPARE: {"services": services, "run_services": ["bad"]}})
+
+
 def test_a_value_only_the_engines_parser_can_judge_is_refused_by_the_preflight_before_any_unit_is_written(spare_with_venv):
     """The flag list knows every flag but not every value's type: a number the parser cannot read is its to refuse.
     (A flag the engine does not have is refused on the control machine: tests/unit/bad_data/engine_flags/.)"""
-    services = {
-        "bad": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
-                "args": {"max-running-requests": "lots"}},
-    }
-    inventory = write_inventory("test_bad_flag", {SPARE: {"services": services, "run_services": ["bad"]}})
-    result = deploy(inventory)
+    result = deploy(bad_flag_inventory({"max-running-requests": "lots"}))
     assert result.returncode != 0
     # The parser's own words, in one line, and the summary names the flag.
     assert "bad: PREFLIGHT FAILED, unit and running service left as they were: sglang 0.5.23 refuses the flags: " in result.stderr
@@ -41,12 +41,7 @@ def test_a_value_only_the_engines_parser_can_judge_is_refused_by_the_preflight_b
 def test_a_flag_the_engine_does_not_have_is_refused_before_any_host_is_touched(spare_with_venv):
     """The operator's own flags on the default stack: `--mamba-scheduler-strategy` is gone from sglang 0.5.20 on.
     Refused on the control machine, with its replacement (files/engine_advisories.yml); the host is not reached."""
-    services = {
-        "bad": {"gpu": 0, "port": 30100, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
-                "args": {"mamba-scheduler-strategy": "extra_buffer"}},
-    }
-    inventory = write_inventory("test_bad_flag", {SPARE: {"services": services, "run_services": ["bad"]}})
-    result = deploy(inventory)
+    result = deploy(bad_flag_inventory({"mamba-scheduler-strategy": "extra_buffer"}))
     assert result.returncode != 0
     assert ("services.bad.args.mamba-scheduler-strategy: 'extra_buffer': `--mamba-scheduler-strategy` is not a flag of "
             "sglang 0.5.23: ") in result.stderr and "write `mamba-radix-cache-strategy: <the same value>` instead" in result.stderr

@@ -31,13 +31,6 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="handing a directory to a
 
 
 @pytest.fixture
-def sm(tmp_path, monkeypatch):
-    module = load_remote_module("stage_model", "stage_model_create_verify")
-    monkeypatch.setattr(module, "TEST_HOOK_DIR", str(tmp_path / "hooks"))
-    return module
-
-
-@pytest.fixture
 def sticky(tmp_path) -> Path:
     """A directory like /dev/shm: root's, world-writable, sticky."""
     path = tmp_path / "sticky"

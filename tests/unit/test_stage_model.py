@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 
 from operations import models
-from tests.unit.remote_calls import load_remote_module
 
 MARKER = models.MARKER
 SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "remote" / "stage_model.py"
-
-
-@pytest.fixture
-def sm(tmp_path, monkeypatch):
-    """The script as a module, its test hook directory moved under tmp_path (the real one is /run/...)."""
-    module = load_remote_module("stage_model", "stage_model_under_test")
-    monkeypatch.setattr(module, "TEST_HOOK_DIR", str(tmp_path / "hooks"))
-    return module
 
 
 @pytest.fixture
