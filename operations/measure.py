@@ -349,7 +349,7 @@ def table(report: Report) -> str:
         cells.append("-" if row["accept_length"] is None else f"{row['accept_length']:.2f}")
         cells.append("-" if row["ratio"] is None else f"{row['ratio']:.2f}")
         lines.append(cells)
-        drafted.append(f"{row['service']}: drafts with {row['drafting']}")
+        drafted.append(f"{row['service']} drafts with {row['drafting']}")  # no colon: `NAME: ...` is an error line
     widths = [max(len(str(c)) for c in column) for column in zip(header, *lines)]
     text = ["  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
             for cells in (header, *lines)]

@@ -370,5 +370,5 @@ def test_the_drafting_line_is_in_the_table_and_the_json():
     report = measure.Report(["ddtree15"], measure.Options(), Path("unused.json"))
     report.results["ddtree15"] = {"host": "h", "bench": {"output_throughput": 10.0}, "drafting": measure.drafting(
         {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "speculative-dflash-block-size": 16})}
-    assert "ddtree15: drafts with DDTREE spine (budget 15 <= block 16 - 1" in measure.table(report)
+    assert "ddtree15 drafts with DDTREE spine (budget 15 <= block 16 - 1" in measure.table(report)
     assert json.loads(measure.raw_json(report))["table"][0]["drafting"].startswith("DDTREE spine")
