@@ -66,13 +66,14 @@ class Service:
 
     def value(self, flag: str) -> Any:
         """The value the engine reads for `flag` (None when not given)."""
-        wanted = self._dest(flag)
+        wanted = self.dest(flag)
         for given, value in self.args.items():
-            if given == flag or (wanted is not None and self._dest(given) == wanted):
+            if given == flag or (wanted is not None and self.dest(given) == wanted):
                 return value
         return None
 
-    def _dest(self, flag: str) -> str | None:
+    def dest(self, flag: str) -> str | None:
+        """The engine's dest for `flag` (None: no flag list, or a flag it does not have)."""
         if self.engine is None:
             return None
         action = self.engine.resolve(flag).action

@@ -881,7 +881,7 @@ def _advisories_refused(src: str, args_path: str, args: list[_Arg], engine, vers
         if advisory.effect != "refuse":
             continue
         given = [a for a in args for flag, _ in advisory.flags if judged.value(flag) is not None and
-                 (a.flag == flag or (a.dest is not None and judged._dest(flag) == a.dest))]
+                 (a.flag == flag or (a.dest is not None and judged.dest(flag) == a.dest))]
         where, value = (given[0].key_path, given[0].value) if given else (args_path, None)
         raise DataError(src, where, value, advisory.text())
 
