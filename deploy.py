@@ -7,6 +7,8 @@ Each step is a component in deploys/ (a pyinfra @deploy; its operations are name
 `<Component> | <operation>`), each operation idempotent: nothing changes on a converged host.
 """
 
+import os
+
 from pyinfra import host, state
 
 from configuration import settings, stacks
@@ -16,8 +18,8 @@ from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.service import service, service_account
-from operations import host_reads, lock
-from report import health_timer, summary
+from operations import converged, gpus, host_plan, host_reads, lock
+from report import health_timer, plan_view, summary
 
 # The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
 # once per run by the first host to get here; every host's load raises the same DataError, so a bad value
@@ -33,12 +35,20 @@ lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read, rea
              waits={name: c.lock_wait_s for name, c in settings.validate_inventory(host.state).items()})
 host_reads.install(state, host, config_digest=repr(config))
 health_timer.install_timer(state)
+plan_view.install(state, os.environ)  # last: under --dry with PLAN_JSON it ends the process with the plan's code
 
-gpu_decisions = gpu_check(config, stack)
-config = gpu_decisions.config  # `gpu: auto` and `attention-backend: auto` resolved
-envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())
-copies = models(config)
-device_groups = service_account(config)
-for placed in config.services:
-    service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
-cleanup(config)
+# Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions the
+# operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON print it.
+gpu_decisions = gpus.plan_for_host(config, stack)
+plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets, read=host_reads.reader(host))
+plan_view.record(plan.record())
+if plan.converged:
+    converged.record(host, gpu_decisions.config, plan)
+else:
+    config = gpu_check(gpu_decisions).config  # `gpu: auto` and `attention-backend: auto` resolved
+    envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())
+    copies = models(config)
+    device_groups = service_account(config)
+    for placed in config.services:
+        service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
+    cleanup(config)

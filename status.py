@@ -20,8 +20,8 @@ from pyinfra import host, state
 
 from configuration import settings, stacks
 from configuration.patch_sets import load_patch_set
-from deploys.service import watched_inputs
 from operations import status as status_reads
+from operations.host_plan import watched_inputs
 from report import status_view
 
 options = status_view.options_from(os.environ)

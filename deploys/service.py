@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations.util import any_changed
 
 from deploys.environments import Environment
 from deploys.models import ModelCopies
-from operations import lifecycle, models, preflight, readiness, rollback, secrets, this_run, units
+from operations import host_plan, lifecycle, preflight, readiness, rollback, secrets, this_run, unit_file, units
 from operations.service_user import ensure_account, gpu_device_groups, group_of
-from operations.unit_file import written as unit_written
 
 
 @deploy("Service account")
@@ -33,25 +31,12 @@ def service_account(config) -> tuple[str, ...]:
     return gpu_device_groups(config.service_user)
 
 
-def watched_inputs(service, unit_path: str) -> tuple[str, ...]:
-    """The host paths the service's process loads besides its code: unit file, venv link, staged models'
-    markers, key file. Their content at each (re)start is recorded; a later difference means restart."""
-    paths = (unit_path, service.environment.path)
-    paths += tuple(f"{m.load_path}/{models.MARKER}" for m in service.models if m.location == "shm")
-    return paths + ((service.config_file,) if service.config_file else ())
-
-
 @deploy("Service")
 def service(config, service, stack, patch_sets: dict, environment: Environment, model_copies: ModelCopies,
             device_groups: tuple[str, ...]) -> None:
     """Add the operations that make one service run its data, and gate on its readiness."""
     unit_path = service.unit_path
-    digests = {name: patch_sets[name].digest for name in service.patch_sets}
-    staging = models.boot_unit_name(config) if any(m.location == "shm" for m in service.models) else None
-    unit_text = units.render_unit(
-        config, service, stack, units.inputs_digest(stack, digests), after_units=(staging,) if staging else (),
-        supplementary_groups=device_groups,
-    )
+    unit_text = host_plan.unit_text(config, service, stack, patch_sets, device_groups)
     key_file = secrets.config_file(
         name=f"API keys of {service.name} in a file only root and its service read",
         service=service.name,
@@ -74,12 +59,13 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         unit_text=unit_text,
         inputs_changed=inputs,
     )
-    unit_file = unit_written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text)
+    rewritten = unit_file.Rewritten()  # the unit's content replaced (a mode put back restarts nothing)
+    unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text, rewritten=rewritten)
 
     # Read before this run changes anything (one answer from the host's read): inputs whose content
     # differs from what the running process was started with. A touched file, or a file dropped beside
     # a staged model, is no change.
-    watched = watched_inputs(service, unit_path)
+    watched = host_plan.watched_inputs(service, unit_path)
     stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
         host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
@@ -91,8 +77,8 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         bind=service.bind,
         port=service.port,
         inputs=watched,
-        unit_changed=unit_file.did_change,
-        inputs_changed=any_changed(unit_file, *inputs.metas()),
+        unit_changed=rewritten,
+        inputs_changed=this_run.any_of(rewritten, inputs),
         outcome=started,
     )
     readiness.ready(
@@ -107,5 +93,5 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
         open_to_all=service.exposed_without_key,
         restarted=started,
         inputs=watched,
-        rollback_plan=rollback.Restorable(unit_path, service.unit_name, unit_file.did_change, [(service.environment.path, environment.switched.did_change)]),
+        rollback_plan=rollback.Restorable(unit_path, service.unit_name, rewritten, [(service.environment.path, environment.switched.did_change)]),
     )

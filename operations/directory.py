@@ -13,6 +13,20 @@ from pyinfra.facts.files import Directory
 from operations import host_reads
 
 
+def fixes(found: dict | None | bool, mode: str | None, user: str | None, group: str | None) -> list[str]:
+    """What `present` would change on a directory read as `found` (the `Directory` fact): "create", "mode",
+    "owner"; [] when it is as wanted. A path that is no directory is the caller's refusal (`found is False`)."""
+    if found is None:
+        return ["create"] + (["mode"] if mode is not None else []) + (["owner"] if user or group else [])
+    found = found or {}
+    out = []
+    if mode is not None and str(found.get("mode")) != str(int(mode)):
+        out.append("mode")
+    if bool(user and found.get("user") != user) or bool(group and found.get("group") != group):
+        out.append("owner")
+    return out
+
+
 @host_reads.operation()
 def present(path: str, mode: str | None = None, user: str | None = None, group: str | None = None):
     """
@@ -27,14 +41,13 @@ def present(path: str, mode: str | None = None, user: str | None = None, group: 
     found = host_reads.get(host, Directory, path=path)
     if found is False:
         raise OperationError(f"{path} exists and is not a directory: move it away, then run again")
-    if found is None:
+    todo = fixes(found, mode, user, group)
+    if "create" in todo:
         yield StringCommand("mkdir", "-p", QuoteString(path))
-        found = {}
-    fix_owner = bool(user and found.get("user") != user) or bool(group and found.get("group") != group)
-    fix_mode = mode is not None and str(found.get("mode")) != str(int(mode))
+    fix_owner, fix_mode = "owner" in todo, "mode" in todo
     if fix_mode:  # the mode first: a directory being given to root is closed before it changes hands
         yield StringCommand("chmod", mode, QuoteString(path))
     if fix_owner:
         yield StringCommand("chown", QuoteString(f"{user or ''}:{group}" if group else user), QuoteString(path))
-    if found and not fix_owner and not fix_mode:
+    if not todo:
         host.noop(f"directory {path} is present" + "".join(f", {v}" for v in (mode, user, group) if v))

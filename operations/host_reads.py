@@ -212,6 +212,11 @@ def get(host, cls: type, **kwargs):
     return copy.deepcopy(value)
 
 
+def reader(host):
+    """`read(Fact, **arguments)`: `get` for `host`, as the host's plan reads (operations/host_plan.py)."""
+    return lambda cls, **kwargs: get(host, cls, **kwargs)
+
+
 def start_read(host, running: tuple[Batch, object] | None = None) -> None:
     """Begin `host`'s one read in the background: called as soon as the run holds its lock (operations/lock.py),
     so each host's read overlaps the lock pass's next hosts instead of waiting for all of them.

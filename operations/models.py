@@ -115,6 +115,18 @@ def drift(state: dict) -> str | None:
     return None
 
 
+def staged_read(src: str, dest: str, verify: str) -> dict:
+    """The `StagedModel` read's arguments: the same for the operation and the plan (one answer from the read)."""
+    return {"src": src, "dest": dest, **({"verify": "full"} if verify == "full" else {})}
+
+
+def stage_reason(state: dict) -> str | None:
+    """Why the model must be staged (again), from its `StagedModel` read; None when its copy is current."""
+    if state["src"] is None:
+        return "source missing"  # nothing to copy from: the stage script fails with the message that says so
+    return drift(state)
+
+
 def stage_command(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, str], ...] = ()) -> str:
     args = [shlex.quote(src), shlex.quote(dest), MARKER]
     if verify == "full":
@@ -168,13 +180,8 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, not {verify!r}")
-    full = {"verify": "full"} if verify == "full" else {}
-    state = host_reads.get(host, StagedModel, src=src, dest=dest, **full)
-    if state["src"] is None:
-        # Nothing to copy from: the stage script fails with the message that says so.
-        reason = "source missing"
-    else:
-        reason = drift(state)
+    state = host_reads.get(host, StagedModel, **staged_read(src, dest, verify))
+    reason = stage_reason(state)
     if reason is None:
         touched = len(state.get("suspect_hashes") or {})
         hashed = f"; {touched} file(s) modified after staging hashed: content unchanged" if touched else ""
@@ -306,6 +313,16 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def boot_stale(state: dict, wanted: dict[str, tuple[str, str]]) -> list[str]:
+    """The boot unit's files (`BootStaging` fact) whose content is not the wanted one, in order."""
+    return [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
+
+
+def boot_wanted(config: HostConfig) -> dict[str, tuple[str, str]]:
+    """What `boot_staging` is given for `config`: the files to keep (shm models), or the paths to remove."""
+    return boot_files(config) if config.staged_models else {p: ("", "644") for p in (BOOT_SCRIPT, BOOT_LIST, BOOT_UNIT_PATH)}
+
+
 @operation()
 def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, present: bool = True):
     """
@@ -332,7 +349,7 @@ def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, pres
     """
     state = host_reads.get(host, BootStaging, paths=sorted(wanted), unit=unit)
     if present:
-        stale = [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
+        stale = boot_stale(state, wanted)
         for path in stale:
             host.log(f"{path}: {'differs' if path in state['files'] else 'missing'}: writing it")
             yield from replace_file(path, wanted[path][0], wanted[path][1])
@@ -378,7 +395,7 @@ def stage_for_host(config: HostConfig) -> dict:
         )
     boot_staging(
         name=f"Boot unit {BOOT_UNIT} stages models into {config.shm_dir}",
-        wanted=boot_files(config) if models else {p: ("", "644") for p in (BOOT_SCRIPT, BOOT_LIST, BOOT_UNIT_PATH)},
+        wanted=boot_wanted(config),
         present=bool(models),
     )
     return ops

@@ -47,6 +47,38 @@ def _record_path(venv_path: str, name: str) -> str:
     return f"{venv_path}/.sglang-deploy/patches/{name}/applied.json"
 
 
+def read_arguments(patch_set: PatchSet, venv_path: str, site_packages: str) -> dict:
+    """The `InstalledFiles` read of `patch_set` in a generation: the same arguments for the operation and the plan."""
+    return {"site_packages": site_packages, "distribution": patch_set.distribution,
+            "backup_dir": _backup_dir(venv_path, patch_set.name), "record": _record_path(venv_path, patch_set.name),
+            "paths": tuple(f.path for f in patch_set.files)}
+
+
+def drift(patch_set: PatchSet, installed: dict | None) -> dict:
+    """What `applied` would find, from `InstalledFiles`: applied (every file and the record as the set says), or
+    what drifted: {"name", "applied", "drifted": [...], "note"}."""
+    if not installed:
+        return {"name": patch_set.name, "applied": False, "drifted": [], "note": "not read (the generation is not built)"}
+    if installed.get("version") != patch_set.version:
+        found = installed.get("version") or "(not installed)"
+        return {"name": patch_set.name, "applied": False, "drifted": [],
+                "note": f"{patch_set.distribution} {found} in the venv, the set is for {patch_set.version}"}
+    drifted = []
+    for f in patch_set.files:
+        found = (installed.get("files") or {}).get(f.path)
+        if found == f.sha256:
+            continue
+        if found is None:
+            drifted.append(f"{f.path} missing")
+        elif found == f.original:
+            drifted.append(f"{f.path} is the original (not applied)")
+        else:
+            drifted.append(f"{f.path} changed on the host (sha256 {found[:12]})")
+    if installed.get("record") != applied_record(patch_set):
+        drifted.append("applied-state record differs")
+    return {"name": patch_set.name, "applied": not drifted, "drifted": drifted, "note": None}
+
+
 def applied_record(patch_set: PatchSet) -> dict:
     """What the host records once the set is applied: enough to name what changed later."""
     return {
@@ -99,18 +131,9 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
             site_packages="/root/venv_sglang/lib/python3.11/site-packages",
         )
     """
-    paths = tuple(f.path for f in patch_set.files)
     backups = _backup_dir(venv_path, patch_set.name)
     record_path = _record_path(venv_path, patch_set.name)
-    state = host_reads.get(
-        host,
-        InstalledFiles,
-        site_packages=site_packages,
-        distribution=patch_set.distribution,
-        backup_dir=backups,
-        record=record_path,
-        paths=paths,
-    )
+    state = host_reads.get(host, InstalledFiles, **read_arguments(patch_set, venv_path, site_packages))
     found_version = state["version"]
     if found_version is None and present and not this_run.executing():
         # Planning (--dry, or the diff before a run): the generation this set goes into is built

@@ -52,6 +52,17 @@ def probe_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
 
 
+def endpoint_text(bind: str, port: int, open_to_all: bool) -> str:
+    """The service's endpoint as the summary shows it (an exposed service without a key says so)."""
+    return f"http://{bind}:{port}" + (" (NO API KEY)" if open_to_all else "")
+
+
+def already(state: dict) -> str:
+    """The summary's words for a service that serves and was not restarted, from its `ServiceState` read."""
+    uptime = f"up {state['uptime_s']:.0f} s" if state.get("uptime_s") is not None else "up"
+    return f"already ({uptime}, pid {state.get('pid')})"
+
+
 def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> dict:
     command = remote.command(
         "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0", shlex.quote(config_file)
@@ -141,7 +152,7 @@ def ready(
         )
     """
     address = probe_address(bind)
-    endpoint = f"http://{bind}:{port}" + (" (NO API KEY)" if open_to_all else "")
+    endpoint = endpoint_text(bind, port, open_to_all)
     # Whether this run (re)started the unit is known only while executing (operations/this_run.py); a dry
     # run or the change check before execution judges by the service's current answer.
     just_started = this_run.changed(restarted)
@@ -151,8 +162,7 @@ def ready(
         host_reads.fresh(host, ServiceState, VERDICT_MAX_AGE_S)
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
-            uptime = f"up {state['uptime_s']:.0f} s" if state["uptime_s"] is not None else "up"
-            record(host.name, service, endpoint, "ready", f"already ({uptime}, pid {state['pid']})")
+            record(host.name, service, endpoint, "ready", already(state))
             host.noop(f"service {service} answers /health on port {port}")
             return
     yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})

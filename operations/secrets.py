@@ -70,6 +70,27 @@ def ensure_directory(group: str) -> None:
                       user="root", group=group, mode=dir_mode)
 
 
+def key_file_differs(state: dict | None, digest: str, group: str) -> str | None:
+    """Why a key file read as `state` (`SecretFileState`) is not the one holding `digest`, root's and `group`'s with
+    the mode `file_modes` gives; None when it is. Never its content: only its sha256 is read."""
+    if state is None:
+        return "absent"
+    file_mode = file_modes(group)[1]
+    if state.get("sha256") != digest:
+        return "its keys differ from the data (content not shown)"
+    if (state.get("mode"), state.get("owner"), state.get("group")) != (file_mode, "root", group):
+        return f"mode {state.get('mode')} {state.get('owner')}:{state.get('group')}, wanted {file_mode} root:{group}"
+    return None
+
+
+def key_file_digest(service: str, api_key: Secret | None, admin_api_key: Secret | None) -> str:
+    """The sha256 of the key file's content, registered for redaction (a weak key could be guessed from it:
+    `-vvv` prints this fact's output and the started record's)."""
+    digest = hashlib.sha256(config_text(api_key, admin_api_key).encode()).hexdigest()
+    redact.register(f"sha256 of the key file of {service}", digest)
+    return digest
+
+
 @operation()
 def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | None, present: bool = True, group: str = "root"):
     """
@@ -93,11 +114,7 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
     """
     path = config_path(service)
     content = config_text(api_key, admin_api_key).encode()
-    digest = hashlib.sha256(content).hexdigest()
-    if present:
-        # The file's sha256 is derived from the keys (a weak key could be guessed from it): `-vvv` prints it
-        # (this fact's output, the started record's), so it is redacted like the keys themselves.
-        redact.register(f"sha256 of the key file of {service}", digest)
+    digest = key_file_digest(service, api_key, admin_api_key) if present else None
     state = host_reads.get(host, SecretFileState, path=path)
     if not present:
         if state is None:
@@ -106,8 +123,7 @@ def config_file(service: str, api_key: Secret | None, admin_api_key: Secret | No
             yield f"rm -f {shlex.quote(path)}"
         return
     dir_mode, file_mode = file_modes(group)
-    wanted = {"sha256": digest, "mode": file_mode, "owner": "root", "group": group}
-    if state and all(state.get(k) == v for k, v in wanted.items()):
+    if key_file_differs(state, digest, group) is None:
         host.noop(f"secret file of {service} is current ({file_mode} root:{group})")
         return
     host.log(f"secret file of {service}: {'writing' if state is None else 'updating'} {path} (content not shown)")

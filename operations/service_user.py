@@ -291,6 +291,12 @@ def group_present(group: str):
     yield StringCommand("groupadd", "--system", QuoteString(group))
 
 
+def account_fixes(found: dict, group: str, home: str, shell: str) -> dict[str, str]:
+    """What differs on an existing account (`Account` fact) from the wanted one: {"home"|"shell"|"group": wanted}."""
+    wanted = {"home": home, "shell": shell, "group": group}
+    return {key: value for key, value in wanted.items() if found.get(key) != value}
+
+
 @operation()
 def account(user: str, group: str, home: str, shell: str):
     """
@@ -305,15 +311,10 @@ def account(user: str, group: str, home: str, shell: str):
     if found is None:
         yield StringCommand("useradd", "-d", QuoteString(home), "-s", QuoteString(shell), "-g", QuoteString(group), "-r", "-M", QuoteString(user))
         return
-    changes: list = []
-    if found["home"] != home:
-        changes += ["-d", QuoteString(home)]
-    if found["shell"] != shell:
-        changes += ["-s", QuoteString(shell)]
-    if found["group"] != group:
-        changes += ["-g", QuoteString(group)]
+    changes = account_fixes(found, group, home, shell)
     if changes:
-        yield StringCommand("usermod", *changes, QuoteString(user))
+        flags = {"home": "-d", "shell": "-s", "group": "-g"}
+        yield StringCommand("usermod", *(w for k, v in changes.items() for w in (flags[k], QuoteString(v))), QuoteString(user))
     else:
         host.noop(f"account {user} is a system account of group {group}, home {home}, shell {shell}")
 

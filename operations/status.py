@@ -11,33 +11,26 @@ What it never does: take or wait for the deploy lock (its holder is shown), run 
 host (every fact used here only reads: see each in the module that defines it), or keep the read set a deploy
 keeps on the control machine (`HostReads.asked` is emptied before the run ends, so nothing is saved).
 
-"Deploy would" is decided by the deploy's own pure decision functions from those answers: `gpus.decide` (the
-GPU check), `venv.plan` and the wanted generation against the live one (Environments), the applied patch
-files against the set's manifest (what `patches.applied` compares), `models.drift` (staging),
-`units.render_unit` against the unit file's sha1 (what `unit_file.written` compares), `lifecycle.steps`
-(reload, enable, start, restart), `placement.leftovers` and `models.unused` (Cleanup). Not covered, because
-they are decided only while a deploy runs or from facts it reads only then: the API key files, the service
-account, the boot staging unit, the models' store copies, the preflight, and whether a restart's readiness
-gate passes (COVERS says so wherever the column is shown).
+"Deploy would" is the host's plan (operations/host_plan.py), made by the very functions the deploy makes it
+with, from the same answers: every step (GPU check, Environments, Models, Service account, Service, Cleanup),
+as `Change` records (`plan` in each row; `changes` their text). Not covered: whether a restart's readiness
+gate will pass (COVERS says so wherever the column is shown). The venv and the staged models are judged by their
+fast check here (the data's `verify_env: full` is the deploy's own).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 
 from pyinfra.api import FactBase
-from pyinfra.facts.files import File, Sha1File
 
-from operations import gpus, host_reads, lifecycle, lock, models, patches, placement, readiness, remote, units, venv
+from operations import gpus, host_plan, host_reads, lifecycle, lock, models, patches, readiness, remote, venv
 from operations.pyinfra_adapter import real_host
-from operations.service_user import gpu_device_groups
 
 COVERS = (
-    "DEPLOY WOULD covers the GPU check, venv generations (fast check), patch sets, staged models (fast check), "
-    "unit files, start/restart/enable/reload and removals of unplaced units and models; not API key files, the "
-    "service account, the boot staging unit, store copies or the preflight."
+    "DEPLOY WOULD is the deploy's own plan from this read (operations/host_plan.py): every step, the venv and staged "
+    "models by their fast check; not whether a restart's readiness gate will pass."
 )
 class StatusProbe(FactBase):
     """``{"lock": {"who", "pid", "since", "control"} | None}``: the deploy lock's holder, read by the lock's own
@@ -65,30 +58,6 @@ def health_answer(state: dict | None) -> dict:
     return {"status": status, "latency_ms": state.get("health_ms"), "error": error}
 
 
-def patch_state(patch_set: patches.PatchSet, installed: dict | None) -> dict:
-    """What `patches.applied` would find: applied (every file and the record as the set says) or what drifted."""
-    if not installed:
-        return {"name": patch_set.name, "applied": False, "drifted": [], "note": "not read (the generation is not built)"}
-    if installed.get("version") != patch_set.version:
-        found = installed.get("version") or "(not installed)"
-        return {"name": patch_set.name, "applied": False, "drifted": [],
-                "note": f"{patch_set.distribution} {found} in the venv, the set is for {patch_set.version}"}
-    drifted = []
-    for f in patch_set.files:
-        found = (installed.get("files") or {}).get(f.path)
-        if found == f.sha256:
-            continue
-        if found is None:
-            drifted.append(f"{f.path} missing")
-        elif found == f.original:
-            drifted.append(f"{f.path} is the original (not applied)")
-        else:
-            drifted.append(f"{f.path} changed on the host (sha256 {found[:12]})")
-    if installed.get("record") != patches.applied_record(patch_set):
-        drifted.append("applied-state record differs")
-    return {"name": patch_set.name, "applied": not drifted, "drifted": drifted, "note": None}
-
-
 def gpu_rows(facts: gpus.GpuFacts | None, indexes: tuple[int, ...] | None = None) -> list[dict]:
     """The GPUs (all, or those of `indexes`) as rows: memory, health, and processes no unit of ours runs."""
     if facts is None or facts.error:
@@ -109,24 +78,6 @@ def gpu_rows(facts: gpus.GpuFacts | None, indexes: tuple[int, ...] | None = None
                     "problems": list(gpu.problems), "memory_used_mib": gpu.memory_used_mib,
                     "memory_total_mib": gpu.memory_total_mib, "foreign": foreign})
     return out
-
-
-def service_changes(state: dict, unit_path: str, unit_changed: bool, inputs_changed: bool) -> list[str]:
-    """The unit's lifecycle steps (`lifecycle.steps`) in words."""
-    steps = lifecycle.steps(state, unit_path, unit_changed, inputs_changed)
-    words = []
-    if steps.reload:
-        words.append("daemon-reload")
-    if steps.enable:
-        words.append("enable the unit")
-    if steps.start:
-        words.append("start the service")
-    if steps.restart:
-        newer = ", ".join(state.get("newer") or [])
-        words.append("restart the service" + (f" ({newer} changed since it started)" if newer else ""))
-    elif steps.record and not steps.start:
-        words.append("record what the running process was started with")
-    return words
 
 
 # -- one host -----------------------------------------------------------------------------------
@@ -192,72 +143,27 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     if not isinstance(probe_answer, dict):
         problems_host.append("the deploy lock's holder was not read")
 
-    host_changes: list[str] = []
-    units_found = _fact(host, placement.ManagedUnits)
-    if _ok(units_found):
-        for unit in placement.leftovers(units_found, [s.unit_name for s in config.services]):
-            host_changes.append(f"remove {unit} (no longer placed here, once it answers elsewhere)")
-    owned = _fact(host, models.OwnedInShm, shm_dir=config.shm_dir)
-    if _ok(owned):
-        for entry in models.unused(owned.get("owned") or {}, [m.name for m in config.staged_models]):
-            host_changes.append(f"release {config.shm_dir}/{entry}")
-
-    # Environments: the wanted generation against the live one, and what a fast check finds in it.
-    env_state: dict[str, dict] = {}
-    for env in config.environments:
-        gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
-        found = _fact(host, venv.VenvState, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify="fast")
-        changes, live = [], None
-        if not _ok(found):
-            changes.append(f"venv {env.path} not read ({getattr(found, 'why', 'no answer')})")
-        else:
-            live_target = (found.get("live") or {}).get("target")
-            live = live_target.rsplit("/", 1)[-1] if live_target else None
-            wanted = found.get("wanted")
-            if found.get("untrusted"):
-                changes.append(f"refuse the host: {found['untrusted'][0]}")
-            if wanted is None:
-                changes.append(f"build generation {gen.id}")
-            else:
-                changes += venv.plan(stack, wanted).reasons
-                if wanted.get("index") in venv.INDEX_REWRITTEN:
-                    changes.append(f"write generation {gen.id}'s RECORD index ({wanted['index']})")
-            if live_target != gen.path:
-                changes.append(f"switch {env.path} to generation {gen.id} (live: {live or 'none'})")
-        patch_rows = []
-        for name in env.patch_sets:
-            patch_set = patch_sets[name]
-            installed = None
-            if _ok(found) and found.get("wanted") is not None:
-                installed = _fact(
-                    host, patches.InstalledFiles, site_packages=f"{gen.path}/{stack.site_packages}",
-                    distribution=patch_set.distribution, backup_dir=patches._backup_dir(gen.path, name),
-                    record=patches._record_path(gen.path, name), paths=tuple(f.path for f in patch_set.files),
-                )
-            row = patch_state(patch_set, installed if _ok(installed) else None)
-            patch_rows.append(row)
-            if not row["applied"] and (found and _ok(found) and found.get("wanted") is not None):
-                changes.append(f"apply patch set {name} ({'; '.join(row['drifted']) or row['note']})")
-        env_state[env.path] = {"gen": gen, "live": live, "changes": changes, "patches": patch_rows}
-
-    # Staged models: the staging's own drift decision, on the fast check.
-    model_state: dict[str, dict] = {}
+    # What a deploy would change: the host's plan, the deploy's own decisions from the same read (host_plan.py).
+    plan = host_plan.plan_host(host.name, decisions, stack, patch_sets, read=host_reads.reader(host), verify_env="fast")
+    problems_host += [f"not read: {what}" for what in plan.unread]
+    envs = {env.path: _environment(host, env, stack, patch_sets, config) for env in config.environments}
+    staged = {}
     for model in config.staged_models:
-        found = _fact(host, models.StagedModel, src=model.store_path, dest=model.load_path, verify=config.verify_models)
-        why = models.drift(found) if _ok(found) else f"not read ({getattr(found, 'why', 'no answer')})"
-        model_state[model.name] = {"name": model.name, "location": "shm", "verified": why is None, "why": why}
+        found = _fact(host, models.StagedModel, **models.staged_read(model.store_path, model.load_path, config.verify_models))
+        why = models.stage_reason(found) if _ok(found) else f"not read ({getattr(found, 'why', 'no answer')})"
+        staged[model.name] = {"name": model.name, "location": "shm", "verified": why is None, "why": why}
 
-    device_groups = gpu_device_groups(config.service_user) if config.services else ()
-    rows = []
-    for service in resolved.services:
-        rows.append(_service_row(host, resolved, service, stack, patch_sets, watched.get(service.name, ()), env_state,
-                                 model_state, decisions, facts, host_gpus, device_groups, host_changes))
+    rows = [_service_row(host, service, stack, watched.get(service.name, ()), envs, staged, decisions, facts, host_gpus, plan)
+            for service in resolved.services]
+    shown = {id(c) for row in rows for c in row.pop("_changes")}
+    host_changes = [c for c in plan.changes if id(c) not in shown]
     if not rows:
         bad_gpus = [g for g in host_gpus if not g["healthy"]]
         rows.append({
             "host": host.name, "reachable": True, "service": None, "lock": lock_holder,
             "gpus": host_gpus, "host_gpus": host_gpus, "gpu_error": gpu_error if gpu_error != "GPUs not read" else None,
-            "changes": host_changes, "healthy": not bad_gpus and not problems_host,
+            "changes": [c.text for c in host_changes], "plan": [c.record() for c in host_changes],
+            "healthy": not bad_gpus and not problems_host,
             "problems": problems_host + [f"GPU {g['index']}: {'; '.join(g['problems'])}" for g in bad_gpus],
         })
     else:
@@ -265,38 +171,47 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
             row["lock"] = lock_holder
             row["problems"] = problems_host + row["problems"]
             row["healthy"] = row["healthy"] and not problems_host
-        rows[0]["changes"] = rows[0]["changes"] + [c for c in host_changes if c not in rows[0]["changes"]]
+        rows[0]["changes"] += [c.text for c in host_changes]
+        rows[0]["plan"] += [c.record() for c in host_changes]
     return rows
 
 
-def _service_row(host, config, service, stack, patch_sets, watched, env_state, model_state, decisions, facts,
-                 host_gpus, device_groups, host_changes) -> dict:
-    problems, changes = [], []
-    mine = [e for e in decisions.errors if e.startswith(f"{service.name}:")]
-    changes += [f"refuse the host (GPU check): {e}" for e in mine]
+def _environment(host, env, stack, patch_sets, config) -> dict:
+    """A venv as its rows show it: the wanted generation, the live one, and each patch set's drift."""
+    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    found = _fact(host, venv.VenvState, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify="fast")
+    live_target = (found.get("live") or {}).get("target") if _ok(found) else None
+    built = _ok(found) and found.get("wanted") is not None
+    rows = []
+    for name in env.patch_sets:
+        installed = None
+        if built:
+            installed = _fact(host, patches.InstalledFiles,
+                              **patches.read_arguments(patch_sets[name], gen.path, f"{gen.path}/{stack.site_packages}"))
+        rows.append(patches.drift(patch_sets[name], installed if _ok(installed) else None))
+    return {"gen": gen, "live": live_target.rsplit("/", 1)[-1] if live_target else None, "patches": rows}
+
+
+def _concerns(change, service, env: dict) -> bool:
+    """Whether a change of the plan is shown in `service`'s row: its own, its venv's, its models'."""
+    if change.service is not None:
+        return change.service == service.name
+    if change.step == host_plan.ENVS:
+        return service.environment.path in change.what or env["gen"].id in change.what
+    if change.step == host_plan.MODELS:
+        return any(change.what in (m.load_path, m.store_path) for m in service.models)
+    return False
+
+
+def _service_row(host, service, stack, watched, envs, staged_models, decisions, facts, host_gpus, plan) -> dict:
+    problems = []
     # The GPU check's warnings (engine advisories that hold here, little KV room): shown, not a verdict.
     warned = [w.split(": ", 1)[1] for w in decisions.warnings if w.startswith(f"{service.name}: ")]
-    env = env_state[service.environment.path]
-    changes += env["changes"]
-    staged = [model_state[m.name] for m in service.models if m.location == "shm"]
+    env = envs[service.environment.path]
+    mine = [c for c in plan.changes if _concerns(c, service, env)]
+    staged = [staged_models[m.name] for m in service.models if m.location == "shm"]
     store = [{"name": m.name, "location": "store", "verified": None, "why": "loaded from the store (not staged)"}
              for m in service.models if m.location == "store"]
-    for m in staged:
-        if not m["verified"]:
-            changes.append(f"stage model {m['name']} ({m['why']})")
-
-    unit_path = service.unit_path
-    unit_changed = False
-    if not mine:  # a unit is written only once the GPU check passes (its GPU is then decided)
-        digests = {name: patch_sets[name].digest for name in service.patch_sets}
-        boot = models.boot_unit_name(config) if any(m.location == "shm" for m in service.models) else None
-        text = units.render_unit(config, service, stack, units.inputs_digest(stack, digests),
-                                 after_units=(boot,) if boot else (), supplementary_groups=device_groups)
-        found = _fact(host, File, path=unit_path)
-        same = _ok(found) and _fact(host, Sha1File, path=unit_path) == hashlib.sha1(text.encode()).hexdigest()
-        if not same:
-            unit_changed = True
-            changes.append(f"write {unit_path}" + (" (differs from the data)" if _ok(found) else " (absent)"))
     state = _fact(host, readiness.ServiceState, unit=service.unit_name, address=readiness.probe_address(service.bind),
                   port=service.port, inputs=watched)
     unit = pid = uptime = restarts = None
@@ -305,8 +220,6 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
         unit = {k: state.get(k) for k in ("load", "active", "sub", "enabled")}
         pid, uptime, restarts = state.get("pid") or None, state.get("uptime_s"), state.get("restarts")
         running = state.get("active") == "active" and state.get("sub") in lifecycle.RUNNING
-        inputs_changed = unit_changed or bool(env["changes"]) or any(not m["verified"] for m in staged)
-        changes += service_changes(state, unit_path, unit_changed, inputs_changed)
     else:
         problems.append(f"unit state not read ({getattr(state, 'why', 'no answer')})")
     answer = health_answer(state if _ok(state) else None)
@@ -326,7 +239,7 @@ def _service_row(host, config, service, stack, patch_sets, watched, env_state, m
         "health": answer, "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
         "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"], "venv": service.environment.path},
         "patch_sets": [p for p in env["patches"] if p["name"] in service.patch_sets],
-        "models": staged + store, "changes": list(dict.fromkeys(changes)),
+        "models": staged + store, "changes": [c.text for c in mine], "plan": [c.record() for c in mine], "_changes": mine,
         "healthy": not problems, "problems": problems, "warnings": warned,
     }
 

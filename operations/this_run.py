@@ -25,6 +25,11 @@ def executing() -> bool:
     return bool(host.state.is_executing)
 
 
+def any_of(*flags: Callable[[], bool]) -> Callable[[], bool]:
+    """A flag that reports a change when any of `flags` does."""
+    return lambda: any(flag() for flag in flags)
+
+
 @dataclass(frozen=True)
 class Inputs:
     """Operations of this run whose result a service's process loads (its venv, patch sets, models, key file),

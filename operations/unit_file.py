@@ -5,29 +5,66 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand
 from pyinfra.facts.files import File, Sha1File
 
-from operations import host_reads
+from operations import host_reads, this_run
 from operations.file_write import replace_file
 from operations.host_reads import operation
 
 MODE = "644"
 
 
+def same_content(found: dict | None, sha1: str | None, text: str) -> bool:
+    """The unit file holds `text` (whatever its mode and owner)."""
+    return found is not None and sha1 == hashlib.sha1(text.encode()).hexdigest()
+
+
+def differs(found: dict | None, sha1: str | None, text: str) -> str | None:
+    """Why the unit file (`File` and `Sha1File` facts) is not `text`, mode 644, root's; None when it is."""
+    if found is None:
+        return "absent"
+    if not same_content(found, sha1, text):
+        return "differs from the data"
+    if str(found.get("mode")) != MODE or found.get("user") != "root" or found.get("group") != "root":
+        return f"mode {found.get('mode')} {found.get('user')}:{found.get('group')}, wanted {MODE} root:root"
+    return None
+
+
+class Rewritten:
+    """Whether `written` replaced the unit's content in this run (known only while executing); called, it says.
+    A mode or owner put back changes nothing systemd runs: no reload, no preflight, no restart."""
+
+    def __init__(self) -> None:
+        self.content = False
+
+    def __call__(self) -> bool:
+        return self.content
+
+
 @operation()
-def written(path: str, text: str):
+def written(path: str, text: str, rewritten: Rewritten | None = None):
     """
     Make the unit file at ``path`` hold ``text`` (mode 0644, root's).
 
     + path: the unit file, e.g. ``/etc/systemd/system/sglang-ddtree.service``
     + text: its content (``units.render_unit``)
+    + rewritten: a `Rewritten`, set when the content was replaced (not for a mode or owner put back)
 
     Written beside and renamed over (operations/file_write.py): systemd, or a reader, never
     sees half a unit, even if the connection drops mid-upload.
     """
     found = host_reads.get(host, File, path=path)
-    same_text = found is not None and host_reads.get(host, Sha1File, path=path) == hashlib.sha1(text.encode()).hexdigest()
-    if same_text and str(found.get("mode")) == MODE and found.get("user") == "root" and found.get("group") == "root":
+    sha1 = host_reads.get(host, Sha1File, path=path) if found else None
+    why = differs(found, sha1, text)
+    if why is None:
         host.noop(f"unit file {path} is current")
         return
+    if same_content(found, sha1, text):
+        host.log(f"unit file {path}: {why}: putting the mode and owner back (content unchanged: no restart)")
+        yield StringCommand("chmod", MODE, QuoteString(path))
+        yield StringCommand("chown", "root:root", QuoteString(path))
+        return
+    if rewritten is not None and this_run.executing():
+        rewritten.content = True
     yield from replace_file(path, text, MODE, make_parent=None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from configuration.patch_sets import PatchFile, PatchSet
-from operations import gpus, readiness, status
+from operations import gpus, patches, readiness, status
 from operations.patches import applied_record
 from report import status_view as view
 from tests.unit.remote_calls import own_control_group
@@ -226,19 +226,19 @@ def patch_set() -> PatchSet:
     return PatchSet(name="ddtree-sample", distribution="sglang", version="0.5.23", files=files, root=Path("/nonexistent"))
 
 
-def test_patch_state_applied_drifted_original_and_wrong_base():
+def test_patch_drift_applied_drifted_original_and_wrong_base():
     ps = patch_set()
     good = {"version": "0.5.23", "files": {"sglang/a.py": "a" * 64, "sglang/b.py": "b" * 64}, "record": applied_record(ps)}
-    assert status.patch_state(ps, good) == {"name": "ddtree-sample", "applied": True, "drifted": [], "note": None}
+    assert patches.drift(ps, good) == {"name": "ddtree-sample", "applied": True, "drifted": [], "note": None}
     edited = {**good, "files": {"sglang/a.py": "e" * 64, "sglang/b.py": None}}
-    got = status.patch_state(ps, edited)
+    got = patches.drift(ps, edited)
     assert not got["applied"]
     assert got["drifted"] == ["sglang/a.py changed on the host (sha256 eeeeeeeeeeee)", "sglang/b.py missing"]
     original = {**good, "files": {"sglang/a.py": "o" * 64, "sglang/b.py": "b" * 64}, "record": None}
-    assert status.patch_state(ps, original)["drifted"] == ["sglang/a.py is the original (not applied)", "applied-state record differs"]
-    other = status.patch_state(ps, {**good, "version": "0.5.11"})
+    assert patches.drift(ps, original)["drifted"] == ["sglang/a.py is the original (not applied)", "applied-state record differs"]
+    other = patches.drift(ps, {**good, "version": "0.5.11"})
     assert not other["applied"] and "sglang 0.5.11 in the venv, the set is for 0.5.23" in other["note"]
-    assert not status.patch_state(ps, None)["applied"]
+    assert not patches.drift(ps, None)["applied"]
 
 
 def gpu_facts(**more) -> gpus.GpuFacts:
@@ -261,20 +261,6 @@ def test_gpu_rows_name_foreign_processes_health_and_missing_gpus():
     missing = status.gpu_rows(gpu_facts(missing=("00:03",)), (2,))
     assert missing[0]["missing"] and "cannot reach 00:03" in missing[0]["problems"][0]
     assert status.gpu_rows(gpu_facts(error="nvidia-smi not found")) == []
-
-
-@pytest.mark.parametrize(("state", "unit_changed", "inputs_changed", "words"), [
-    ({"sub": "running", "enabled": "enabled", "recorded": True}, False, False, []),
-    ({"sub": "dead", "enabled": "enabled", "recorded": True}, False, False, ["start the service"]),
-    ({"sub": "running", "enabled": "disabled", "recorded": True}, False, False, ["enable the unit"]),
-    ({"sub": "running", "enabled": "enabled", "recorded": True}, True, True, ["daemon-reload", "restart the service"]),
-    ({"sub": "running", "enabled": "enabled", "recorded": True, "newer": ["/root/venv_sglang"]}, False, False,
-     ["restart the service (/root/venv_sglang changed since it started)"]),
-    ({"sub": "running", "enabled": "enabled", "recorded": False}, False, False,
-     ["record what the running process was started with"]),
-])
-def test_service_changes_are_lifecycles_own_steps(state, unit_changed, inputs_changed, words):
-    assert status.service_changes(state, "/etc/systemd/system/sglang-x.service", unit_changed, inputs_changed) == words
 
 
 # -- the probe script, here against a tiny server and a lock directory ---------------------------------

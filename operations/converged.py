@@ -1,0 +1,26 @@
+"""A host whose plan is empty: the run adds no step operation there (deploy.py), and says so here.
+
+Its services' rows in the end-of-run summary come from the same `ServiceState` read the plan judged them
+by (operations/host_plan.py: running, enabled, its inputs unchanged since it started, `/health` 200 from a
+socket of its own unit), as the readiness gate would have written them.
+"""
+
+from __future__ import annotations
+
+from operations import host_reads, readiness
+from operations.host_plan import watched_inputs
+from operations.plan import HostPlan
+from report.summary import record as summary_record
+
+
+def record(host, config, plan: HostPlan) -> None:
+    """Log that `host` is converged, and write each of its services' summary row."""
+    for service in config.services:
+        state = host_reads.get(host, readiness.ServiceState, unit=service.unit_name,
+                               address=readiness.probe_address(service.bind), port=service.port,
+                               inputs=watched_inputs(service, service.unit_path))
+        endpoint = readiness.endpoint_text(service.bind, service.port, service.exposed_without_key)
+        summary_record(host.name, service.name, endpoint, "ready", readiness.already(state if isinstance(state, dict) else {}))
+    placed = f"{len(config.services)} service(s)" if config.services else "nothing placed"
+    host.log(f"converged ({placed}): the read shows nothing to change; no operation added")
+

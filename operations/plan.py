@@ -1,0 +1,83 @@
+"""A plan: what a deploy would change on a host, as data (Terraform's shape: read, plan, apply).
+
+Each step of the deploy (its components in deploys/: GPU check, Environments, Models, Service account,
+Service, Cleanup) has pure decision functions from the validated configuration and the host's read to
+`Change` records; operations/host_plan.py asks every one of them, from one read of the host, for the
+whole host's `HostPlan`. The deploy reads that plan to decide whether a host needs its operations at
+all, `--dry` prints it, the JSON plan writes it, and the status view shows its changes: one decision,
+read four ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# What a change does to its object (Terraform's NoOp/Create/Update/Delete, and a service's own verbs).
+ACTIONS = ("create", "update", "delete", "restart", "start", "reload", "enable", "check", "refuse")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing a deploy would do on a host: to `what`, `action`, because `why`; in `step` (a deploy component)."""
+
+    step: str
+    what: str
+    action: str
+    why: str
+    service: str | None = None  # the service it belongs to; None for the host's own objects
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"change action {self.action!r} is none of {', '.join(ACTIONS)}")
+
+    @property
+    def text(self) -> str:
+        """One line, as the status view and `--dry` print it: `update /etc/...: mode 664, wanted 644`."""
+        return f"{self.action} {self.what}: {self.why}" if self.why else f"{self.action} {self.what}"
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class HostPlan:
+    """Every change of one host, in the deploy's order; `unread`: what could not be read (then nothing is sure)."""
+
+    host: str
+    changes: list[Change] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+
+    def add(self, step: str, what: str, action: str, why: str = "", service: str | None = None) -> Change:
+        change = Change(step, what, action, why, service)
+        self.changes.append(change)
+        return change
+
+    @property
+    def refusals(self) -> list[Change]:
+        return [c for c in self.changes if c.action == "refuse"]
+
+    @property
+    def converged(self) -> bool:
+        """Nothing to do, and everything needed to say so was read."""
+        return not self.changes and not self.unread
+
+    def of_service(self, name: str | None) -> list[Change]:
+        return [c for c in self.changes if c.service == name]
+
+    def steps(self) -> list[str]:
+        return list(dict.fromkeys(c.step for c in self.changes))
+
+    def exit_code(self) -> int:
+        """As `terraform plan -detailed-exitcode`: 0 nothing to do, 2 changes, 1 refused or not read."""
+        if self.refusals or self.unread:
+            return 1
+        return 2 if self.changes else 0
+
+    def record(self) -> dict:
+        return {
+            "host": self.host,
+            "exit_code": self.exit_code(),
+            "changes": [c.record() for c in self.changes if c.action != "refuse"],
+            "refusals": [c.record() for c in self.refusals],
+            "unread": list(self.unread),
+        }

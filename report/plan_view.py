@@ -1,0 +1,100 @@
+"""The plan as people and machines read it: per host and service under `--dry`, and as JSON on request.
+
+    pyinfra inventory.py deploy.py --dry                       # the plan, per host and service (what, why, action)
+    PLAN_JSON=plan.json pyinfra inventory.py deploy.py --dry   # and as JSON; exit 0 nothing to do, 2 changes, 1 refused
+    PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y        # the JSON on stdout (the rest of the output on stderr)
+
+Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and refusals as the status
+view's JSON has them, and what could not be read); once the last host is done, `PlanPrinter` prints and writes it.
+Under `--dry` with `PLAN_JSON`, the process exits as `terraform plan -detailed-exitcode` does: 0 nothing to do, 2
+changes, 1 a refusal, a fact not read, or a host whose load failed (not planned). A real run writes the plan it
+applied (PLAN_JSON) and keeps pyinfra's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
+
+from report.status_view import write_atomically
+from report.terminal_text import one_line
+
+PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each host's load plans it
+
+
+def record(plan: dict) -> None:
+    PLANS[plan["host"]] = plan
+
+
+def exit_code(plans: list[dict], unplanned: list[str]) -> int:
+    """The run's code: 1 if any host refused, read incompletely or was not planned; else 2 if any changes; else 0."""
+    if unplanned or any(p["exit_code"] == 1 for p in plans):
+        return 1
+    return 2 if any(p["exit_code"] == 2 for p in plans) else 0
+
+
+def document(plans: list[dict], unplanned: list[str]) -> dict:
+    return {"exit_code": exit_code(plans, unplanned), "hosts": plans,
+            "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's error above says why)"}
+                            for name in unplanned]}
+
+
+def text(plans: list[dict], unplanned: list[str]) -> str:
+    """The plan per host and service: `host/service: action what: why`, or `host: converged`."""
+    lines = ["--> Plan:"]
+    for plan in plans:
+        entries = plan["refusals"] + plan["changes"]
+        if not entries and not plan["unread"]:
+            lines.append(f"    {plan['host']}: nothing to change")
+            continue
+        for change in entries:
+            who = f"{plan['host']}/{change['service']}" if change["service"] else plan["host"]
+            why = f": {change['why']}" if change["why"] else ""
+            lines.append(one_line(f"    {who}  [{change['step']}] {change['action']} {change['what']}{why}"))
+        for what in plan["unread"]:
+            lines.append(one_line(f"    {plan['host']}  not read: {what}"))
+    for name in unplanned:
+        lines.append(f"    {name}: not planned (its load failed: pyinfra's error above says why)")
+    code = exit_code(plans, unplanned)
+    lines.append(f"    exit code {code} (0 nothing to change, 2 changes, 1 refused or not read)")
+    return "\n".join(lines)
+
+
+class PlanPrinter(BaseStateCallback):
+    """Once the last host is done: the plan printed (under --dry), the JSON written (PLAN_JSON), the exit code."""
+
+    def __init__(self, json_to: str | None, dry: bool):
+        self.json_to, self.dry = json_to, dry
+        self.disconnected: set[str] = set()
+        self.done = False
+        super().__init__()
+
+    def host_disconnect(self, state, host):
+        self.disconnected.add(host.name)
+        if self.done or not {h.name for h in state.activated_hosts} <= self.disconnected:
+            return
+        self.done = True
+        plans = [PLANS[name] for name in sorted(PLANS)]
+        unplanned = sorted(h.name for h in state.inventory if h.name not in PLANS and state.is_host_in_limit(h))
+        if self.dry or self.json_to:
+            print(text(plans, unplanned), file=sys.stderr if self.json_to == "-" else sys.stdout)
+        if self.json_to:
+            doc = json.dumps(document(plans, unplanned), indent=2, sort_keys=True) + "\n"
+            if self.json_to == "-":
+                sys.stdout.write(doc)
+                sys.stdout.flush()
+            else:
+                write_atomically(Path(self.json_to), doc)
+                logger.info(f"--> Plan written to {self.json_to}")
+        PLANS.clear()
+        if self.dry and self.json_to:
+            raise SystemExit(exit_code(plans, unplanned))
+
+
+def install(state, environ) -> None:
+    if not any(isinstance(h, PlanPrinter) for h in state.callback_handlers):
+        state.add_callback_handler(PlanPrinter(environ.get("PLAN_JSON") or None, "--dry" in sys.argv[1:]))
