@@ -7,7 +7,7 @@ check; sglang 0.5.11 with fa3 on Hopper in another function); a fact known and n
 all (a flag 0.5.23 no longer has passed validation and failed on the host).
 
 Where it is checked:
-- on the control machine, before connecting (configuration/settings.py): every entry whose condition the data
+- on the control machine, before connecting (configuration/service_args.py): every entry whose condition the data
   decides (no compute capability; an attention backend given in the data, or sglang's default);
 - in the host's GPU check (operations/gpus.py): the entries that need the GPU, with its compute capability and the
   backend `attention-backend: auto` resolves to there. An entry with `prefer` says what `auto` resolves to where it
@@ -55,7 +55,7 @@ class Advisory:
 
 
 @dataclass(frozen=True)
-class Service:
+class EngineUse:
     """What an advisory is judged on: the engine version, the flags as written in the unit (written out in full), the
     engine's flag list (`configuration.engine_flags.EngineFlags`, to read aliases and prefixes as it does; None: the
     flags as written)."""
@@ -87,12 +87,17 @@ class Service:
         return None if named == "auto" else str(named)
 
 
+
+# The old name of EngineUse (it shared `Service` with configuration.settings.Service, the deploy's own service), kept
+# while operations/gpus.py still reads it: remove once that reads EngineUse.
+Service = EngineUse
+
 def _matches(value: Any, words: tuple[str, ...]) -> bool:
     unset = value is None or value is False
     return any((w == "unset" and unset) or (w == "set" and not unset) or (not unset and str(value) == w) for w in words)
 
 
-def holds(advisory: Advisory, service: Service, compute_capability: str | None = None, backend: str | None = None) -> bool | None:
+def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None = None, backend: str | None = None) -> bool | None:
     """Whether `advisory` holds for `service`: True, False, or None when that depends on what only the host knows
     (its GPU's compute capability, or the backend `auto` resolves to). `backend` overrides the data's (the host's)."""
     if advisory.engine is not None:
@@ -118,20 +123,20 @@ def holds(advisory: Advisory, service: Service, compute_capability: str | None =
     return None if unknown else True
 
 
-def applying(service: Service, compute_capability: str | None = None, backend: str | None = None,
+def applying(service: EngineUse, compute_capability: str | None = None, backend: str | None = None,
              entries: Iterable[Advisory] | None = None) -> list[Advisory]:
     """The advisories that hold for `service` (on this GPU and backend, where given), in the file's order."""
-    return [a for a in (load() if entries is None else entries) if holds(a, service, compute_capability, backend)]
+    return [a for a in (load_advisories() if entries is None else entries) if holds(a, service, compute_capability, backend)]
 
 
-def deferred(service: Service, entries: Iterable[Advisory] | None = None) -> list[Advisory]:
+def deferred(service: EngineUse, entries: Iterable[Advisory] | None = None) -> list[Advisory]:
     """The advisories the control machine cannot decide for `service`: the host's GPU check decides them."""
-    return [a for a in (load() if entries is None else entries) if holds(a, service) is None]
+    return [a for a in (load_advisories() if entries is None else entries) if holds(a, service) is None]
 
 
 def replacement(flag: str, version: str | None) -> Advisory | None:
     """The advisory that names what replaced `flag` in engine `version`, if one does."""
-    for advisory in load():
+    for advisory in load_advisories():
         if advisory.replaced_by and any(f == flag for f, _ in advisory.flags) and (
                 advisory.engine is None or (version is not None and _in(version, advisory.engine))):
             return advisory
@@ -149,7 +154,7 @@ def _in(version: str, spec: SpecifierSet) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def load(path: Path = FILE) -> tuple[Advisory, ...]:
+def load_advisories(path: Path = FILE) -> tuple[Advisory, ...]:
     """Every advisory of the file, checked whole (a wrong entry names its id, key and the fix)."""
     raw = load_file(path)
     shown = str(path.name)

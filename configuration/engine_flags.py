@@ -4,7 +4,7 @@ sglang's server parser is a plain `argparse.ArgumentParser` (`allow_abbrev` on):
 any unambiguous prefix of an option (`--hos` is `--host`) and aliases (`--model` is
 `--model-path`). A check by string equality on `args` keys is therefore no check at all. This
 module resolves an `args` key the way that parser does, against the parser's real option
-strings, so the derived-flag, exposure and value rules (configuration/settings.py) apply to
+strings, so the derived-flag, exposure and value rules (configuration/service_args.py) apply to
 what the engine will actually set.
 
 The option strings live in `files/engine_flags/<dist>-<version>.json` (one per sglang

@@ -5,24 +5,28 @@ test fails when docs/variables.md and the schema differ): `GroupData` (keys any 
 `HostData` (keys of the inventory's hosts) and `ServiceSpec` (the keys of `services.<name>`, after a host's
 `run_services` overrides). Models are strict (no string read as a number, no bool as an int) and forbid
 unknown keys; each field's type is a kind of value from configuration/kinds.py, which checks the whole
-value and says how to fix it. What only several values together can show (paths apart from each other,
-engine flags resolved as the engine resolves them, exposure, clashes between services) is checked in
-configuration/settings.py, on the validated models.
+value and says how to fix it; a value of several shapes (a stack source, a model source, `run_services`, an engine
+flag's value) is a union read by its shape (`kinds.one_of`). What only several values together can show (paths apart
+from each other, a name that must be a host of the inventory or a defined service, engine flags resolved as the
+engine resolves them, exposure, clashes between services) is checked on the validated models by the modules
+configuration/settings.py calls (host.py, sources.py, placement.py, services.py, service_args.py, ...).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from configuration import kinds
 from configuration.kinds import (
+    ArgMap,
     Bool,
     EnvName,
     EnvValue,
     FailedGpus,
     Gpus,
+    IndexUrl,
     IpAddress,
     ModelName,
     ModuleName,
@@ -35,6 +39,7 @@ from configuration.kinds import (
     Text,
     TrustedHostPath,
     choice,
+    one_of,
     refuse,
     seconds,
 )
@@ -82,16 +87,23 @@ def _env_names_allowed(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-ServiceMap = Annotated[dict[ServiceName, Any], shaped(dict, "must be a map of service name -> service definition")]
-ModelSources = Annotated[dict[ModelName, Any], shaped(dict, "must be a map of model name -> inventory host name")]
 EnvMap = Annotated[dict[EnvName, EnvValue], shaped(dict, "must be a map of NAME -> value, e.g. `SGLANG_DDTREE_MAX_TOPK: 8`"),
                    AfterValidator(_env_names_allowed)]
-ArgMap = Annotated[dict[Any, Any], shaped(dict, "must be a map of sglang flag -> value, e.g. `attention-backend: triton`")]
 PatchSets = Annotated[list[PatchSetName], shaped(list, kinds.PATCH_SETS_FIX), _unique("patch set"), kinds.with_fix(kinds.PATCH_SETS_FIX)]
 VerifyModels = choice("fast", "full", fix="must be `fast` (names and sizes) or `full` (re-hash the staged files)")
 VerifyEnv = choice("fast", "full", fix="must be `fast` (sizes, and files modified since the last install hashed) or `full` (hash every file)")
 Installer = choice("auto", "uv", "pip", fix="must be `auto` (uv when the wheelhouse ships it, else pip), `uv` or `pip`")
 Location = choice("shm", "store", fix="must be `shm` (staged into shm_dir) or `store` (loaded from model_store)")
+STREAMS_FIX = "must be a whole number of streams, from 1 to 32"
+
+
+def _streams(value: int) -> int:
+    if not 1 <= value <= 32:
+        raise refuse(STREAMS_FIX)
+    return value
+
+
+TransferStreams = Annotated[kinds.Int, AfterValidator(_streams), kinds.with_fix(STREAMS_FIX)]
 
 
 def control_path(what: str) -> Any:
@@ -102,6 +114,61 @@ def control_path(what: str) -> Any:
 
 ControlDir = control_path("directory")
 ControlFile = control_path("file")
+# A host of the inventory, by its inventory name: which hosts there are is the inventory's (configuration/sources.py).
+InventoryHost = Annotated[Text, kinds.with_fix("must name a host of the inventory")]
+
+
+# Where a host's stack and models come from ------------------------------------------------------------------------
+
+STACK_SOURCES_FIX = ("must be a non-empty list of `wheelhouse`, `{index: https://...}` and `{donor: <inventory host>}` "
+                     "entries, tried in order")
+
+
+class IndexSource(BaseModel):
+    """`{index: URL}`: the host downloads the stack's files from a package index (hashes required)."""
+
+    model_config = STRICT
+
+    index: IndexUrl
+
+
+class DonorSource(BaseModel):
+    """`{donor: HOST}`: installed distributions copied from that host's live venv; with `path`, from the venv at that
+    path on that host (this one included)."""
+
+    model_config = STRICT
+
+    donor: InventoryHost
+    # Root copies the donor venv's files into its own: the donor venv is trusted like venv_path.
+    path: Optional[TrustedHostPath] = None
+
+
+def _non_empty_list(fix: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, list) or not value:
+            raise refuse(fix)
+        return value
+
+    return BeforeValidator(check)
+
+
+StackSource = one_of(STACK_SOURCES_FIX,
+                     (lambda v: v == "wheelhouse", Literal["wheelhouse"]),
+                     (lambda v: isinstance(v, dict) and list(v) == ["index"], IndexSource),
+                     (lambda v: isinstance(v, dict) and "donor" in v and set(v) <= {"donor", "path"}, DonorSource))
+StackSources = Annotated[list[StackSource], _non_empty_list(STACK_SOURCES_FIX)]
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, str) and ("/" in value or value.startswith("."))
+
+
+# A model streamed from a host of the inventory, or from a directory on the control machine (a path: it holds `/` or
+# starts with `.`).
+ModelSource = one_of("must name a host of the inventory or the model's directory on the control machine (a path that exists here)",
+                     (_is_path, ControlDir),
+                     (lambda v: isinstance(v, str), InventoryHost))
+ModelSources = Annotated[dict[ModelName, ModelSource], shaped(dict, "must be a map of model name -> inventory host name")]
 
 
 class GroupData(BaseModel):
@@ -132,7 +199,7 @@ class GroupData(BaseModel):
     host_wheel_cache: TrustedHostPath = var(
         "/var/cache/sglang-deploy/wheels", "Where pushed wheels land on the host (uv and its cache live under it too).",
         "small root disk", "host path (root's)")
-    stack_sources: Any = var(
+    stack_sources: StackSources = var(
         ["wheelhouse"], "Where the stack's files come from, tried in order per file: `wheelhouse` (pushed from the control "
         "machine), `{index: URL}` (the host downloads, hashes required) or `{donor: HOST}` (installed distributions "
         "copied from that host's live venv).",
@@ -154,6 +221,10 @@ class GroupData(BaseModel):
         {}, "Map model name -> where to stream it from when a host's store lacks it: an inventory host (e.g. the one a "
         "service moves away from) or a directory on the control machine.", "migrating to a host without the models",
         "map model name -> host or path")
+    transfer_streams: TransferStreams = var(
+        4, "How many OpenSSH streams at once carry bytes in bulk to a host: a model's files from `model_sources`, the "
+        "wheels pushed from the wheelhouse (a file is never split between streams).",
+        "more on fast links with cores to spare; fewer where the control machine or its uplink is shared", "whole number")
     service_user: ServiceUserName = var(
         "sglang", "Unix user the services run as: a system user the deploy creates (no login shell, home `/var/lib/sglang`), "
         "in a systemd sandbox (see \"Service user and sandbox\"); `root` runs them as root, in the same sandbox. Not a "
@@ -172,7 +243,7 @@ class HostData(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
-    run_services: Any = var(
+    run_services: RunServices = var(
         [], "Which services run on this host: a list of names, or a map name -> overrides of service keys (e.g. `gpu`, "
         "`port`). A service no longer listed is stopped, disabled and its unit removed (after the run's readiness gates).",
         "placing or moving a service", "list or map of service names")
@@ -220,6 +291,58 @@ class ServiceSpec(BaseModel):
     allow_unauthenticated: Bool = var(
         False, "Allow listening beyond loopback without an API key (anyone who reaches the port can use it).",
         "a trusted, isolated network only", "boolean")
+
+
+# A service's keys as a definition (`services.<name>`) or a placement's overrides (`run_services`) write them -------------
+#
+# ServiceSpec's keys and kinds, each optional: a required key may be given by the host's overrides instead; the merged
+# service is validated as a ServiceSpec (configuration/services.py).
+
+class _GivenKeys(BaseModel):
+    model_config = STRICT
+
+    def given(self) -> dict[str, Any]:
+        """The keys written, with their validated values."""
+        return self.model_dump(exclude_unset=True)
+
+
+ServiceKeys = create_model(
+    "ServiceKeys", __base__=_GivenKeys, __doc__="Some of a service's keys, each of its ServiceSpec kind.",
+    **{name: (Optional[Annotated[(f.annotation, *f.metadata)]] if f.metadata else Optional[f.annotation], None)
+       for name, f in ServiceSpec.model_fields.items()})
+
+
+def _known_service_keys(value: Any, fix: str) -> Any:
+    if not isinstance(value, dict):
+        raise refuse(fix)
+    for key in value:
+        if key not in ServiceSpec.model_fields:
+            raise refuse(f"unknown service key; allowed: {', '.join(ServiceSpec.model_fields)}", shown=value[key], at=str(key))
+    return value
+
+
+def _definition(value: Any) -> Any:
+    return _known_service_keys(value, "must be a map of service keys: " + ", ".join(ServiceSpec.model_fields))
+
+
+def _overrides(value: Any) -> Any:
+    """An empty value (`{dflash: null}`) overrides nothing."""
+    return _known_service_keys(value, "overrides must be a map of service keys, e.g. {gpu: 1, port: 30001}") if value else None
+
+
+ServiceDefinition = Annotated[ServiceKeys, BeforeValidator(_definition)]
+ServiceMap = Annotated[dict[ServiceName, ServiceDefinition], shaped(dict, "must be a map of service name -> service definition")]
+Overrides = Annotated[Optional[ServiceKeys], BeforeValidator(_overrides)]
+# A name in `run_services` (a string: whether a service of that name is defined is checked where the host's services are
+# built, configuration/host.py).
+PlacedName = Annotated[Text, kinds.with_fix("must name a service defined in `services`")]
+RunServices = one_of("must be a list of service names or a map name -> overrides (e.g. {dflash: {gpu: 1, port: 30001}})",
+                     (lambda v: isinstance(v, list),
+                      Annotated[list[Text], _unique("service"), kinds.with_fix("must list service names, e.g. `[ddtree, dflash]`")]),
+                     (lambda v: isinstance(v, dict), dict[PlacedName, Overrides]))
+
+GroupData.model_rebuild()
+HostData.model_rebuild()
 
 
 # The variables tables (docs/variables.md) -------------------------------------------------------------------------------

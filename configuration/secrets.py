@@ -110,7 +110,7 @@ def value_problem(value: str) -> str | None:
     return "it holds " + " and ".join(kinds)
 
 
-def resolve(name: str, secrets_file: Path, source: str, key_path: str) -> Secret:
+def resolve_secret(name: str, secrets_file: Path, source: str, key_path: str) -> Secret:
     """The secret called `name`, from the environment or the secrets file, or a DataError saying where to put it.
 
     Every secret value the run can know (the environment's, the secrets file's) is registered for redaction

@@ -42,9 +42,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_key_sources(monkeypatch):
-    """settings remembers which group file each key came from (module state, filled by whatever test loaded a
-    group file first); every test starts without it, so an error's source name does not depend on test order."""
-    from configuration import settings
+    """configuration/group_files.py remembers which group file each key came from (module state, filled by whatever
+    test loaded a group file first); every test starts without it, so an error's source name does not depend on test
+    order."""
+    from configuration import group_files
 
-    if hasattr(settings, "_KEY_SOURCES"):
-        monkeypatch.setattr(settings, "_KEY_SOURCES", {})
+    monkeypatch.setattr(group_files, "_KEY_SOURCES", {})

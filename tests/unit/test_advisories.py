@@ -42,7 +42,7 @@ def verdict(engine: str, args: dict, cap: str = "9.0") -> str:
 
 
 def by_id(name: str) -> advisories.Advisory:
-    return next(a for a in advisories.load() if a.id == name)
+    return next(a for a in advisories.load_advisories() if a.id == name)
 
 
 # (id, engine, args inside, GPU inside, what it says, args just outside, GPU just outside)
@@ -95,18 +95,18 @@ BY_VERSION = [
 def test_each_advisory_for_an_unpinned_version_holds_inside_and_not_just_outside(name, args, inside, outside):
     advisory = by_id(name)
     service = {"speculative-algorithm": "DFLASH", **args}
-    assert advisories.holds(advisory, advisories.Service(inside, service)) is True
-    assert advisories.holds(advisory, advisories.Service(outside, service)) is False
+    assert advisories.holds(advisory, advisories.EngineUse(inside, service)) is True
+    assert advisories.holds(advisory, advisories.EngineUse(outside, service)) is False
 
 
 def test_the_track_boundary_advisory_is_outside_with_the_radix_cache_off():
-    service = advisories.Service("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cache": True})
+    service = advisories.EngineUse("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cache": True})
     assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
 
 
 def test_every_advisory_has_a_case_here():
     covered = {c[0] for c in THROUGH_THE_DEPLOY} | {c[0] for c in BY_VERSION}
-    assert sorted(a.id for a in advisories.load() if a.id not in covered) == []
+    assert sorted(a.id for a in advisories.load_advisories() if a.id not in covered) == []
 
 
 def test_auto_on_sm_12_resolves_to_what_the_advisory_prefers():
@@ -121,7 +121,7 @@ def test_auto_on_sm_12_resolves_to_what_the_advisory_prefers():
 def test_the_gpu_decides_what_the_data_cannot():
     """An entry with a compute capability, or a backend `auto` leaves open, waits for the host; the rest is decided."""
     engine = engine_flags.for_engine("0.5.23")
-    service = advisories.Service("0.5.23", {"speculative-algorithm": "DFLASH", "attention-backend": "auto"}, engine)
+    service = advisories.EngineUse("0.5.23", {"speculative-algorithm": "DFLASH", "attention-backend": "auto"}, engine)
     waiting = {a.id for a in advisories.deferred(service)}
     assert {"dflash-prefill-cuda-graph-sm12", "flashinfer-jit-sm12"} <= waiting
     assert "mamba-scheduler-strategy-renamed" not in waiting
@@ -130,7 +130,7 @@ def test_the_gpu_decides_what_the_data_cannot():
 def test_an_alias_or_prefix_is_the_flag_it_resolves_to():
     """Conditions read the flags as the engine's parser does: a prefix of `--disable-radix-cache` is that flag."""
     engine = engine_flags.for_engine("0.5.23")
-    service = advisories.Service("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cach": True}, engine)
+    service = advisories.EngineUse("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cach": True}, engine)
     assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
 
 
@@ -147,11 +147,11 @@ def test_a_wrong_entry_is_refused_naming_its_key(tmp_path, entry, message):
     path = tmp_path / "advisories.yml"
     path.write_text(yaml.safe_dump({"advisories": [entry]}))
     with pytest.raises(DataError) as caught:
-        advisories.load(path)
+        advisories.load_advisories(path)
     assert message in str(caught.value)
 
 
 def test_the_file_loads_and_every_entry_says_where_it_was_seen():
-    for advisory in advisories.load():
+    for advisory in advisories.load_advisories():
         assert advisory.reference and advisory.fix and advisory.summary
         assert dataclasses.replace(advisory) == advisory

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from pyinfra.api import Config, Inventory, State
 
-from configuration import patch_sets, settings, stacks
+from configuration import group_files, patch_sets, settings, stacks
 from configuration.errors import DataError
 from tests.served_sets import served_copy
 
@@ -62,9 +62,9 @@ def deep(base: dict, over: dict) -> dict:
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A deploy dir of its own: group_data with the base, stacks and patch sets where cases can add theirs."""
-    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
-    monkeypatch.setattr(settings, "_GROUP_DIRS", set())
-    monkeypatch.setattr(settings, "REPO_ROOT", tmp_path)  # the stray-file scan
+    monkeypatch.setattr(group_files, "_KEY_SOURCES", {})
+    monkeypatch.setattr(group_files, "_GROUP_DIRS", set())
+    monkeypatch.setattr(group_files, "REPO_ROOT", tmp_path)  # the stray-file scan
     monkeypatch.chdir(tmp_path)
     group_data = tmp_path / "group_data"
     group_data.mkdir()
@@ -117,7 +117,7 @@ def validate(world: Path, kind: str, content: bytes) -> dict:
     groups = {"case": (names, group)} if group else {}
     if group:
         for key in group:
-            settings._KEY_SOURCES[("case", key)] = "group_data/case.yml"
+            group_files._KEY_SOURCES[("case", key)] = "group_data/case.yml"
     inventory = Inventory((list(hosts.items()), base), override_data=override, **groups)
     state = State(inventory, Config())
     return settings.validate_inventory(state)

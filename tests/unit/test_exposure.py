@@ -1,4 +1,4 @@
-"""Exposure judged from the engine's arguments' values, not from a list of flags (settings._listens_beyond_loopback).
+"""Exposure judged from the engine's arguments' values, not from a list of flags (configuration/exposure.py, `listens_beyond_loopback`).
 
 Every argument value, whatever the flag is called, that names an address beyond loopback (a URL, `host:port`, zmq's
 `*`, a bare IP address, in a list or inside JSON to any depth) makes the service one that listens beyond loopback,
@@ -13,6 +13,8 @@ import pytest
 
 from configuration import engine_flags, kinds, settings
 from configuration.errors import DataError
+from configuration.exposure import listens_beyond_loopback
+from configuration.typed import Arg
 from tests.unit.hosts import make_host
 from tests.unit.test_settings import base_data, merged
 
@@ -77,8 +79,8 @@ def test_every_flag_of_every_engine_counts_whatever_its_name(version):
     """Not a list of dests: any flag of the engine given an address beyond loopback makes the service exposed."""
     bind = ("group_data/all.yml", "services.x.bind", "127.0.0.1")
     for action in engine_flags.load(version).actions:
-        arg = settings._Arg(action.flag, '{"endpoint": "tcp://*:5557"}', f"services.x.args.{action.flag}", action.dest, "all.yml")
-        found = settings._listens_beyond_loopback(bind, [arg])
+        arg = Arg(action.flag, '{"endpoint": "tcp://*:5557"}', f"services.x.args.{action.flag}", action.dest, "all.yml")
+        found = listens_beyond_loopback(bind, [arg])
         assert [f[1] for f in found] == [arg.key_path], action.flag
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from configuration import settings
+from configuration import group_files, settings
 from configuration.settings import REPO_ROOT
 from operations import gpus, remote
 from tests.unit.hosts import make_host
@@ -217,7 +217,7 @@ def lab_data(**services) -> dict:
 
 @pytest.fixture(autouse=True)
 def fresh_key_sources(monkeypatch):
-    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
+    monkeypatch.setattr(group_files, "_KEY_SOURCES", {})
 
 
 def config_for(run_services, host_data=None, **services):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configuration import settings
+from configuration import group_files, settings
 from configuration.errors import DataError
 from configuration.settings import HostConfig, ModelUse, Service
 from tests.unit.hosts import make_host
@@ -73,7 +73,7 @@ def merged(base: dict, patch: dict) -> dict:
 @pytest.fixture(autouse=True)
 def fresh_key_sources(monkeypatch):
     # load_group_yaml records which file set each key in a module-level map; keep tests apart.
-    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
+    monkeypatch.setattr(group_files, "_KEY_SOURCES", {})
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from configuration import settings, stacks
+from configuration import group_files, settings, stacks
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
 from operations import gpus, service_user, units
@@ -18,7 +18,7 @@ HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on 
 
 @pytest.fixture(autouse=True)
 def fresh_key_sources(monkeypatch):
-    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
+    monkeypatch.setattr(group_files, "_KEY_SOURCES", {})
 
 
 def lab_data() -> dict:

@@ -1,0 +1,96 @@
+"""One service: its definition (`services.<name>`) merged with the host's overrides (`run_services`), validated as a
+`ServiceSpec` (configuration/schema.py), then judged by the rules that need more than one value: a port the sandbox
+can bind, a draft other than the target, its secrets (configuration/secrets.py), its patch sets
+(configuration/patch_set_fit.py), its engine flags (configuration/service_args.py) and its exposure
+(configuration/exposure.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from configuration import engine_flags, schema
+from configuration.errors import DataError
+from configuration.exposure import exposure_needs_a_key, listens_beyond_loopback
+from configuration.group_files import SERVICE_KEYS
+from configuration.patch_set_fit import check_patch_sets, served_backends
+from configuration.refusals import require, validated
+from configuration.secrets import resolve_secret
+from configuration.service_args import advisories_refused, check_arg_values, resolve_args
+from configuration.typed import ModelUse, Service, environment_for
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    """What a service's rules read besides its own keys."""
+
+    data: schema.GroupData
+    engine_version: str | None
+    secrets_file: Path
+    src: str  # where `services` was set
+    override_src: str  # where `run_services` was set
+    pins: dict[str, str] = field(default_factory=dict)  # the stack's distribution -> version
+
+
+def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any], overrides: dict[str, Any]) -> Service:
+    base_path = f"services.{name}"
+    origin = {key: (ctx.src, f"{base_path}.{key}") for key in SERVICE_KEYS}
+    merged = {**definition}
+    for key, value in overrides.items():
+        merged[key] = value
+        origin[key] = (ctx.override_src, f"run_services.{name}.{key}")
+    # A required key given as null is missing, as if it were not written.
+    merged = {k: v for k, v in merged.items() if not (SERVICE_KEYS[k].required and v is None)}
+    spec: schema.ServiceSpec = validated(schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
+
+    def at(key: str) -> tuple[str, str, Any]:
+        return origin[key][0], origin[key][1], getattr(spec, key)
+
+    gpus = () if spec.gpu == "auto" else ((spec.gpu,) if isinstance(spec.gpu, int) else tuple(spec.gpu))
+    # The unit's sandbox has no capabilities: the engine could not bind a port below 1024, and the
+    # readiness check would talk HTTP to whatever already listens there (sshd on 22).
+    require(spec.port >= 1024, *at("port"), "is a privileged port (below 1024): the service runs without capabilities and "
+                                            "could not bind it; use a port from 1024 to 65535, e.g. 30000")
+    target = _model_use(ctx.data, spec.model, spec.model_in)
+    draft = _model_use(ctx.data, spec.draft_model, spec.draft_in) if spec.draft_model is not None else None
+    if draft is not None and draft.name == target.name:
+        raise DataError(*at("draft_model"), f"the draft model is the target model ({target.name}): name the smaller draft "
+                                            "model (e.g. Qwen3.6-27B-DFlash), or null for no speculative decoding")
+    secrets = {key: resolve_secret(getattr(spec, key), ctx.secrets_file, *origin[key]) if getattr(spec, key) is not None else None
+               for key in ("api_key_secret", "admin_api_key_secret")}
+    patch_sets = tuple(spec.patch_sets)
+    s, p, _ = at("patch_sets")
+    check_patch_sets(s, p, patch_sets, ctx.data.stack, ctx.pins)
+    engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
+    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy, a new set) may add some.
+    whole = engine is not None and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets)
+    args = resolve_args(*at("args"), engine, ctx.engine_version if whole else None, judge_unknown=whole)
+    check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
+    served_backends(*origin["args"], args, patch_sets)
+    advisories_refused(*origin["args"], args, engine, ctx.engine_version)
+    listening = listens_beyond_loopback(at("bind"), args)
+    exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
+    return Service(
+        name=name,
+        environment=environment_for(ctx.data.venv_path, patch_sets),
+        gpus=gpus,
+        port=spec.port,
+        bind=spec.bind,
+        target=target,
+        draft=draft,
+        patch_sets=patch_sets,
+        args=tuple((a.flag, a.value) for a in args),
+        env=tuple(spec.env.items()),
+        api_key=secrets["api_key_secret"],
+        admin_api_key=secrets["admin_api_key_secret"],
+        allow_unauthenticated=spec.allow_unauthenticated,
+        listens_beyond_loopback=tuple((where, why) for (_, where, _value, why) in listening if where != origin["bind"][1]),
+    )
+
+
+def _model_use(data: schema.GroupData, model: str, location: str) -> ModelUse:
+    store_path = f"{data.model_store}/{model}"
+    load = f"{data.shm_dir}/{model}" if location == "shm" else store_path
+    return ModelUse(model, location, store_path, load)
