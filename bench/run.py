@@ -1,7 +1,7 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
     .venv/bin/python bench/run.py                 # every figure (make bench)
-    .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks
+    .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks transfer
                                                   # (make bench FIGURES="env fleet")
 
 The run begins with a header: `bench.commit` (the commit of the deploy code measured: `git rev-parse --short HEAD`,
@@ -10,7 +10,8 @@ bench/compare.py measures two commits side by side in one run (`deploy.noop_vs_f
 
 Each figure's script says how it is measured: bench/models.py (model staging), bench/env.py
 (the environment step), bench/status.py (the status view), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
-re-runs with 8 services on a host, and over 16 hosts), below (the deploy).
+re-runs with 8 services on a host, and over 16 hosts), bench/transfer.py (bulk bytes: wheels pushed, a model streamed
+between hosts, against scp and an ssh pipe), below (the deploy).
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
                       (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's
@@ -53,12 +54,12 @@ def deploy_noop_vs_floor() -> None:
     )
 
 
-GROUPS = ("deploy", "status", "fleet", "models", "env", "locks")
+GROUPS = ("deploy", "status", "fleet", "models", "env", "locks", "transfer")
 
 
 def main(groups: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from bench import env, fleet, locks, models, status
+    from bench import env, fleet, locks, models, status, transfer
 
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
@@ -67,7 +68,7 @@ def main(groups: list[str]) -> None:
     header()
     compile_deploy_modules()
     run = {"deploy": deploy_noop_vs_floor, "status": status.main, "fleet": fleet.main, "models": models.main,
-           "env": env.main, "locks": locks.main}
+           "env": env.main, "locks": locks.main, "transfer": transfer.main}
     for group in chosen:
         run[group]()
 

@@ -9,19 +9,36 @@ and venv.py (installed distributions copied from a donor host).
 The same channels serve a command whose output is wanted as it comes, not only when it ends (what
 pyinfra gives): lock.py reads the deploy lock's answer as the first line of the command that goes
 on to read the host (`open_session`, `first_line`, `rest_of_output`).
+
+Bytes in bulk (below, "Bulk bytes") go through OpenSSH processes where OpenSSH reaches the host with its pyinfra
+settings (operations/openssh.py), several streams at once: a model's files from another host or from this machine
+(transfer.py), the wheels pushed from the wheelhouse (`Pushes`, for venv.py), a donor's venv files. The receiving end
+is always `unpack_command` (root's unpacker, each file renamed into place only once whole), run as the host's pyinfra
+login (root); where OpenSSH cannot carry a host's bytes, the same streams go through pyinfra's paramiko connection.
 """
 
 from __future__ import annotations
 
+import fcntl
+import io
+import json
+import os
+import select
 import shlex
 import subprocess
+import tarfile
+import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Callable
 
 import gevent
+from pyinfra import logger
+from pyinfra.api.command import FileUploadCommand
 
-from operations import host_reads, remote
+from operations import host_reads, openssh, remote
 from operations.pyinfra_adapter import ssh_transport
 
 CHUNK = 1 << 20
@@ -124,48 +141,596 @@ class LocalReader(Reader):
         self._proc.kill()
 
 
-@dataclass
-class Piped:
-    sent: int
-    read_status: int
-    write_status: int
-    errors: str
-    elapsed_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.read_status == 0 and self.write_status == 0
-
-
-def pipe(reader: Reader, host, write_command: str, progress: Callable[[int, float], None] | None = None) -> Piped:
-    """Send everything `reader` produces to `write_command`'s stdin on `host`; `progress(sent, elapsed)` every few seconds."""
-    writer = channel(host, write_command)
-    sent, start = 0, time.monotonic()
-    last = start
-    while True:
-        block = reader.read(CHUNK)
-        if not block:
-            break
-        try:
-            writer.sendall(block)
-        except OSError:  # the writing command ended (it refused the stream, or failed): its status says why
-            reader.stop()
-            break
-        sent += len(block)
-        if progress is not None and time.monotonic() - last >= PROGRESS_EVERY_S:
-            last = time.monotonic()
-            progress(sent, last - start)
-    if not writer.closed:
-        writer.shutdown_write()
-    read_status, read_errors = reader.close()
-    write_status = writer.recv_exit_status()
-    errors = (read_errors + writer.recv_stderr(4096).decode(errors="replace")).strip()
-    return Piped(sent, read_status, write_status, errors, time.monotonic() - start)
-
-
 def unpack_command(dest: str) -> str:
     """The command that unpacks a tar stream from another host (a model, a donor's venv files) into the directory
     `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky bit, no write for group or
     others), refusing by name what `tar -x` would make as the sender said (a device node, a fifo, a name or a
     link out of the tree): operations/remote/untar_as_root.py. The script travels as an argument: stdin is the stream."""
     return f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
+
+
+# Bulk bytes ---------------------------------------------------------------------------------------------------------
+#
+# A transfer is a list of jobs, run `streams` at a time; each job is one stream: a sending end (a `tar` on another host,
+# or files of this machine made into a tar stream here) relayed here into a receiving end (a command on the target host
+# reading its stdin). Each end is an OpenSSH process where `openssh.route` has one for its host, else a channel of
+# pyinfra's own connection. The first job that fails stops the others (their sending ends are ended; their receiving
+# ends see their input end and say so), and the transfer says why.
+
+PIPE_SIZE = 1 << 20  # the kernel pipes between us and the ssh processes (Linux; best effort): fewer, larger reads
+F_SETPIPE_SZ = 1031
+
+
+def _bigger_pipe(stream) -> None:
+    try:
+        fcntl.fcntl(stream.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+class ReceiverGone(OSError):
+    """The receiving end stopped taking bytes (it refused the stream, failed, or its connection ended)."""
+
+
+class Stopped(OSError):
+    """Another stream of the transfer failed: this one stops."""
+
+
+def _said(handle) -> str:
+    handle.seek(0)
+    return handle.read()[-4000:].decode("utf-8", "replace").strip()
+
+
+class Sink:
+    """A receiving end: a command on the target host that reads the stream on its stdin."""
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[int, str]:
+        """Close its input and wait for it: (its exit status, what it said)."""
+        raise NotImplementedError
+
+
+class ProcessSink(Sink):
+    """`ssh HOST COMMAND` (or any local process) fed on its stdin."""
+
+    def __init__(self, argv: list[str], host=None):
+        if host is not None:
+            host_reads.changed(host)  # what the command writes is not in the answers host_reads keeps for that host
+        self._said = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._said, stderr=self._said, start_new_session=True,
+                                      env=openssh.environment())
+        _bigger_pipe(self._proc.stdin)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+        except (OSError, ValueError) as exc:
+            raise ReceiverGone(str(exc)) from None
+
+    def fileno(self) -> int:
+        return self._proc.stdin.fileno()
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        status = self._proc.wait()
+        with self._said:
+            return status, _said(self._said)
+
+
+class ChannelSink(Sink):
+    """The command on a channel of the host's pyinfra connection (where OpenSSH does not reach it)."""
+
+    def __init__(self, host, command: str):
+        self._channel = channel(host, command)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._channel.sendall(data)
+        except OSError as exc:
+            raise ReceiverGone(str(exc)) from None
+
+    def finish(self) -> tuple[int, str]:
+        if not self._channel.closed:
+            try:
+                self._channel.shutdown_write()
+            except OSError:
+                pass
+        status = self._channel.recv_exit_status()
+        return status, self._channel.recv_stderr(1 << 16).decode(errors="replace").strip()
+
+
+class Source:
+    """A sending end: `send(sink, count)` gives it everything (`count(n)` after each block), `finish()` its (exit
+    status, what it said), `stop()` ends it early from another stream."""
+
+    def send(self, sink: Sink, count: Callable[[int], None]) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+def _feed(write, close, data: bytes) -> None:
+    """Give a sending command its stdin (a list of names) beside the relay of its stdout, so that neither waits on the other."""
+
+    def run():
+        try:
+            if data:
+                write(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                close()
+            except (OSError, ValueError):
+                pass
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+class _Relay(Source):
+    read: Callable[[int], bytes]
+    stopped = False
+
+    def send(self, sink: Sink, count: Callable[[int], None]) -> None:
+        while True:
+            try:
+                block = self.read(CHUNK)
+            except (OSError, ValueError):
+                block = b""  # ended by `stop()`: its status says so
+            if not block:
+                return
+            sink.write(block)
+            count(len(block))
+
+
+def _splice(source: int, sink: int, count: Callable[[int], None]) -> None:
+    """Move everything from pipe `source` to pipe `sink` inside the kernel (Linux `splice`: no copy through this
+    process), `count(n)` after each move; returns at the source's end. Both ends are made non-blocking and waited on
+    with `select`, which gevent makes cooperative under pyinfra."""
+    os.set_blocking(source, False)
+    os.set_blocking(sink, False)
+    while True:
+        select.select([source], [], [])
+        try:
+            moved = os.splice(source, sink, CHUNK, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+        except BlockingIOError:  # the receiving end's pipe is full (the source had bytes): wait until it takes more
+            select.select([], [sink], [])
+            continue
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ReceiverGone(str(exc)) from None
+        except OSError:  # the source was ended (`stop()`): its status says so
+            return
+        if not moved:
+            return
+        count(moved)
+
+
+class ProcessSource(_Relay):
+    """`ssh HOST COMMAND` (or a local process): what it writes on stdout; `stdin` given to it. Into another process
+    (`ProcessSink`: ssh to the receiving host) the bytes move between the two pipes inside the kernel (Linux)."""
+
+    def send(self, sink: Sink, count: Callable[[int], None]) -> None:
+        if isinstance(sink, ProcessSink) and hasattr(os, "splice"):
+            _splice(self._proc.stdout.fileno(), sink.fileno(), count)
+        else:
+            super().send(sink, count)
+
+    def __init__(self, argv: list[str], stdin: bytes = b""):
+        self._said = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._said, start_new_session=True,
+                                      env=openssh.environment())
+        _bigger_pipe(self._proc.stdout)
+        out = self._proc.stdout
+        self.read = getattr(out, "read1", out.read)
+        _feed(self._proc.stdin.write, self._proc.stdin.close, stdin)
+
+    def finish(self) -> tuple[int, str]:
+        status = self._proc.wait()
+        self._proc.stdout.close()
+        with self._said:
+            return status, _said(self._said)
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+
+
+class ChannelSource(_Relay):
+    """The command on a channel of the host's pyinfra connection; `stdin` given to it."""
+
+    def __init__(self, host, command: str, stdin: bytes = b""):
+        self._channel = channel(host, command)
+        self.read = self._channel.recv
+        _feed(self._channel.sendall, self._channel.shutdown_write, stdin)
+
+    def finish(self) -> tuple[int, str]:
+        return self._channel.recv_exit_status(), self._channel.recv_stderr(1 << 16).decode(errors="replace").strip()
+
+    def stop(self) -> None:
+        self._channel.close()
+
+
+class ReaderSource(_Relay):
+    """A `Reader` (HostReader, LocalReader) as a sending end."""
+
+    def __init__(self, reader: Reader):
+        self._reader = reader
+        self.read = reader.read
+
+    def finish(self) -> tuple[int, str]:
+        return self._reader.close()
+
+    def stop(self) -> None:
+        self._reader.stop()
+
+
+class FilesSource(Source):
+    """Files of this machine, made into a tar stream here (no `tar` needed here): [(path, member name)], each added as
+    what it is (a link as a link, a fifo as a fifo: the receiving end judges it)."""
+
+    def __init__(self, files: list[tuple[str, str]]):
+        self._files = files
+        self._stopped = False
+        self._failed = ""
+
+    def send(self, sink: Sink, count: Callable[[int], None]) -> None:
+        if isinstance(sink, ProcessSink) and hasattr(os, "sendfile"):
+            try:
+                self._send_into_pipe(sink.fileno(), count)
+            except (ReceiverGone, Stopped):
+                raise
+            except OSError as exc:  # a file of ours could not be read: the stream stops short, and says why
+                self._failed = f"{exc.filename or ''}: {exc.strerror or exc}"
+            return
+        source = self
+
+        class Out:
+            def write(self, data: bytes) -> int:
+                if source._stopped:
+                    raise Stopped("stopped")
+                sink.write(data)
+                count(len(data))
+                return len(data)
+
+        try:
+            with tarfile.open(fileobj=Out(), mode="w|", bufsize=CHUNK, format=tarfile.GNU_FORMAT, copybufsize=CHUNK) as archive:
+                for path, name in self._files:
+                    archive.add(path, arcname=name, recursive=False)
+        except (ReceiverGone, Stopped):
+            raise
+        except OSError as exc:  # a file of ours could not be read: the stream stops short, and says why
+            self._failed = f"{exc.filename or ''}: {exc.strerror or exc}"
+
+    def _send_into_pipe(self, pipe: int, count: Callable[[int], None]) -> None:
+        """The same tar stream as `tarfile` writes (its own headers, hard links as links), each file's bytes moved from
+        the page cache into the pipe by the kernel (`sendfile`: no copy through this process)."""
+        os.set_blocking(pipe, False)
+
+        def put(data: bytes) -> None:
+            view = memoryview(data)
+            while view:
+                if self._stopped:
+                    raise Stopped("stopped")
+                try:
+                    wrote = os.write(pipe, view)
+                except BlockingIOError:
+                    select.select([], [pipe], [])
+                    continue
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise ReceiverGone(str(exc)) from None
+                view = view[wrote:]
+                count(wrote)
+
+        archive = tarfile.TarFile(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT)  # headers, and links seen
+        for path, name in self._files:
+            info = archive.gettarinfo(path, arcname=name)
+            if info is None:
+                continue  # a socket: tarfile adds none either
+            put(info.tobuf(archive.format, archive.encoding, archive.errors))
+            if not (info.isreg() and info.size):
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                offset = 0
+                while offset < info.size:
+                    if self._stopped:
+                        raise Stopped("stopped")
+                    try:
+                        moved = os.sendfile(pipe, fd, offset, min(CHUNK, info.size - offset))
+                    except BlockingIOError:
+                        select.select([], [pipe], [])
+                        continue
+                    except (BrokenPipeError, ConnectionResetError) as exc:
+                        raise ReceiverGone(str(exc)) from None
+                    if not moved:
+                        raise OSError(5, "changed while it was sent (shorter than it was)", path)
+                    offset += moved
+                    count(moved)
+            finally:
+                os.close(fd)
+            put(b"\0" * (-info.size % tarfile.BLOCKSIZE))
+        put(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end of the archive
+
+    def finish(self) -> tuple[int, str]:
+        return (1, self._failed) if self._failed or self._stopped else (0, "")
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+def _connected(host) -> bool:
+    transport = ssh_transport(host)
+    return transport is not None and hasattr(transport, "is_active") and transport.is_active()
+
+
+def receiving_end(host, command: str, log: Callable[[str], None] | None = None, small: bool = False) -> Callable[[], Sink]:
+    """How to open `command` on `host` as a receiving end: over OpenSSH where it reaches the host, else pyinfra's channel
+    (`small`: a few bytes, which pyinfra's open connection carries without a handshake of their own)."""
+    argv = None if small and _connected(host) else openssh.route(host, log)
+    if argv is None:
+        return lambda: ChannelSink(host, command)
+    return lambda: ProcessSink([*argv, command], host)
+
+
+def sending_end(host, command: str, stdin: bytes = b"", log: Callable[[str], None] | None = None,
+                small: bool = False) -> Callable[[], Source]:
+    """How to open `command` on `host` (another host: a model's source, a donor) as a sending end."""
+    argv = None if small and _connected(host) else openssh.route(host, log)
+    if argv is not None:
+        return lambda: ProcessSource([*argv, command], stdin)
+    if stdin:
+        return lambda: ChannelSource(host, command, stdin)
+    return lambda: ReaderSource(HostReader(host, command))
+
+
+def carried_by(*hosts) -> str:
+    """What carried bytes between these hosts (and this machine): OpenSSH where it reaches every one of them."""
+    return "OpenSSH" if all(openssh.route(h) is not None for h in hosts) else "pyinfra's connection"
+
+
+@dataclass
+class Job:
+    """One stream: `size` bytes (about) from `source()` into `sink()`; `what` names it in messages."""
+
+    what: str
+    size: int
+    source: Callable[[], Source]
+    sink: Callable[[], Sink]
+
+
+@dataclass
+class Moved:
+    ok: bool
+    sent: int
+    elapsed_s: float
+    failures: list[str] = field(default_factory=list)  # the first is the cause; the others were stopped by it
+
+    def after(self, earlier: "Moved") -> "Moved":
+        """This transfer counted with the one before it."""
+        return Moved(self.ok and earlier.ok, earlier.sent + self.sent, earlier.elapsed_s + self.elapsed_s, earlier.failures + self.failures)
+
+    @property
+    def refused(self) -> bool:
+        """The receiving end refused what a source sent (a link out of the tree, a device, ...: untar_as_root.py)."""
+        return any("untar: refused" in failure for failure in self.failures)
+
+    @property
+    def why(self) -> str:
+        more = f" (and {len(self.failures) - 1} other stream(s) stopped)" if len(self.failures) > 1 else ""
+        return (self.failures[0] if self.failures else "") + more
+
+
+def _one(job: Job, count: Callable[[int], None], live: set) -> tuple[bool, str]:
+    try:
+        sink = job.sink()
+    except OSError as exc:
+        return False, f"{job.what}: the receiving end did not start: {exc}"
+    try:
+        source = job.source()
+    except OSError as exc:
+        sink.finish()
+        return False, f"{job.what}: the sending end did not start: {exc}"
+    live.add(source)
+    gone = ""
+    try:
+        source.send(sink, count)
+    except OSError as exc:  # the receiving end has gone (its status says why), or another stream failed
+        gone = str(exc)
+        source.stop()
+    finally:
+        live.discard(source)
+    read_status, read_said = source.finish()
+    write_status, write_said = sink.finish()
+    if read_status == 0 and write_status == 0 and not gone:
+        return True, ""
+    said = "; ".join(s for s in (write_said, read_said) if s) or gone or "no reason given"
+    return False, f"{job.what} ({read_status}/{write_status}): {said}"
+
+
+def transfer(jobs: list[Job], streams: int, progress: Callable[[int, float], None] | None = None) -> Moved:
+    """Run `jobs`, `streams` at a time; `progress(bytes sent, seconds)` every PROGRESS_EVERY_S over them all."""
+    lock = threading.Lock()
+    queue, failures, live = list(jobs), [], set()
+    start = time.monotonic()
+    sent, last = [0], [start]
+
+    def count(n: int) -> None:
+        with lock:
+            sent[0] += n
+            now = time.monotonic()
+            due = progress is not None and now - last[0] >= PROGRESS_EVERY_S
+            if due:
+                last[0] = now
+        if due:
+            progress(sent[0], now - start)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if failures or not queue:
+                    return
+                job = queue.pop(0)
+            ok, why = _one(job, count, live)
+            if not ok:
+                with lock:
+                    failures.append(why)
+                    others = list(live)
+                for source in others:
+                    source.stop()
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(streams, len(jobs))))]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return Moved(not failures, sent[0], time.monotonic() - start, failures)
+
+
+def batches(sizes: dict[str, int], streams: int, together: Callable[[str], object] = lambda name: name) -> list[list[str]]:
+    """The names in `sizes` as at most `streams` lists of about equal bytes (largest first, each to the lightest list),
+    each in name order; a file is never split, and names with one `together(name)` go in one list."""
+    units: dict[object, list[str]] = {}
+    for name in sizes:
+        units.setdefault(together(name), []).append(name)
+    weight = {key: sum(sizes[n] + 512 for n in names) for key, names in units.items()}
+    bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(streams, len(units))))]
+    for key in sorted(units, key=lambda k: (-weight[k], min(units[k]))):
+        i = min(range(len(bins)), key=lambda k: bins[k][0])
+        bins[i] = (bins[i][0] + weight[key], bins[i][1] + units[key])
+    return [sorted(names) for _, names in bins if names]
+
+
+def rate_line(what: str, sent: int, total: int, elapsed: float, streams: int) -> str:
+    """The progress line: bytes, rate and ETA over the whole transfer."""
+    rate = sent / max(elapsed, 1e-6)
+    eta = max(total - sent, 0) / rate if rate else 0
+    return (f"{what}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s"
+            f" ({streams} stream{'s' if streams != 1 else ''})")
+
+
+# Wheels pushed from the wheelhouse --------------------------------------------------------------------------------
+
+# Run on the host before a push: which `NAME.part` files a run that died half way left whole and right (root's, not a
+# link, writable by root alone, the size and the pinned sha256 of the file to push): those are not sent again.
+VERIFIED_PARTS = r"""
+import hashlib, json, os, stat, sys
+ok = []
+for path, size, sha256 in json.load(sys.stdin):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        continue
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size != size:
+            continue
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() == sha256:
+        ok.append(path)
+print(json.dumps(ok))
+"""
+HEREDOC = "SGLANG_DEPLOY_EOF"
+
+
+def with_stdin(command: str, data) -> str:
+    """`command` given `data` (JSON, one line) on its stdin through a quoted here-document."""
+    return f"{command} <<'{HEREDOC}'\n{json.dumps(data)}\n{HEREDOC}"
+
+
+class Pushes:
+    """Files of this machine that one operation pushes to one host, in one transfer (`transfer`: several streams at
+    once, over OpenSSH where it reaches the host) when the first of its `Upload` commands runs. Each file lands whole
+    under its remote name (`unpack_command`: written beside it, renamed once whole). A file whose remote name already
+    holds it whole, root's, and with its pinned sha256 (a run that died half way) is not sent again."""
+
+    def __init__(self, what: str = "wheel"):
+        self.what = what
+        self.files: list[tuple[str, str, str | None]] = []  # (local path, remote path, pinned sha256)
+        self._done: dict[str, bool] | None = None
+        self._verified: set[str] | None = None
+
+    def upload(self, src: str, dest: str, sha256: str | None = None) -> Upload:
+        self.files.append((src, dest, sha256))
+        return Upload(self, src, dest)
+
+    def verified(self, host) -> set[str]:
+        """The remote paths that hold their file already (checked once)."""
+        if self._verified is None:
+            pinned = [[dest, _size(src), sha] for src, dest, sha in self.files if sha]
+            self._verified = set()
+            if pinned:
+                ok, output = host.run_shell_command(with_stdin(f"python3 -I -c {shlex.quote(VERIFIED_PARTS)}", pinned), print_output=False)
+                if ok:
+                    try:
+                        self._verified = set(json.loads(output.stdout.strip().splitlines()[-1])) & {p[0] for p in pinned}
+                    except (ValueError, IndexError):
+                        self._verified = set()
+            if self._verified:
+                host.log(f"{len(self._verified)} {self.what} file(s) already whole on the host with their sha256 (a run that "
+                         "stopped half way): not sent again")
+        return self._verified
+
+    def landed(self, state, host, dest: str, fallback: Callable[[], bool]) -> bool:
+        """Whether `dest` is pushed: the whole transfer runs at the first file asked for; where OpenSSH does not reach
+        the host, each file goes by `fallback` (pyinfra's own upload)."""
+        if self._verified is None:  # the route's probe (an SSH handshake) beside the check of what is there already
+            probe = threading.Thread(target=openssh.decide, args=([host],), daemon=True)
+            probe.start()
+            self.verified(host)
+            probe.join()
+        if dest in self.verified(host):
+            return True
+        if openssh.route(host, host.log) is None:
+            return fallback()
+        if self._done is None:
+            self._done = self._push(host)
+        return self._done.get(dest, False)
+
+    def _push(self, host) -> dict[str, bool]:
+        todo = [(src, dest) for src, dest, _ in self.files if dest not in self._verified]
+        sizes = {dest: _size(src) for src, dest in todo}
+        local = dict((dest, src) for src, dest in todo)
+        streams = openssh.streams(host)
+        jobs = []
+        for names in batches(sizes, streams):
+            directories = {str(PurePosixPath(d).parent) for d in names}
+            for directory in sorted(directories):
+                files = [(local[d], PurePosixPath(d).name) for d in names if str(PurePosixPath(d).parent) == directory]
+                jobs.append(Job(f"{self.what}s to {directory}", sum(sizes[d] for d in names),
+                                (lambda files=files: FilesSource(files)), receiving_end(host, unpack_command(directory))))
+        total = sum(sizes.values())
+        label = f"pushing {len(todo)} {self.what}(s) over OpenSSH"
+        moved = transfer(jobs, streams, lambda sent, elapsed: host.log(rate_line(label, sent, total, elapsed, min(streams, len(jobs)))))
+        if not moved.ok:
+            host.log_styled(f"pushing {self.what}s failed: {moved.why}", fg="red", log_func=logger.error)
+            return {}
+        host.log(f"pushed {len(todo)} {self.what}(s), {total / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over OpenSSH "
+                 f"({min(streams, len(jobs))} stream(s), {total / 2**20 / max(moved.elapsed_s, 1e-6):.0f} MiB/s)")
+        return {dest: True for dest in sizes}
+
+
+def _size(path: str) -> int:
+    return os.stat(path).st_size
+
+
+class Upload(FileUploadCommand):
+    """pyinfra's upload of one file, carried by its `Pushes` (all of an operation's files in one parallel transfer
+    over OpenSSH; pyinfra's own upload where OpenSSH does not reach the host)."""
+
+    def __init__(self, pushes: Pushes, src: str, dest: str):
+        super().__init__(src, dest)
+        self.pushes = pushes
+
+    def execute(self, state, host, connector_arguments):
+        return self.pushes.landed(state, host, self.dest, lambda: super(Upload, self).execute(state, host, connector_arguments))

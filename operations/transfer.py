@@ -4,26 +4,37 @@ A host moved to after a GPU failure often has no models. When the data names a s
 a model - another host of the inventory (`model_sources: {Qwen3.6-27B: gpu-a}`) or a
 directory on the control machine (`model_sources: {Qwen3.6-27B: /data/models/Qwen3.6-27B}`) -
 the model is streamed from there into this host's store: host to host through the control
-machine's own SSH connections (a `tar` on the source, nothing written on the control
-machine), or from a local `tar`, into a
-temporary sibling that is renamed into place only when complete and checked (every file's
-relative path and size). SSH's own integrity check covers the bytes in flight; the staged
-copy in shm is then built and verified from this store as usual. The source is only read.
+machine (a `tar` on the source, relayed here between two OpenSSH processes, nothing written on
+the control machine; pyinfra's own connections where OpenSSH does not reach a host:
+operations/openssh.py), or from the control machine's directory made into a tar stream here,
+into a temporary sibling `.NAME.partial` that is renamed into place only when complete and
+checked (every file's relative path and size). The files go in several streams at once
+(`transfer_streams`, 4 by default; a file is never split, the largest first, each to the
+lightest stream), then the directories (their modes and mtimes) in one more. SSH's own
+integrity check covers the bytes in flight; the staged copy in shm is then built and verified
+from this store as usual. The source is only read.
 The receiving end is not `tar -x` but `streaming.unpack_command`: the files land as root's, without
 the source's owners or setuid bits, and a device node, a fifo or a link out of the tree stops the
-copy, naming it; the temporary sibling is then removed.
+copy, naming it; the temporary sibling is then removed. A transfer cut any other way (a
+connection lost, the deploy killed) leaves in `.NAME.partial` only files that came whole (the
+unpacker renames a file into place only once whole); the next run keeps those that are root's,
+not links, and as the source's (name, size and mtime: RESUME, SOURCE_TIMES) and sends the rest.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import stat
+import threading
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import host_reads, remote, streaming
+from operations import host_reads, openssh, remote, streaming
 from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
@@ -54,7 +65,8 @@ def local_listing(path: str) -> dict[str, int] | None:
 
 
 class _HostSource:
-    """A model in another host's store, read by `tar` over that host's SSH connection."""
+    """A model in another host's store, read by `tar` on that host (over OpenSSH where it reaches the host, else over
+    pyinfra's connection to it)."""
 
     def __init__(self, state, target, name: str, path: str):
         self.label, self.path = f"{name}:{path}", path
@@ -67,12 +79,33 @@ class _HostSource:
             raise OSError(f"source host {self.host.name} is unreachable")
         return self.host.get_fact(StoreListing, path=self.path)
 
-    def reader(self, tar_command: str) -> streaming.Reader:
-        return streaming.HostReader(self.host, tar_command)
+    def names(self, listing: dict[str, int]) -> list[str]:
+        return sorted(listing)
+
+    def times(self, rels: list[str]) -> dict[str, list[int]]:
+        ok, output = self.host.run_shell_command(
+            streaming.with_stdin(f"python3 -I -c {shlex.quote(SOURCE_TIMES)} {shlex.quote(self.path)}", rels), print_output=False)
+        return _last_json(output.stdout) if ok else {}
+
+    def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
+        # Names from stdin (NUL-separated, taken as they are), each as `./NAME` (the member names a whole-tree tar gives).
+        tar = f"tar -C {shlex.quote(self.path)} --null --verbatim-files-from --no-recursion -T - -cf -"
+        return streaming.sending_end(self.host, tar, b"".join(f"./{n}".encode() + b"\0" for n in names), log)
+
+    def together(self, rel: str):
+        return rel  # the listing says nothing of hard links: each file on its own (a link's files arrive as copies)
+
+    def dirs_sender(self, log) -> Callable[[], streaming.Source]:
+        """The model's directories alone (their modes and mtimes, empty ones too), sent once every file is in."""
+        tar = f"cd {shlex.quote(self.path)} && find . -type d -print0 | tar --null --verbatim-files-from --no-recursion -T - -cf -"
+        return streaming.sending_end(self.host, tar, log=log, small=True)
+
+    def hosts(self) -> tuple:
+        return (self.host,)
 
 
 class _LocalSource:
-    """A model directory on the control machine, read by a local `tar`."""
+    """A model directory on the control machine, made into a tar stream here."""
 
     def __init__(self, state, target, path: str):
         self.label, self.path = f"control machine:{path}", str(Path(path).resolve())
@@ -80,12 +113,127 @@ class _LocalSource:
     def listing(self):
         return local_listing(self.path)
 
-    def reader(self, tar_command: str) -> streaming.Reader:
-        return streaming.LocalReader(shlex.split(tar_command))
+    def names(self, listing: dict[str, int]) -> list[str]:
+        """Every entry under the directory that is not a directory (links and special files too: the receiving end
+        refuses what it must), our own files left out."""
+        out = []
+        for top, dirs, files in os.walk(self.path):
+            for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
+                if not name.startswith(OURS):
+                    out.append(os.path.relpath(os.path.join(top, name), self.path))
+        return sorted(out)
+
+    def times(self, rels: list[str]) -> dict[str, list[int]]:
+        out = {}
+        for rel in rels:
+            try:
+                st = os.lstat(os.path.join(self.path, rel))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[rel] = [st.st_size, int(st.st_mtime)]
+        return out
+
+    def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
+        files = [(os.path.join(self.path, n), f"./{n}") for n in names]
+        return lambda: streaming.FilesSource(files)
+
+    def together(self, rel: str):
+        """Files that are hard links of one another go in one stream (the receiving end links them again)."""
+        st = os.lstat(os.path.join(self.path, rel))
+        return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else rel
+
+    def dirs_sender(self, log) -> Callable[[], streaming.Source]:
+        """The model's directories alone (their modes and mtimes, empty ones too), sent once every file is in."""
+        dirs = [os.path.relpath(os.path.join(top, d), self.path) for top, names, _ in os.walk(self.path) for d in names
+                if not os.path.islink(os.path.join(top, d))]
+        return lambda: streaming.FilesSource([(os.path.join(self.path, d), f"./{d}") for d in sorted(dirs)])
+
+    def hosts(self) -> tuple:
+        return ()
+
+
+# Run on the receiving host before a model is streamed into `.NAME.partial`: keep what a run that stopped half way
+# left there whole (a regular file, root's, not a link, writable by root alone, one link, named and sized as in the
+# source's listing: the unpacker renames a file into place only once whole), remove everything else (the unpacker's
+# temporary names among it); a `.NAME.partial` that is not root's own directory is removed whole, and one is made
+# where there is none. Prints {relpath: [size, mtime]} of what it kept. argv: PARTIAL; stdin: {relpath: size}.
+RESUME = r"""
+import json, os, shutil, stat, sys
+partial = sys.argv[1]
+want = json.load(sys.stdin)
+me = os.geteuid()
+
+def ours(st, kind):
+    return kind(st.st_mode) and st.st_uid == me and not st.st_mode & 0o022
+
+def remove(path, st):
+    shutil.rmtree(path) if stat.S_ISDIR(st.st_mode) else os.unlink(path)
+
+kept = {}
+try:
+    st = os.lstat(partial)
+except FileNotFoundError:
+    st = None
+if st is not None and not ours(st, stat.S_ISDIR):
+    remove(partial, st)
+    st = None
+if st is None:
+    os.mkdir(partial, 0o755)
+    os.chmod(partial, 0o755)
+for top, dirs, files in os.walk(partial):
+    for name in list(dirs):
+        path = os.path.join(top, name)
+        st = os.lstat(path)
+        if not ours(st, stat.S_ISDIR):
+            dirs.remove(name)
+            remove(path, st)
+    for name in files:
+        path = os.path.join(top, name)
+        rel = os.path.relpath(path, partial)
+        st = os.lstat(path)
+        if ours(st, stat.S_ISREG) and st.st_nlink == 1 and want.get(rel) == st.st_size:
+            kept[rel] = [st.st_size, int(st.st_mtime)]
+        else:
+            os.unlink(path)
+print(json.dumps(kept))
+"""
+# Run on the source host: {relpath: [size, mtime]} of the regular files named on stdin (JSON), under ROOT. argv: ROOT
+SOURCE_TIMES = r"""
+import json, os, stat, sys
+root = sys.argv[1]
+out = {}
+for rel in json.load(sys.stdin):
+    try:
+        st = os.lstat(os.path.join(root, rel))
+    except OSError:
+        continue
+    if stat.S_ISREG(st.st_mode):
+        out[rel] = [st.st_size, int(st.st_mtime)]
+print(json.dumps(out))
+"""
+
+
+def _last_json(text: str):
+    try:
+        return json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _resumable(host, partial: str, listing: dict[str, int]) -> dict[str, list[int]] | None:
+    """What `partial` holds whole already (RESUME), or None where it could not be prepared."""
+    ok, output = host.run_shell_command(streaming.with_stdin(f"python3 -I -c {shlex.quote(RESUME)} {shlex.quote(partial)}", listing),
+                                        print_output=False)
+    kept = _last_json(output.stdout) if ok else None
+    return kept if isinstance(kept, dict) else None
 
 
 def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     source = _LocalSource(state, host, src) if is_local(source_name) else _HostSource(state, host, source_name, src)
+    # The routes' probes (an SSH handshake each) beside the listings and the `.NAME.partial`'s preparation.
+    probes = threading.Thread(target=openssh.decide, args=([host, *source.hosts()],), daemon=True)
+    probes.start()
     try:
         src_listing = source.listing()
     except OSError as exc:
@@ -94,19 +242,40 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     if not src_listing:
         host.log_styled(f"cannot stream: no model at {source.label}", fg="red", log_func=logger.error)
         return False
-    total = sum(src_listing.values())
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
-    reader = source.reader(f"tar -C {shlex.quote(source.path)} -cf - .")
-
-    def progress(sent: int, elapsed: float) -> None:
-        rate = sent / max(elapsed, 1e-6)
-        eta = (total - sent) / rate if rate else 0
-        host.log(f"streaming {name} from {source.label}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s")
-
-    piped = streaming.pipe(reader, host, receive_command(partial), progress)
-    if not piped.ok:
-        host.log_styled(f"streaming {name} from {source.label} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
+    kept = _resumable(host, partial, src_listing)
+    if kept is None:
+        host.log_styled(f"streaming {name}: {partial} could not be prepared", fg="red", log_func=logger.error)
+        return False
+    theirs = source.times(sorted(kept)) if kept else {}
+    already = {rel for rel, seen in kept.items() if theirs.get(rel) == seen}
+    if already:
+        host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} already (a run that stopped "
+                 "half way), as in the source (size and mtime): not sent again")
+    sizes = {rel: src_listing.get(rel, 0) for rel in source.names(src_listing) if rel not in already}
+    streams = openssh.streams(host)
+    probes.join()
+    openssh.decide([host, *source.hosts()], host.log)  # says, once, where a host's bytes go over pyinfra's connection
+    jobs = [
+        streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), source.sender(names, host.log),
+                      streaming.receiving_end(host, streaming.unpack_command(partial), host.log))
+        for names in streaming.batches(sizes, streams, source.together)
+    ] if sizes else []
+    total = sum(sizes.values())
+    label = f"streaming {name} from {source.label}"
+    moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+    if moved.ok:
+        dirs = streaming.Job(f"{name}: its directories", 0, source.dirs_sender(host.log),
+                             streaming.receiving_end(host, streaming.unpack_command(partial), host.log, small=True))
+        moved = streaming.transfer([dirs], 1).after(moved)
+    if not moved.ok:
+        if moved.refused:
+            host.run_shell_command(f"rm -rf {shlex.quote(partial)}", print_output=False)
+            left = "nothing of it is kept"
+        else:
+            left = f"what came whole stays in {partial}: the next run sends only the rest"
+        host.log_styled(f"streaming {name} from {source.label} failed: {moved.why}; {left}", fg="red", log_func=logger.error)
         return False
     got = host.get_fact(StoreListing, path=partial)
     if got != src_listing:
@@ -115,13 +284,16 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}", print_output=False)
     if not ok:
         return False
-    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {piped.sent / 2**20:.0f} MiB in {piped.elapsed_s:.1f} s")
+    via = streaming.carried_by(*source.hosts(), host)
+    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s "
+             f"over {via} ({len(jobs)} stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
     return True
 
 
 def receive_command(partial: str) -> str:
-    """Unpack the model's stream (names relative to the model's directory) into `partial`, made afresh; a stream
-    refused or cut leaves no `partial` behind."""
+    """Unpack a model's whole stream, in one piece (names relative to the model's directory), into `partial`, made
+    afresh; a stream refused or cut leaves no `partial` behind. (`_stream` sends a model in several streams into a
+    `partial` RESUME prepared, each through `streaming.unpack_command` itself.)"""
     q = shlex.quote(partial)
     return f"rm -rf {q} && mkdir -p {q} && {streaming.unpack_command(partial)} || {{ status=$?; rm -rf {q}; exit $status; }}"
 

@@ -38,7 +38,6 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
-from pyinfra.operations import files
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
@@ -506,20 +505,25 @@ def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, 
         remote_wheel = f"{host_cache}/{wheel.name}"
         yield f"mkdir -p {shlex.quote(host_cache)}"
         if facts["cache"].get(wheel.name) != wheel.stat().st_size:
-            yield from files.put._inner(src=str(wheel), dest=remote_wheel)
+            yield streaming.Pushes("uv wheel").upload(str(wheel), remote_wheel)  # over OpenSSH where it reaches the host
         yield installer_mod.unpack_uv_command(remote_wheel, host_cache)
 
     local = {name: path for name, (source, path) in chosen.items() if path is not None}
     if local:
         if any(facts["cache"].get(path.name) != path.stat().st_size for path in local.values()) and not (kind == "uv" and not facts["uv"]):
             yield f"mkdir -p {shlex.quote(host_cache)}"  # pushes need it (the uv step above made it already)
-        remote_files, pushed = [], set()
+        remote_files, pushed, uploads = [], set(), []
+        # Every push of this operation in one transfer, several streams at once over OpenSSH where it reaches the host
+        # (streaming.Pushes); a `.part` a run that stopped half way left whole, with its pinned sha256, is not sent again.
+        pushes = streaming.Pushes("wheel")
+        pins = {p.name: p.sha256 for p in packages}
         for name, path in sorted(local.items()):
             dest = f"{host_cache}/{path.name}"
             if facts["cache"].get(path.name) != path.stat().st_size:
-                yield from files.put._inner(src=str(path), dest=f"{dest}.part")
+                uploads.append(pushes.upload(str(path), f"{dest}.part", pins.get(name) or None))
                 pushed.add(name)
             remote_files.append(dest)
+        yield from uploads
         pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in pushed and p.sha256]
         if pinned:
             # The host checks each pushed file against its pin before it takes the file's name, so
@@ -612,24 +616,28 @@ def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str
 
 
 def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation, specs: list[str]) -> bool:
-    """tar on the donor -> this machine's two SSH connections -> root's unpacker into the generation (no owner, setuid
-    bit, device or link out of the tree of the donor's: streaming.unpack_command); nothing lands on disk twice."""
+    """tar on the donor -> root's unpacker into the generation (no owner, setuid bit, device or link out of the tree of
+    the donor's: streaming.unpack_command), relayed here between two OpenSSH processes (each over pyinfra's connection
+    where OpenSSH does not reach that host); nothing lands on disk twice."""
     donor = _donor_host(donor_name)
     if not donor.connected:
         host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
         return False
     args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
     tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
-    reader = streaming.HostReader(donor, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF")
-    piped = streaming.pipe(reader, host, streaming.unpack_command(gen.path))  # as root's files: no owner, setuid or device of the donor's
-    if not piped.ok:
-        host.log_styled(f"copy from donor {donor_name} failed ({piped.read_status}/{piped.write_status}): {piped.errors}", fg="red", log_func=logger.error)
+    job = streaming.Job(f"from donor {donor_name}", 0,
+                        streaming.sending_end(donor, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF", log=host.log),
+                        streaming.receiving_end(host, streaming.unpack_command(gen.path), host.log))  # as root's files
+    moved = streaming.transfer([job], 1)
+    if not moved.ok:
+        host.log_styled(f"copy from donor {donor_name} failed: {moved.why}", fg="red", log_func=logger.error)
         return False
     # Console scripts name the donor's interpreter; point them at this generation's.
     resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
     ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
-    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {piped.sent / 2**20:.0f} MiB")
+    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s "
+             f"over {streaming.carried_by(donor, host)}")
     return ok
 
 
