@@ -53,10 +53,10 @@ test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
 test-lab: test-lab-hosts wheelhouse
-	$(PY) -m pytest tests/lab -q
+	$(PY) -m pytest tests/lab -q -m lab
 
 test: test-lab-hosts wheelhouse
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m 'lab or not lab'
 
 bench: lab wheelhouse
 	$(PY) bench/run.py $(FIGURES)
