@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+
 from pyinfra.api import Config, Inventory, State
+
+from operations import transfer
 
 
 def make_host(all_data: dict, host_data: dict | None = None, groups: dict | None = None, override: dict | None = None, name: str = "gpu-a"):
@@ -11,3 +15,24 @@ def make_host(all_data: dict, host_data: dict | None = None, groups: dict | None
     inventory = Inventory(([(name, host_data or {})], all_data), override_data=override or {}, **group_args)
     State(inventory, Config())
     return inventory.get_host(name)
+
+
+class ThisMachine:
+    """A host that is this machine: its commands run under `sh -c`, its store listing is read here."""
+
+    def __init__(self, name: str = "gpu-b"):
+        self.name = name
+        self.logs: list[str] = []
+
+    def log(self, text, **_):
+        self.logs.append(text)
+
+    log_styled = log
+
+    def get_fact(self, fact, path):
+        assert fact is transfer.StoreListing
+        return transfer.local_listing(path)
+
+    def run_shell_command(self, command, print_output=False):
+        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return result.returncode == 0, result

@@ -23,7 +23,7 @@ import pytest
 
 from configuration import connection, schema, ssh_login
 from operations import openssh, streaming, transfer
-from tests.unit.hosts import make_host
+from tests.unit.hosts import ThisMachine, make_host
 
 LAB = {"ssh_hostname": "10.213.0.2", "ssh_user": "root", "ssh_key": "/srv/lab/id_ed25519",
        "ssh_known_hosts_file": "/srv/lab/known_hosts", "ssh_strict_host_key_checking": "yes"}
@@ -184,25 +184,8 @@ def test_batches_balance_bytes_never_split_a_file_and_keep_hard_links_together()
 # Transfers end to end on this machine: `sh -c` in place of `ssh HOST` -------------------------------------------------
 
 
-class Here:
-    """A host that is this machine: its commands run under `sh -c`, its facts are read here."""
-
-    def __init__(self, name: str = "gpu-b"):
-        self.name = name
-        self.logs: list[str] = []
-
-    def log(self, text, **_):
-        self.logs.append(text)
-
-    log_styled = log
-
-    def get_fact(self, fact, path):
-        assert fact is transfer.StoreListing
-        return transfer.local_listing(path)
-
-    def run_shell_command(self, command, print_output=False):
-        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
-        return result.returncode == 0, result
+class Here(ThisMachine):
+    """A host that is this machine (tests/unit/hosts.py), that pyinfra's upload also reaches."""
 
     def put_file(self, src, dest, **_):
         self.logs.append(f"pyinfra put {dest}")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from operations import remote, streaming, transfer, venv
+from tests.unit.hosts import ThisMachine
 from tests.unit.test_venv import _fake_venv
 
 OTHER_UID = 1234
@@ -252,29 +253,6 @@ class LocalChannel:
 
     def recv_stderr(self, size: int) -> bytes:
         return self.proc.stderr.read(size)
-
-
-class ThisMachine:
-    """The receiving host: its facts and commands are this machine's."""
-
-    name = "gpu-b"
-
-    def __init__(self):
-        self.logs: list[str] = []
-
-    def log(self, text, **_):
-        self.logs.append(text)
-
-    def log_styled(self, text, **_):
-        self.logs.append(text)
-
-    def get_fact(self, fact, path):
-        assert fact is transfer.StoreListing
-        return transfer.local_listing(path)
-
-    def run_shell_command(self, command, print_output=False):
-        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
-        return result.returncode == 0, result
 
 
 @pytest.fixture
