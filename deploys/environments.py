@@ -19,7 +19,7 @@ from operations import patches, rollback, venv
 
 
 @dataclass(frozen=True)
-class Environment:
+class BuiltEnvironment:
     """What the services of one venv depend on: its generation and the operations that (re)made it."""
 
     gen: venv.Generation
@@ -37,8 +37,8 @@ def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
 
 
 @deploy("Environments")
-def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, Environment]:
-    """Add each venv's build, patch sets, ABI probe and switch; venv path -> Environment."""
+def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, BuiltEnvironment]:
+    """Add each venv's build, patch sets, ABI probe and switch; venv path -> BuiltEnvironment."""
     sources = tuple(venv.Source(*source, live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
                     for source in config.stack_sources)
     probe = venv.probe_for(stack, config.launcher, probe_args)
@@ -81,5 +81,5 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             _if=_probe_needed(was != gen.path, any_changed(built, *patched)),
         )
         switched = venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was)
-        built_envs[env.path] = Environment(gen, probed, switched)
+        built_envs[env.path] = BuiltEnvironment(gen, probed, switched)
     return built_envs

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from deploys.environments import Environment
+from deploys.environments import BuiltEnvironment
 from deploys.models import ModelCopies
 from operations import host_plan, lifecycle, preflight, readiness, rollback, secrets, this_run, unit_file, units
 from operations.service_user import ensure_account, gpu_device_groups, group_of
@@ -32,7 +32,7 @@ def service_account(config) -> tuple[str, ...]:
 
 
 @deploy("Service")
-def service(config, service, stack, patch_sets: dict, environment: Environment, model_copies: ModelCopies,
+def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment, model_copies: ModelCopies,
             device_groups: tuple[str, ...]) -> None:
     """Add the operations that make one service run its data, and gate on its readiness."""
     unit_path = service.unit_path
@@ -69,7 +69,7 @@ def service(config, service, stack, patch_sets: dict, environment: Environment, 
     stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
         host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
-    started = lifecycle.Outcome()
+    started = lifecycle.Restarted()
     lifecycle.running(
         name=f"{service.unit_name} enabled and running its current inputs",
         unit=service.unit_name,

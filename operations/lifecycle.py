@@ -26,7 +26,7 @@ RUNNING = ("running", "waiting", "exited", "listening", "mounted")
 ENABLED = ("enabled", "static")
 
 
-class Outcome:
+class Restarted:
     """What the operation did on this host, read by the readiness gate after it (known only while executing)."""
 
     def __init__(self) -> None:
@@ -76,7 +76,7 @@ def running(
     inputs: tuple[str, ...],
     unit_changed: Callable[[], bool] | None = None,
     inputs_changed: Callable[[], bool] | None = None,
-    outcome: Outcome | None = None,
+    outcome: Restarted | None = None,
 ):
     """
     Make ``unit`` loaded, enabled and running the inputs it has now; record what it started with.
@@ -89,7 +89,7 @@ def running(
       file); the state fact says which of them changed since the running process started
     + unit_changed: callable, true when this run rewrote the unit file
     + inputs_changed: callable, true when this run changed any of its inputs
-    + outcome: an `Outcome` set when this run (re)started the unit
+    + outcome: a `Restarted` set when this run (re)started the unit
 
     A restart happens when the unit runs and an input changed, in this run or since it started
     (an earlier run stopped between a change and its restart). The record is written after

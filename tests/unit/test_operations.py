@@ -529,7 +529,7 @@ def test_lifecycle_of_a_converged_service_changes_nothing():
 
 
 def test_lifecycle_enables_starts_and_records_a_stopped_disabled_service():
-    outcome = lifecycle.Outcome()
+    outcome = lifecycle.Restarted()
     result = run_lifecycle(unit_state(active="inactive", sub="dead", enabled="disabled", recorded=False), executing=True,
                            unit_changed=lambda: False, inputs_changed=lambda: False, outcome=outcome)
     assert calls(result) == [f"systemctl enable {UNIT}", f"systemctl start {UNIT}", RECORD]
@@ -547,7 +547,7 @@ def test_lifecycle_starts_a_unit_that_is_not_running(sub):
 
 
 def test_lifecycle_reloads_and_restarts_when_this_run_rewrote_the_unit():
-    outcome = lifecycle.Outcome()
+    outcome = lifecycle.Restarted()
     result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, outcome=outcome)
     assert calls(result) == ["systemctl daemon-reload", f"systemctl restart {UNIT}", RECORD]
     assert outcome() is True
@@ -583,7 +583,7 @@ def test_lifecycle_leaves_a_touched_unit_of_a_running_service_alone():
 
 
 def test_lifecycle_records_a_running_process_no_record_covers():
-    outcome = lifecycle.Outcome()
+    outcome = lifecycle.Restarted()
     result = run_lifecycle(unit_state(recorded=False), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False, outcome=outcome)
     assert calls(result) == [RECORD] and outcome() is False
 
@@ -591,7 +591,7 @@ def test_lifecycle_records_a_running_process_no_record_covers():
 def test_lifecycle_judges_by_the_host_alone_before_executing():
     # pyinfra's change check (and --dry) run the body before other operations executed: their
     # did_change cannot be asked, and the outcome is left for the executing run to set.
-    outcome = lifecycle.Outcome()
+    outcome = lifecycle.Restarted()
     assert calls(run_lifecycle(unit_state(), unit_changed=never, inputs_changed=never, outcome=outcome)) == []
     assert calls(run_lifecycle(unit_state(sub="dead"), unit_changed=never, inputs_changed=never, outcome=outcome)) == [
         f"systemctl start {UNIT}", RECORD]
