@@ -13,7 +13,7 @@ The mechanism, public pyinfra only (`host.get_fact`, `FactBase`, `BaseStateCallb
   command there (`Reads`, a state callback, asks pyinfra's `OperationMeta` whether the operation changed or
   failed once it is complete; our own operations, made with `host_reads.operation`, also say so after each of
   their commands, for a read later in the same operation), or one of our commands outside pyinfra's command
-  path (a streamed channel: `changed`). Then the host's answers are dropped, and each fact is read again once,
+  path (a streamed channel: `forget`). Then the host's answers are dropped, and each fact is read again once,
   when next asked for.
 - **Batched.** The first read of a host in a run is one composite fact, `HostRead`, read with pyinfra's
   `host.get_fact`: it reads, in one remote call, every other fact that the same data read on that host the last
@@ -133,7 +133,7 @@ class HostReads:
         self.last_op: str | None = None  # the operation that last started on the host (Reads)
         self.accounted: set[str] = set()  # operations whose change was already accounted for (Reads.operation_end)
 
-    def changed(self) -> None:
+    def forget_answers(self) -> None:
         self.generation += 1
         self.answers.clear()
 
@@ -232,7 +232,7 @@ def start_read(host, running: tuple[Batch, object] | None = None) -> None:
     reads = reads_of(host)
     if reads is None:
         return  # a host pyinfra has not loaded yet: its own install reads it
-    reads.changed()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
+    reads.forget_answers()  # what an earlier hold of the lock read (or is reading) is not kept: this read replaces it
     reads.pending.append(gevent.spawn(_background_read, real_host(host), reads, running, reads.generation))
 
 
@@ -290,12 +290,12 @@ def install(state, host, config_digest: str, also: tuple[tuple[type, dict], ...]
     _read_batch(real_host(host), reads, None, None, None, extra)
 
 
-def changed(host) -> None:
+def forget(host) -> None:
     """One of our commands changed `host` outside pyinfra's command path (a streamed channel, a lock given back):
     drop its answers."""
     reads = reads_of(host)
     if reads is not None:
-        reads.changed()
+        reads.forget_answers()
 
 
 def fresh(host, cls: type, max_age_s: float) -> None:
@@ -340,11 +340,11 @@ def operation(*args, **kwargs):
                     answer = yield command
                 except GeneratorExit:  # pyinfra stopped at this command: it failed, or the run only looked
                     if from_pyinfra:
-                        changed(context_host)
+                        forget(context_host)
                     generator.close()
                     raise
                 if from_pyinfra:
-                    changed(context_host)  # the command ran
+                    forget(context_host)  # the command ran
 
         return pyinfra_operation(*args, **kwargs)(commands)
 
@@ -633,14 +633,14 @@ class Reads(BaseStateCallback):
             return
         previous, reads.last_op = reads.last_op, op_hash
         if previous is not None and previous not in reads.accounted and _ran_commands(state, host, previous):
-            reads.changed()
+            reads.forget_answers()
 
     def operation_end(self, state, op_hash):
         for name, reads in _RUNS.get(state, {}).items():
             host = state.inventory.get_host(name, None)
             if host is not None and _ran_commands(state, host, op_hash):
                 reads.accounted.add(op_hash)
-                reads.changed()
+                reads.forget_answers()
 
     def host_disconnect(self, state, host):
         reads = reads_of(host)

@@ -501,7 +501,7 @@ class RunLocks:
             slot.held = False
         self.events.append(f"release {slot.name}")
         # Another run may have the host before this one takes it again: what was read under this hold is dropped.
-        host_reads.changed(slot.host)
+        host_reads.forget(slot.host)
         try:
             self._run(slot.host, release_command(slot.token or ""), timeout=30)
             return

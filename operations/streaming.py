@@ -50,7 +50,7 @@ def channel(host, command: str):
 
     What the command writes is not in the answers host_reads keeps for that host: they are dropped.
     """
-    host_reads.changed(host)
+    host_reads.forget(host)
     opened = open_session(host)
     if opened is None:
         raise RuntimeError(f"{host.name}: streaming needs an SSH connection to the host")
@@ -197,7 +197,7 @@ class ProcessSink(Sink):
 
     def __init__(self, argv: list[str], host=None):
         if host is not None:
-            host_reads.changed(host)  # what the command writes is not in the answers host_reads keeps for that host
+            host_reads.forget(host)  # what the command writes is not in the answers host_reads keeps for that host
         self._said = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._said, stderr=self._said, start_new_session=True,
                                       env=openssh.environment())

@@ -265,7 +265,7 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
 
     def read_during_a_change(cls, **kwargs):
         value = original(cls, **kwargs)
-        gevent.spawn(host_reads.changed, host).join()  # B changes meanwhile (B's operation, a stream into B)
+        gevent.spawn(host_reads.forget, host).join()  # B changes meanwhile (B's operation, a stream into B)
         return value
 
     monkeypatch.setattr(host, "get_fact", read_during_a_change)
@@ -321,7 +321,7 @@ def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
     gevent.joinall(reads.pending)  # the read is done...
     assert reads.answers
     (tree / "config.json").write_text('{"another run": 1}')
-    host_reads.changed(host)  # ...then the lock is given back (operations/lock.py `_give_back` says so)
+    host_reads.forget(host)  # ...then the lock is given back (operations/lock.py `_give_back` says so)
     assert not reads.answers
     host_reads.install(state, host, config_digest="lock-2")
     assert reads.remote_reads == 2  # read again, in one call
@@ -404,7 +404,7 @@ def test_a_read_run_with_the_lock_that_failed_or_went_stale_is_read_again(local,
         host_reads.start_read(host, (batch, _run_locally(batch.command, answer_after_s=0.5)))
         gevent.sleep(0.2)  # read, not yet answered...
         (tree / "config.json").write_text('{"changed": 1}')
-        host_reads.changed(host)  # ...when the lock is given back
+        host_reads.forget(host)  # ...when the lock is given back
     host_reads.install(state, host, config_digest=f"with-lock-{spoil}")
     assert reads.remote_reads == 2  # the lock's read, then one call of its own
     expected = len('{"changed": 1}') if spoil == "host changed" else 2
