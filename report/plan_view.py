@@ -2,7 +2,7 @@
 
     pyinfra inventory.py deploy.py --dry                       # the plan, per host and service (what, why, action)
     PLAN_JSON=plan.json pyinfra inventory.py deploy.py --dry   # and as JSON; exit 0 nothing to do, 2 changes, 1 refused
-    PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y        # the JSON on stdout (the rest of the output on stderr)
+    PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y        # the JSON on stdout (the plan's text, like pyinfra's log, on stderr)
 
 Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and refusals as the status
 view's JSON has them, and what could not be read); once the last host is done, `PlanPrinter` prints and writes it.
@@ -81,7 +81,7 @@ class PlanPrinter(BaseStateCallback):
         plans = [PLANS[name] for name in sorted(PLANS)]
         unplanned = sorted(h.name for h in state.inventory if h.name not in PLANS and state.is_host_in_limit(h))
         if self.dry or self.json_to:
-            print(text(plans, unplanned), file=sys.stderr if self.json_to == "-" else sys.stdout)
+            logger.info(text(plans, unplanned))  # pyinfra's log (stderr): stdout stays its --json, or PLAN_JSON=-
         if self.json_to:
             doc = json.dumps(document(plans, unplanned), indent=2, sort_keys=True) + "\n"
             if self.json_to == "-":
