@@ -183,7 +183,7 @@ def test_a_failed_gpu_shows_in_its_services_row(placed, tmp_path):
     st = rows[(SPARE, "st")]
     assert st["status"] == "UNHEALTHY"
     assert not st["gpus"][0]["healthy"] and any("GPU 0" in p for p in st["problems"]), st
-    assert any("GPU check" in c for c in st["changes"]), st["changes"]
+    assert any(c["step"] == "GPU check" and c["action"] == "refuse" for c in st["plan"]), st["plan"]
 
 
 def test_a_stopped_service_is_unhealthy_and_would_be_started(placed, tmp_path):
@@ -196,7 +196,7 @@ def test_a_stopped_service_is_unhealthy_and_would_be_started(placed, tmp_path):
     assert code == 1, output
     st = rows[(SPARE, "st")]
     assert st["status"] == "UNHEALTHY" and st["unit"]["active"] in ("inactive", "failed"), st
-    assert "start the service" in st["changes"]
+    assert any(c["action"] == "start" and c["what"] == UNIT for c in st["plan"]), st["plan"]
     assert st["health"]["status"] is None
 
 
@@ -210,7 +210,8 @@ def test_an_edited_venv_file_is_drift_naming_the_distribution(placed, tmp_path):
     assert code == 2, output
     st = rows[(SPARE, "st")]
     assert st["status"] == "DRIFT"
-    assert any(c.startswith("tqdm ") and "tqdm/std.py" in c for c in st["changes"]), st["changes"]
-    assert any("restart the service" in c for c in st["changes"]), st["changes"]
+    assert any(c["step"] == "Environments" and c["why"].startswith("tqdm ") and "tqdm/std.py" in c["why"]
+               for c in st["plan"]), st["plan"]
+    assert any(c["action"] == "restart" and c["what"] == UNIT for c in st["plan"]), st["plan"]
     again, _, output, _ = status(tmp_path)
     assert again == 0, output
