@@ -43,7 +43,7 @@ gpu_decisions = gpus.plan_for_host(config, stack)
 plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets, read=host_reads.reader(host))
 plan_view.record(plan.record())
 if plan.converged:
-    converged.record(host, gpu_decisions.config, plan)
+    converged.record(host, gpu_decisions, plan)
 else:
     config = gpu_check(gpu_decisions).config  # `gpu: auto` and `attention-backend: auto` resolved
     envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())

@@ -7,14 +7,17 @@ socket of its own unit), as the readiness gate would have written them.
 
 from __future__ import annotations
 
-from operations import host_reads, readiness
+from operations import gpus, host_reads, readiness
 from operations.host_plan import watched_inputs
 from operations.plan import HostPlan
 from report.summary import record as summary_record
 
 
-def record(host, config, plan: HostPlan) -> None:
-    """Log that `host` is converged, and write each of its services' summary row."""
+def record(host, decisions, plan: HostPlan) -> None:
+    """Show the GPU decisions (as the check's operation would), log that `host` is converged, and write each of
+    its services' summary row. `decisions`: the GPU check's (`gpus.GpuDecisions`), its config with `auto` resolved."""
+    gpus.show(host, decisions)
+    config = decisions.config
     for service in config.services:
         state = host_reads.get(host, readiness.ServiceState, unit=service.unit_name,
                                address=readiness.probe_address(service.bind), port=service.port,

@@ -539,6 +539,15 @@ def _refuse(state, host, errors: tuple[str, ...]) -> bool:
     return False
 
 
+def show(host, plan: GpuDecisions) -> None:
+    """Print the GPU decisions (`gpu: auto` and `attention-backend: auto` resolved) and warnings for the host's
+    services: by the check's operation, and on a converged host, which gets none (operations/converged.py)."""
+    for line in plan.decisions:
+        host.log(line)
+    for line in plan.warnings:
+        host.log_styled(f"WARNING: {line}", fg="yellow", log_func=logger.warning)
+
+
 @operation()
 def checked(plan: GpuDecisions):
     """
@@ -559,10 +568,7 @@ def checked(plan: GpuDecisions):
     """
     state = host.state
     if not state.is_executing or not state.should_check_for_changes():
-        for line in plan.decisions:
-            host.log(line)
-        for line in plan.warnings:
-            host.log_styled(f"WARNING: {line}", fg="yellow", log_func=logger.warning)
+        show(host, plan)
         if not state.is_executing:
             for line in plan.errors:
                 host.log_styled(f"GPU check will fail: {line}", fg="red", log_func=logger.error)
