@@ -217,25 +217,27 @@ def _account(plan, config, stack, patch_sets, ask, changed, verify) -> None:
 
 def _service(plan, config, service, stack, patch_sets, device_groups, ask, changed) -> None:
     name, unit_path = service.name, service.unit_path
-    before = len(plan.changes)
     state = ask(secrets.SecretFileState, path=config_path(name))
+    key_why = None
     if service.config_file:
-        why = secrets.key_file_differs(state, secrets.key_file_digest(name, service.api_key, service.admin_api_key),
-                                       group_of(config.service_user))
-        if why:
-            plan.add(SERVICE, config_path(name), "create" if state is None else "update", why, service=name)
+        key_why = secrets.key_file_differs(state, secrets.key_file_digest(name, service.api_key, service.admin_api_key),
+                                           group_of(config.service_user))
+        if key_why:
+            plan.add(SERVICE, config_path(name), "create" if state is None else "update", key_why, service=name)
     elif state is not None:
-        plan.add(SERVICE, config_path(name), "delete", "the service has no API key in the data", service=name)
+        key_why = "the service has no API key in the data"
+        plan.add(SERVICE, config_path(name), "delete", key_why, service=name)
     text = unit_text(config, service, stack, patch_sets, device_groups)
     found = ask(File, path=unit_path)
-    why = unit_file.differs(found, ask(Sha1File, path=unit_path) if found else None, text)
+    sha1 = ask(Sha1File, path=unit_path) if found else None
+    why = unit_file.differs(found, sha1, text)
     # A mode or owner put back changes nothing systemd runs (unit_file.written): no preflight, reload or restart.
-    unit_changed = why is not None and not unit_file.same_content(found, ask(Sha1File, path=unit_path) if found else None, text)
+    unit_changed = why is not None and not unit_file.same_content(found, sha1, text)
     if why:
         plan.add(SERVICE, unit_path, "create" if found is None else "update", why, service=name)
     inputs_changed = (
         unit_changed
-        or len(plan.changes) > before + (1 if why else 0)
+        or key_why is not None  # the key file is one of the service's inputs (deploys/service.py)
         or changed.get(service.environment.path, False)
         or any(changed.get(f"{m.location}:{m.name}", False) for m in service.models)
     )
