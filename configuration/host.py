@@ -7,12 +7,13 @@ what only several values show: the engine's flag list for the stack, where the s
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from configuration import engine_flags, kinds, schema, sources
 from configuration.errors import DataError
 from configuration.group_files import GLOBAL_KEYS, HOST_KEYS, Reader, no_unknown_keys, precedence
-from configuration.placement import no_clashes, placement
+from configuration.placement import no_clashes, placement, rollout_keys_not_overridden
 from configuration.refusals import require, validated
 from configuration.services import ServiceContext, validated_service
 from configuration.stacks import load_stack
@@ -43,16 +44,20 @@ def validate_host(host) -> HostConfig:
         schema.HostData, {key: reader.get(key, spec) for key, spec in HOST_KEYS.items()}, lambda key: (src(key), key))
     context = ServiceContext(data, engine_version, secrets_file, src("services"), src("run_services"), stack.wanted())
     placed = placement(host_data.run_services)
+    counts = Counter(name for name, _, _ in placed)
     services = []
-    for name, overrides in placed.items():
+    for name, replica, overrides in placed:
         require(name in data.services, src("run_services"), "run_services", name,
                 f"no such service; defined services: {', '.join(sorted(data.services)) or '(none)'}")
-        services.append(validated_service(context, name, data.services[name].given(), overrides))
+        index = sum(1 for s in services if s.definition == name)
+        rollout_keys_not_overridden(src("run_services"), name, index, overrides, counts[name])
+        services.append(validated_service(context, name, data.services[name].given(), overrides, replica=replica,
+                                          override_path=f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")))
     no_clashes(services, src("run_services"), host.name)
     # Services defined but placed nowhere are validated too: the next edit of run_services
     # must not be the first time their values are read.
     for name, definition in data.services.items():
-        if name not in placed:
+        if name not in counts:
             validated_service(context, name, definition.given(), {})
     return HostConfig(
         host=host.name,

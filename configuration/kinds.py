@@ -127,6 +127,22 @@ def seconds(low: int, high: int) -> Any:
 
 
 Bool = Annotated[bool, Strict(), with_fix("must be true or false")]
+
+# A service's rollout (configuration/schema.py, `max_unavailable` and `canary`).
+MAX_UNAVAILABLE_FIX = "must be a number of replicas, 1 or more, or a percentage of them from 1% to 100%, e.g. 1 or `25%`"
+MaxUnavailable = one_of(
+    MAX_UNAVAILABLE_FIX,
+    (lambda v: isinstance(v, int) and not isinstance(v, bool), Annotated[Int, _in_range(1, 100000, MAX_UNAVAILABLE_FIX)]),
+    (lambda v: isinstance(v, str), Annotated[Text, matching(r"(100|[1-9][0-9]?)%", MAX_UNAVAILABLE_FIX)]),
+)
+CANARY_FIX = ("must be a number of replicas that go first (0: none), or a list of them, each a host of the inventory "
+              "(its one replica of the service) or `host/replica`, e.g. [gpu-a] or [gpu-a/dflash@2]")
+Canary = one_of(
+    CANARY_FIX,
+    (lambda v: isinstance(v, int) and not isinstance(v, bool), Annotated[Int, _in_range(0, 100000, CANARY_FIX)]),
+    (lambda v: isinstance(v, list), Annotated[list[Annotated[Text, matching(r"[^/\s]+(/[a-z0-9][a-z0-9_-]*(@[0-9]+)?)?", CANARY_FIX)]],
+                                              with_fix(CANARY_FIX)]),
+)
 ASCII_DECIMAL = re.compile(r"[0-9]{1,18}")
 
 

@@ -22,12 +22,14 @@ from configuration import kinds
 from configuration.kinds import (
     ArgMap,
     Bool,
+    Canary,
     EnvName,
     EnvValue,
     FailedGpus,
     Gpus,
     IndexUrl,
     IpAddress,
+    MaxUnavailable,
     ModelName,
     ModuleName,
     PatchSetName,
@@ -245,7 +247,9 @@ class HostData(BaseModel):
 
     run_services: RunServices = var(
         [], "Which services run on this host: a list of names, or a map name -> overrides of service keys (e.g. `gpu`, "
-        "`port`). A service no longer listed is stopped, disabled and its unit removed (after the run's readiness gates).",
+        "`port`), or name -> a list of overrides, one replica each (`dflash`, `dflash@2`, ...). A service placed on "
+        "several hosts is one service with a replica on each. A service no longer listed is stopped, disabled and its "
+        "unit removed (after the run's readiness gates, once another replica answers).",
         "placing or moving a service", "list or map of service names")
     failed_gpus: FailedGpus = var(
         [], "GPU indexes on this host that no service may use, whatever `nvidia-smi` says.",
@@ -291,6 +295,18 @@ class ServiceSpec(BaseModel):
     allow_unauthenticated: Bool = var(
         False, "Allow listening beyond loopback without an API key (anyone who reaches the port can use it).",
         "a trusted, isolated network only", "boolean")
+    max_unavailable: MaxUnavailable = var(
+        1, "Replicas of the service that a rollout may have not serving at once: a number, or a percentage of its "
+        "replicas (rounded down, at least 1). A change that restarts the service reaches its replicas in waves of this "
+        "size, each wave gated by the readiness gate before the next (docs/replicas.md).", "many replicas, spare capacity",
+        "number or percentage")
+    canary: Canary = var(
+        0, "Replicas that go first in a rollout, alone in their wave: a count (the first ones in inventory order), or a "
+        "list of `host` / `host/replica`. The rest wait until they passed their gates (and `canary_soak_s`).",
+        "a change you want proven on one replica", "count or list")
+    canary_soak_s: seconds(0, 86400) = var(
+        0, "Seconds the canaries must keep serving after their gates before the rest of the rollout goes on.",
+        "changes that fail under load, not at start", "seconds")
 
 
 # A service's keys as a definition (`services.<name>`) or a placement's overrides (`run_services`) write them -------------
@@ -333,13 +349,25 @@ def _overrides(value: Any) -> Any:
 ServiceDefinition = Annotated[ServiceKeys, BeforeValidator(_definition)]
 ServiceMap = Annotated[dict[ServiceName, ServiceDefinition], shaped(dict, "must be a map of service name -> service definition")]
 Overrides = Annotated[Optional[ServiceKeys], BeforeValidator(_overrides)]
+# Several replicas of a service on one host: a list of overrides, one per replica (each its own GPUs and port).
+def _some_replica(items: list) -> list:
+    if not items:
+        raise refuse("places no replica: list one map of overrides per replica, or remove the service from run_services")
+    return items
+
+
+ReplicaList = Annotated[list[Overrides], AfterValidator(_some_replica), kinds.with_fix("must list one map of overrides per replica, e.g. "
+                                                         "[{gpu: 0, port: 30001}, {gpu: 1, port: 30002}]")]
+Placement = one_of("must be a map of overrides (e.g. {gpu: 1, port: 30001}), null, or a list of them, one per replica",
+                   (lambda v: v is None or isinstance(v, dict), Overrides),
+                   (lambda v: isinstance(v, list), ReplicaList))
 # A name in `run_services` (a string: whether a service of that name is defined is checked where the host's services are
 # built, configuration/host.py).
 PlacedName = Annotated[Text, kinds.with_fix("must name a service defined in `services`")]
 RunServices = one_of("must be a list of service names or a map name -> overrides (e.g. {dflash: {gpu: 1, port: 30001}})",
                      (lambda v: isinstance(v, list),
                       Annotated[list[Text], _unique("service"), kinds.with_fix("must list service names, e.g. `[ddtree, dflash]`")]),
-                     (lambda v: isinstance(v, dict), dict[PlacedName, Overrides]))
+                     (lambda v: isinstance(v, dict), dict[PlacedName, Placement]))
 
 GroupData.model_rebuild()
 HostData.model_rebuild()

@@ -34,13 +34,15 @@ class ServiceContext:
     pins: dict[str, str] = field(default_factory=dict)  # the stack's distribution -> version
 
 
-def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any], overrides: dict[str, Any]) -> Service:
+def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any], overrides: dict[str, Any],
+                      replica: str | None = None, override_path: str | None = None) -> Service:
+    """Service `name` (one replica of it: `replica`, by default the service's own name) with this host's overrides."""
     base_path = f"services.{name}"
     origin = {key: (ctx.src, f"{base_path}.{key}") for key in SERVICE_KEYS}
     merged = {**definition}
     for key, value in overrides.items():
         merged[key] = value
-        origin[key] = (ctx.override_src, f"run_services.{name}.{key}")
+        origin[key] = (ctx.override_src, f"{override_path or f'run_services.{name}'}.{key}")
     # A required key given as null is missing, as if it were not written.
     merged = {k: v for k, v in merged.items() if not (SERVICE_KEYS[k].required and v is None)}
     spec: schema.ServiceSpec = validated(schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
@@ -73,7 +75,8 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     listening = listens_beyond_loopback(at("bind"), args)
     exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
-        name=name,
+        name=replica or name,
+        definition=name,
         environment=environment_for(ctx.data.venv_path, patch_sets),
         gpus=gpus,
         port=spec.port,
@@ -87,6 +90,9 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
         admin_api_key=secrets["admin_api_key_secret"],
         allow_unauthenticated=spec.allow_unauthenticated,
         listens_beyond_loopback=tuple((where, why) for (_, where, _value, why) in listening if where != origin["bind"][1]),
+        max_unavailable=spec.max_unavailable,
+        canary=spec.canary if isinstance(spec.canary, int) else tuple(spec.canary),
+        canary_soak_s=spec.canary_soak_s,
     )
 
 

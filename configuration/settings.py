@@ -19,7 +19,7 @@ appears). The rest of the deploy imports from here; the rules live beside it, on
   services that clash) and services.py (one service), which reads patch_set_fit.py (its patch sets), service_args.py
   (`args` resolved as the engine's parser resolves them, configuration/engine_flags.py, before the derived-flag,
   credential and value rules apply) and exposure.py (exposure and credentials);
-- here: the whole inventory, once per run, and what only the hosts together show (one service on two hosts, one
+- here: the whole inventory, once per run, and what only the hosts together show (a service's replicas on several hosts agree, one
   machine under two inventory names).
 """
 
@@ -65,7 +65,7 @@ _VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def validate_inventory(state) -> dict[str, HostConfig]:
     """Validate the whole inventory once per run: every host (with --data), every service
     defined (placed or not), every stack and patch-set manifest they use, and what only the
-    hosts together can show (one service on two hosts, two hosts at one address).
+    hosts together can show (a service's replicas that disagree, two hosts at one address).
 
     pyinfra connects every host, then loads deploy.py once per host in parallel greenlets; the
     first load to get here validates everything (nothing in it waits on I/O, so no other
@@ -90,7 +90,7 @@ def _validate_all(inventory) -> dict[str, HostConfig]:
     for host in hosts:
         value_of_kind(f"inventory (host {host.name})", "(host name)", kinds.HostName, host.name)
     configs = {host.name: validate_host(host) for host in hosts}
-    _one_host_per_service(hosts, configs)
+    _replicas_agree(hosts, configs)
     _one_name_per_address(hosts)
     return {name: _with_peers(config, configs) for name, config in configs.items()}
 
@@ -102,15 +102,46 @@ def _with_peers(config: HostConfig, configs: dict[str, HostConfig]) -> HostConfi
     return replace(config, peer_venvs=venvs, peer_stores=stores)
 
 
-def _one_host_per_service(hosts: list, configs: dict[str, HostConfig]) -> None:
-    placed: dict[str, str] = {}
+def _replicas_agree(hosts: list, configs: dict[str, HostConfig]) -> None:
+    """A service placed on several hosts is one service with a replica on each: its replicas run one stack and one
+    list of patch sets (a rollout moves them all from one version to the next), take one rollout, and its canaries
+    name replicas that exist."""
+    first: dict[str, tuple[str, HostConfig, Service]] = {}
+    replicas: dict[str, list[str]] = {}
     for host in hosts:
-        for service in configs[host.name].services:
-            other = placed.setdefault(service.name, host.name)
-            if other != host.name:
-                raise DataError(Reader(host).source("run_services"), "run_services", service.name,
-                                f"service {service.name} is placed on {other} too: a service runs on one host (its unit, "
-                                "port and API-key file are per service); define a second service under another name to run it twice")
+        config = configs[host.name]
+        for service in config.services:
+            replicas.setdefault(service.definition, []).append(f"{host.name}/{service.name}")
+            seen = first.setdefault(service.definition, (host.name, config, service))
+            other_host, other_config, other = seen
+            src = Reader(host).source("run_services")
+            what = f"service {service.definition} (replica {service.name} on {host.name}, and on {other_host})"
+            if config.stack != other_config.stack:
+                raise DataError(Reader(host).source("stack"), "stack", config.stack,
+                                f"differs from {other_config.stack} on {other_host}, where {what} runs too: the replicas of "
+                                "a service run one stack (a rollout takes them all to the next); give the hosts one stack")
+            if service.patch_sets != other.patch_sets:
+                raise DataError(src, f"run_services.{service.definition}.patch_sets", list(service.patch_sets),
+                                f"differs from {list(other.patch_sets)} on {other_host}, where {what} runs too: the replicas "
+                                f"of a service apply the same patch sets; set them once in services.{service.definition}.patch_sets")
+            for key in ("max_unavailable", "canary", "canary_soak_s"):
+                if getattr(service, key) != getattr(other, key):
+                    raise DataError(Reader(host).source("services"), f"services.{service.definition}.{key}", getattr(service, key),
+                                    f"differs from {getattr(other, key)!r} as {other_host} sees it: the service has one rollout; "
+                                    "define it the same in every group file that defines the service")
+    for name, (host_name, config, service) in first.items():
+        if isinstance(service.canary, tuple):
+            hosts_of = {}
+            for ref in replicas[name]:
+                hosts_of.setdefault(ref.split("/")[0], []).append(ref)
+            for wanted in service.canary:
+                ok = wanted in replicas[name] or len(hosts_of.get(wanted, [])) == 1
+                if not ok:
+                    why = (f"{wanted} runs {len(hosts_of[wanted])} replicas of it: name one as host/replica"
+                           if wanted in hosts_of else "is no replica of it")
+                    raise DataError(Reader(next(h for h in hosts if h.name == host_name)).source("services"),
+                                    f"services.{name}.canary", wanted,
+                                    f"{why}; its replicas: {', '.join(replicas[name])}")
 
 
 def _one_name_per_address(hosts: list) -> None:

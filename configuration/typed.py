@@ -44,6 +44,10 @@ def environment_for(venv_path: str, patch_sets: tuple[str, ...]) -> Environment:
 
 @dataclass(frozen=True)
 class Service:
+    """One replica of a service on its host. `name` is the replica's (its unit, key file, summary row and the status
+    view's row), unique on the host: the service's own name, or `<service>@<n>` for a host's n-th replica of it;
+    `definition` is the service's (`services.<definition>`), which its replicas on every host share."""
+
     name: str
     environment: Environment
     gpus: tuple[int, ...]
@@ -59,6 +63,15 @@ class Service:
     allow_unauthenticated: bool = False
     # Every way the data makes the service listen beyond loopback (key path, why): `bind`, engine flags.
     listens_beyond_loopback: tuple[tuple[str, str], ...] = ()
+    definition: str = ""  # the service's name in `services` (the replica's `name` where empty)
+    # The service's rollout over its replicas (operations/rollout.py).
+    max_unavailable: int | str = 1
+    canary: int | tuple[str, ...] = 0
+    canary_soak_s: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.definition:
+            object.__setattr__(self, "definition", self.name)
 
     @property
     def config_file(self) -> str | None:

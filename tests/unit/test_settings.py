@@ -468,8 +468,8 @@ CORPUS = [
     Bad("run-override-bad-gpu", "run_services.dflash.gpu", "'1'", GPU, host={"run_services": {"dflash": {"gpu": "1"}}}, source=HOST),
     Bad("run-override-bad-arg", "run_services.dflash.args.port", "1", "`--port` is derived from the service key `port`", host={"run_services": {"dflash": {"args": {"port": 1}}}}, source=HOST),
     Bad("run-in-all-yml", "run_services", "'nope'", "no such service", all={"run_services": ["nope"]}, host={}),
-    Bad("same-port", "run_services", "['ddtree', 'dflash']", "both use port 30000 on host gpu-a; give each service on a host its own port", host={"run_services": {"ddtree": {}, "dflash": {"port": 30000}}}, source=HOST),
-    Bad("same-gpu", "run_services", "['ddtree', 'dflash']", "both use GPU 0 on host gpu-a; give each service on a host its own GPUs", host={"run_services": {"ddtree": {}, "dflash": {"gpu": [1, 0]}}}, source=HOST),
+    Bad("same-port", "run_services", "['ddtree', 'dflash']", "both use port 30000 on host gpu-a; give each service or replica on a host its own port", host={"run_services": {"ddtree": {}, "dflash": {"port": 30000}}}, source=HOST),
+    Bad("same-gpu", "run_services", "['ddtree', 'dflash']", "both use GPU 0 on host gpu-a; give each service or replica on a host its own GPUs", host={"run_services": {"ddtree": {}, "dflash": {"gpu": [1, 0]}}}, source=HOST),
     # Other layers
     Bad("host-data-bad-venv", "venv_path", "'venv'", ABS, host={"run_services": ["ddtree"], "venv_path": "venv"}, source=HOST),
     Bad("host-data-bad-services", "services.ddtree.port", "-1", PORT, host={"run_services": ["ddtree"], "services": {"ddtree": {"gpu": 0, "port": -1, "model": "m"}}}, source=HOST),
