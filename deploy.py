@@ -17,8 +17,8 @@ from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
-from deploys.service import service, service_account
-from operations import converged, gpus, host_plan, host_reads, lock
+from deploys.service import gated, restarted, service, service_account
+from operations import converged, gpus, host_plan, host_reads, lock, rollout
 from report import health_timer, plan_view, summary
 
 # The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
@@ -42,6 +42,7 @@ plan_view.install(state, os.environ)  # last: under --dry with PLAN_JSON it ends
 gpu_decisions = gpus.plan_for_host(config, stack)
 plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets, read=host_reads.reader(host))
 plan_view.record(plan.record())
+plan_view.record_rollouts(rollout.described(settings.validate_inventory(state)))
 if plan.converged:
     converged.record(host, gpu_decisions, plan)
 else:
@@ -49,6 +50,16 @@ else:
     envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())
     copies = models(config)
     device_groups = service_account(config)
-    for placed in config.services:
-        service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
+    # Every replica prepared (key file, flags through the engine's parser) before the first restart; then the
+    # rollout's waves, the same list on every host (operations/rollout.py): a wave's restarts, then its gates.
+    prepared = {placed.name: service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
+                for placed in config.services}
+    configs = settings.validate_inventory(state)
+    first = rollout.canaries(configs)
+    for wave in host.loop(rollout.host_waves(configs, host.name)):
+        for name in wave:
+            restarted(prepared[name], rollout.held(prepared[name].service, host.name))
+        for name in wave:
+            soak = prepared[name].service.canary_soak_s if rollout.Replica(host.name, name, prepared[name].service.definition) in first else 0
+            gated(config, prepared[name], soak_s=soak)
     cleanup(config)

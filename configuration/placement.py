@@ -11,7 +11,6 @@ from typing import Any
 from configuration.errors import DataError
 from configuration.typed import Service
 
-
 # Keys of a service as a whole, not of one replica: every replica takes the same rollout.
 ROLLOUT_KEYS = ("max_unavailable", "canary", "canary_soak_s")
 

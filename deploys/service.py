@@ -9,9 +9,13 @@ failed change back to the previous unit and venv generation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Callable
+
 from pyinfra import host
 from pyinfra.api import deploy
 
+from configuration.typed import Service
 from deploys.environments import BuiltEnvironment
 from deploys.models import ModelCopies
 from operations import host_plan, lifecycle, preflight, readiness, rollback, secrets, this_run, unit_file, units
@@ -31,10 +35,23 @@ def service_account(config) -> tuple[str, ...]:
     return gpu_device_groups(config.service_user)
 
 
+@dataclass
+class Prepared:
+    """A replica whose key file and flags are ready (`service`), for its wave's restart (`restarted`) and gate (`gated`)."""
+
+    service: Service
+    unit_text: str
+    inputs: this_run.Inputs
+    environment: BuiltEnvironment
+    rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
+    started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
+
+
 @deploy("Service")
 def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment, model_copies: ModelCopies,
-            device_groups: tuple[str, ...]) -> None:
-    """Add the operations that make one service run its data, and gate on its readiness."""
+            device_groups: tuple[str, ...]) -> Prepared:
+    """Add the operations that prepare one replica before any wave restarts: its key file, and its exact flags
+    through the engine's own parser in its venv (what its unit will say)."""
     unit_path = service.unit_path
     unit_text = host_plan.unit_text(config, service, stack, patch_sets, device_groups)
     key_file = secrets.config_file(
@@ -59,8 +76,17 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         unit_text=unit_text,
         inputs_changed=inputs,
     )
-    rewritten = unit_file.Rewritten()  # the unit's content replaced (a mode put back restarts nothing)
-    unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=unit_text, rewritten=rewritten)
+    return Prepared(service, unit_text, inputs, environment)
+
+
+@deploy("Service")
+def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
+    """In the replica's wave: its unit written and the unit (re)started if anything it loads changed, unless its
+    service's rollout halted earlier in this run (`held`): then its unit file and process stay as they are."""
+    service = prepared.service
+    unit_path = service.unit_path
+    unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=prepared.unit_text, rewritten=prepared.rewritten,
+                      _if=lambda: held() is None)
 
     # Read before this run changes anything (one answer from the host's read): inputs whose content
     # differs from what the running process was started with. A touched file, or a file dropped beside
@@ -69,7 +95,6 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
     stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
         host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
-    started = lifecycle.Restarted()
     lifecycle.running(
         name=f"{service.unit_name} enabled and running its current inputs",
         unit=service.unit_name,
@@ -77,10 +102,18 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         bind=service.bind,
         port=service.port,
         inputs=watched,
-        unit_changed=rewritten,
-        inputs_changed=this_run.any_of(rewritten, inputs),
-        outcome=started,
+        unit_changed=prepared.rewritten,
+        inputs_changed=this_run.any_of(prepared.rewritten, prepared.inputs),
+        outcome=prepared.started,
+        held=held,
+        service=service.name,
     )
+
+
+@deploy("Service")
+def gated(config, prepared: Prepared, soak_s: int = 0) -> None:
+    """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's soak)."""
+    service = prepared.service
     readiness.ready(
         name=f"{service.unit_name} answers /health",
         service=service.name,
@@ -91,7 +124,11 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         smoke=config.smoke_test,
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
-        restarted=started,
-        inputs=watched,
-        rollback_plan=rollback.Restorable(unit_path, service.unit_name, rewritten, [(service.environment.path, environment.switched.did_change)]),
+        restarted=prepared.started,
+        inputs=host_plan.watched_inputs(service, service.unit_path),
+        rollback_plan=rollback.Restorable(service.unit_path, service.unit_name, prepared.rewritten,
+                                          [(service.environment.path, prepared.environment.switched.did_change)]),
+        rollout=service.definition,
+        held=lambda: prepared.started.held,
+        soak_s=soak_s,
     )

@@ -31,6 +31,7 @@ class Restarted:
 
     def __init__(self) -> None:
         self.restarted = False
+        self.held: str | None = None  # why it was kept on its old version instead (its rollout halted)
 
     def __call__(self) -> bool:
         return self.restarted
@@ -77,6 +78,8 @@ def running(
     unit_changed: Callable[[], bool] | None = None,
     inputs_changed: Callable[[], bool] | None = None,
     outcome: Restarted | None = None,
+    held: Callable[[], str | None] | None = None,
+    service: str = "",
 ):
     """
     Make ``unit`` loaded, enabled and running the inputs it has now; record what it started with.
@@ -90,6 +93,8 @@ def running(
     + unit_changed: callable, true when this run rewrote the unit file
     + inputs_changed: callable, true when this run changed any of its inputs
     + outcome: a `Restarted` set when this run (re)started the unit
+    + held: callable, why the unit must not (re)start now (its service's rollout halted in this run), or None
+    + service: the replica's name, for the message when it is held
 
     A restart happens when the unit runs and an input changed, in this run or since it started
     (an earlier run stopped between a change and its restart). The record is written after
@@ -98,6 +103,13 @@ def running(
     """
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
     todo = steps(state, unit_path, unit_changed=this_run.changed(unit_changed), inputs_changed=this_run.changed(inputs_changed))
+    why_held = held() if held is not None and this_run.executing() and (todo.start or todo.restart) else None
+    if why_held:
+        # Its service's rollout halted: this replica keeps its old unit and process (a later run goes on).
+        host.log(f"{service or unit}: HELD on its old version, not (re)started: {why_held}")
+        if outcome is not None:
+            outcome.held = why_held
+        return
     quoted = shlex.quote(unit)
     if todo.reload:
         yield "systemctl daemon-reload"

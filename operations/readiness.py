@@ -13,11 +13,13 @@ import json
 import shlex
 from typing import Callable
 
+import gevent
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from operations import host_reads, redact, remote, rollback, this_run
 from operations.host_reads import operation
+from report import rollouts
 from report.summary import record
 
 # How old a kept answer may be when it decides that a service serves. A converged run reaches this gate about a
@@ -82,13 +84,30 @@ def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bo
     return result
 
 
-def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str, plan=None) -> bool:
+def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool, config_file: str, soak_s: int) -> dict:
+    """A canary's soak: `soak_s` seconds after its gate it must still serve (/health 200 and a completion)."""
+    host.log(f"{service}: canary: soaking {soak_s} s before the rest of the rollout")
+    gevent.sleep(soak_s)
+    result = _wait_once(host, unit, address, port, 30, smoke, config_file)
+    if not result["ok"]:
+        result["reason"] = f"it passed its gate but failed {soak_s} s later, in the canary's soak: {result['reason']}"
+    return result
+
+
+def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str,
+          plan=None, rollout: str = "", soak_s: int = 0) -> bool:
     result = _wait_once(host, unit, address, port, timeout, smoke, config_file)
+    if result["ok"] and plan is not None and soak_s:
+        ready_s = result.get("ready_s")
+        result = _soaked(host, unit, service, address, port, smoke, config_file, soak_s)
+        result["ready_s"] = ready_s
     if result["ok"]:
         reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
         host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
         record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
         return True
+    if rollout:  # no later wave restarts another replica of this service in this run
+        rollouts.halt(rollout, f"{host.name}/{service}", result["reason"])
     host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
     journal = result.get("journal") or ""
     if journal:
@@ -125,6 +144,9 @@ def ready(
     restarted: Callable[[], bool] | None = None,
     rollback_plan=None,
     inputs: tuple[str, ...] = (),
+    rollout: str = "",
+    held: Callable[[], str | None] | None = None,
+    soak_s: int = 0,
 ):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
@@ -141,6 +163,9 @@ def ready(
     + inputs: host paths read with the service's state (see `changed_since_start`); the same arguments, so one read (host_reads)
     + rollback_plan: a `rollback.Restorable`: when the restarted service fails, undo this run's
       changes to it (previous unit, previous venv generations), restart, confirm readiness
+    + rollout: the service this replica belongs to: a failure halts its rollout (report/rollouts.py)
+    + held: callable, why this replica was kept on its old version (its rollout halted), or None
+    + soak_s: after a (re)start passed the gate, it must still serve this many seconds later (a canary)
 
     **Example:**
 
@@ -156,16 +181,22 @@ def ready(
     # Whether this run (re)started the unit is known only while executing (operations/this_run.py); a dry
     # run or the change check before execution judges by the service's current answer.
     just_started = this_run.changed(restarted)
+    why_held = held() if held is not None and this_run.executing() and not just_started else None
+    if why_held:
+        rollouts.held(rollout, f"{host.name}/{service}")
+        record(host.name, service, endpoint, "HELD", f"old version kept: {why_held}")
     if not just_started:
         # The verdict that it serves is the run's last word on it (and a removal on another host may follow it):
         # an answer from the host's read at the lock that is older than VERDICT_MAX_AGE_S is read again.
         host_reads.fresh(host, ServiceState, VERDICT_MAX_AGE_S)
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
-            record(host.name, service, endpoint, "ready", already(state))
+            if not why_held:
+                record(host.name, service, endpoint, "ready", already(state))
             host.noop(f"service {service} answers /health on port {port}")
             return
-    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-", rollback_plan if just_started else None), {})
+    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
+                                  rollback_plan if just_started else None), {"rollout": rollout, "soak_s": soak_s})
 
 
 def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:

@@ -234,7 +234,7 @@ def _service_row(host, service, stack, watched, envs, staged_models, decisions, 
     if facts is None or facts.error:
         problems.append(f"GPUs: {facts.error if facts is not None else 'not read'}")
     return {
-        "host": host.name, "reachable": True, "service": service.name, "port": service.port,
+        "host": host.name, "reachable": True, "service": service.name, "definition": service.definition, "port": service.port,
         "unit_name": service.unit_name, "unit": unit, "pid": pid, "uptime_s": uptime, "restarts": restarts,
         "health": answer, "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
         "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"], "venv": service.environment.path},

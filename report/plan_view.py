@@ -26,8 +26,45 @@ from report.terminal_text import one_line
 PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each host's load plans it
 
 
+# service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}: its rollout's waves
+# (operations/rollout.py), the same from every host's load.
+ROLLOUTS: dict[str, dict] = {}
+
+
 def record(plan: dict) -> None:
     PLANS[plan["host"]] = plan
+
+
+def record_rollouts(rollouts: dict[str, dict]) -> None:
+    ROLLOUTS.update(rollouts)
+
+
+def rollout_actions(plans: list[dict]) -> dict[str, str]:
+    """host/replica -> `restart` or `start` where its plan (re)starts it."""
+    out = {}
+    for plan in plans:
+        for change in plan["changes"]:
+            if change["action"] in ("restart", "start") and change["service"]:
+                out[f"{plan['host']}/{change['service']}"] = change["action"]
+    return out
+
+
+def rollout_document(plans: list[dict]) -> dict:
+    actions = rollout_actions(plans)
+    return {name: {**{k: v for k, v in r.items() if k != "waves"},
+                   "waves": [[{"replica": x, "action": actions.get(x, "none")} for x in wave] for wave in r["waves"]]}
+            for name, r in sorted(ROLLOUTS.items()) if r["replicas"] > 1}
+
+
+def rollout_text(plans: list[dict]) -> list[str]:
+    """Each replicated service's waves in order, each replica with what its plan does (`none`: it passes its wave)."""
+    lines = []
+    for name, rollout in rollout_document(plans).items():
+        canary = f", canaries first: {rollout['canary']}" if rollout["canary"] else ""
+        lines.append(f"    {name}: {rollout['replicas']} replicas, at most {rollout['wave_size']} not serving at once{canary}")
+        for index, wave in enumerate(rollout["waves"], start=1):
+            lines.append(f"      wave {index}: " + ", ".join(f"{r['replica']} ({r['action']})" for r in wave))
+    return (["--> Rollouts (each wave's readiness gates pass before the next wave restarts):"] + lines) if lines else []
 
 
 def exit_code(plans: list[dict], unplanned: list[str]) -> int:
@@ -38,7 +75,7 @@ def exit_code(plans: list[dict], unplanned: list[str]) -> int:
 
 
 def document(plans: list[dict], unplanned: list[str]) -> dict:
-    return {"exit_code": exit_code(plans, unplanned), "hosts": plans,
+    return {"exit_code": exit_code(plans, unplanned), "hosts": plans, "rollouts": rollout_document(plans),
             "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's error above says why)"}
                             for name in unplanned]}
 
@@ -59,6 +96,7 @@ def text(plans: list[dict], unplanned: list[str]) -> str:
             lines.append(one_line(f"    {plan['host']}  not read: {what}"))
     for name in unplanned:
         lines.append(f"    {name}: not planned (its load failed: pyinfra's error above says why)")
+    lines += rollout_text(plans)
     code = exit_code(plans, unplanned)
     lines.append(f"    exit code {code} (0 nothing to change, 2 changes, 1 refused or not read)")
     return "\n".join(lines)
@@ -91,6 +129,7 @@ class PlanPrinter(BaseStateCallback):
                 write_atomically(Path(self.json_to), doc)
                 logger.info(f"--> Plan written to {self.json_to}")
         PLANS.clear()
+        ROLLOUTS.clear()
         if self.dry and self.json_to:
             raise SystemExit(exit_code(plans, unplanned))
 

@@ -283,6 +283,25 @@ def footer(rows: list[dict], covers: str) -> str:
     return f"{summary}; exit code {code} (0 converged and healthy, 2 drift, 1 unhealthy or unreachable)\n{covers}"
 
 
+def rollouts_in_progress(rows: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """definition -> {"current": [host/replica...], "old": [...]} for each service whose replicas run two versions: some
+    run what the data says (their plan restarts nothing), others would be (re)started onto it (a rollout that halted,
+    or a run that stopped part way)."""
+    by_service: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        if not row.get("reachable") or not row.get("service"):
+            continue
+        old = any(c.get("action") in ("restart", "start") for c in row.get("plan") or [])
+        entry = by_service.setdefault(row.get("definition") or row["service"], {"current": [], "old": []})
+        entry["old" if old else "current"].append(f"{row['host']}/{row['service']}")
+    return {name: v for name, v in sorted(by_service.items()) if v["current"] and v["old"]}
+
+
+def rollout_lines(rows: list[dict]) -> str:
+    return "".join(f"ROLLOUT IN PROGRESS: {name}: current on {', '.join(v['current'])}; old on {', '.join(v['old'])} "
+                   "(the deploy would restart those)\n" for name, v in rollouts_in_progress(rows).items())
+
+
 def document(rows: list[dict], covers: str) -> dict:
     """The JSON document: the same rows, with the verdict of each and the run's exit code."""
     return {
@@ -290,6 +309,7 @@ def document(rows: list[dict], covers: str) -> dict:
         "exit_code": exit_code(rows),
         "deploy_would_covers": covers,
         "rows": [{**row, "status": verdict(row)} for row in rows],
+        "rollouts_in_progress": rollouts_in_progress(rows),
     }
 
 
@@ -394,7 +414,7 @@ def render(rows: list[dict], options: dict, covers: str, width: int) -> dict[str
     view = detail(rows) if options.get("detail") else table(rows, options.get("width") or width)
     doc = json.dumps(document(rows, covers), indent=2, sort_keys=True) + "\n" if options.get("json") else None
     return {
-        "view": view + "\n\n" + footer(rows, covers),
+        "view": view + "\n\n" + rollout_lines(rows) + footer(rows, covers),
         "json": doc,
         "prom": prometheus(rows) if options.get("prom") else None,
     }

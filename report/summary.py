@@ -11,6 +11,7 @@ from __future__ import annotations
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
+from report import rollouts
 from report.terminal_text import one_line
 
 # host name -> service name -> {"endpoint", "state", "ready"}; printed when the run ends.
@@ -40,7 +41,10 @@ class SummaryPrinter(BaseStateCallback):
                 row = {key: one_line(value) for key, value in row.items()}
                 lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} {row['state']:<6}  {row['ready']}")
         logger.info("\n".join(lines))
+        for line in rollouts.lines():
+            logger.error(line)
         REPORT.clear()
+        rollouts.HALTS.clear()
 
 
 def install_summary(state) -> None:

@@ -1,0 +1,116 @@
+"""Rollouts: the order in which a change that restarts a service reaches its replicas.
+
+A service placed on several hosts (or several times on one) has replicas (configuration/placement.py). A run
+restarts them in waves: the canaries first (`canary`), then the rest in inventory order, at most `max_unavailable`
+replicas per wave (a number, or a percentage of the replicas, rounded down, at least 1). Every service's waves are
+numbered from 0; wave `w` of every service runs at once, and each wave's readiness gates pass before any replica of
+the next wave restarts.
+
+The waves are a pure function of the validated inventory (`fleet_waves`), so every host computes the same ones and
+`deploy.py` declares each wave's operations inside `host.loop(...)` over the same list on every host: pyinfra orders
+operations by their call site and loop position, and runs each one on every host before the next, so a wave's
+restarts (and then its gates) run in parallel across hosts, and wave w+1 starts only after wave w's gates.
+
+A replica that fails its gate (and is rolled back, as before) halts its service (report/rollouts.py): a later wave's
+replica of that service is not restarted (`lifecycle.running`'s `held`), and keeps its old unit and process. Other
+services go on. A replica with nothing to restart passes its wave at once (a wave is a fixed group of replicas, as
+Ansible's `serial` batches are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configuration.typed import HostConfig, Service
+from report import rollouts
+
+
+@dataclass(frozen=True)
+class Replica:
+    host: str
+    name: str  # the replica's name on its host (its unit is sglang-<name>.service)
+    service: str  # the service it is a replica of
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.name}"
+
+
+def wave_size(max_unavailable: int | str, replicas: int) -> int:
+    """Replicas per wave: `max_unavailable` as a number, or as a percentage of `replicas` rounded down (Kubernetes
+    rounds maxUnavailable down too), at least 1."""
+    if isinstance(max_unavailable, str):
+        return max(1, replicas * int(max_unavailable.rstrip("%")) // 100)
+    return max(1, int(max_unavailable))
+
+
+def service_waves(replicas: list[Replica], max_unavailable: int | str, canary: int | tuple[str, ...]) -> list[list[Replica]]:
+    """One service's replicas (in inventory order) in waves: its canaries first, each group at most `wave_size`."""
+    if isinstance(canary, int):
+        first = replicas[:canary]
+    else:
+        named = set(canary)
+        by_host = {}
+        for replica in replicas:
+            by_host.setdefault(replica.host, []).append(replica)
+        first = [r for r in replicas if str(r) in named or (r.host in named and len(by_host[r.host]) == 1)]
+    rest = [r for r in replicas if r not in first]
+    size = wave_size(max_unavailable, len(replicas))
+    return [group[i:i + size] for group in (first, rest) for i in range(0, len(group), size)]
+
+
+def fleet_waves(configs: dict[str, HostConfig]) -> dict[str, list[list[Replica]]]:
+    """service -> its waves, over every host of the inventory (`configs` in inventory order)."""
+    replicas: dict[str, list[Replica]] = {}
+    settings: dict[str, Service] = {}
+    for host_name, config in configs.items():
+        for service in config.services:
+            replicas.setdefault(service.definition, []).append(Replica(host_name, service.name, service.definition))
+            settings.setdefault(service.definition, service)
+    return {name: service_waves(found, settings[name].max_unavailable, settings[name].canary)
+            for name, found in sorted(replicas.items())}
+
+
+def canaries(configs: dict[str, HostConfig]) -> set[Replica]:
+    """The replicas that go first in their service's rollout (its first wave, when it names canaries)."""
+    out = set()
+    for name, waves in fleet_waves(configs).items():
+        service = next(s for c in configs.values() for s in c.services if s.definition == name)
+        if service.canary and waves:
+            out.update(waves[0])
+    return out
+
+
+def host_waves(configs: dict[str, HostConfig], host_name: str) -> list[list[str]]:
+    """The names of this host's replicas, wave by wave: as many waves on every host (the longest rollout's), empty where
+    the host has no replica in a wave, so the waves' operations line up across hosts."""
+    waves = fleet_waves(configs)
+    out: list[list[str]] = [[] for _ in range(max((len(w) for w in waves.values()), default=0))]
+    for service_waves_ in waves.values():
+        for index, wave in enumerate(service_waves_):
+            out[index] += [r.name for r in wave if r.host == host_name]
+    return out
+
+
+def held(service: Service, host_name: str):
+    """A flag for `lifecycle.running` / `readiness.ready`: why `service`'s replica on `host_name` must not restart now
+    (its service's rollout halted earlier in this run), or None. Read while the run executes."""
+
+    def reason() -> str | None:
+        found = rollouts.halted(service.definition)
+        if found is None or found.replica == f"{host_name}/{service.name}":
+            return None
+        return f"the rollout of {service.definition} halted: {found.replica} failed its readiness gate ({found.reason[:120]})"
+
+    return reason
+
+
+def described(configs: dict[str, HostConfig]) -> dict[str, dict]:
+    """Every service's rollout as the plan view shows it (report/plan_view.py `record_rollouts`)."""
+    out = {}
+    for name, waves in fleet_waves(configs).items():
+        service = next(s for c in configs.values() for s in c.services if s.definition == name)
+        count = sum(len(w) for w in waves)
+        out[name] = {"replicas": count, "max_unavailable": service.max_unavailable, "wave_size": wave_size(service.max_unavailable, count),
+                     "canary": service.canary if isinstance(service.canary, int) else list(service.canary),
+                     "waves": [[str(r) for r in wave] for wave in waves]}
+    return out

@@ -1,0 +1,47 @@
+"""What this run's rollouts did, as the operations record it (operations/rollout.py) and the summary prints it.
+
+A replica that fails its readiness gate halts its service's rollout (`halt`): no later wave restarts another
+replica of it in this run (`halted`), and each replica kept on its old version says so (`held`). The end-of-run
+summary prints one line per halted service (`lines`): which replica failed and why, and which replicas still run
+the old version. Like `report.summary.REPORT`, the store is the module's and is emptied when the summary is printed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Halt:
+    replica: str  # host/replica that failed its gate
+    reason: str
+    held: list[str] = field(default_factory=list)  # host/replica kept on the old version since
+
+
+# service -> its halt in this run
+HALTS: dict[str, Halt] = {}
+
+
+def halt(service: str, replica: str, reason: str) -> None:
+    """`replica` of `service` failed its gate: the first failure is the one the run names."""
+    HALTS.setdefault(service, Halt(replica, reason))
+
+
+def halted(service: str) -> Halt | None:
+    return HALTS.get(service)
+
+
+def held(service: str, replica: str) -> None:
+    found = HALTS.get(service)
+    if found is not None and replica not in found.held:
+        found.held.append(replica)
+
+
+def lines() -> list[str]:
+    out = []
+    for service, found in sorted(HALTS.items()):
+        old = [found.replica, *found.held]
+        out.append(f"ROLLOUT HALTED: service {service}: replica {found.replica} failed its readiness gate "
+                   f"({found.reason[:200]}); no further replica was restarted. {len(old)} replica(s) still run the old "
+                   f"version ({', '.join(old)}); fix the cause and run the deploy again to continue")
+    return out

@@ -1,0 +1,197 @@
+"""Replicated services and their rollouts on the lab: one service `rep` with a replica on gpu-a and gpu-b and two on
+gpu-c (`rep`, `rep@2`), and a probe loop polling every replica's /health from this machine throughout a deploy that
+changes the service.
+
+- waves of one (`max_unavailable: 1`, the default): at no probe instant is more than one replica down, and every
+  replica was restarted, one wave after another;
+- `max_unavailable: 2`: two replicas down at once at some instant, never three;
+- a canary goes first, alone, and nothing else goes down until it answers again;
+- a change that fails at start on one replica halts the rollout: the replicas after it keep their process (same PID)
+  and old unit, the run ends non-zero naming the service, the replica and how many run the old version, the status
+  view shows the rollout in progress, and the run after the fix goes on.
+
+Hosts gpu-a, gpu-b, gpu-c; each left without services.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.lab.labutil import PYINFRA, ROOT, clean_host, deploy, lab_hosts, main_pid, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ("gpu-a", "gpu-b", "gpu-c")
+REP = {"gpu": 0, "port": 30100, "bind": "0.0.0.0", "allow_unauthenticated": True, "model": "Qwen3.6-27B", "model_in": "store",
+       "args": {"attention-backend": "auto"}, "env": {"STANDIN_WARMUP_S": "2"}}
+# host -> its replicas' (name, port)
+REPLICAS = {"gpu-a": [("rep", 30100)], "gpu-b": [("rep", 30100)], "gpu-c": [("rep", 30100), ("rep@2", 30101)]}
+
+
+def inventory(name: str, rep: dict | None = None, per_host: dict | None = None) -> str:
+    """`rep` defined with `rep`'s keys changed; `per_host`: host -> overrides of its first replica."""
+    definition = {**REP, **(rep or {})}
+    data = {}
+    for host in HOSTS:
+        first = {**(per_host or {}).get(host, {})}
+        placed = [first, {"gpu": 1, "port": 30101}] if host == "gpu-c" else first or None
+        data[host] = {"services": {"rep": definition}, "run_services": {"rep": placed}}
+    return str(write_inventory(f"test_rollout_{name}", data))
+
+
+def pids() -> dict[str, int]:
+    return {f"{host}/{name}": main_pid(host, f"sglang-{name}.service") for host, replicas in REPLICAS.items() for name, _ in replicas}
+
+
+class Probe:
+    """Polls every replica's /health from this machine every 50 ms; `down` holds, per instant, the replicas not at 200."""
+
+    def __init__(self) -> None:
+        hosts = lab_hosts()
+        self.targets = {f"{h}/{n}": f"http://{hosts[h]['address']}:{p}/health" for h, rs in REPLICAS.items() for n, p in rs}
+        self.samples: list[tuple[float, frozenset[str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _up(self, url: str) -> bool:
+        try:
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            down = frozenset(name for name, url in self.targets.items() if not self._up(url))
+            self.samples.append((t, down))
+            time.sleep(0.05)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def most_down(self) -> int:
+        return max((len(d) for _, d in self.samples), default=0)
+
+    def ever_down(self) -> set[str]:
+        return set().union(*(d for _, d in self.samples))
+
+    def first_down(self) -> list[frozenset[str]]:
+        """The distinct sets of replicas down, in the order they were seen."""
+        out: list[frozenset[str]] = []
+        for _, down in self.samples:
+            if down and (not out or out[-1] != down):
+                out.append(down)
+        return out
+
+
+def converged(inv: str) -> None:
+    first = deploy(inv)
+    assert first.returncode == 0, first
+    again = deploy(inv)
+    assert again.returncode == 0 and again.changed == [], again
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_hosts():
+    assert set(HOSTS) <= set(lab_hosts()), "run: python3 lab/lab.py up --hosts gpu-a,gpu-b,gpu-c,gpu-d,gpu-e"
+    for host in HOSTS:
+        clean_host(host, keep_venv=True)
+    converged(inventory("base"))
+    yield
+    for host in HOSTS:
+        clean_host(host, keep_venv=True)
+
+
+@pytest.fixture(autouse=True)
+def at_base():
+    """Each test starts from the base definition, deployed and converged."""
+    result = deploy(inventory("base"))
+    assert result.returncode == 0, result
+    yield
+
+
+def test_dry_shows_the_waves():
+    inv = inventory("warm3", rep={"env": {"STANDIN_WARMUP_S": "3"}})
+    proc = subprocess.run([PYINFRA, inv, "deploy.py", "--dry"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert "rep: 4 replicas, at most 1 not serving at once" in out, out[-3000:]
+    for i, replica in enumerate(("gpu-a/rep", "gpu-b/rep", "gpu-c/rep", "gpu-c/rep@2"), start=1):
+        assert f"wave {i}: {replica} (restart)" in out, out[-3000:]
+
+
+def test_one_replica_down_at_a_time_and_each_restarted():
+    before = pids()
+    with Probe() as probe:
+        result = deploy(inventory("warm3", rep={"env": {"STANDIN_WARMUP_S": "3"}}))
+    assert result.returncode == 0, result
+    after = pids()
+    assert all(after[r] != before[r] for r in before), (before, after)
+    assert probe.ever_down() == set(before), probe.first_down()  # each one restarted (and seen down while it warmed up)
+    assert probe.most_down() == 1, probe.first_down()
+    assert [sorted(d) for d in probe.first_down()] == [["gpu-a/rep"], ["gpu-b/rep"], ["gpu-c/rep"], ["gpu-c/rep@2"]]
+
+
+def test_max_unavailable_two_restarts_two_at_once():
+    before = pids()
+    with Probe() as probe:
+        result = deploy(inventory("two", rep={"max_unavailable": 2, "env": {"STANDIN_WARMUP_S": "3"}}))
+    assert result.returncode == 0, result
+    assert all(pids()[r] != before[r] for r in before)
+    assert probe.most_down() == 2, probe.first_down()
+    assert {"gpu-a/rep", "gpu-b/rep"} in [set(d) for d in probe.first_down()], probe.first_down()
+
+
+def test_a_canary_goes_first_alone():
+    with Probe() as probe:
+        result = deploy(inventory("canary", rep={"canary": ["gpu-c/rep@2"], "env": {"STANDIN_WARMUP_S": "3"}}))
+    assert result.returncode == 0, result
+    seen = probe.first_down()
+    assert seen[0] == {"gpu-c/rep@2"} and probe.most_down() == 1, seen
+    assert "gpu-c/rep@2" not in set().union(*seen[1:]), seen
+
+
+def test_a_failing_change_halts_the_rollout_and_the_next_run_goes_on():
+    before = pids()
+    # The change (a longer warm-up) reaches every replica; on gpu-b's replica it also makes the engine exit at start.
+    bad = inventory("halt", rep={"env": {"STANDIN_WARMUP_S": "3"}},
+                    per_host={"gpu-b": {"env": {"STANDIN_WARMUP_S": "3", "STANDIN_CRASH_AT_START": "1"}}})
+    with Probe() as probe:
+        result = deploy(bad, as_json=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
+    after = pids()
+    assert after["gpu-a/rep"] != before["gpu-a/rep"]  # wave 1 passed
+    # gpu-b's replica failed, was rolled back; gpu-c's two were never touched.
+    assert after["gpu-c/rep"] == before["gpu-c/rep"] and after["gpu-c/rep@2"] == before["gpu-c/rep@2"]
+    assert "3" not in ssh("gpu-c", "cat /etc/systemd/system/sglang-rep.service").stdout.split("STANDIN_WARMUP_S=")[1][:1]
+    assert probe.most_down() == 1 and "gpu-c/rep" not in probe.ever_down(), probe.first_down()
+    assert "ROLLOUT HALTED: service rep: replica gpu-b/rep failed its readiness gate" in out, out[-3000:]
+    assert "3 replica(s) still run the old version (gpu-b/rep, gpu-c/rep, gpu-c/rep@2)" in out, out[-3000:]
+    assert "HELD" in out
+
+    # The status view: replicas on two versions.
+    status = subprocess.run([PYINFRA, bad, "status.py", "-y"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    view = status.stdout + status.stderr
+    assert "ROLLOUT IN PROGRESS: rep: current on gpu-a/rep; old on gpu-b/rep, gpu-c/rep, gpu-c/rep@2" in view, view[-3000:]
+
+    # Fixed: the run goes on from where it stopped.
+    fixed = inventory("fixed", rep={"env": {"STANDIN_WARMUP_S": "3"}})
+    done = deploy(fixed)
+    assert done.returncode == 0, done
+    final = pids()
+    assert final["gpu-a/rep"] == after["gpu-a/rep"]  # already on the new version
+    assert all(final[r] != after[r] for r in ("gpu-b/rep", "gpu-c/rep", "gpu-c/rep@2"))
+    again = deploy(fixed)
+    assert again.returncode == 0 and again.changed == [], again
