@@ -56,10 +56,12 @@ else:
                 for placed in config.services}
     configs = settings.validate_inventory(state)
     first = rollout.canaries(configs)
-    for wave in host.loop(rollout.host_waves(configs, host.name)):
+    waves = rollout.host_waves(configs, host.name)
+    for number, wave in host.loop(enumerate(waves, start=1)):
+        rollout.wave(name=f"Rollout wave {number} of {len(waves)}", number=number, of=len(waves))
         for name in wave:
             restarted(prepared[name], rollout.held(prepared[name].service, host.name))
         for name in wave:
             soak = prepared[name].service.canary_soak_s if rollout.Replica(host.name, name, prepared[name].service.definition) in first else 0
-            gated(config, prepared[name], soak_s=soak)
+            gated(config, prepared[name], rollout.held(prepared[name].service, host.name), plan.restarts(name), soak_s=soak)
     cleanup(config)

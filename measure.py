@@ -1,6 +1,7 @@
 """Served throughput of named services, side by side, with the engine's own benchmark client. Read only.
 
     MEASURE_SERVICES=dflash,ddtree pyinfra inventory.py measure.py -y
+    MEASURE_SERVICES=gpu-a/dflash,gpu-b/dflash@2 pyinfra inventory.py measure.py -y   # replicas (a name alone: all of them)
     MEASURE_SERVICES=plain,dflash MEASURE_PROMPTS=16 MEASURE_TOKENIZER=/root/tok pyinfra INVENTORY measure.py -y
 
 The first service is the baseline. Options (environment variables, with their defaults; the
@@ -23,10 +24,12 @@ from configuration import settings
 from operations import measure
 
 config = settings.host_config(host)
-services = measure.requested(os.environ.get("MEASURE_SERVICES"))
+# A service's name measures every replica of it (a row each, `host/replica`); `host/replica` one of them.
+rows = measure.replicas(measure.requested(os.environ.get("MEASURE_SERVICES")), settings.validate_inventory(state))
 options = measure.options_from(os.environ)
 out = os.environ.get("MEASURE_OUT")
-report = measure.install(state, services, options, Path(out) if out else None)
+report = measure.install(state, [label for label, _, _ in rows], options, Path(out) if out else None)
 here = {s.name: s for s in config.services}
-for name in services:
-    measure.served(name=f"Measure {name}", service=name, placed=here.get(name), report=report, config=config)
+for label, host_name, replica in rows:
+    measure.served(name=f"Measure {label}", service=label, placed=here.get(replica) if host_name == host.name else None,
+                   report=report, config=config)

@@ -111,8 +111,9 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
 
 
 @deploy("Service")
-def gated(config, prepared: Prepared, soak_s: int = 0) -> None:
-    """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's soak)."""
+def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool, soak_s: int = 0) -> None:
+    """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's soak). `planned`: the
+    host's plan (re)starts it; when its rollout halted (`held`), it was kept on its old version, and says so."""
     service = prepared.service
     readiness.ready(
         name=f"{service.unit_name} answers /health",
@@ -129,6 +130,6 @@ def gated(config, prepared: Prepared, soak_s: int = 0) -> None:
         rollback_plan=rollback.Restorable(service.unit_path, service.unit_name, prepared.rewritten,
                                           [(service.environment.path, prepared.environment.switched.did_change)]),
         rollout=service.definition,
-        held=lambda: prepared.started.held,
+        held=lambda: prepared.started.held or (held() if planned else None),
         soak_s=soak_s,
     )

@@ -130,6 +130,26 @@ def requested(raw: str | None) -> list[str]:
     return names
 
 
+def replicas(names: list[str], configs: dict) -> list[tuple[str, str, str]]:
+    """(row label, host, replica) per replica to measure, in order: a service's name is every replica of it (its label the
+    name alone where it has one replica, else `host/replica`), `host/replica` one replica. `configs`: every host's
+    validated configuration, in inventory order."""
+    out: list[tuple[str, str, str]] = []
+    for name in names:
+        if "/" in name:
+            host_name, _, replica = name.partition("/")
+            if not any(s.name == replica for s in getattr(configs.get(host_name), "services", ())):
+                raise ValueError(f"MEASURE_SERVICES: {name!r} is no replica of this inventory (host/replica, e.g. gpu-a/dflash@2)")
+            out.append((name, host_name, replica))
+            continue
+        found = [(h, s.name) for h, c in configs.items() for s in c.services if s.definition == name]
+        if len(found) == 1:
+            out.append((name, *found[0]))
+        else:  # placed nowhere: one row that says so
+            out += [(f"{h}/{r}", h, r) for h, r in found] or [(name, "", name)]
+    return out
+
+
 # On the host ------------------------------------------------------------------------------
 
 # The client's whole environment (HOST_SCRIPT builds it, `env=`): names the deploy knows to be inert for it, each

@@ -31,7 +31,7 @@ from operations import host_reads, remote
 from operations.host_reads import operation
 from operations.models import BOOT_UNIT
 from operations.readiness import probe_address
-from report import summary
+from report import rollouts, summary
 
 PREFIX = "sglang-"
 
@@ -47,8 +47,14 @@ class ManagedUnits(FactBase):
         return json.loads("\n".join(output))
 
 
-def service_of(unit: str) -> str:
+def replica_of(unit: str) -> str:
+    """The replica's name on its host, as its summary row shows it (`sglang-dflash@2.service` -> `dflash@2`)."""
     return unit.removeprefix(PREFIX).removesuffix(".service")
+
+
+def service_of(unit: str) -> str:
+    """The service a unit of ours runs a replica of (`sglang-dflash@2.service` -> `dflash`)."""
+    return replica_of(unit).split("@")[0]
 
 
 def leftovers(units: dict[str, dict], keep: tuple[str, ...] | list[str]) -> list[str]:
@@ -67,26 +73,27 @@ class Placed:
     unit: str
     address: str
     port: int
+    replica: str = ""  # its name on its host (the summary's row)
 
     def __str__(self) -> str:
-        return self.host
+        return f"{self.host}/{self.replica}" if self.replica and self.replica != service_of(self.unit) else self.host
 
 
 def placed_elsewhere(configs: dict[str, HostConfig], this_host: str) -> dict[str, list[Placed]]:
-    """service -> where the other hosts of the inventory place it (whether or not they are in this run), from
-    every host's validated configuration."""
+    """service -> where the inventory places its replicas (whether or not their hosts are in this run), from every
+    host's validated configuration: on other hosts, and this host's own replicas of it (a replica removed while
+    another of the same service stays here)."""
     out: dict[str, list[Placed]] = {}
     for name, config in sorted(configs.items()):
-        if name == this_host:
-            continue
         for service in config.services:
-            out.setdefault(service.name, []).append(Placed(name, service.unit_name, probe_address(service.bind), service.port))
+            out.setdefault(service.definition, []).append(
+                Placed(name, service.unit_name, probe_address(service.bind), service.port, service.name))
     return out
 
 
 def ready_elsewhere(service: str, others, report: dict) -> tuple[list, list]:
-    """(placements whose host's readiness gate passed for `service` in this run, the others)."""
-    ready = [p for p in others if report.get(str(p), {}).get(service, {}).get("state") == "ready"]
+    """(replicas whose readiness gate passed in this run, the others)."""
+    ready = [p for p in others if report.get(p.host, {}).get(p.replica or service, {}).get("state") == "ready"]
     return ready, [p for p in others if p not in ready]
 
 
@@ -123,6 +130,13 @@ def removal_commands(unit: str, path: str) -> list[str]:
 
 
 def _remove(state, host, unit: str, path: str, service: str, others: tuple = ()) -> bool:
+    halted = rollouts.halted(service)
+    if halted is not None:
+        # A replica of it failed its gate in this run: the one being removed may be the last on the old version.
+        reason = f"the rollout of service {service} halted in this run ({halted.replica} failed its readiness gate)"
+        host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is fixed", fg="yellow", log_func=logger.warning)
+        summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
+        return True
     if others:
         ready, not_ready = ready_elsewhere(service, others, summary.REPORT)
         # Read now, on those hosts: their gate may have passed minutes ago, and this stop cannot be undone.
@@ -134,7 +148,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
             else:
                 reason = f"service {service} is placed on {', '.join(map(str, not_ready))} but did not answer /health there in this run"
             host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is ready there", fg="yellow", log_func=logger.warning)
-            summary.record(host.name, service, "-", "kept", f"not placed here; {reason}")
+            summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
             return True
         moved = f"; it answers on {', '.join(answering)}"
     else:
@@ -144,7 +158,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
         host.log_styled(f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red", log_func=logger.error)
         return False
     host.log(f"{unit}: stopped, disabled and removed (no longer placed here{moved})")
-    summary.record(host.name, service, "-", "removed", f"no longer placed here{moved}")
+    summary.record(host.name, replica_of(unit), "-", "removed", f"no longer placed here{moved}")
     return True
 
 

@@ -64,6 +64,10 @@ class HostPlan:
     def of_service(self, name: str | None) -> list[Change]:
         return [c for c in self.changes if c.service == name]
 
+    def restarts(self, name: str) -> bool:
+        """Does the plan (re)start service replica `name`?"""
+        return any(c.action in ("restart", "start") for c in self.of_service(name))
+
     def steps(self) -> list[str]:
         return list(dict.fromkeys(c.step for c in self.changes))
 

@@ -7,9 +7,10 @@ numbered from 0; wave `w` of every service runs at once, and each wave's readine
 the next wave restarts.
 
 The waves are a pure function of the validated inventory (`fleet_waves`), so every host computes the same ones and
-`deploy.py` declares each wave's operations inside `host.loop(...)` over the same list on every host: pyinfra orders
-operations by their call site and loop position, and runs each one on every host before the next, so a wave's
-restarts (and then its gates) run in parallel across hosts, and wave w+1 starts only after wave w's gates.
+`deploy.py` declares each wave's operations inside `host.loop(...)` over the same list on every host, each wave
+opened by `wave(...)` on every host: pyinfra orders operations by their call site and loop position, in a graph of
+each host's own sequence, and runs each one on every host before the next, so a wave's restarts (and then its gates)
+run in parallel across hosts, and wave w+1 starts only after every host's wave w (its gates included).
 
 A replica that fails its gate (and is rolled back, as before) halts its service (report/rollouts.py): a later wave's
 replica of that service is not restarted (`lifecycle.running`'s `held`), and keeps its old unit and process. Other
@@ -21,7 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyinfra import host
+
 from configuration.typed import HostConfig, Service
+from operations.host_reads import operation
 from report import rollouts
 
 
@@ -89,6 +93,23 @@ def host_waves(configs: dict[str, HostConfig], host_name: str) -> list[list[str]
         for index, wave in enumerate(service_waves_):
             out[index] += [r.name for r in wave if r.host == host_name]
     return out
+
+
+@operation()
+def wave(number: int, of: int):
+    """
+    The start of a rollout's wave on every host, with nothing to do: it orders the waves across hosts.
+
+    + number: the wave, from 1
+    + of: how many waves this run has
+
+    pyinfra orders operations by a graph of each host's own sequence: an operation only one host adds (a restart in
+    wave 2 on the host whose replica is in wave 2) would otherwise be free to run before another host's gate of wave
+    1. This operation, added by every host at the same place, follows every host's wave before it.
+    """
+    host.noop(f"rollout wave {number} of {of}")
+    return
+    yield
 
 
 def held(service: Service, host_name: str):

@@ -372,3 +372,19 @@ def test_the_drafting_line_is_in_the_table_and_the_json():
         {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "speculative-dflash-block-size": 16})}
     assert "ddtree15 drafts with DDTREE spine (budget 15 <= block 16 - 1" in measure.table(report)
     assert json.loads(measure.raw_json(report))["table"][0]["drafting"].startswith("DDTREE spine")
+
+
+def test_a_service_name_measures_every_replica_and_host_slash_replica_one():
+    from types import SimpleNamespace as NS
+
+    def cfg(*names):
+        return NS(services=tuple(NS(name=n, definition=n.split("@")[0]) for n in names))
+
+    configs = {"gpu-a": cfg("rep", "one"), "gpu-b": cfg("rep"), "gpu-c": cfg("rep", "rep@2")}
+    assert measure.replicas(["one", "rep"], configs) == [
+        ("one", "gpu-a", "one"), ("gpu-a/rep", "gpu-a", "rep"), ("gpu-b/rep", "gpu-b", "rep"), ("gpu-c/rep", "gpu-c", "rep"),
+        ("gpu-c/rep@2", "gpu-c", "rep@2")]
+    assert measure.replicas(["gpu-c/rep@2", "one"], configs) == [("gpu-c/rep@2", "gpu-c", "rep@2"), ("one", "gpu-a", "one")]
+    assert measure.replicas(["nowhere"], configs) == [("nowhere", "", "nowhere")]
+    with pytest.raises(ValueError, match="is no replica of this inventory"):
+        measure.replicas(["gpu-b/rep@2"], configs)

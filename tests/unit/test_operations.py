@@ -501,7 +501,7 @@ def unit_state(**changes) -> dict:
     return {**state, **changes}
 
 
-def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, inputs_changed=None, outcome=None) -> Result:
+def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, inputs_changed=None, outcome=None, held=None) -> Result:
     asked = []
 
     def fact(**kwargs):
@@ -509,7 +509,7 @@ def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, input
         return state
 
     result = run(lifecycle.running, {readiness.ServiceState: fact}, executing=executing, unit=UNIT, unit_path=WATCHED[0], bind="0.0.0.0", port=30000,
-                 inputs=WATCHED, unit_changed=unit_changed, inputs_changed=inputs_changed, outcome=outcome)
+                 inputs=WATCHED, unit_changed=unit_changed, inputs_changed=inputs_changed, outcome=outcome, held=held)
     # The very read that changed_since_start and ready make: one answer from the host's read.
     assert asked == [{"unit": UNIT, "address": "127.0.0.1", "port": 30000, "inputs": WATCHED}]
     return result
@@ -551,6 +551,22 @@ def test_lifecycle_reloads_and_restarts_when_this_run_rewrote_the_unit():
     result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, outcome=outcome)
     assert calls(result) == ["systemctl daemon-reload", f"systemctl restart {UNIT}", RECORD]
     assert outcome() is True
+
+
+def test_a_held_replica_is_not_restarted_and_says_why():
+    """Its service's rollout halted earlier in this run: no reload, restart or record; the outcome carries why."""
+    outcome = lifecycle.Restarted()
+    result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, outcome=outcome,
+                           held=lambda: "the rollout of x halted")
+    assert result.commands == [] and outcome() is False and outcome.held == "the rollout of x halted"
+
+
+def test_a_hold_touches_only_what_would_restart():
+    """A replica with nothing to (re)start is not held: it only gets what it needs (an enable)."""
+    outcome = lifecycle.Restarted()
+    result = run_lifecycle(unit_state(enabled="disabled"), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False,
+                           outcome=outcome, held=lambda: "halted")
+    assert calls(result) == [f"systemctl enable {UNIT}"] and outcome.held is None
 
 
 def test_lifecycle_restarts_when_another_input_changed_in_this_run():

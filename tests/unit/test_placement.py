@@ -12,7 +12,7 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import placement, remote
-from report import summary
+from report import rollouts, summary
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy.\n"
 
@@ -34,31 +34,40 @@ def test_leftovers_are_our_units_that_no_placed_service_owns():
 
 def _config(*services):
     return SimpleNamespace(services=tuple(
-        SimpleNamespace(name=name, unit_name=f"sglang-{name}.service", bind=bind, port=port) for name, bind, port in services
+        SimpleNamespace(name=name, definition=name.split("@")[0], unit_name=f"sglang-{name}.service", bind=bind, port=port)
+        for name, bind, port in services
     ))
 
 
-def test_placed_elsewhere_reads_every_other_hosts_validated_services():
+def test_placed_elsewhere_reads_every_hosts_validated_replicas():
     configs = {
         "gpu-d": _config(),
-        "gpu-e": _config(("dflash", "0.0.0.0", 30001), ("tmp", "127.0.0.1", 30002)),
+        "gpu-e": _config(("dflash", "0.0.0.0", 30001), ("tmp", "127.0.0.1", 30002), ("tmp@2", "127.0.0.1", 30003)),
         "gpu-f": _config(("dflash", "10.0.0.7", 30001)),
     }
     elsewhere = placement.placed_elsewhere(configs, "gpu-d")
-    assert {s: [str(p) for p in placed] for s, placed in elsewhere.items()} == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e"]}
-    assert elsewhere["dflash"][0] == placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001)  # probed from its own host
-    assert elsewhere["dflash"][1] == placement.Placed("gpu-f", "sglang-dflash.service", "10.0.0.7", 30001)
-    assert {s: [str(p) for p in placed] for s, placed in placement.placed_elsewhere(configs, "gpu-e").items()} == {"dflash": ["gpu-f"]}
+    assert {s: [str(p) for p in placed] for s, placed in elsewhere.items()} == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e", "gpu-e/tmp@2"]}
+    assert elsewhere["dflash"][0] == placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash")  # probed from its own host
+    assert elsewhere["dflash"][1] == placement.Placed("gpu-f", "sglang-dflash.service", "10.0.0.7", 30001, "dflash")
+    # A host's own other replicas count too: removing a replica there (scaling down) keeps the service answering.
+    assert [str(p) for p in placement.placed_elsewhere(configs, "gpu-e")["tmp"]] == ["gpu-e", "gpu-e/tmp@2"]
 
 
 def placed(name="gpu-e", service="dflash"):
-    return placement.Placed(name, f"sglang-{service}.service", "127.0.0.1", 30001)
+    return placement.Placed(name, f"sglang-{service}.service", "127.0.0.1", 30001, service)
 
 
 def test_ready_elsewhere_needs_a_ready_row_in_this_runs_report():
     report = {"gpu-e": {"dflash": {"state": "ready"}}, "gpu-f": {"dflash": {"state": "FAILED"}}}
     e, f, g = placed("gpu-e"), placed("gpu-f"), placed("gpu-g")
     assert placement.ready_elsewhere("dflash", [e, f, g], report) == ([e], [f, g])
+
+
+def test_a_replica_is_ready_by_its_own_row():
+    report = {"gpu-e": {"dflash": {"state": "FAILED"}, "dflash@2": {"state": "ready"}}}
+    first, second = placed("gpu-e", "dflash"), placed("gpu-e", "dflash@2")
+    assert placement.ready_elsewhere("dflash", [first, second], report) == ([second], [first])
+    assert placement.service_of("sglang-dflash@2.service") == "dflash" and placement.replica_of("sglang-dflash@2.service") == "dflash@2"
 
 
 def test_removal_commands_stop_disable_remove_reload():
@@ -220,3 +229,16 @@ def test_units_fact_script_reads_the_header(tmp_path):
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     assert {name: u["managed"] for name, u in found.items()} == {"sglang-a.service": True, "sglang-b.service": False}
+
+
+def test_a_halted_rollout_keeps_the_unplaced_replica(monkeypatch):
+    """A replica of the service failed its gate in this run: the replica no longer placed may be the last one on the
+    version that works, so it stays, whatever answers elsewhere."""
+    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    monkeypatch.setattr(rollouts, "HALTS", {"dflash": rollouts.Halt("gpu-f/dflash", "exited at start")})
+    monkeypatch.setattr(placement, "answers_now", lambda state, p: None)
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-dflash@2.service", "/p", "dflash", (placed(),)) is True
+    assert host.commands == []
+    assert summary.REPORT["gpu-d"]["dflash@2"]["state"] == "kept"
+    assert "the rollout of service dflash halted in this run (gpu-f/dflash failed" in summary.REPORT["gpu-d"]["dflash@2"]["ready"]
