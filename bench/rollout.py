@@ -1,12 +1,12 @@
 """A rollout's time over its replicas, against one replica's restart and gate.
 
 rollout.vs_waves   a change rolled out to service `rep`'s 3 replicas (gpu-a, gpu-b, gpu-c; `max_unavailable: 1`, so 3
-                   waves) over 3 times the same change to a one-replica service (`solo` on gpu-d), each net of a
+                   waves) over 3 times the same change to one replica (an inventory of gpu-a alone), each net of a
                    converged re-run of the same inventory (pyinfra's start-up, connections and the one read, which a
                    rollout pays once): (rollout - its converged re-run) / (3 x (one - its converged re-run)). Target:
                    at most 1.1 (waves x one restart-and-gate, plus at most 10%). The change is the stand-in's
                    warm-up (`STANDIN_WARMUP_S`, 2 s: what a real engine spends loading and capturing graphs is
-                   minutes), alternated between two values so every round restarts. The raw medians are printed too.
+                   minutes), written a new way each run so every run restarts. The raw medians are printed too.
 Runs alternate (rollout, one), 3 rounds, medians. The services are removed at the end.
 """
 
@@ -22,54 +22,47 @@ from bench.timing import PYINFRA, timed  # noqa: E402 - the one way a bench time
 
 ROUNDS = 3
 REPLICA_HOSTS = ("gpu-a", "gpu-b", "gpu-c")
-SOLO_HOST = "gpu-d"
 
 
-def _service(warmup: str, port: int) -> dict:
-    return {"gpu": 0, "port": port, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "args": {"attention-backend": "auto"},
-            "env": {"STANDIN_WARMUP_S": warmup}}
-
-
-def _inventories(warmup: str) -> tuple[Path, Path]:
+def _inventory(hosts: tuple[str, ...], step: int) -> Path:
+    """`rep` on `hosts`, its warm-up written the `step`-th way ("2", "2.0", "2.00", ...): each run's unit differs from
+    the one before (a restart), and every replica takes the same time to serve."""
     from tests.lab.labutil import write_inventory
 
-    rep = write_inventory(f"bench_rollout_rep_{warmup.replace('.', '_')}",
-                          {h: {"services": {"rep": _service(warmup, 30400)}, "run_services": ["rep"]} for h in REPLICA_HOSTS})
-    solo = write_inventory(f"bench_rollout_solo_{warmup.replace('.', '_')}",
-                           {SOLO_HOST: {"services": {"solo": _service(warmup, 30400)}, "run_services": ["solo"]}})
-    return rep, solo
+    warmup = "2." + "0" * step if step else "2"
+    rep = {"gpu": 0, "port": 30400, "model": "Qwen3.6-27B-DFlash", "model_in": "store", "args": {"attention-backend": "auto"},
+           "env": {"STANDIN_WARMUP_S": warmup}}
+    return write_inventory(f"bench_rollout_{len(hosts)}_{step}", {h: {"services": {"rep": rep}, "run_services": ["rep"]} for h in hosts})
 
 
 def vs_waves() -> None:
     from tests.lab.labutil import clean_host
 
-    deploy = lambda inv: [PYINFRA, str(inv), "deploy.py", "-y"]  # noqa: E731
-    warmups = ("2", "2.0")  # the same warm-up, written two ways: a unit change, the same time to serve
-    inventories = {w: _inventories(w) for w in warmups}
+    def run(hosts: tuple[str, ...], step: int) -> tuple[float, float]:
+        """A deploy that restarts `rep` on `hosts`, then its converged re-run."""
+        inventory = _inventory(hosts, step)
+        try:
+            return timed([PYINFRA, str(inventory), "deploy.py", "-y"]), timed([PYINFRA, str(inventory), "deploy.py", "-y"])
+        finally:
+            inventory.unlink(missing_ok=True)
+
     try:
-        for rep, solo in inventories.values():  # both built once (venvs, models), so the rounds restart only
-            timed(deploy(rep))
-            timed(deploy(solo))
-        roll, one, roll_noop, one_noop = [], [], [], []
+        run(REPLICA_HOSTS, 0)  # venvs and models in place, so the rounds restart only
+        roll, one = [], []
         for i in range(ROUNDS):
-            rep, solo = inventories[warmups[i % 2]]
-            roll.append(timed(deploy(rep)))
-            one.append(timed(deploy(solo)))
-            roll_noop.append(timed(deploy(rep)))
-            one_noop.append(timed(deploy(solo)))
-        r, o, rn, on = (statistics.median(x) for x in (roll, one, roll_noop, one_noop))
+            roll.append(run(REPLICA_HOSTS, 2 * i + 1))  # the three replicas, in 3 waves
+            one.append(run(REPLICA_HOSTS[:1], 2 * i + 2))  # the first replica alone (the others not in the inventory)
+        r, rn = statistics.median(t for t, _ in roll), statistics.median(n for _, n in roll)
+        o, on = statistics.median(t for t, _ in one), statistics.median(n for _, n in one)
         waves = len(REPLICA_HOSTS)
         print(f"rollout.rollout_3_replicas_s: {r:.2f}")
-        print(f"rollout.one_replica_s: {o:.2f}")
         print(f"rollout.converged_3_replicas_s: {rn:.2f}")
+        print(f"rollout.one_replica_s: {o:.2f}")
         print(f"rollout.converged_one_replica_s: {on:.2f}")
         print(f"rollout.vs_waves: {(r - rn) / (waves * (o - on)):.2f}")
     finally:
-        for host in (*REPLICA_HOSTS, SOLO_HOST):
+        for host in REPLICA_HOSTS:
             clean_host(host, keep_venv=True)
-        for pair in inventories.values():
-            for path in pair:
-                path.unlink(missing_ok=True)
 
 
 def main() -> None:

@@ -125,3 +125,34 @@ def test_the_unit_in_use_is_saved_only_when_it_is_about_to_change():
     call, save = changed.commands
     assert call == ("call", "_run")  # the preflight itself, before the save
     assert f"cp -p {UNIT_PATH} {rollback.BACKUP_DIR}/{UNIT}.tmp && mv -f" in save
+
+
+@pytest.fixture
+def halts(monkeypatch):
+    from report import rollouts
+
+    monkeypatch.setattr(rollouts, "HALTS", {})
+    return rollouts.HALTS
+
+
+def test_a_failed_gate_halts_its_services_rollout(report, halts):
+    host = ScriptedHost([waited(False, "exited at start"), (True, ""), (True, ""), (True, ""), waited(True)])
+    assert readiness._wait(None, host, UNIT, "x@2", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x") is False
+    assert halts["x"].replica == "gpu-a/x@2" and halts["x"].reason == "exited at start"
+
+
+def test_a_canary_that_stops_serving_in_its_soak_fails_and_halts(report, halts, monkeypatch):
+    slept = []
+    monkeypatch.setattr(readiness.gevent, "sleep", slept.append)
+    host = ScriptedHost([waited(True), waited(False, "/health 503"), (True, ""), (True, ""), (True, ""), waited(True)])
+    assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x", soak_s=120) is False
+    assert slept == [120]
+    assert "failed 120 s later, in the canary's soak: /health 503" in halts["x"].reason
+    assert report["gpu-a"]["x"]["state"] == "ROLLED BACK"
+
+
+def test_a_canary_still_serving_after_its_soak_passes(report, halts, monkeypatch):
+    monkeypatch.setattr(readiness.gevent, "sleep", lambda s: None)
+    host = ScriptedHost([waited(True, ready_s=4.0), waited(True, ready_s=0.1)])
+    assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x", soak_s=60) is True
+    assert halts == {} and report["gpu-a"]["x"]["ready"] == "4.0 s after (re)start"
