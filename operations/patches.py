@@ -103,6 +103,67 @@ def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str
         host.log(f"patch set {patch_set.name} changed since it was applied: {what}")
 
 
+def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: bool, present: bool, site_packages: str,
+               backups: str) -> tuple[str | None, list]:
+    """What one file of the set needs, from its sha256 on the host (`found`) and whether its original is backed up:
+    (the line to log or None, the commands; none when the file is as wanted). Refuses a file it cannot account for."""
+    target = f"{site_packages}/{patch_file.path}"
+    backup = f"{backups}/{patch_file.path}"
+    said = None
+    commands: list = []
+    if present:
+        if found == patch_file.sha256:
+            return None, []
+        if found is None:
+            said = f"patch {patch_set.name}: {patch_file.path} is missing: copying it"
+        elif found == patch_file.original:
+            said = f"patch {patch_set.name}: {patch_file.path}: replacing the original"
+            commands.append(f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || "
+                            f"cp -p {shlex.quote(target)} {shlex.quote(backup)}")
+        elif not has_backup and patch_file.original is not None:
+            raise OperationError(
+                f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
+                f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
+                "someone else changed the installed package and its RECORD does not show it; reinstall "
+                f"{patch_set.distribution} {patch_set.version} (remove the venv generation) and re-run"
+            )
+        else:
+            said = (f"patch {patch_set.name}: {patch_file.path} was changed on the host "
+                    f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the patched file")
+        # Written beside and renamed over: a venv generation may share the file's inode
+        # (a hard link) with the live generation, which must not change under the service.
+        commands += list(replace_file(target, patch_set.local(patch_file), "644"))
+    elif patch_file.original is None:
+        if found is None:
+            return None, []
+        commands.append(f"rm -f {shlex.quote(target)}")
+    else:
+        if found == patch_file.original:
+            return None, []
+        if not has_backup:
+            raise OperationError(
+                f"patch set {patch_set.name}: cannot restore {target}: no backup of its original at {backup}; "
+                f"reinstall {patch_set.distribution} {patch_set.version} to get the pristine file back"
+            )
+        commands.append(f"cp -p {shlex.quote(backup)} {shlex.quote(target + _TMP)} && mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}")
+    pycache = PurePosixPath(target).parent / "__pycache__"
+    commands.append(f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(PurePosixPath(target).stem)}.*.pyc")  # its stale bytecode
+    return said, commands
+
+
+def record_steps(patch_set: PatchSet, record_path: str, record: dict | None, present: bool) -> list[str]:
+    """The commands that make the applied-state record what the set wants (none when it already is)."""
+    wanted = applied_record(patch_set) if present else None
+    if record == wanted:
+        return []
+    if not present:
+        return [f"rm -f {shlex.quote(record_path)}"]
+    text = json.dumps(wanted, sort_keys=True)
+    return [f"mkdir -p {shlex.quote(str(PurePosixPath(record_path).parent))} && "
+            f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(record_path)}.tmp && "
+            f"mv {shlex.quote(record_path)}.tmp {shlex.quote(record_path)}"]
+
+
 @operation()
 def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True):
     """
@@ -153,64 +214,17 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
         )
     changed = 0
     for patch_file in patch_set.files:
-        found = state["files"][patch_file.path]
-        target = f"{site_packages}/{patch_file.path}"
-        backup = f"{backups}/{patch_file.path}"
-        if present:
-            if found == patch_file.sha256:
-                continue
+        said, commands = file_steps(patch_set, patch_file, state["files"][patch_file.path], state["backups"][patch_file.path],
+                                    present, site_packages, backups)
+        if said:
+            host.log(said)
+        if commands:
             changed += 1
-            if found is None:
-                host.log(f"patch {patch_set.name}: {patch_file.path} is missing: copying it")
-            elif found == patch_file.original:
-                host.log(f"patch {patch_set.name}: {patch_file.path}: replacing the original")
-                yield f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || cp -p {shlex.quote(target)} {shlex.quote(backup)}"
-            elif not state["backups"][patch_file.path] and patch_file.original is not None:
-                raise OperationError(
-                    f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
-                    f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
-                    "someone else changed the installed package and its RECORD does not show it; reinstall "
-                    f"{patch_set.distribution} {patch_set.version} (remove the venv generation) and re-run"
-                )
-            else:
-                host.log(
-                    f"patch {patch_set.name}: {patch_file.path} was changed on the host "
-                    f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the patched file"
-                )
-            # Written beside and renamed over: a venv generation may share the file's inode
-            # (a hard link) with the live generation, which must not change under the service.
-            yield from replace_file(target, patch_set.local(patch_file), "644")
-        else:
-            if patch_file.original is None:
-                if found is None:
-                    continue
-                changed += 1
-                yield f"rm -f {shlex.quote(target)}"
-            else:
-                if found == patch_file.original:
-                    continue
-                if not state["backups"][patch_file.path]:
-                    raise OperationError(
-                        f"patch set {patch_set.name}: cannot restore {target}: no backup of its original at {backup}; "
-                        f"reinstall {patch_set.distribution} {patch_set.version} to get the pristine file back"
-                    )
-                changed += 1
-                yield f"cp -p {shlex.quote(backup)} {shlex.quote(target + _TMP)} && mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}"
-        pycache = PurePosixPath(target).parent / "__pycache__"
-        stem = PurePosixPath(target).stem
-        yield f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(stem)}.*.pyc"
-    wanted_record = applied_record(patch_set) if present else None
-    if state["record"] != wanted_record:
+            yield from commands
+    commands = record_steps(patch_set, record_path, state["record"], present)
+    if commands:
         changed += 1
-        if present:
-            text = json.dumps(wanted_record, sort_keys=True)
-            yield (
-                f"mkdir -p {shlex.quote(str(PurePosixPath(record_path).parent))} && "
-                f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(record_path)}.tmp && "
-                f"mv {shlex.quote(record_path)}.tmp {shlex.quote(record_path)}"
-            )
-        else:
-            yield f"rm -f {shlex.quote(record_path)}"
+        yield from commands
     if not changed:
         state_word = "applied" if present else "reverted"
         host.noop(f"patch set {patch_set.name} is {state_word} ({len(patch_set.files)} files)")
