@@ -64,4 +64,5 @@ else:
         for name in wave:
             soak = prepared[name].service.canary_soak_s if rollout.Replica(host.name, name, prepared[name].service.definition) in first else 0
             gated(config, prepared[name], rollout.held(prepared[name].service, host.name), plan.restarts(name), soak_s=soak)
+    rollout.gates_passed(name="Readiness gates passed")
     cleanup(config)

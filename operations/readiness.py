@@ -131,6 +131,18 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
     return False
 
 
+def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0) -> bool:
+    """The gate as an operation runs it: a replica of a rollout that fails is recorded, and its host fails after its
+    waves (`rollout.gates_passed`), so the wave's other gates there still run (each with its own rollback)."""
+    if _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s):
+        return True
+    if not rollout:
+        return False
+    reason = (rollouts.halted(rollout).reason if rollouts.halted(rollout) else "not ready")[:200]
+    rollouts.gate_failed(host.name, service, reason)
+    return True
+
+
 @operation()
 def ready(
     service: str,
@@ -195,7 +207,7 @@ def ready(
                 record(host.name, service, endpoint, "ready", already(state))
             host.noop(f"service {service} answers /health on port {port}")
             return
-    yield FunctionCommand(_wait, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
+    yield FunctionCommand(_gate, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
                                   rollback_plan if just_started else None), {"rollout": rollout, "soak_s": soak_s})
 
 

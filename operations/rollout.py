@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyinfra import host
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand
 
 from configuration.typed import HostConfig, Service
 from operations.host_reads import operation
@@ -110,6 +111,29 @@ def wave(number: int, of: int):
     host.noop(f"rollout wave {number} of {of}")
     return
     yield
+
+
+def _failed_gates(state, host) -> bool:
+    failed = rollouts.FAILED_GATES.get(host.name) or []
+    if failed:
+        host.log_styled(f"readiness gates failed on this host: {'; '.join(failed)}", fg="red", log_func=logger.error)
+    return not failed
+
+
+@operation()
+def gates_passed():
+    """
+    Fail the host where one of its replicas failed its readiness gate in this run (after every wave).
+
+    The gate itself records the failure (and rolls the replica back) and lets the run go on: the other replicas of
+    its wave on this host are still gated, each with its own rollback, and other services' later waves still run
+    here (its own service's are held: report/rollouts.py). The host fails here, before the cleanup, as it failed at
+    the gate before rollouts: nothing is removed from a host whose change failed.
+    """
+    if not rollouts.FAILED_GATES.get(host.name):  # read while executing: the gates before it have run
+        host.noop("every readiness gate on this host passed")
+        return
+    yield FunctionCommand(_failed_gates, (), {})
 
 
 def held(service: Service, host_name: str):

@@ -20,6 +20,13 @@ class Halt:
 
 # service -> its halt in this run
 HALTS: dict[str, Halt] = {}
+# host -> "replica: why" of each of its gates that failed in this run: the host fails once its waves are done
+# (`operations/rollout.gates_passed`), so the other gates of a wave, and other services' later waves, still run there.
+FAILED_GATES: dict[str, list[str]] = {}
+
+
+def gate_failed(host: str, replica: str, reason: str) -> None:
+    FAILED_GATES.setdefault(host, []).append(f"{replica}: {reason}")
 
 
 def halt(service: str, replica: str, reason: str) -> None:

@@ -45,6 +45,7 @@ class SummaryPrinter(BaseStateCallback):
             logger.error(line)
         REPORT.clear()
         rollouts.HALTS.clear()
+        rollouts.FAILED_GATES.clear()
 
 
 def install_summary(state) -> None:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import readiness, rollback
+from operations import readiness, rollback, rollout
 from report import summary
 from tests.unit.test_operations import run
 
@@ -135,10 +135,17 @@ def halts(monkeypatch):
     return rollouts.HALTS
 
 
-def test_a_failed_gate_halts_its_services_rollout(report, halts):
+def test_a_failed_gate_halts_its_services_rollout_and_fails_its_host_after_the_waves(report, halts, monkeypatch):
+    from report import rollouts
+
+    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
     host = ScriptedHost([waited(False, "exited at start"), (True, ""), (True, ""), (True, ""), waited(True)])
-    assert readiness._wait(None, host, UNIT, "x@2", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x") is False
+    # The gate's operation goes on (the wave's other gates on this host still run) ...
+    assert readiness._gate(None, host, UNIT, "x@2", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x") is True
     assert halts["x"].replica == "gpu-a/x@2" and halts["x"].reason == "exited at start"
+    # ... and the host fails once its waves are done.
+    assert rollouts.FAILED_GATES == {"gpu-a": ["x@2: exited at start"]}
+    assert rollout._failed_gates(None, host) is False and "readiness gates failed on this host: x@2: exited at start" in host.lines
 
 
 def test_a_canary_that_stops_serving_in_its_soak_fails_and_halts(report, halts, monkeypatch):
