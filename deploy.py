@@ -60,9 +60,9 @@ else:
     for number, wave in host.loop(enumerate(waves, start=1)):
         rollout.wave(name=f"Rollout wave {number} of {len(waves)}", number=number, of=len(waves))
         for name in wave:
-            restarted(prepared[name], rollout.held(prepared[name].service, host.name))
+            restarted(prepared[name], rollout.hold_reason(prepared[name].service, host.name))
         for name in wave:
             soak = prepared[name].service.canary_soak_s if rollout.Replica(host.name, name, prepared[name].service.definition) in first else 0
-            gated(config, prepared[name], rollout.held(prepared[name].service, host.name), plan.restarts(name), soak_s=soak)
+            gated(config, prepared[name], rollout.hold_reason(prepared[name].service, host.name), plan.restarts(name), soak_s=soak)
     rollout.gates_passed(name="Readiness gates passed")
     cleanup(config)

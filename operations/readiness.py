@@ -195,7 +195,7 @@ def ready(
     just_started = this_run.changed(restarted)
     why_held = held() if held is not None and this_run.executing() and not just_started else None
     if why_held:
-        rollouts.held(rollout, f"{host.name}/{service}")
+        rollouts.record_held(rollout, f"{host.name}/{service}")
         record(host.name, service, endpoint, "HELD", f"old version kept: {why_held}")
     if not just_started:
         # The verdict that it serves is the run's last word on it (and a removal on another host may follow it):

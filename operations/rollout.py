@@ -136,7 +136,7 @@ def gates_passed():
     yield FunctionCommand(_failed_gates, (), {})
 
 
-def held(service: Service, host_name: str):
+def hold_reason(service: Service, host_name: str):
     """A flag for `lifecycle.running` / `readiness.ready`: why `service`'s replica on `host_name` must not restart now
     (its service's rollout halted earlier in this run), or None. Read while the run executes."""
 

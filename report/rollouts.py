@@ -1,7 +1,7 @@
 """What this run's rollouts did, as the operations record it (operations/rollout.py) and the summary prints it.
 
 A replica that fails its readiness gate halts its service's rollout (`halt`): no later wave restarts another
-replica of it in this run (`halted`), and each replica kept on its old version says so (`held`). The end-of-run
+replica of it in this run (`halted`), and each replica kept on its old version says so (`record_held`). The end-of-run
 summary prints one line per halted service (`lines`): which replica failed and why, and which replicas still run
 the old version. Like `report.summary.REPORT`, the store is the module's and is emptied when the summary is printed.
 """
@@ -38,7 +38,7 @@ def halted(service: str) -> Halt | None:
     return HALTS.get(service)
 
 
-def held(service: str, replica: str) -> None:
+def record_held(service: str, replica: str) -> None:
     found = HALTS.get(service)
     if found is not None and replica not in found.held:
         found.held.append(replica)

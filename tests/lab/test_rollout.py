@@ -15,7 +15,6 @@ Hosts gpu-a, gpu-b, gpu-c; each left without services.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
