@@ -161,3 +161,16 @@ def transfer_streams(host) -> int:
     data = getattr(host, "data", None)
     value = data.get("transfer_streams") if data is not None else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else schema.default_of(schema.GroupData, "transfer_streams")
+
+
+def reached_at(host) -> tuple[str, int, bool]:
+    """Where another host would reach `host`'s SSH server directly: (address, port, whether pyinfra reaches it through a
+    jump host). The address and port are pyinfra's (`ssh_hostname`, `ssh_port`) as the SSH config file maps them
+    (`HostName`, `Port`); a jump host (`ProxyJump`, `ProxyCommand`) is not followed: the other host tries the address
+    itself, and where it cannot reach it the bytes go through the control machine (operations/peer_keys.py)."""
+    data = host.data
+    address = str(data.get("ssh_hostname") or getattr(host, "name", ""))
+    entry, _ = _config_entry(_config_file(host), address)
+    port = data.get("ssh_port") or entry.get("port") or 22
+    jump = bool(entry.get("proxyjump") or entry.get("proxycommand"))
+    return str(entry.get("hostname") or address), int(port), jump

@@ -373,6 +373,46 @@ class ReaderSource(_Relay):
         self._reader.stop()
 
 
+class Fetched(Source):
+    """A receiving host that fetches the bytes itself, from the source host (operations/peer_keys.py): the command
+    there (`inner`, a sending end of this machine's) writes back only how many bytes it has received so far, a line at a
+    time, which are counted as they come. Nothing of the transfer's own bytes passes through this machine."""
+
+    def __init__(self, inner: _Relay):
+        self._inner = inner
+
+    def send(self, sink: Sink, count: Callable[[int], None]) -> None:
+        seen, rest = 0, b""
+        while True:
+            try:
+                block = self._inner.read(1 << 16)
+            except (OSError, ValueError):
+                block = b""  # ended by `stop()`: its status says so
+            if not block:
+                return
+            *lines, rest = (rest + block).split(b"\n")
+            for line in lines:
+                if line.strip().isdigit():
+                    count(int(line) - seen)
+                    seen = int(line)
+
+    def finish(self) -> tuple[int, str]:
+        return self._inner.finish()
+
+    def stop(self) -> None:
+        self._inner.stop()
+
+
+class Nowhere(Sink):
+    """The receiving end of a `Fetched` job: the receiving host writes the bytes itself."""
+
+    def write(self, data: bytes) -> None:
+        raise ReceiverGone("nothing is relayed here")
+
+    def finish(self) -> tuple[int, str]:
+        return 0, ""
+
+
 class FilesSource(Source):
     """Files of this machine, made into a tar stream here (no `tar` needed here): [(path, member name)], each added as
     what it is (a link as a link, a fifo as a fifo: the receiving end judges it)."""

@@ -3,10 +3,11 @@
 A host moved to after a GPU failure often has no models. When the data names a source for
 a model - another host of the inventory (`model_sources: {Qwen3.6-27B: gpu-a}`) or a
 directory on the control machine (`model_sources: {Qwen3.6-27B: /data/models/Qwen3.6-27B}`) -
-the model is streamed from there into this host's store: host to host through the control
-machine (a `tar` on the source, relayed here between two OpenSSH processes, nothing written on
-the control machine; pyinfra's own connections where OpenSSH does not reach a host:
-operations/openssh.py), or from the control machine's directory made into a tar stream here,
+the model is streamed from there into this host's store: host to host, this host reading from the
+source itself on a one-time key for exactly the model's files (operations/peer_keys.py), or, where it
+cannot reach the source, through the control machine (a `tar` on the source, relayed here between two
+OpenSSH processes, nothing written on the control machine; pyinfra's own connections where OpenSSH does
+not reach a host: operations/openssh.py), or from the control machine's directory made into a tar stream here,
 into a temporary sibling `.NAME.partial` that is renamed into place only when complete and
 checked (every file's relative path and size). The files go in several streams at once
 (`transfer_streams`, 4 by default; a file is never split, the largest first, each to the
@@ -34,7 +35,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import host_reads, openssh, remote, streaming
+from operations import host_reads, openssh, peer_keys, remote, streaming
 from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
@@ -103,6 +104,10 @@ class _HostSource:
     def hosts(self) -> tuple:
         return (self.host,)
 
+    def direct(self, target, names: list[str], log) -> peer_keys.Grant | None:
+        """`target` reading `names` from this host itself, on a one-time key (operations/peer_keys.py); None: through here."""
+        return peer_keys.granted(self.host, target, self.path, names, log)
+
 
 class _LocalSource:
     """A model directory on the control machine, made into a tar stream here."""
@@ -151,6 +156,9 @@ class _LocalSource:
 
     def hosts(self) -> tuple:
         return ()
+
+    def direct(self, target, names: list[str], log) -> None:
+        return None  # the control machine's own files: through here
 
 
 # Run on the receiving host before a model is streamed into `.NAME.partial`: keep what a run that stopped half way
@@ -255,16 +263,24 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
                  "half way), as in the source (size and mtime): not sent again")
     sizes = {rel: src_listing.get(rel, 0) for rel in source.names(src_listing) if rel not in already}
     streams = openssh.streams(host)
+    # Host to host where the receiver reaches the source (a one-time key for exactly these files), else through here.
+    direct = source.direct(host, sorted(sizes), host.log) if sizes else None
     probes.join()
     openssh.decide([host, *source.hosts()], host.log)  # says, once, where a host's bytes go over pyinfra's connection
+    unpack = streaming.unpack_command(partial)
     jobs = [
+        direct.job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), names, unpack) if direct else
         streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), source.sender(names, host.log),
-                      streaming.receiving_end(host, streaming.unpack_command(partial), host.log))
+                      streaming.receiving_end(host, unpack, host.log))
         for names in streaming.batches(sizes, streams, source.together)
     ] if sizes else []
     total = sum(sizes.values())
-    label = f"streaming {name} from {source.label}"
-    moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+    label = f"streaming {name} from {source.label}{' directly' if direct else ''}"
+    try:
+        moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+    finally:
+        if direct:
+            direct.close()
     if moved.ok:
         dirs = streaming.Job(f"{name}: its directories", 0, source.dirs_sender(host.log),
                              streaming.receiving_end(host, streaming.unpack_command(partial), host.log, small=True))
@@ -284,7 +300,7 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}", print_output=False)
     if not ok:
         return False
-    via = streaming.carried_by(*source.hosts(), host)
+    via = f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct else streaming.carried_by(*source.hosts(), host)
     host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s "
              f"over {via} ({len(jobs)} stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
     return True

@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
-from operations import host_reads, remote, streaming
+from operations import host_reads, peer_keys, remote, streaming
 from operations import installer as installer_mod
 from operations.host_reads import operation
 
@@ -624,11 +624,25 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
         host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
         return False
     args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
-    tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
-    job = streaming.Job(f"from donor {donor_name}", 0,
-                        streaming.sending_end(donor, f"python3 - {args} <<'PYEOF' | {tar}\n{remote.script('donor_files')}\nPYEOF", log=host.log),
-                        streaming.receiving_end(host, streaming.unpack_command(gen.path), host.log))  # as root's files
-    moved = streaming.transfer([job], 1)
+
+    def listing(then: str = "") -> str:  # the donor's file list, `then` piped on
+        return f"python3 - {args} <<'PYEOF'{then}\n{remote.script('donor_files')}\nPYEOF"
+
+    # Host to host where this host reaches the donor: a one-time key for exactly the distributions' files, listed first.
+    listed, output = donor.run_shell_command(listing(), print_output=False)
+    names = [line for line in output.stdout.splitlines() if line] if listed else []
+    direct = peer_keys.granted(donor, host, donor_live, names, host.log) if names else None
+    if direct:
+        job = direct.job(f"from donor {donor_name}", 0, names, streaming.unpack_command(gen.path))
+    else:
+        tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
+        job = streaming.Job(f"from donor {donor_name}", 0, streaming.sending_end(donor, listing(f" | {tar}"), log=host.log),
+                            streaming.receiving_end(host, streaming.unpack_command(gen.path), host.log))  # as root's files
+    try:
+        moved = streaming.transfer([job], 1)
+    finally:
+        if direct:
+            direct.close()
     if not moved.ok:
         host.log_styled(f"copy from donor {donor_name} failed: {moved.why}", fg="red", log_func=logger.error)
         return False
@@ -636,8 +650,8 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
     ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
-    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s "
-             f"over {streaming.carried_by(donor, host)}")
+    via = f"OpenSSH, {host.name} reading from {donor_name} directly" if direct else streaming.carried_by(donor, host)
+    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via}")
     return ok
 
 

@@ -445,7 +445,7 @@ def test_the_verdict_that_a_service_serves_is_read_no_earlier_than_its_max_age(r
     ids=["warming-up", "activating", "failed"],
 )
 def test_service_not_answering_is_waited_for(report, state):
-    assert run_ready(state).commands == [("call", "_wait")]
+    assert run_ready(state).commands == [("call", "_gate")]
 
 
 def test_restarted_service_is_always_waited_for_without_reading_facts(report, monkeypatch):
@@ -455,7 +455,7 @@ def test_restarted_service_is_always_waited_for_without_reading_facts(report, mo
         readiness.ready, {},
         service="ddtree", unit="sglang-ddtree.service", bind="127.0.0.1", port=30000, timeout=1800, restarted=lambda: True,
     )
-    assert result.commands == [("call", "_wait")]
+    assert result.commands == [("call", "_gate")]
 
 
 @pytest.mark.parametrize(("bind", "address"), [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("localhost", "127.0.0.1"), ("10.0.0.5", "10.0.0.5")])
