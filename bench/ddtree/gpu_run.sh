@@ -8,12 +8,14 @@
 # On the GPU machine (the run tool; each call carries at most 64 MiB, ignored files stay on a warm machine):
 #   bash bench/ddtree/gpu_run.sh receive                         # one call per part: carry gpucarry/wh513.tar.part-NN
 #   bash bench/ddtree/gpu_run.sh run [SERVICES]                  # default: plain,dflash,ddtree15,ddtree31,ddtree7
+#   bash bench/ddtree/gpu_run.sh run hybrid-dflash,hybrid-ddtree15,hybrid-ddtree31,hybrid-plain
+#                                                                # the operator's hybrid target (issue #36 item 3)
 #
 # `prepare` downloads into /tmp/wh513 only the stack's files the H200 donor venv does not hold exactly
 # (bench/results/h200-donor-pip-freeze.txt: 139 of the stack's 187, 1362 MiB, sha256-checked against the stack)
 # and the uv wheel, with requirements.txt's wheels for the GPU machine's python3 (3.12) under ctl/, tars them
-# (control wheels and uv first) and splits the tar into gpucarry/wh513.tar.part-NN (60 MiB: a part, the tracked
-# tree and the patch set fit one call's 64 MiB). `receive` moves the parts that came with a call to
+# (control wheels and uv first) and splits the tar into gpucarry/wh513.tar.part-NN (PART_MB, default 60 MiB: a part,
+# the tracked tree and the patch set fit one call's 64 MiB; 56 once the tree, untracked files included, nears 4 MiB). `receive` moves the parts that came with a call to
 # $PARTS (/root/wh513.parts) and says how many are there. `run` joins the parts once, builds the control
 # venv (pyinfra, offline) and the tiny models, and per service: deploys it (bench/gpu/deploy_gpu.py: the
 # GPU check, a generation per venv and patch-set combination from the donor and the wheelhouse, the patch set
@@ -23,6 +25,10 @@
 # systemctl/journalctl stand-ins), records /server_info and the log lines naming DDTree/DFlash, measures it
 # (measure.py), stops it. Each service's measurement is kept in $RUNS; the runs so far combine into one table
 # (python -m operations.measure combine). GPU_BACKEND=auto for sglang's default attention backend.
+# After the gate, each service answers one greedy request twice (PROBE_TOKENS=300 new tokens after a 40-token
+# prompt, the second a radix-cache hit: with the hybrid target's 256-token mamba track interval, the first crosses a
+# boundary): at temperature 0 speculative decoding must give the non-speculative output, so the printed digest of
+# each service's output is compared across services (hybrid-plain is the hybrid services' reference).
 # Printed output goes to $RESULTS; COMMIT names the checkout's commit (the device copy has no .git).
 set -u
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,7 +68,7 @@ PY
         --abi cp312 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
         -d "$W/ctl" -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
     rm -f gpucarry/wh513.tar.part-*
-    (cd "$W" && ls ctl/*.whl && cat files.list) | tar -C "$W" -cf - -T - | split -b 60M -d - gpucarry/wh513.tar.part-
+    (cd "$W" && ls ctl/*.whl && cat files.list) | tar -C "$W" -cf - -T - | split -b "${PART_MB:-60}M" -d - gpucarry/wh513.tar.part-
     echo "gpucarry/: $(ls gpucarry/wh513.tar.part-* | wc -l) parts, $(du -cm gpucarry/wh513.tar.part-* | tail -1 | cut -f1) MiB"
     (cd gpucarry && sha256sum wh513.tar.part-* > wh513.sha256)
     exit 0
@@ -84,6 +90,9 @@ RESULTS=${RESULTS:-$HERE/bench/results/h200-ddtree-$(date -u +%F).txt}
 RUNS=${RUNS:-/root/ddtree-runs}
 LOGS=${LOGS:-/root/ddtree-logs}
 export GPU_RUN=${GPU_RUN:-/run/gpu-check}
+# The machine has no systemd: the deploy's preflight and measure.py's client run through `systemd-run` (since ba6612c,
+# operations/transient.py), which bench/gpu stands in for, as it does for systemctl and journalctl.
+export PATH="$HERE/bench/gpu:$PATH"
 mkdir -p "$(dirname "$RESULTS")" "$RUNS" "$LOGS" "$GPU_RUN"
 exec > >(tee -a "$RESULTS") 2>&1
 export GPU_WHEELHOUSE=${GPU_WHEELHOUSE:-/root/wh513} GPU_DONOR=${GPU_DONOR:-/opt/torch/.venv} GPU_STORE=${GPU_STORE:-/root/gpu-check-models}
@@ -101,10 +110,16 @@ if [ ! -x "$CTL/bin/pyinfra" ]; then
     mkdir -p "$CTL.uv" && python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if n.endswith('/scripts/uv')); open(sys.argv[2], 'wb').write(z.read(n))" "$uvwheel" "$CTL.uv/uv" && chmod +x "$CTL.uv/uv"
     "$CTL.uv/uv" venv -q -p python3 "$CTL" && "$CTL.uv/uv" pip install -q -p "$CTL/bin/python" --offline --no-index -f "$GPU_WHEELHOUSE/ctl" -r requirements.txt || exit 1
 fi
-if [ ! -d "$GPU_STORE/tiny-qwen3-dflash16" ]; then
+if [ ! -d "$GPU_STORE/tiny-qwen3-dflash16" ] || [ ! -d "$GPU_STORE/tiny-qwen35-hybrid-dflash" ]; then
     mkdir -p "$GPU_STORE" && python3 bench/gpu/tiny_models.py "$GPU_STORE"
-    cp -r "$GPU_STORE/tiny-qwen3-dflash" "$GPU_STORE/tiny-qwen3-dflash16"
+    rm -rf "$GPU_STORE/tiny-qwen3-dflash16" && cp -r "$GPU_STORE/tiny-qwen3-dflash" "$GPU_STORE/tiny-qwen3-dflash16"
     python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['dflash_config']['block_size'] = 16; json.dump(c, open(p, 'w'), indent=1)" "$GPU_STORE/tiny-qwen3-dflash16/config.json"
+fi
+
+# hybrid-w-*: the hybrid target with initialised weights; its directory exists for the deploy's preflight, its
+# weights are written once a service venv (transformers) exists, before the first such service starts.
+if [[ ",$SERVICES," == *",hybrid-w-"* ]] && [ ! -d "$GPU_STORE/tiny-qwen35-hybrid-w" ]; then
+    cp -r "$GPU_STORE/tiny-qwen35-hybrid" "$GPU_STORE/tiny-qwen35-hybrid-w"
 fi
 
 status=0
@@ -149,6 +164,9 @@ print("WORKDIR=" + shlex.quote(u["cwd"]))
 print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
 PY
 )"
+    if [[ $svc == hybrid-w-* ]] && [ ! -f "$GPU_STORE/tiny-qwen35-hybrid-w/model.safetensors" ]; then
+        "${ARGV[0]}" bench/gpu/tiny_weights.py "$GPU_STORE/tiny-qwen35-hybrid" "$GPU_STORE/tiny-qwen35-hybrid-w" 2>&1 | tail -1
+    fi
     echo "argv: ${ARGV[*]}"
     echo "env: ${ENVS[*]}"
     [ ${#DIRS[@]} -gt 0 ] && mkdir -p "${DIRS[@]}"
@@ -172,11 +190,34 @@ import json, sys
 d = json.load(sys.stdin)
 keys = ('version', 'attention_backend', 'speculative_algorithm', 'speculative_ddtree_budget', 'speculative_num_draft_tokens',
         'speculative_num_steps', 'speculative_eagle_topk', 'speculative_dflash_block_size', 'disable_overlap_schedule',
-        'disable_piecewise_cuda_graph', 'disable_cuda_graph', 'cuda_graph_max_bs', 'page_size', 'grammar_backend', 'load_format')
+        'disable_piecewise_cuda_graph', 'disable_cuda_graph', 'cuda_graph_max_bs', 'page_size', 'grammar_backend', 'load_format',
+        'mem_fraction_static', 'context_length', 'max_running_requests', 'mamba_full_memory_ratio', 'mamba_scheduler_strategy',
+        'mamba_track_interval', 'disable_radix_cache', 'enable_multimodal', 'max_total_num_tokens')
 print('server_info:', json.dumps({k: d.get(k) for k in keys}))
 print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if 'spec' in k or 'attention' in k} for s in d.get('internal_states') or []]))"
-    grep -E "Initialized DDTree worker|Initialized DFLASH|DFLASH draft runner ready|Piecewise CUDA graph is disabled|for DDTREE|DDTREE speculative|verify completed" "$log" \
-        | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | awk '!seen[$0]++' | head -12
+    grep -E "Initialized DDTree worker|Initialized DFLASH|DFLASH draft runner ready|Piecewise CUDA graph is disabled|for DDTREE|DDTREE speculative|verify completed|Mamba Cache is allocated|KV Cache is allocated|max_total_num_tokens=|Capture cuda graph end|Load weight end|mamba|Mamba" "$log" \
+        | grep -v "server_args=" | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | awk '!seen[$0]++' | head -16
+    python3 - "$PORT" "${PROBE_TOKENS:-300}" "$svc" "$RUNS/greedy-$BACKEND.txt" <<'PY'
+import hashlib, json, sys, urllib.request
+port, n, svc, record = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+prompt = [(17 * i + 11) % 1000 + 12 for i in range(200)]
+for attempt in ("first", "again (radix-cache hit)"):
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        out = json.load(urllib.request.urlopen(req, timeout=120))
+    except Exception as exc:
+        print(f"greedy probe ({attempt}): failed: {exc}"); continue
+    ids = out.get("output_ids") or []
+    text = out.get("text") or ""
+    meta = out.get("meta_info") or {}
+    digest = hashlib.sha1(json.dumps(ids or text).encode()).hexdigest()[:12]
+    spec = {k: meta.get(k) for k in ("spec_verify_ct", "spec_accept_length", "cached_tokens") if k in meta}
+    print(f"greedy probe ({attempt}): {len(ids) or meta.get('completion_tokens')} tokens, digest {digest}, "
+          f"first 12: {text.split()[:12]}, tokens 250-256: {text.split()[250:256]}, {json.dumps(spec)}")
+    with open(record, "a") as out:
+        out.write(f"{svc:20} {attempt:24} {digest}  {' '.join(text.split()[:8])}\n")
+PY
     echo "== $svc ($BACKEND): measure"
     MEASURE_SERVICES=$svc MEASURE_OUT=$RUNS/$tag.json MEASURE_PROMPTS=${MEASURE_PROMPTS:-64} \
         GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py measure.py > "$LOGS/measure-$tag.log" 2>&1 \
@@ -189,9 +230,13 @@ print('server_info internal_states:', json.dumps([{k: v for k, v in s.items() if
     for i in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" || break; sleep 1; done
 done
 runs=()
-for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31,ddtree7}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
+for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31,ddtree7,hybrid-plain,hybrid-dflash,hybrid-ddtree15,hybrid-ddtree31,hybrid-w-plain,hybrid-w-dflash,hybrid-w-ddtree15,hybrid-w-ddtree31}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
     [ -f "$f" ] && [[ " ${runs[*]-} " != *" $f "* ]] && runs+=("$f")
 done
 [ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m operations.measure combine "${RESULTS%.txt}.json" "${runs[@]}"
+if [ -f "$RUNS/greedy-$BACKEND.txt" ]; then
+    echo "greedy probes (${PROBE_TOKENS:-300} tokens after the same 200-token prompt, temperature 0): service, request, digest of the output ids, its first words"
+    cat "$RUNS/greedy-$BACKEND.txt"
+fi
 echo "== done ($BACKEND): exit $status"
 exit $status

@@ -7,10 +7,12 @@ advisories themselves for engine versions no stack pins (the engine's flag list 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
+import yaml
 
-from configuration import advisories, engine_flags, settings
+from configuration import advisories, engine_flags, patch_sets, settings
 from configuration.errors import DataError
 from operations import gpus
 from tests.unit.hosts import make_host
@@ -24,14 +26,14 @@ def facts(cap: str) -> gpus.GpuFacts:
                          (gpus.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {})
 
 
-def verdict(engine: str, args: dict, cap: str = "9.0") -> str:
-    """What the deploy says of one DFLASH service on `engine` with `args` on a GPU of compute capability `cap`:
-    `refused: ...` (validation), `gpu error: ...`, `gpu warning: ...`, or `fine`."""
+def verdict(engine: str, args: dict, cap: str = "9.0", patch: tuple[str, ...] = ()) -> str:
+    """What the deploy says of one DFLASH service on `engine` with `args` (and patch sets `patch`) on a GPU of compute
+    capability `cap`: `refused: ...` (validation), `gpu error: ...`, `gpu warning: ...`, or `fine`."""
     data = lab_data()
     if STACKS[engine]:
         data["stack"] = STACKS[engine]
     dflash = data["services"]["dflash"]
-    data["services"] = {"svc": {**dflash, "gpu": 0, "port": 30100, "args": {**dflash["args"], **args}}}
+    data["services"] = {"svc": {**dflash, "gpu": 0, "port": 30100, "patch_sets": list(patch), "args": {**dflash["args"], **args}}}
     try:
         config = settings.host_config(make_host(data, {"run_services": ["svc"]}))
     except DataError as error:
@@ -59,6 +61,10 @@ THROUGH_THE_DEPLOY = [
      "gpu warning", {"attention-backend": "triton", "cuda-graph-backend-prefill": "disabled"}, "9.0"),
     ("sglang-0.5.11-fa3-piecewise-cuda-graph", "0.5.11", {"attention-backend": "fa3"}, "9.0", "gpu error",
      {"attention-backend": "fa3", "disable-piecewise-cuda-graph": True}, "12.0"),
+    # The operator's hybrid DFLASH service on 0.5.13 (bench/results/h100-2026-12-05-84cb7e5-hybrid-weights.txt); just
+    # outside: the radix cache off, which 0.5.13 allows only with no_buffer.
+    ("dflash-hybrid-radix-hit-0.5.13", "0.5.13", {"mamba-scheduler-strategy": "extra_buffer"}, "9.0", "gpu warning",
+     {"mamba-scheduler-strategy": "no_buffer", "disable-radix-cache": True}, None),
 ]
 
 
@@ -104,8 +110,55 @@ def test_the_track_boundary_advisory_is_outside_with_the_radix_cache_off():
     assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
 
 
+@pytest.fixture
+def ddtree_0_5_13(tmp_path, monkeypatch):
+    """A stand-in for the ddtree-0_5_13 patch set, whose files are the operator's and not in this checkout
+    (bench/ddtree/build_patchset.sh builds them): its name, base and served backend, so that validation reads the
+    service with sglang 0.5.13's flags as the set extends them (files/engine_flags/sglang-0.5.13+ddtree-0_5_13.json)."""
+    root = tmp_path / "patches" / "ddtree-0_5_13"
+    worker = root / "sglang" / "srt" / "speculative" / "ddtree_worker.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("# a stand-in\n")
+    (root / "patchset.yml").write_text(yaml.safe_dump({
+        "name": "ddtree-0_5_13", "base": {"distribution": "sglang", "version": "0.5.13"}, "attention_backends": ["triton"],
+        "files": {"sglang/srt/speculative/ddtree_worker.py": {"sha256": hashlib.sha256(worker.read_bytes()).hexdigest(), "original": None}},
+    }))
+    monkeypatch.setattr(patch_sets, "PATCHES_DIR", tmp_path / "patches")
+    patch_sets.load_patch_set.cache_clear()
+    yield "ddtree-0_5_13"
+    patch_sets.load_patch_set.cache_clear()
+
+
+# DDTREE exists only with the patch set (bench/results/h100-2026-12-05-*-hybrid-*.txt): the mamba-* flags name the
+# hybrid target; just outside, the same DDTREE service on a dense target (no mamba flags), and DFLASH on the hybrid one.
+DDTREE_HYBRID = {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "attention-backend": "triton",
+                 "mamba-scheduler-strategy": "extra_buffer"}
+
+
+def test_ddtree_on_a_hybrid_target_is_refused_and_not_just_outside(ddtree_0_5_13):
+    advisory = by_id("ddtree-hybrid-linear-state")
+    said = verdict("0.5.13", DDTREE_HYBRID, "9.0", (ddtree_0_5_13,))
+    assert said.startswith("refused"), said
+    assert "services.svc.args.mamba-scheduler-strategy" in said or "services.svc.args.speculative-algorithm" in said, said
+    assert f"[{advisory.id}; {advisory.reference}]: {advisory.fix}" in said, said
+    dense = {k: v for k, v in DDTREE_HYBRID.items() if k != "mamba-scheduler-strategy"}
+    assert advisory.id not in verdict("0.5.13", dense, "9.0", (ddtree_0_5_13,)), "just outside: a dense target"
+    dflash = {**DDTREE_HYBRID, "speculative-algorithm": "DFLASH"}
+    del dflash["speculative-ddtree-budget"]
+    assert advisory.id not in verdict("0.5.13", dflash, "9.0", (ddtree_0_5_13,)), "just outside: DFLASH"
+
+
+def test_the_ddtree_hybrid_advisory_reads_the_flags_as_the_patched_parser_does():
+    """A prefix of --mamba-scheduler-strategy is that flag to the patched engine's parser; another engine: not held."""
+    engine = engine_flags.for_engine("0.5.13", ("ddtree-0_5_13",))
+    advisory = by_id("ddtree-hybrid-linear-state")
+    prefixed = advisories.EngineUse("0.5.13", {"speculative-algorithm": "DDTREE", "mamba-scheduler-strat": "extra_buffer"}, engine)
+    assert advisories.holds(advisory, prefixed) is True
+    assert advisories.holds(advisory, advisories.EngineUse("0.5.23", dict(DDTREE_HYBRID))) is False
+
+
 def test_every_advisory_has_a_case_here():
-    covered = {c[0] for c in THROUGH_THE_DEPLOY} | {c[0] for c in BY_VERSION}
+    covered = {c[0] for c in THROUGH_THE_DEPLOY} | {c[0] for c in BY_VERSION} | {"ddtree-hybrid-linear-state"}
     assert sorted(a.id for a in advisories.load_advisories() if a.id not in covered) == []
 
 
