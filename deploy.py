@@ -42,7 +42,8 @@ plan_view.install(state, os.environ)  # last: under --dry with PLAN_JSON it ends
 gpu_decisions = gpus.plan_for_host(config, stack)
 plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets, read=host_reads.reader(host))
 plan_view.record(plan.record())
-plan_view.record_rollouts(rollout.described(settings.validate_inventory(state)))
+rollouts = rollout.fleet(settings.validate_inventory(state))
+plan_view.record_rollouts({name: r.described() for name, r in rollouts.items()})
 if plan.converged:
     converged.record(host, gpu_decisions, plan)
 else:
@@ -54,15 +55,13 @@ else:
     # rollout's waves, the same list on every host (operations/rollout.py): a wave's restarts, then its gates.
     prepared = {placed.name: service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
                 for placed in config.services}
-    configs = settings.validate_inventory(state)
-    first = rollout.canaries(configs)
-    waves = rollout.host_waves(configs, host.name)
+    waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):
         rollout.wave(name=f"Rollout wave {number} of {len(waves)}", number=number, of=len(waves))
-        for name in wave:
-            restarted(prepared[name], rollout.hold_reason(prepared[name].service, host.name))
-        for name in wave:
-            soak = prepared[name].service.canary_soak_s if rollout.Replica(host.name, name, prepared[name].service.definition) in first else 0
-            gated(config, prepared[name], rollout.hold_reason(prepared[name].service, host.name), plan.restarts(name), soak_s=soak)
+        held = {name: rollout.hold_reason(prepared[name].service, host.name) for name, _ in wave}
+        for name, _ in wave:
+            restarted(prepared[name], held[name])
+        for name, canary in wave:  # a canary's soak: it must keep serving that long before the next wave
+            gated(config, prepared[name], held[name], plan.restarts(name), soak_s=prepared[name].service.canary_soak_s if canary else 0)
     rollout.gates_passed(name="Readiness gates passed")
     cleanup(config)

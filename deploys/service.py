@@ -43,6 +43,7 @@ class Prepared:
     unit_text: str
     inputs: this_run.Inputs
     environment: BuiltEnvironment
+    watched: tuple[str, ...]  # the host paths its process loads (host_plan.watched_inputs), read with its state
     rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
     started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
 
@@ -76,7 +77,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         unit_text=unit_text,
         inputs_changed=inputs,
     )
-    return Prepared(service, unit_text, inputs, environment)
+    return Prepared(service, unit_text, inputs, environment, host_plan.watched_inputs(service, unit_path))
 
 
 @deploy("Service")
@@ -91,7 +92,7 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
     # Read before this run changes anything (one answer from the host's read): inputs whose content
     # differs from what the running process was started with. A touched file, or a file dropped beside
     # a staged model, is no change.
-    watched = host_plan.watched_inputs(service, unit_path)
+    watched = prepared.watched
     stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
         host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
@@ -126,7 +127,7 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
         restarted=prepared.started,
-        inputs=host_plan.watched_inputs(service, service.unit_path),
+        inputs=prepared.watched,
         rollback_plan=rollback.Restorable(service.unit_path, service.unit_name, prepared.rewritten,
                                           [(service.environment.path, prepared.environment.switched.did_change)]),
         rollout=service.definition,

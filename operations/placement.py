@@ -79,7 +79,7 @@ class Placed:
         return f"{self.host}/{self.replica}" if self.replica and self.replica != service_of(self.unit) else self.host
 
 
-def placed_elsewhere(configs: dict[str, HostConfig], this_host: str) -> dict[str, list[Placed]]:
+def placements(configs: dict[str, HostConfig]) -> dict[str, list[Placed]]:
     """service -> where the inventory places its replicas (whether or not their hosts are in this run), from every
     host's validated configuration: on other hosts, and this host's own replicas of it (a replica removed while
     another of the same service stays here)."""
@@ -168,8 +168,8 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
     Stop, disable and remove our service units that no placed service owns.
 
     + keep: unit names of the services placed on this host
-    + elsewhere: service -> where other hosts place it (`Placed`): there it must have passed this run's
-      readiness gate and answer /health at the moment of the removal
+    + elsewhere: service -> where the inventory places its replicas (`Placed`, `placements`): one of them must have
+      passed this run's readiness gate and answer /health at the moment of the removal
     + unit_dir: where the units live
 
     Ownership:
@@ -212,5 +212,5 @@ def remove_unplaced(config: HostConfig, configs: dict[str, HostConfig]) -> None:
     unplaced_removed(
         name="Services no longer placed on this host removed",
         keep=[s.unit_name for s in config.services],
-        elsewhere=placed_elsewhere(configs, config.host),
+        elsewhere=placements(configs),
     )

@@ -106,8 +106,9 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
         record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
         return True
-    if rollout:  # no later wave restarts another replica of this service in this run
+    if rollout:  # no later wave restarts another replica of this service; the host fails after its waves
         rollouts.halt(rollout, f"{host.name}/{service}", result["reason"])
+        rollouts.gate_failed(host.name, service, result["reason"][:200])
     host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
     journal = result.get("journal") or ""
     if journal:
@@ -132,15 +133,9 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
 
 
 def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0) -> bool:
-    """The gate as an operation runs it: a replica of a rollout that fails is recorded, and its host fails after its
-    waves (`rollout.gates_passed`), so the wave's other gates there still run (each with its own rollback)."""
-    if _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s):
-        return True
-    if not rollout:
-        return False
-    reason = (rollouts.halted(rollout).reason if rollouts.halted(rollout) else "not ready")[:200]
-    rollouts.gate_failed(host.name, service, reason)
-    return True
+    """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`, and its host fails
+    after its waves (`rollout.gates_passed`), so the wave's other gates there still run (each with its own rollback)."""
+    return _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s) or bool(rollout)
 
 
 @operation()

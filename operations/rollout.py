@@ -6,7 +6,7 @@ replicas per wave (a number, or a percentage of the replicas, rounded down, at l
 numbered from 0; wave `w` of every service runs at once, and each wave's readiness gates pass before any replica of
 the next wave restarts.
 
-The waves are a pure function of the validated inventory (`fleet_waves`), so every host computes the same ones and
+The waves are a pure function of the validated inventory (`fleet`), so every host computes the same ones and
 `deploy.py` declares each wave's operations inside `host.loop(...)` over the same list on every host, each wave
 opened by `wave(...)` on every host: pyinfra orders operations by their call site and loop position, in a graph of
 each host's own sequence, and runs each one on every host before the next, so a wave's restarts (and then its gates)
@@ -63,36 +63,45 @@ def service_waves(replicas: list[Replica], max_unavailable: int | str, canary: i
     return [group[i:i + size] for group in (first, rest) for i in range(0, len(group), size)]
 
 
-def fleet_waves(configs: dict[str, HostConfig]) -> dict[str, list[list[Replica]]]:
-    """service -> its waves, over every host of the inventory (`configs` in inventory order)."""
+@dataclass(frozen=True)
+class Rollout:
+    """One service's rollout over its replicas: its keys (every replica shares them) and its waves, canaries first."""
+
+    service: Service  # its first replica, for the rollout keys
+    waves: list[list[Replica]]
+
+    @property
+    def canaries(self) -> list[Replica]:
+        return self.waves[0] if self.service.canary and self.waves else []
+
+    def described(self) -> dict:
+        """As the plan view shows it (report/plan_view.py `record_rollouts`)."""
+        count = sum(len(w) for w in self.waves)
+        canary = self.service.canary
+        return {"replicas": count, "max_unavailable": self.service.max_unavailable,
+                "wave_size": wave_size(self.service.max_unavailable, count),
+                "canary": canary if isinstance(canary, int) else list(canary), "waves": [[str(r) for r in w] for w in self.waves]}
+
+
+def fleet(configs: dict[str, HostConfig]) -> dict[str, Rollout]:
+    """service -> its rollout, over every host of the inventory (`configs` in inventory order)."""
     replicas: dict[str, list[Replica]] = {}
-    settings: dict[str, Service] = {}
+    first: dict[str, Service] = {}
     for host_name, config in configs.items():
         for service in config.services:
             replicas.setdefault(service.definition, []).append(Replica(host_name, service.name, service.definition))
-            settings.setdefault(service.definition, service)
-    return {name: service_waves(found, settings[name].max_unavailable, settings[name].canary)
+            first.setdefault(service.definition, service)
+    return {name: Rollout(first[name], service_waves(found, first[name].max_unavailable, first[name].canary))
             for name, found in sorted(replicas.items())}
 
 
-def canaries(configs: dict[str, HostConfig]) -> set[Replica]:
-    """The replicas that go first in their service's rollout (its first wave, when it names canaries)."""
-    out = set()
-    for name, waves in fleet_waves(configs).items():
-        service = next(s for c in configs.values() for s in c.services if s.definition == name)
-        if service.canary and waves:
-            out.update(waves[0])
-    return out
-
-
-def host_waves(configs: dict[str, HostConfig], host_name: str) -> list[list[str]]:
-    """The names of this host's replicas, wave by wave: as many waves on every host (the longest rollout's), empty where
-    the host has no replica in a wave, so the waves' operations line up across hosts."""
-    waves = fleet_waves(configs)
-    out: list[list[str]] = [[] for _ in range(max((len(w) for w in waves.values()), default=0))]
-    for service_waves_ in waves.values():
-        for index, wave in enumerate(service_waves_):
-            out[index] += [r.name for r in wave if r.host == host_name]
+def host_waves(rollouts_: dict[str, Rollout], host_name: str) -> list[list[tuple[str, bool]]]:
+    """This host's replicas, wave by wave, each as (name, whether it is a canary): as many waves on every host (the
+    longest rollout's), empty where the host has no replica in a wave, so the waves' operations line up across hosts."""
+    out: list[list[tuple[str, bool]]] = [[] for _ in range(max((len(r.waves) for r in rollouts_.values()), default=0))]
+    for rollout in rollouts_.values():
+        for index, wave in enumerate(rollout.waves):
+            out[index] += [(r.name, r in rollout.canaries) for r in wave if r.host == host_name]
     return out
 
 
@@ -148,14 +157,3 @@ def hold_reason(service: Service, host_name: str):
 
     return reason
 
-
-def described(configs: dict[str, HostConfig]) -> dict[str, dict]:
-    """Every service's rollout as the plan view shows it (report/plan_view.py `record_rollouts`)."""
-    out = {}
-    for name, waves in fleet_waves(configs).items():
-        service = next(s for c in configs.values() for s in c.services if s.definition == name)
-        count = sum(len(w) for w in waves)
-        out[name] = {"replicas": count, "max_unavailable": service.max_unavailable, "wave_size": wave_size(service.max_unavailable, count),
-                     "canary": service.canary if isinstance(service.canary, int) else list(service.canary),
-                     "waves": [[str(r) for r in wave] for wave in waves]}
-    return out

@@ -39,18 +39,18 @@ def _config(*services):
     ))
 
 
-def test_placed_elsewhere_reads_every_hosts_validated_replicas():
+def test_placements_read_every_hosts_validated_replicas():
     configs = {
         "gpu-d": _config(),
         "gpu-e": _config(("dflash", "0.0.0.0", 30001), ("tmp", "127.0.0.1", 30002), ("tmp@2", "127.0.0.1", 30003)),
         "gpu-f": _config(("dflash", "10.0.0.7", 30001)),
     }
-    elsewhere = placement.placed_elsewhere(configs, "gpu-d")
+    elsewhere = placement.placements(configs)
     assert {s: [str(p) for p in placed] for s, placed in elsewhere.items()} == {"dflash": ["gpu-e", "gpu-f"], "tmp": ["gpu-e", "gpu-e/tmp@2"]}
     assert elsewhere["dflash"][0] == placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash")  # probed from its own host
     assert elsewhere["dflash"][1] == placement.Placed("gpu-f", "sglang-dflash.service", "10.0.0.7", 30001, "dflash")
     # A host's own other replicas count too: removing a replica there (scaling down) keeps the service answering.
-    assert [str(p) for p in placement.placed_elsewhere(configs, "gpu-e")["tmp"]] == ["gpu-e", "gpu-e/tmp@2"]
+    assert [str(p) for p in placement.placements(configs)["tmp"]] == ["gpu-e", "gpu-e/tmp@2"]
 
 
 def placed(name="gpu-e", service="dflash"):

@@ -56,10 +56,12 @@ def test_every_host_gets_as_many_waves_so_they_line_up():
         "b": config("b", service("rep", "rep", 30000)),
         "c": config("c", service("rep", "rep", 30000), service("rep", "rep@2", 30002)),
     }
-    assert rollout.host_waves(configs, "a") == [["one", "rep"], [], [], []]
-    assert rollout.host_waves(configs, "b") == [[], ["rep"], [], []]
-    assert rollout.host_waves(configs, "c") == [[], [], ["rep"], ["rep@2"]]
-    described = rollout.described(configs)
+    fleet = rollout.fleet(configs)
+    names = lambda host: [[name for name, _ in wave] for wave in rollout.host_waves(fleet, host)]  # noqa: E731
+    assert names("a") == [["one", "rep"], [], [], []]
+    assert names("b") == [[], ["rep"], [], []]
+    assert names("c") == [[], [], ["rep"], ["rep@2"]]
+    described = {name: r.described() for name, r in fleet.items()}
     assert described["rep"]["waves"] == [["a/rep"], ["b/rep"], ["c/rep"], ["c/rep@2"]] and described["one"]["replicas"] == 1
 
 
@@ -70,6 +72,8 @@ def test_the_waves_follow_each_services_own_keys():
         "c": config("c", service("rep", "rep", 30000, max_unavailable="50%", canary=("c/rep@2",)),
                     service("rep", "rep@2", 30002, max_unavailable="50%", canary=("c/rep@2",))),
     }
-    assert rollout.fleet_waves(configs)["rep"] == [[Replica("c", "rep@2", "rep")], [Replica("a", "rep", "rep"), Replica("b", "rep", "rep")],
-                                                   [Replica("c", "rep", "rep")]]
-    assert rollout.canaries(configs) == {Replica("c", "rep@2", "rep")}
+    fleet = rollout.fleet(configs)
+    assert fleet["rep"].waves == [[Replica("c", "rep@2", "rep")], [Replica("a", "rep", "rep"), Replica("b", "rep", "rep")],
+                                  [Replica("c", "rep", "rep")]]
+    assert set(fleet["rep"].canaries) == {Replica("c", "rep@2", "rep")}
+    assert rollout.host_waves(fleet, "c") == [[("rep@2", True)], [], [("rep", False)]]
