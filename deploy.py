@@ -17,7 +17,7 @@ from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
-from deploys.service import gated, restarted, service, service_account
+from deploys.service import gated, gates_checked, restarted, service, service_account, wave_opened
 from operations import converged, gpus, host_plan, host_reads, lock, rollout
 from report import health_timer, plan_view, summary
 
@@ -57,11 +57,11 @@ else:
                 for placed in config.services}
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):
-        rollout.wave(name=f"Rollout wave {number} of {len(waves)}", number=number, of=len(waves))
+        wave_opened(number, len(waves))
         held = {name: rollout.hold_reason(prepared[name].service, host.name) for name, _ in wave}
         for name, _ in wave:
             restarted(prepared[name], held[name])
         for name, canary in wave:  # a canary's soak: it must keep serving that long before the next wave
             gated(config, prepared[name], held[name], plan.restarts(name), soak_s=prepared[name].service.canary_soak_s if canary else 0)
-    rollout.gates_passed(name="Readiness gates passed")
+    gates_checked()
     cleanup(config)

@@ -18,7 +18,7 @@ from pyinfra.api import deploy
 from configuration.typed import Service
 from deploys.environments import BuiltEnvironment
 from deploys.models import ModelCopies
-from operations import host_plan, lifecycle, preflight, readiness, rollback, secrets, this_run, unit_file, units
+from operations import host_plan, lifecycle, preflight, readiness, rollback, rollout, secrets, this_run, unit_file, units
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 
 
@@ -134,3 +134,15 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         held=lambda: prepared.started.held or (held() if planned else None),
         soak_s=soak_s,
     )
+
+
+@deploy("Service")
+def wave_opened(number: int, of: int) -> None:
+    """A rollout's wave begins, on every host alike (operations/rollout.py `wave`: it orders the waves across hosts)."""
+    rollout.wave(name=f"Rollout wave {number} of {of}", number=number, of=of)
+
+
+@deploy("Service")
+def gates_checked() -> None:
+    """After the last wave: the host fails where one of its replicas failed its gate (operations/rollout.py)."""
+    rollout.gates_passed(name="Readiness gates passed")
