@@ -14,12 +14,18 @@ transfer.stream_vs_ssh_pipe a 2 GiB model (16 files of 128 MiB) from one lab hos
                             prepared, the streams relayed here between OpenSSH processes, root's unpacker, the
                             listing check, the rename) over `ssh A tar -c | ssh B tar -x` through this machine with
                             the same cipher, into the same store. Target at most 1.0.
+transfer.fanout_4_vs_1      one stack's wheels (the same 1.1 GiB) to four lab hosts that lack them (LAB_FANOUT_HOSTS,
+                            routed to one another for the run) against the same to one host: every host as a deploy
+                            runs it, the push and then the check against the pins after which a host serves the
+                            next ones (operations/fanout.py). Target at most 2.2. Beside it
+                            `transfer.through_here_4_vs_1`: the four with fan-out off, all pushed from here at once.
 Both sides of each figure include their SSH connection set-up (ours: its route probes too, which a deploy pays once
 per host and run); ours runs in a process of its own under gevent, as pyinfra's CLI runs the deploy. Runs
 alternate (5 rounds), and the median of each is used; the raw times are printed too. Hosts: LAB_TRANSFER_FROM (gpu-a)
 and LAB_TRANSFER_TO (gpu-b), the two hosts `make bench` starts; everything made is removed at the end.
 
-Run it alone: `.venv/bin/python bench/run.py transfer` (make bench FIGURES=transfer).
+Run it alone: `.venv/bin/python bench/run.py transfer` (make bench FIGURES=transfer); the fan-out figure alone:
+`.venv/bin/python bench/transfer.py fanout`.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ SCP_DIR = "/var/cache/sglang-bench-scp"
 MODEL_FILES, MODEL_FILE_MIB = 16, 128
 WHEELS_GIB = 1.1
 ROUNDS = 5
+FANOUT_HOSTS = os.environ.get("LAB_FANOUT_HOSTS", "gpu-b,gpu-c,gpu-d,gpu-e").split(",")
+FANOUT_ROUNDS = 3
 CIPHER = "aes128-gcm@openssh.com"
 
 
@@ -150,6 +158,39 @@ def ours_push(listing: str) -> dict:
     start = time.perf_counter()
     checked, _ = host.run_shell_command(f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -", print_output=False)
     return {"ok": ok and checked, "s": pushed_s, "check_s": time.perf_counter() - start, "log": host.lines[-2:], "cpu": _cpu()}
+
+
+def ours_fanout(listing: str, names: list[str], enabled: bool) -> dict:
+    """One stack's wheels to every host of `names` at once, as `venv._changes` yields them on each (every host in a
+    greenlet of its own, as pyinfra runs one operation on its hosts): the push, then the check against the pins that
+    lets a host serve the next ones (fanout.CheckedWheels). With `enabled` off, every host is pushed from here."""
+    import gevent
+
+    from operations import fanout, peer_keys
+
+    fanout.ENABLED = enabled
+    peer_keys.forget_told()
+    state, inventory = _state(names)
+    files = json.loads(Path(listing).read_text())
+    pins = {Path(path).name: sha for path, sha in files}
+    check = "\n".join(f"{sha}  {WHEELS_DIR}/{name}.part" for name, sha in pins.items())
+    renames = " && ".join(f"mv -f {WHEELS_DIR}/{name}.part {WHEELS_DIR}/{name}" for name in pins)
+
+    def one(name: str) -> tuple[bool, list[str]]:
+        host = _Logged(inventory.get_host(name))
+        pushes = fanout.WheelPushes("wheel")
+        uploads = [pushes.upload(path, f"{WHEELS_DIR}/{Path(path).name}.part", sha) for path, sha in files]
+        ok = all(upload.execute(state, host, {}) for upload in uploads)
+        checked = fanout.CheckedWheels(f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict - && {renames}",
+                                       WHEELS_DIR, pins)
+        return ok and checked.execute(state, host, {})[0], host.lines
+
+    start = time.perf_counter()
+    jobs = [gevent.spawn(one, name) for name in names]
+    gevent.joinall(jobs)
+    elapsed = time.perf_counter() - start
+    said = [line for job in jobs for line in job.value[1] if "wheel(s)" in line or "directly" in line]
+    return {"ok": all(job.value[0] for job in jobs), "s": elapsed, "log": said, "cpu": _cpu()}
 
 
 # The figures ---------------------------------------------------------------------------------------------------------
@@ -264,14 +305,55 @@ def push_vs_scp() -> None:
     print(f"transfer.push_vs_scp: {statistics.median(a) / statistics.median(b):.2f}")
 
 
+def fanout_4_vs_1() -> None:
+    """One stack's wheels (WHEELS_GIB) to four lab hosts that lack them against the same to one host; and, beside it,
+    the four through this machine (fan-out off), as every deploy did before."""
+    from tests.lab.labutil import routed
+
+    four = FANOUT_HOSTS
+    with tempfile.TemporaryDirectory(prefix="bench-wheels-") as tmp, routed(four):
+        files = _wheels(Path(tmp))
+        listing = Path(tmp) / "files.json"
+        listing.write_text(json.dumps(files))
+        clean = f"rm -rf {WHEELS_DIR} && mkdir -m 755 {WHEELS_DIR}"
+        times: dict[str, list[float]] = {"1": [], "4": [], "4_off": []}
+        notes: dict[str, list[str]] = {}
+        try:
+            for i in range(FANOUT_ROUNDS):
+                order = [("1", four[:1], True), ("4", four, True), ("4_off", four, False)]
+                for key, hosts, enabled in (order if i % 2 == 0 else order[::-1]):
+                    for name in four:
+                        ssh(name, clean)
+                    answer = ours("fanout", str(listing), ",".join(hosts), "on" if enabled else "off")
+                    if not answer["ok"]:
+                        sys.exit(f"bench transfer: fan-out to {hosts} failed: {answer['log']}")
+                    times[key].append(answer["s"])
+                    notes[key] = answer["log"]
+        finally:
+            for name in four:
+                ssh(name, f"rm -rf {WHEELS_DIR}")
+    print(f"bench transfer: fanout: {({k: [round(t, 2) for t in v] for k, v in times.items()})} s", file=sys.stderr)
+    print(f"bench transfer: fanout to 4 said: {notes.get('4')}", file=sys.stderr)
+    median = {key: statistics.median(value) for key, value in times.items()}
+    print(f"transfer.fanout_1_s: {median['1']:.2f}")
+    print(f"transfer.fanout_4_s: {median['4']:.2f}")
+    print(f"transfer.fanout_4_through_here_s: {median['4_off']:.2f}")
+    print(f"transfer.fanout_4_vs_1: {median['4'] / median['1']:.2f}")
+    print(f"transfer.through_here_4_vs_1: {median['4_off'] / median['1']:.2f}")
+
+
 def main() -> None:
     push_vs_scp()
     stream_vs_ssh_pipe()
+    fanout_4_vs_1()
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--ours"]:
-        answer = ours_stream() if sys.argv[2] == "stream" else ours_push(sys.argv[3])
+        if sys.argv[2] == "fanout":
+            answer = ours_fanout(sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "on")
+        else:
+            answer = ours_stream() if sys.argv[2] == "stream" else ours_push(sys.argv[3])
         print(json.dumps(answer))
     else:
-        main()
+        fanout_4_vs_1() if sys.argv[1:2] == ["fanout"] else main()

@@ -141,12 +141,14 @@ class LocalReader(Reader):
         self._proc.kill()
 
 
-def unpack_command(dest: str) -> str:
+def unpack_command(dest: str, suffix: str = "") -> str:
     """The command that unpacks a tar stream from another host (a model, a donor's venv files) into the directory
     `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky bit, no write for group or
     others), refusing by name what `tar -x` would make as the sender said (a device node, a fifo, a name or a
-    link out of the tree): operations/remote/untar_as_root.py. The script travels as an argument: stdin is the stream."""
-    return f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
+    link out of the tree): operations/remote/untar_as_root.py. The script travels as an argument: stdin is the stream.
+    `suffix` is appended to every regular file's name (wheels from another host land as `NAME.part`, to be checked)."""
+    command = f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
+    return f"{command} {shlex.quote(suffix)}" if suffix else command
 
 
 # Bulk bytes ---------------------------------------------------------------------------------------------------------
@@ -707,7 +709,7 @@ class Pushes:
     def verified(self, host) -> set[str]:
         """The remote paths that hold their file already (checked once)."""
         if self._verified is None:
-            pinned = [[dest, _size(src), sha] for src, dest, sha in self.files if sha]
+            pinned = [[dest, file_size(src), sha] for src, dest, sha in self.files if sha]
             self._verified = set()
             if pinned:
                 ok, output = host.run_shell_command(with_stdin(f"python3 -I -c {shlex.quote(VERIFIED_PARTS)}", pinned), print_output=False)
@@ -734,12 +736,16 @@ class Pushes:
         if openssh.route(host, host.log) is None:
             return fallback()
         if self._done is None:
-            self._done = self._push(host)
+            self._done = self._pushed(state, host)
         return self._done.get(dest, False)
+
+    def _pushed(self, state, host) -> dict[str, bool]:
+        """The transfer (`fanout.WheelPushes` reads from another host of the run where one holds the files)."""
+        return self._push(host)
 
     def _push(self, host) -> dict[str, bool]:
         todo = [(src, dest) for src, dest, _ in self.files if dest not in self._verified]
-        sizes = {dest: _size(src) for src, dest in todo}
+        sizes = {dest: file_size(src) for src, dest in todo}
         local = dict((dest, src) for src, dest in todo)
         streams = openssh.streams(host)
         jobs = []
@@ -760,7 +766,7 @@ class Pushes:
         return {dest: True for dest in sizes}
 
 
-def _size(path: str) -> int:
+def file_size(path: str) -> int:
     return os.stat(path).st_size
 
 

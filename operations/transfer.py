@@ -35,7 +35,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import host_reads, openssh, peer_keys, remote, streaming
+from operations import fanout, host_reads, openssh, peer_keys, remote, streaming
 from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
@@ -355,4 +355,29 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
     else:
         source_path = f"{source_store}/{model}"
     host.log(f"model {model} is missing from {path}: streaming it from {source}:{source_path}")
-    yield FunctionCommand(_stream, (source, source_path, path), {})
+    yield FunctionCommand(_fanned_out, (source, source_path, path), {})
+
+
+def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
+    """`_stream`, from another host of the run that got the same model (same source, same path) in this run where one
+    did or is getting it now, else from the source (operations/fanout.py); a copy that fails from another host is
+    resumed from the source. Once its listing matched, this host serves the next ones."""
+    if not fanout.ENABLED:
+        return _stream(state, host, source_name, src, dest)
+    swarm = fanout.swarm(state, ("model", source_name, src), f"model {src}", control_origin=is_local(source_name))
+    if not is_local(source_name):
+        swarm.seed(fanout.Holder(state.inventory.get_host(source_name), src, origin=True))
+    with swarm.lease(host.name, {}) as lease:
+        peer = lease.source is not None and not lease.source.origin
+        if peer:
+            host.log(f"{PurePosixPath(dest).name}: {lease.source.name} got it in this run: read from there, not from {source_name}")
+        ok = _stream(state, host, lease.source.name, lease.source.root, dest) if peer else \
+            _stream(state, host, source_name, src, dest)
+    if not ok and peer:
+        host.log(f"{PurePosixPath(dest).name}: reading from {lease.source.name} failed: resuming from {source_name}")
+        ok = _stream(state, host, source_name, src, dest)
+    if ok:
+        swarm.hold(fanout.Holder(host, dest))
+    else:
+        swarm.gone(host.name)
+    return ok

@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
-from operations import host_reads, peer_keys, remote, streaming
+from operations import fanout, host_reads, peer_keys, remote, streaming
 from operations import installer as installer_mod
 from operations.host_reads import operation
 
@@ -515,7 +515,7 @@ def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, 
         remote_files, pushed, uploads = [], set(), []
         # Every push of this operation in one transfer, several streams at once over OpenSSH where it reaches the host
         # (streaming.Pushes); a `.part` a run that stopped half way left whole, with its pinned sha256, is not sent again.
-        pushes = streaming.Pushes("wheel")
+        pushes = fanout.WheelPushes("wheel")  # from a host of this run that holds them, where one does
         pins = {p.name: p.sha256 for p in packages}
         for name, path in sorted(local.items()):
             dest = f"{host_cache}/{path.name}"
@@ -530,7 +530,9 @@ def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, 
             # the cache holds only checked files (and a push cut short is never mistaken for one).
             check = "\n".join(f"{sha}  {path}.part" for sha, path in pinned)
             renames = " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for _, path in pinned)
-            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict - && {renames}"
+            # Once it passed, this host may serve the same files to the next hosts of the run (operations/fanout.py).
+            yield fanout.CheckedWheels(f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict - && {renames}",
+                                       host_cache, {Path(path).name: sha for sha, path in pinned})
         unpinned = [f"{host_cache}/{local[n].name}" for n in pushed if not next(p for p in packages if p.name == n).sha256]
         if unpinned:
             yield " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for path in unpinned)

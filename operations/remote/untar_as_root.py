@@ -7,7 +7,8 @@
 # Each file is written under a temporary name beside it and renamed into place only once whole, so a
 # refused or cut stream leaves no half-written file under a real name (the temporary one is removed).
 # The checks are this script's own: bookworm's Python 3.11.2 has no tarfile extraction filters.
-# Sent as `python3 -I -c SCRIPT DEST` (stdin is the stream, not the script). argv: DEST
+# Sent as `python3 -I -c SCRIPT DEST [SUFFIX]` (stdin is the stream, not the script). argv: DEST, and SUFFIX, appended
+# to every regular file's name
 import os
 import stat
 import sys
@@ -39,8 +40,9 @@ def parts_of(name, what="name"):
 
 
 class Unpacker:
-    def __init__(self, dest):
+    def __init__(self, dest, suffix=""):
         self.dest = dest
+        self.suffix = suffix  # appended to every regular file's name (a wheel from another host lands as NAME.part)
         self.dirs = set()  # relative paths known to be real directories (created here, or found as such)
         self.written = set()  # regular files this stream wrote: the only targets a hard link may have
         self.dir_times = {}  # directory -> (mode, mtime), set once everything is in
@@ -96,6 +98,8 @@ class Unpacker:
                 return
             raise Refused("no name")
         rel = "/".join(parts)
+        if self.suffix and not (member.isreg() or member.isdir()):
+            raise Refused(f"a link in a stream whose files land as NAME{self.suffix}")
         if member.isdir():
             path = self.parent(parts + [""])  # DEST/rel itself, created or checked like a parent
             self.dir_times[path] = (member.mode & FILE_MODE, member.mtime)  # set last: a 0o555 one still takes its files
@@ -132,7 +136,7 @@ class Unpacker:
                 pass
         finally:
             os.close(fd)
-        self.put(temporary, os.path.join(directory, parts[-1]), rel)
+        self.put(temporary, os.path.join(directory, parts[-1] + self.suffix), rel + self.suffix)
         self.written.add(rel)
 
     def symlink(self, member, parts, rel):
@@ -190,10 +194,13 @@ class Unpacker:
 
 def main():
     dest = sys.argv[1]
+    suffix = sys.argv[2] if len(sys.argv) > 2 else ""
+    if "/" in suffix or suffix in (".", ".."):
+        sys.exit(f"untar: {suffix!r} is not a name suffix")
     if not os.path.isdir(dest):
         sys.exit(f"untar: {dest} is not a directory")
     os.umask(0o022)
-    unpacker = Unpacker(dest)
+    unpacker = Unpacker(dest, suffix)
     member = None
     try:
         stream = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -255,3 +256,25 @@ def held(host: str, what: str, proc: subprocess.Popen, log: Path, timeout: float
     assert ssh(host, f"kill -0 {pid} && echo alive || true").stdout.strip() == "alive", f"held {what} process {pid} is gone"
     assert proc.poll() is None, f"the deploy ended while held at {what}:\n{log.read_text()[-3000:]}"
     return pid
+
+
+@contextlib.contextmanager
+def routed(names: list[str]):
+    """The lab's hosts `names` reach one another (through this machine's kernel, forwarding on their links alone); as
+    before afterwards. The lab's hosts otherwise have only their link to this machine."""
+    hosts = lab_hosts()
+    links = [hosts[h]["veth"] for h in names]
+    before = {link: open(f"/proc/sys/net/ipv4/conf/{link}/forwarding").read().strip() for link in links}
+    for link in links:
+        subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding=1"], check=True)
+    routes = [(h, f"{peer['address'].rsplit('.', 1)[0]}.{int(peer['address'].rsplit('.', 1)[1]) - 2}/30", hosts[h]["control_address"])
+              for h in names for peer in (hosts[p] for p in names if p != h)]
+    try:
+        for host, net, via in routes:
+            ssh(host, f"ip route replace {net} via {via}")
+        yield
+    finally:
+        for host, net, via in routes:
+            ssh(host, f"ip route del {net} via {via}", check=False)
+        for link, value in before.items():
+            subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding={value}"], check=False)

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.lab import labutil
 from tests.lab.labutil import PYINFRA, ROOT, lab_hosts, ssh, wait_until, write_inventory
 
 pytestmark = pytest.mark.lab
@@ -54,20 +55,8 @@ def run_deploy(*extra: str, log=None):
 @pytest.fixture
 def routed():
     """gpu-d and gpu-e reach each other (through this machine's kernel); as before after the test."""
-    hosts = lab_hosts()
-    links = [hosts[h]["veth"] for h in (SOURCE, RECEIVER)]
-    before = {link: open(f"/proc/sys/net/ipv4/conf/{link}/forwarding").read().strip() for link in links}
-    for link in links:
-        subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding=1"], check=True)
-    routes = {h: (f"{peer['address'].rsplit('.', 1)[0]}.{int(peer['address'].rsplit('.', 1)[1]) - 2}/30", hosts[h]["control_address"])
-              for h, peer in ((SOURCE, hosts[RECEIVER]), (RECEIVER, hosts[SOURCE]))}
-    for host, (net, via) in routes.items():
-        ssh(host, f"ip route replace {net} via {via}")
-    yield
-    for host, (net, via) in routes.items():
-        ssh(host, f"ip route del {net} via {via}", check=False)
-    for link, value in before.items():
-        subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding={value}"], check=False)
+    with labutil.routed([SOURCE, RECEIVER]):
+        yield
 
 
 def model(files: int = 0, mib: int = 0):

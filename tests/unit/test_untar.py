@@ -342,3 +342,22 @@ def test_a_donors_link_out_of_its_venv_is_refused(tmp_path, donor_here):
     refused = "untar: refused lib/python3.11/site-packages/torch/hooks: a symlink to /etc/cron.d (absolute)"
     assert any(refused in line for line in donor_here.logs), donor_here.logs
     assert not os.path.lexists(Path(gen.path, "lib/python3.11/site-packages/torch/hooks"))
+
+
+def test_a_suffix_lands_every_file_as_name_suffix_and_refuses_links(tmp_path):
+    """Wheels read from another host of the run land as NAME.part, to be checked against their pins before they
+    take their names (operations/fanout.py): never under the name a checked wheel has."""
+    data = stream(entry("torch.whl", data=b"wheel bytes"), entry("sub/", tarfile.DIRTYPE, mode=0o755),
+                  entry("sub/other.whl", data=b"more"))
+    done = subprocess.run(["sh", "-c", streaming.unpack_command(str(tmp_path), suffix=".part")], input=data,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == ["sub/other.whl.part", "torch.whl.part"]
+    assert (tmp_path / "torch.whl.part").read_bytes() == b"wheel bytes"
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    refused = subprocess.run(["sh", "-c", streaming.unpack_command(str(linked), suffix=".part")],
+                             input=stream(entry("a.whl", data=b"x"), entry("b.whl", tarfile.LNKTYPE, linkname="a.whl")),
+                             capture_output=True, timeout=60)
+    assert refused.returncode != 0 and b"a link in a stream" in refused.stderr
+    assert not (linked / "b.whl").exists() and not (linked / "b.whl.part").exists()
