@@ -21,26 +21,32 @@ from deploys.service import gated, gates_checked, restarted, service, service_ac
 from operations import converged, gpus, host_plan, host_reads, lock, rollout
 from report import health_timer, plan_view, summary
 
-# The whole inventory (every host, every service placed or not, its stacks and patch sets) is validated
-# once per run by the first host to get here; every host's load raises the same DataError, so a bad value
-# anywhere stops the run before any host's lock is taken (configuration/settings.py).
+# The whole inventory (every host, every service placed or not, its stacks and patch sets) is
+# validated once per run by the first host to get here; every host's load raises the same DataError,
+# so a bad value anywhere stops the run before any host's lock is taken (configuration/settings.py).
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
 summary.install_summary(state)
-# From here every fact of this host is read once (one batched call on a converged host, begun as soon as
-# the run holds the host's lock) and again only after a command ran there (operations/host_reads.py).
+# From here every fact of this host is read once (one batched call on a converged host, begun as
+# soon as the run holds the host's lock) and again only after a command ran there
+# (operations/host_reads.py).
 host_reads.prepare(state, host, config_digest=repr(config))
-lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read, read=host_reads.lock_read,
-             waits={name: c.lock_wait_s for name, c in settings.validate_inventory(host.state).items()})
+lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read,
+             read=host_reads.lock_read,
+             waits={name: c.lock_wait_s
+                    for name, c in settings.validate_inventory(host.state).items()})
 host_reads.install(state, host, config_digest=repr(config))
 health_timer.install_timer(state)
-plan_view.install(state, os.environ)  # last: under --dry with PLAN_JSON it ends the process with the plan's code
+# last: under --dry with PLAN_JSON it ends the process with the plan's code
+plan_view.install(state, os.environ)
 
-# Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions the
-# operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON print it.
+# Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions
+# the operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON
+# print it.
 gpu_decisions = gpus.plan_for_host(config, stack)
-plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets, read=host_reads.reader(host))
+plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets,
+                           read=host_reads.reader(host))
 plan_view.record(plan.record())
 rollouts = rollout.fleet(settings.validate_inventory(state))
 plan_view.record_rollouts({name: r.described() for name, r in rollouts.items()})
@@ -51,9 +57,11 @@ else:
     envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())
     copies = models(config)
     device_groups = service_account(config)
-    # Every replica prepared (key file, flags through the engine's parser) before the first restart; then the
-    # rollout's waves, the same list on every host (operations/rollout.py): a wave's restarts, then its gates.
-    prepared = {placed.name: service(config, placed, stack, patch_sets, envs[placed.environment.path], copies, device_groups)
+    # Every replica prepared (key file, flags through the engine's parser) before the first restart;
+    # then the rollout's waves, the same list on every host (operations/rollout.py): a wave's
+    # restarts, then its gates.
+    prepared = {placed.name: service(config, placed, stack, patch_sets,
+                                     envs[placed.environment.path], copies, device_groups)
                 for placed in config.services}
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):
@@ -61,7 +69,9 @@ else:
         held = {name: rollout.hold_reason(prepared[name].service, host.name) for name, _ in wave}
         for name, _ in wave:
             restarted(prepared[name], held[name])
-        for name, canary in wave:  # a canary's soak: it must keep serving that long before the next wave
-            gated(config, prepared[name], held[name], plan.restarts(name), soak_s=prepared[name].service.canary_soak_s if canary else 0)
+        # a canary's soak: it must keep serving that long before the next wave
+        for name, canary in wave:
+            gated(config, prepared[name], held[name], plan.restarts(name),
+                  soak_s=prepared[name].service.canary_soak_s if canary else 0)
     gates_checked()
     cleanup(config)

@@ -1,16 +1,18 @@
 """See the fleet: one read-only row per placed service (and per host without one). Changes nothing.
 
-    pyinfra inventory.py status.py -y                        # the table (narrow terminal: fewer columns)
-    STATUS_DETAIL=1 pyinfra inventory.py status.py -y        # every column of every row
-    STATUS_JSON=- pyinfra inventory.py status.py -y          # the rows as JSON on stdout (the view on stderr)
-    STATUS_JSON=status.json STATUS_PROM=/var/lib/node_exporter/textfile/sglang.prom pyinfra inventory.py status.py -y
+    pyinfra inventory.py status.py -y                  # the table (narrow terminal: fewer columns)
+    STATUS_DETAIL=1 pyinfra inventory.py status.py -y  # every column of every row
+    STATUS_JSON=- pyinfra inventory.py status.py -y    # the rows as JSON on stdout (view on stderr)
+    STATUS_JSON=status.json STATUS_PROM=/var/lib/node_exporter/textfile/sglang.prom \\
+        pyinfra inventory.py status.py -y
 
-Options are environment variables (pyinfra's own `-v` and `--data` mean other things): STATUS_DETAIL=1,
-STATUS_JSON=FILE or `-`, STATUS_PROM=FILE (node_exporter's textfile format, written atomically),
-STATUS_WIDTH=N (the table's width; default the terminal's). Exit code: 0 converged and healthy, 2 a deploy
-would change something, 1 a host not reached or something unhealthy (operations/status.py, report/status_view.py).
-No deploy lock is taken or waited for (a held one is shown), no command that writes runs on a host, and no
-operation is added: each host is read once, as the deploy reads it.
+Options are environment variables (pyinfra's own `-v` and `--data` mean other things):
+STATUS_DETAIL=1, STATUS_JSON=FILE or `-`, STATUS_PROM=FILE (node_exporter's textfile format, written
+atomically), STATUS_WIDTH=N (the table's width; default the terminal's). Exit code: 0 converged and
+healthy, 2 a deploy would change something, 1 a host not reached or something unhealthy
+(operations/status.py, report/status_view.py). No deploy lock is taken or waited for (a held one is
+shown), no command that writes runs on a host, and no operation is added: each host is read once, as
+the deploy reads it.
 """
 
 import os
@@ -26,13 +28,17 @@ from report import status_view
 
 options = status_view.options_from(os.environ)
 config = settings.host_config(host)
-addresses = {name: c.ssh_address for name, c in settings.validate_inventory(host.state).items()}  # validated with config
+# validated with config
+addresses = {name: c.ssh_address for name, c in settings.validate_inventory(host.state).items()}
 stack = stacks.load_stack(config.stack)
 patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
 watched = {s.name: watched_inputs(s, s.unit_path) for s in config.services}
-status_view.record(host.name, status_reads.read_host(state, host, config, stack, patch_sets, watched))
-# Added last (after the host read's own callbacks): its host_disconnect ends the process with the status's code.
+status_view.record(host.name,
+                   status_reads.read_host(state, host, config, stack, patch_sets, watched))
+# Added last (after the host read's own callbacks): its host_disconnect ends the process with the
+# status's code.
 if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):
     width = shutil.get_terminal_size((120, 24)).columns
-    state.add_callback_handler(status_view.StatusPrinter(options, status_reads.COVERS, width,
-                                                         lambda h: status_reads.unreachable_reason(*addresses[h.name])))
+    state.add_callback_handler(status_view.StatusPrinter(
+        options, status_reads.COVERS, width,
+        lambda h: status_reads.unreachable_reason(*addresses[h.name])))

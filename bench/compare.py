@@ -38,7 +38,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.timing import INVENTORY, PYINFRA, compile_deploy_modules, floor_description, revision, timed_run  # noqa: E402
+from bench.timing import (  # noqa: E402
+    INVENTORY,
+    PYINFRA,
+    compile_deploy_modules,
+    floor_description,
+    revision,
+    timed_run,
+)
 
 ROUNDS = 11
 # Ignored paths of the checkout the lab's deploy reads (the wheelhouse under lab/cache, the lab's keys): a worktree

@@ -1,17 +1,20 @@
-"""What we know about the engine, as data: `files/engine_advisories.yml`, one rule that checks every entry.
+"""What we know about the engine, as data: `files/engine_advisories.yml`, one rule that checks every
+entry.
 
-An advisory says: on these engine versions, with these flags (as the engine's parser reads them), on this GPU
-(compute capability) and attention backend, the engine fails (refuse) or misbehaves (warn); here is where it was
-seen and what to write instead. Before, each such fact was a special case in code (sm 12.x means triton in the GPU
-check; sglang 0.5.11 with fa3 on Hopper in another function); a fact known and not written down was not checked at
-all (a flag 0.5.23 no longer has passed validation and failed on the host).
+An advisory says: on these engine versions, with these flags (as the engine's parser reads them), on
+this GPU (compute capability) and attention backend, the engine fails (refuse) or misbehaves (warn);
+here is where it was seen and what to write instead. Before, each such fact was a special case in
+code (sm 12.x means triton in the GPU check; sglang 0.5.11 with fa3 on Hopper in another function);
+a fact known and not written down was not checked at all (a flag 0.5.23 no longer has passed
+validation and failed on the host).
 
 Where it is checked:
-- on the control machine, before connecting (configuration/service_args.py): every entry whose condition the data
-  decides (no compute capability; an attention backend given in the data, or sglang's default);
-- in the host's GPU check (operations/gpus.py): the entries that need the GPU, with its compute capability and the
-  backend `attention-backend: auto` resolves to there. An entry with `prefer` says what `auto` resolves to where it
-  holds (sm 12.x: triton).
+- on the control machine, before connecting (configuration/service_args.py): every entry whose
+  condition the data decides (no compute capability; an attention backend given in the data, or
+  sglang's default);
+- in the host's GPU check (operations/gpus.py): the entries that need the GPU, with its compute
+  capability and the backend `attention-backend: auto` resolves to there. An entry with `prefer`
+  says what `auto` resolves to where it holds (sm 12.x: triton).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from configuration.yamlload import load_file
 FILE = Path(__file__).resolve().parent.parent / "files" / "engine_advisories.yml"
 EFFECTS = ("refuse", "warn")
 DEFAULT_BACKEND = "default"  # sglang's own choice: no attention-backend flag
-_KEYS = {"id", "summary", "engine", "flags", "compute_capability", "attention_backend", "effect", "replaced_by", "prefer",
-         "reference", "fix"}
+_KEYS = {"id", "summary", "engine", "flags", "compute_capability", "attention_backend", "effect",
+         "replaced_by", "prefer", "reference", "fix"}
 _MATCH_WORDS = ("set", "unset")
 
 
@@ -56,9 +59,9 @@ class Advisory:
 
 @dataclass(frozen=True)
 class EngineUse:
-    """What an advisory is judged on: the engine version, the flags as written in the unit (written out in full), the
-    engine's flag list (`configuration.engine_flags.EngineFlags`, to read aliases and prefixes as it does; None: the
-    flags as written)."""
+    """What an advisory is judged on: the engine version, the flags as written in the unit (written
+    out in full), the engine's flag list (`configuration.engine_flags.EngineFlags`, to read aliases
+    and prefixes as it does; None: the flags as written)."""
 
     version: str | None
     args: dict[str, Any]
@@ -80,7 +83,8 @@ class EngineUse:
         return action.dest if action else None
 
     def backend(self) -> str | None:
-        """The attention backend the data names: a backend, `default` (none named), or None for `auto` (the host's)."""
+        """The attention backend the data names: a backend, `default` (none named), or None for
+        `auto` (the host's)."""
         named = self.value("attention-backend")
         if named in (None, False):
             return DEFAULT_BACKEND
@@ -88,18 +92,21 @@ class EngineUse:
 
 
 
-# The old name of EngineUse (it shared `Service` with configuration.settings.Service, the deploy's own service), kept
-# while operations/gpus.py still reads it: remove once that reads EngineUse.
+# The old name of EngineUse (it shared `Service` with configuration.settings.Service, the deploy's
+# own service), kept while operations/gpus.py still reads it: remove once that reads EngineUse.
 Service = EngineUse
 
 def _matches(value: Any, words: tuple[str, ...]) -> bool:
     unset = value is None or value is False
-    return any((w == "unset" and unset) or (w == "set" and not unset) or (not unset and str(value) == w) for w in words)
+    return any((w == "unset" and unset) or (w == "set" and not unset)
+               or (not unset and str(value) == w) for w in words)
 
 
-def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None = None, backend: str | None = None) -> bool | None:
-    """Whether `advisory` holds for `service`: True, False, or None when that depends on what only the host knows
-    (its GPU's compute capability, or the backend `auto` resolves to). `backend` overrides the data's (the host's)."""
+def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None = None,
+          backend: str | None = None) -> bool | None:
+    """Whether `advisory` holds for `service`: True, False, or None when that depends on what only
+    the host knows (its GPU's compute capability, or the backend `auto` resolves to). `backend`
+    overrides the data's (the host's)."""
     if advisory.engine is not None:
         try:
             if service.version is None or Version(service.version) not in advisory.engine:
@@ -125,13 +132,17 @@ def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None
 
 def applying(service: EngineUse, compute_capability: str | None = None, backend: str | None = None,
              entries: Iterable[Advisory] | None = None) -> list[Advisory]:
-    """The advisories that hold for `service` (on this GPU and backend, where given), in the file's order."""
-    return [a for a in (load_advisories() if entries is None else entries) if holds(a, service, compute_capability, backend)]
+    """The advisories that hold for `service` (on this GPU and backend, where given), in the file's
+    order."""
+    return [a for a in (load_advisories() if entries is None else entries)
+            if holds(a, service, compute_capability, backend)]
 
 
 def deferred(service: EngineUse, entries: Iterable[Advisory] | None = None) -> list[Advisory]:
-    """The advisories the control machine cannot decide for `service`: the host's GPU check decides them."""
-    return [a for a in (load_advisories() if entries is None else entries) if holds(a, service) is None]
+    """The advisories the control machine cannot decide for `service`: the host's GPU check decides
+    them."""
+    return [a for a in (load_advisories() if entries is None else entries)
+            if holds(a, service) is None]
 
 
 def replacement(flag: str, version: str | None) -> Advisory | None:
@@ -150,7 +161,7 @@ def _in(version: str, spec: SpecifierSet) -> bool:
         return False
 
 
-# The file ---------------------------------------------------------------------------------------------------
+# The file -----------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,8 +169,10 @@ def load_advisories(path: Path = FILE) -> tuple[Advisory, ...]:
     """Every advisory of the file, checked whole (a wrong entry names its id, key and the fix)."""
     raw = load_file(path)
     shown = str(path.name)
-    if not isinstance(raw, dict) or set(raw) != {"advisories"} or not isinstance(raw["advisories"], list):
-        raise DataError(shown, "advisories", raw, "the file is one key, `advisories`, a list of entries")
+    if (not isinstance(raw, dict) or set(raw) != {"advisories"}
+            or not isinstance(raw["advisories"], list)):
+        raise DataError(shown, "advisories", raw,
+                        "the file is one key, `advisories`, a list of entries")
     out, seen = [], set()
     for i, entry in enumerate(raw["advisories"]):
         advisory = _entry(shown, i, entry)
@@ -173,10 +186,12 @@ def load_advisories(path: Path = FILE) -> tuple[Advisory, ...]:
 def _entry(shown: str, i: int, entry: Any) -> Advisory:
     at = f"advisories[{i}]"
     if not isinstance(entry, dict):
-        raise DataError(shown, at, entry, "an entry is a map (id, summary, effect, reference, fix, and its conditions)")
+        raise DataError(shown, at, entry, "an entry is a map (id, summary, effect, reference, fix, "
+                                          "and its conditions)")
     unknown = sorted(set(entry) - _KEYS)
     if unknown:
-        raise DataError(shown, f"{at}.{unknown[0]}", entry[unknown[0]], f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
+        raise DataError(shown, f"{at}.{unknown[0]}", entry[unknown[0]],
+                        f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
     for key in ("id", "summary", "effect", "reference", "fix"):
         if not isinstance(entry.get(key), str) or not entry[key].strip():
             raise DataError(shown, f"{at}.{key}", entry.get(key), "required, a non-empty string")
@@ -187,18 +202,24 @@ def _entry(shown: str, i: int, entry: Any) -> Advisory:
         try:
             engine = SpecifierSet(str(entry["engine"]))
         except InvalidSpecifier:
-            raise DataError(shown, f"{at}.engine", entry["engine"], "a PEP 440 specifier on the sglang version, e.g. '>=0.5.20'") from None
+            raise DataError(shown, f"{at}.engine", entry["engine"],
+                            "a PEP 440 specifier on the sglang version, e.g. '>=0.5.20'") from None
     flags = entry.get("flags") or {}
     if not isinstance(flags, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(w, str) for w in v) for k, v in flags.items()):
-        raise DataError(shown, f"{at}.flags", flags, "a map of flag (no dashes) -> a list of `set`, `unset` or values")
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(w, str) for w in v)
+            for k, v in flags.items()):
+        raise DataError(shown, f"{at}.flags", flags,
+                        "a map of flag (no dashes) -> a list of `set`, `unset` or values")
     caps, backends = entry.get("compute_capability"), entry.get("attention_backend")
     for key, value in (("compute_capability", caps), ("attention_backend", backends)):
-        if value is not None and (not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value)):
+        if value is not None and (not isinstance(value, list) or not value
+                                  or not all(isinstance(v, str) for v in value)):
             raise DataError(shown, f"{at}.{key}", value, "a list of strings")
     return Advisory(
-        id=entry["id"], summary=" ".join(entry["summary"].split()), effect=entry["effect"], reference=entry["reference"],
-        fix=entry["fix"], engine=engine, flags=tuple((k, tuple(v)) for k, v in flags.items()),
-        compute_capability=tuple(caps) if caps else None, attention_backend=tuple(backends) if backends else None,
+        id=entry["id"], summary=" ".join(entry["summary"].split()), effect=entry["effect"],
+        reference=entry["reference"], fix=entry["fix"], engine=engine,
+        flags=tuple((k, tuple(v)) for k, v in flags.items()),
+        compute_capability=tuple(caps) if caps else None,
+        attention_backend=tuple(backends) if backends else None,
         replaced_by=entry.get("replaced_by"), prefer=entry.get("prefer"),
     )

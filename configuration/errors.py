@@ -27,7 +27,8 @@ class DataError(PyinfraError):
 def _show(value: object) -> str:
     try:
         text = repr(value)
-    except ValueError:  # an int of more than 4300 digits, or a value holding one: Python will not write it out
+    # an int of more than 4300 digits, or a value holding one: Python will not write it out
+    except ValueError:
         text = f"<{type(value).__name__} holding a number too long to show>"
     return text if len(text) <= 120 else text[:117] + "..."
 

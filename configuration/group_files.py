@@ -1,10 +1,12 @@
-"""The data's layers: the group files operators edit, the keys each layer may set, and where each key came from.
+"""The data's layers: the group files operators edit, the keys each layer may set, and where each
+key came from.
 
 Operators edit `group_data/<group>.yml`; the thin `group_data/<group>.py` beside each calls
-`load_group_yaml(__file__)` (from configuration.settings), so pyinfra's own precedence applies unchanged
-(`--data` > host data > group data > all). A key no layer may set is refused with the closest known one
-(`load_group_yaml`, `no_unknown_keys`); a `.yml` without its loader is refused (`stray_group_files`); a bad value
-is reported with the layer, and the file, it came from (`Reader`).
+`load_group_yaml(__file__)` (from configuration.settings), so pyinfra's own precedence applies
+unchanged (`--data` > host data > group data > all). A key no layer may set is refused with the
+closest known one (`load_group_yaml`, `no_unknown_keys`); a `.yml` without its loader is refused
+(`stray_group_files`); a bad value is reported with the layer, and the file, it came from
+(`Reader`).
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ class Key:
 
 
 def _keys(model: type[BaseModel]) -> dict[str, Key]:
-    """A model's keys as the rest of the deploy reads them (defaults by name); the schema is the one source."""
-    return {name: Key(schema.default_of(model, name), f.description, bool(f.json_schema_extra.get("required")))
+    """A model's keys as the rest of the deploy reads them (defaults by name); the schema is the one
+    source."""
+    return {name: Key(schema.default_of(model, name), f.description,
+                      bool(f.json_schema_extra.get("required")))
             for name, f in model.model_fields.items()}
 
 
-# Keys any group (or host) may set, keys that belong in the inventory's host data, and a service's keys.
+# Keys any group (or host) may set, keys that belong in the inventory's host data, and a service's
+# keys.
 GLOBAL_KEYS: dict[str, Key] = _keys(schema.GroupData)
 HOST_KEYS: dict[str, Key] = _keys(schema.HostData)
 SERVICE_KEYS: dict[str, Key] = _keys(schema.ServiceSpec)
@@ -72,11 +77,13 @@ def load_group_yaml(group_py_file: str) -> dict[str, Any]:
     group = py_path.stem
     _GROUP_DIRS.add(py_path.resolve().parent)
     if not yml_path.exists():
-        raise DataError(shown, "(file)", None, f"missing: create it, or delete {py_path.name} if group '{group}' has no data")
+        raise DataError(shown, "(file)", None, f"missing: create it, or delete {py_path.name} if "
+                                               f"group '{group}' has no data")
     data = load_file(yml_path, shown)
     if data is None:
         # An empty file would silently fall back to every default (another stack, other paths).
-        raise DataError(shown, "(file)", None, f"empty: write the group's keys, or delete it and {py_path.name} if group '{group}' has no data")
+        raise DataError(shown, "(file)", None, "empty: write the group's keys, or delete it and "
+                                               f"{py_path.name} if group '{group}' has no data")
     if not isinstance(data, dict):
         raise DataError(shown, "(top level)", data, "must be a mapping of key: value")
     known = {**GLOBAL_KEYS, **HOST_KEYS}
@@ -90,8 +97,9 @@ def load_group_yaml(group_py_file: str) -> dict[str, Any]:
 
 # Keys that once meant something: the error says what replaced them rather than only "unknown key".
 RETIRED_KEYS = {
-    "force_patch_sets": "no longer used: a file edited by hand inside an installed package differs from its RECORD, "
-                        "so the venv check reinstalls that package in a new generation before any patch set is applied; remove the key",
+    "force_patch_sets": "no longer used: a file edited by hand inside an installed package differs "
+                        "from its RECORD, so the venv check reinstalls that package in a new "
+                        "generation before any patch set is applied; remove the key",
 }
 
 
@@ -115,8 +123,9 @@ def stray_group_files() -> None:
         for yml in sorted([*folder.glob("*.yml"), *folder.glob("*.yaml")]):
             if not yml.with_suffix(".py").exists():
                 raise DataError(_display_path(yml), "(file)", yml.name,
-                                f"has no loader {yml.stem}.py beside it, so pyinfra never reads it: copy group_data/all.py "
-                                f"to {yml.stem}.py (it loads {yml.stem}.yml), or delete the file")
+                                f"has no loader {yml.stem}.py beside it, so pyinfra never reads "
+                                f"it: copy group_data/all.py to {yml.stem}.py (it loads "
+                                f"{yml.stem}.yml), or delete the file")
 
 
 class Reader:
@@ -154,8 +163,8 @@ def precedence(source: str) -> int:
 
 
 def no_unknown_keys(host) -> None:
-    """Typos in the inventory or in --data would otherwise be silently ignored; pyinfra's privilege arguments, in
-    any layer, would make the deploy lock one user and act as another."""
+    """Typos in the inventory or in --data would otherwise be silently ignored; pyinfra's privilege
+    arguments, in any layer, would make the deploy lock one user and act as another."""
     known = {**GLOBAL_KEYS, **HOST_KEYS}
     pyinfra_keys = connection.pyinfra_keys()
     layers = (
@@ -168,12 +177,15 @@ def no_unknown_keys(host) -> None:
                 if key in RETIRED_KEYS:
                     raise DataError(source, key, data[key], RETIRED_KEYS[key])
                 hint = _did_you_mean(key, [*known, *pyinfra_keys])
-                raise DataError(source, key, _shown_under(key, data[key]), f"unknown key; allowed: {', '.join(sorted(known))}, "
-                                                        f"or one of pyinfra's own (ssh_hostname, ssh_user, ssh_port, ssh_key, ...){hint}")
+                raise DataError(source, key, _shown_under(key, data[key]),
+                                f"unknown key; allowed: {', '.join(sorted(known))}, or one of "
+                                "pyinfra's own (ssh_hostname, ssh_user, ssh_port, ssh_key, "
+                                f"...){hint}")
     reader = Reader(host)
     for key, why in connection.refused_connector_arguments().items():
         if connection.set_in_any_layer(host, key):
-            raise DataError(reader.source(key), key, _shown_under(key, host.data.get(key)), f"`{key}` {why}")
+            raise DataError(reader.source(key), key, _shown_under(key, host.data.get(key)),
+                            f"`{key}` {why}")
     connection.judge_connector_keys(host, reader)
     for key, kind in (("ssh_hostname", kinds.HostName), ("ssh_port", kinds.Port)):
         if host.data.get(key) is not None:
@@ -181,7 +193,8 @@ def no_unknown_keys(host) -> None:
 
 
 def _shown_under(key: Any, value: Any) -> Any:
-    """A value as a message about `key` shows it: hidden under a name that says it holds a credential (`_sudo_password`)
-    and under any `ssh_*` name, where a mistyped key (`ssh_pasword`) may hold one."""
+    """A value as a message about `key` shows it: hidden under a name that says it holds a
+    credential (`_sudo_password`) and under any `ssh_*` name, where a mistyped key (`ssh_pasword`)
+    may hold one."""
     name = str(key).lstrip("_")
     return HIDDEN if kinds.CREDENTIAL_FLAG_WORDS.search(name) or name.startswith("ssh_") else value

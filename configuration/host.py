@@ -1,8 +1,9 @@
-"""One host's configuration: everything the host sees (its groups, its host data, --data) validated into a
-`HostConfig`, or the `DataError` of the first bad value. The schema's models first (configuration/schema.py), then
-what only several values show: the engine's flag list for the stack, where the stack and models come from
-(configuration/sources.py), the host paths apart from each other, which services run here
-(configuration/placement.py) and each service (configuration/services.py), placed or not.
+"""One host's configuration: everything the host sees (its groups, its host data, --data) validated
+into a `HostConfig`, or the `DataError` of the first bad value. The schema's models first
+(configuration/schema.py), then what only several values show: the engine's flag list for the stack,
+where the stack and models come from (configuration/sources.py), the host paths apart from each
+other, which services run here (configuration/placement.py) and each service
+(configuration/services.py), placed or not.
 """
 
 from __future__ import annotations
@@ -31,28 +32,35 @@ def validate_host(host) -> HostConfig:
     engine_version = stack.wanted().get(engine_flags.ENGINE)
     if engine_version is not None and engine_flags.load(engine_version) is None:
         raise DataError(src("stack"), "stack", data.stack,
-                        f"pins {engine_flags.ENGINE} {engine_version}, whose flag list is not in files/engine_flags/: "
-                        "generate it (python -m tools.engine_flags generate VENV_PYTHON; see tools/engine_flags.py)")
+                        f"pins {engine_flags.ENGINE} {engine_version}, whose flag list is not in "
+                        "files/engine_flags/: generate it (python -m tools.engine_flags generate "
+                        "VENV_PYTHON; see tools/engine_flags.py)")
     hosts = [h.name for h in host.inventory]
-    stack_sources = sources.stack_sources(src("stack_sources"), data.stack_sources, data.wheelhouse, hosts, host.name, data.venv_path)
+    stack_sources = sources.stack_sources(src("stack_sources"), data.stack_sources, data.wheelhouse,
+                                          hosts, host.name, data.venv_path)
     sources.check_model_sources(src("model_sources"), data.model_sources, host)
     secrets_file = Path(data.secrets_file)
     require(not secrets_file.is_dir(), src("secrets_file"), "secrets_file", str(secrets_file),
-            "is a directory: name the YAML file (secret name -> value) inside it, e.g. .secrets/secrets.yml")
+            "is a directory: name the YAML file (secret name -> value) inside it, e.g. "
+            ".secrets/secrets.yml")
     _host_paths_apart(src, data)
     host_data: schema.HostData = validated(
-        schema.HostData, {key: reader.get(key, spec) for key, spec in HOST_KEYS.items()}, lambda key: (src(key), key))
-    context = ServiceContext(data, engine_version, secrets_file, src("services"), src("run_services"), stack.wanted())
+        schema.HostData, {key: reader.get(key, spec) for key, spec in HOST_KEYS.items()},
+        lambda key: (src(key), key))
+    context = ServiceContext(data, engine_version, secrets_file, src("services"),
+                             src("run_services"), stack.wanted())
     placed = placement(host_data.run_services)
     counts = Counter(name for name, _, _ in placed)
     services = []
     for name, replica, overrides in placed:
         require(name in data.services, src("run_services"), "run_services", name,
-                f"no such service; defined services: {', '.join(sorted(data.services)) or '(none)'}")
+                "no such service; defined services: "
+                f"{', '.join(sorted(data.services)) or '(none)'}")
         index = sum(1 for s in services if s.definition == name)
         rollout_keys_not_overridden(src("run_services"), name, index, overrides, counts[name])
-        services.append(validated_service(context, name, data.services[name].given(), overrides, replica=replica,
-                                          override_path=f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")))
+        services.append(validated_service(
+            context, name, data.services[name].given(), overrides, replica=replica,
+            override_path=f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")))
     no_clashes(services, src("run_services"), host.name)
     # Services defined but placed nowhere are validated too: the next edit of run_services
     # must not be the first time their values are read.
@@ -79,7 +87,8 @@ def validate_host(host) -> HostConfig:
         failed_gpus=tuple(host_data.failed_gpus),
         service_user=data.service_user,
         verify_env=data.verify_env,
-        ssh_address=(str(host.data.get("ssh_hostname") or host.name), int(host.data.get("ssh_port") or 22)),
+        ssh_address=(str(host.data.get("ssh_hostname") or host.name),
+                     int(host.data.get("ssh_port") or 22)),
     )
 
 
@@ -97,7 +106,8 @@ def _host_paths_apart(src, data: schema.GroupData) -> None:
         (src("shm_dir"), "shm_dir", data.shm_dir),
         (src("host_wheel_cache"), "host_wheel_cache", data.host_wheel_cache),
         *{p[2]: p for p in env_paths}.values(),
-        *{p[2] + ".generations": (p[0], p[1] + "'s generations", p[2] + ".generations") for p in env_paths}.values(),
+        *{p[2] + ".generations": (p[0], p[1] + "'s generations", p[2] + ".generations")
+          for p in env_paths}.values(),
     ])
 
 
@@ -108,8 +118,12 @@ def _no_overlap(paths: list[tuple[str, str, str]]) -> None:
         for second in paths[i + 1:]:
             # Name the value set where the operator is most likely editing: --data, then the
             # inventory, then a group's file, then all.yml, then the defaults.
-            (src_a, key_a, a), (src_b, key_b, b) = sorted((first, second), key=lambda p: -precedence(p[0]))
+            (src_a, key_a, a), (src_b, key_b, b) = sorted((first, second),
+                                                          key=lambda p: -precedence(p[0]))
             if kinds.inside(a, b) or kinds.inside(b, a):
-                relation = "is the same directory as" if a == b else ("is inside" if kinds.inside(a, b) else "contains")
-                raise DataError(src_a, key_a, a, f"{relation} {key_b} ({b}, from {src_b}): each directory the deploy manages "
-                                                 "needs its own place, or one would move, prune or fill the other")
+                relation = ("is the same directory as" if a == b
+                            else ("is inside" if kinds.inside(a, b) else "contains"))
+                raise DataError(src_a, key_a, a,
+                                f"{relation} {key_b} ({b}, from {src_b}): each directory the "
+                                "deploy manages needs its own place, or one would move, prune or "
+                                "fill the other")

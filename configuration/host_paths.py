@@ -3,7 +3,8 @@
 The operations write and read them (operations/secrets.py, models.py, rollback.py, units and the
 placement, GPU and status reads); the data's rules (configuration/kinds.py) keep every path an
 operator configures away from them. The remote scripts (operations/remote/, stdlib only, sent to the
-hosts as one file each) are given these paths as arguments, or keep a copy that a unit test compares.
+hosts as one file each) are given these paths as arguments, or keep a copy that a unit test
+compares.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ BOOT_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 LOCK_PATH = "/run/sglang-deploy.lock"
 # systemd's units, ours among them (`sglang-<service>.service`, the boot staging unit).
 UNIT_DIR = "/etc/systemd/system"
-# The deploy's state, root's alone: saved units for rollback, the records of what each service started with.
+# The deploy's state, root's alone: saved units for rollback, the records of what each service
+# started with.
 STATE_DIR = "/var/lib/sglang-deploy"
-# The unit's StateDirectory= and CacheDirectory= (templates/sglang.service.j2): systemd hands them to the
-# service user, whose home the first is (operations/service_user.py; a unit test keeps the template equal).
+# The unit's StateDirectory= and CacheDirectory= (templates/sglang.service.j2): systemd hands them
+# to the service user, whose home the first is (operations/service_user.py; a unit test keeps the
+# template equal).
 SERVICE_STATE_DIR = "/var/lib/sglang"
 SERVICE_CACHE_DIR = "/var/cache/sglang"
 
-# Root's runtime directory (0700; /run empties at a reboot): the staging lock (remote/stage_model.py keeps a copy).
+# Root's runtime directory (0700; /run empties at a reboot): the staging lock (remote/stage_model.py
+# keeps a copy).
 RUN_DIR = "/run/sglang-deploy"
 
 # What no configured directory may be, contain or lie inside (configuration/kinds.py).
@@ -34,6 +38,7 @@ OWN_PATHS = (CONFIG_DIR, SCRIPT_DIR, LOCK_PATH, UNIT_DIR, STATE_DIR, RUN_DIR)
 
 
 def unit_path(unit_name: str) -> str:
-    """Where systemd reads unit `unit_name` from (`sglang-ddtree.service` -> /etc/systemd/system/sglang-ddtree.service)."""
+    """Where systemd reads unit `unit_name` from (`sglang-ddtree.service` ->
+    /etc/systemd/system/sglang-ddtree.service)."""
     return f"{UNIT_DIR}/{unit_name}"
 

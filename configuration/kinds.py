@@ -9,9 +9,9 @@ A refusal is a `PydanticCustomError` of type `refused` whose context holds the f
 value shown should be another than the one refused, `shown`); `configuration/refusals.py` turns the
 first one into a `DataError` naming the file, the key path, the value and the fix.
 
-Numbers and names are here; how a kind refuses and the text and whole numbers every kind is built of are in
-configuration/kinds_base.py, environment variables in kinds_env.py, host paths in kinds_paths.py, addresses in
-kinds_addresses.py. Every kind is importable from here.
+Numbers and names are here; how a kind refuses and the text and whole numbers every kind is built of
+are in configuration/kinds_base.py, environment variables in kinds_env.py, host paths in
+kinds_paths.py, addresses in kinds_addresses.py. Every kind is importable from here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, Strict
 
-from configuration.kinds_addresses import (  # noqa: F401  (re-exported: every kind is importable from here)
+# Every kind is importable from here (the imports below are re-exports).
+from configuration.kinds_addresses import (  # noqa: F401  (re-exported)
     HOST_PORT,
     IP_FIX,
     LOCAL_SCHEMES,
@@ -105,7 +106,8 @@ Port = Annotated[Int, _in_range(1, 65535, PORT_FIX), with_fix(PORT_FIX)]
 
 
 MAX_GPUS = 64
-GPU_FIX = "must be a GPU index (0-63) or a non-empty list of them, e.g. `gpu: 1` or `gpu: [0, 1]`, or `auto`"
+GPU_FIX = ("must be a GPU index (0-63) or a non-empty list of them, e.g. `gpu: 1` or "
+           "`gpu: [0, 1]`, or `auto`")
 GpuIndex = Annotated[Int, _in_range(0, MAX_GPUS - 1, GPU_FIX)]
 
 
@@ -117,7 +119,8 @@ def _gpu_list(value: list[int]) -> list[int]:
     return value
 
 
-Gpus = Annotated[Union[Literal["auto"], GpuIndex, Annotated[list[GpuIndex], AfterValidator(_gpu_list)]], with_fix(GPU_FIX)]
+Gpus = Annotated[Union[Literal["auto"], GpuIndex,
+                       Annotated[list[GpuIndex], AfterValidator(_gpu_list)]], with_fix(GPU_FIX)]
 FailedGpus = Annotated[list[GpuIndex], with_fix("must be a list of GPU indexes (0-63), e.g. `[1]`")]
 
 
@@ -129,27 +132,33 @@ def seconds(low: int, high: int) -> Any:
 Bool = Annotated[bool, Strict(), with_fix("must be true or false")]
 
 # A service's rollout (configuration/schema.py, `max_unavailable` and `canary`).
-MAX_UNAVAILABLE_FIX = "must be a number of replicas, 1 or more, or a percentage of them from 1% to 100%, e.g. 1 or `25%`"
+MAX_UNAVAILABLE_FIX = ("must be a number of replicas, 1 or more, or a percentage of them from 1% "
+                       "to 100%, e.g. 1 or `25%`")
 MaxUnavailable = one_of(
     MAX_UNAVAILABLE_FIX,
-    (lambda v: isinstance(v, int) and not isinstance(v, bool), Annotated[Int, _in_range(1, 100000, MAX_UNAVAILABLE_FIX)]),
-    (lambda v: isinstance(v, str), Annotated[Text, matching(r"(100|[1-9][0-9]?)%", MAX_UNAVAILABLE_FIX)]),
+    (lambda v: isinstance(v, int) and not isinstance(v, bool),
+     Annotated[Int, _in_range(1, 100000, MAX_UNAVAILABLE_FIX)]),
+    (lambda v: isinstance(v, str),
+     Annotated[Text, matching(r"(100|[1-9][0-9]?)%", MAX_UNAVAILABLE_FIX)]),
 )
-CANARY_FIX = ("must be a number of replicas that go first (0: none), or a list of them, each a host of the inventory "
-              "(its one replica of the service) or `host/replica`, e.g. [gpu-a] or [gpu-a/dflash@2]")
+CANARY_FIX = ("must be a number of replicas that go first (0: none), or a list of them, each a "
+              "host of the inventory (its one replica of the service) or `host/replica`, e.g. "
+              "[gpu-a] or [gpu-a/dflash@2]")
 Canary = one_of(
     CANARY_FIX,
-    (lambda v: isinstance(v, int) and not isinstance(v, bool), Annotated[Int, _in_range(0, 100000, CANARY_FIX)]),
-    (lambda v: isinstance(v, list), Annotated[list[Annotated[Text, matching(r"[^/\s]+(/[a-z0-9][a-z0-9_-]*(@[0-9]+)?)?", CANARY_FIX)]],
-                                              with_fix(CANARY_FIX)]),
+    (lambda v: isinstance(v, int) and not isinstance(v, bool),
+     Annotated[Int, _in_range(0, 100000, CANARY_FIX)]),
+    (lambda v: isinstance(v, list), Annotated[
+        list[Annotated[Text, matching(r"[^/\s]+(/[a-z0-9][a-z0-9_-]*(@[0-9]+)?)?", CANARY_FIX)]],
+        with_fix(CANARY_FIX)]),
 )
 ASCII_DECIMAL = re.compile(r"[0-9]{1,18}")
 
 
 def positive_whole_number(value: Any) -> int | None:
-    """A positive whole number written as the engine's parser (int()) and a reader both read it: ASCII
-    digits only (`str.isdigit` also accepts '²' and Arabic-Indic digits, which int() refuses or reads
-    otherwise), at most 18 of them; None when it is not one."""
+    """A positive whole number written as the engine's parser (int()) and a reader both read it:
+    ASCII digits only (`str.isdigit` also accepts '²' and Arabic-Indic digits, which int() refuses
+    or reads otherwise), at most 18 of them; None when it is not one."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -163,7 +172,8 @@ DECIMAL_FRACTION = re.compile(r"(0|[1-9][0-9]{0,17})?(\.[0-9]{1,18})?([eE][-+]?[
 
 
 def decimal_number(value: Any) -> float | None:
-    """A number as written in ASCII decimal (float() also reads '٠.٥', '1_0' and 'nan'); None otherwise."""
+    """A number as written in ASCII decimal (float() also reads '٠.٥', '1_0' and 'nan'); None
+    otherwise."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -178,44 +188,54 @@ def decimal_number(value: Any) -> float | None:
 NAME = r"[a-z0-9][a-z0-9_-]{0,62}"
 # Service names whose unit `sglang-<name>.service` (or whose files) the deploy uses itself.
 RESERVED_SERVICE_NAMES = frozenset({"stage-models", "stage", "deploy"})
-SERVICE_NAME_FIX = "service names are lowercase letters, digits, '-' and '_' (they name the systemd unit)"
+SERVICE_NAME_FIX = ("service names are lowercase letters, digits, '-' and '_' (they name the "
+                    "systemd unit)")
 
 
 def _not_reserved(name: str) -> str:
     if name in RESERVED_SERVICE_NAMES:
         raise refuse(f"would name the unit sglang-{name}.service, which is the deploy's own "
-                     f"({', '.join(f'sglang-{n}' for n in sorted(RESERVED_SERVICE_NAMES))} are reserved): choose another name")
+                     f"({', '.join(f'sglang-{n}' for n in sorted(RESERVED_SERVICE_NAMES))} are "
+                     "reserved): choose another name")
     return name
 
 
-ServiceName = Annotated[Text, matching(NAME, SERVICE_NAME_FIX), AfterValidator(_not_reserved), with_fix(SERVICE_NAME_FIX)]
-SECRET_NAME_FIX = "must be the name of a secret (lowercase letters, digits, '-', '_'), not the key itself"
+ServiceName = Annotated[Text, matching(NAME, SERVICE_NAME_FIX), AfterValidator(_not_reserved),
+                        with_fix(SERVICE_NAME_FIX)]
+SECRET_NAME_FIX = (
+    "must be the name of a secret (lowercase letters, digits, '-', '_'), not the key itself")
 SecretName = Annotated[Text, matching(NAME, SECRET_NAME_FIX), with_fix(SECRET_NAME_FIX)]
 PATCH_SETS_FIX = "must be a list of patch set names (directories in files/patches/)"
 PatchSetName = Annotated[Text, matching(NAME, PATCH_SETS_FIX)]
-MODEL_FIX = "must be a model directory name inside `model_store` (letters, digits, '.', '_', '-'), not a path"
-ModelName = Annotated[Text, matching(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}", MODEL_FIX), with_fix(MODEL_FIX)]
+MODEL_FIX = ("must be a model directory name inside `model_store` (letters, digits, '.', '_', "
+             "'-'), not a path")
+ModelName = Annotated[Text, matching(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}", MODEL_FIX),
+                      with_fix(MODEL_FIX)]
 STACK_NAME = r"[a-z0-9][a-z0-9._-]{0,127}"
-USER_FIX = ("must be a user name (lowercase letters, digits, '_', '-'; up to 32 characters, not starting with a digit or '-'), "
-            "e.g. `sglang`, or `root`")
+USER_FIX = ("must be a user name (lowercase letters, digits, '_', '-'; up to 32 characters, not "
+            "starting with a digit or '-'), e.g. `sglang`, or `root`")
 UserName = Annotated[Text, matching(r"[a-z_][a-z0-9_-]{0,31}", USER_FIX), with_fix(USER_FIX)]
-# Accounts and groups that hold a privilege on most hosts, or that many daemons share: named as `service_user`, the
-# services would run with it, and the deploy would take an account or group others use for its own (its key files are
-# readable by the service user's group). `root` is not here: it is the documented way to run the engine as root.
+# Accounts and groups that hold a privilege on most hosts, or that many daemons share: named as
+# `service_user`, the services would run with it, and the deploy would take an account or group
+# others use for its own (its key files are readable by the service user's group). `root` is not
+# here: it is the documented way to run the engine as root.
 PRIVILEGED_ACCOUNTS = {
     **dict.fromkeys(("sudo", "wheel", "admin"), "its members run any command as root through sudo"),
     **dict.fromkeys(("docker", "lxd", "incus-admin", "libvirt", "podman"),
                     "its members start containers or machines as root, which is root on the host"),
     "adm": "its members read the system logs",
-    "systemd-journal": "its members read the whole journal, which holds the engine's API keys (sglang logs them at start)",
+    "systemd-journal": "its members read the whole journal, which holds the engine's API keys "
+                       "(sglang logs them at start)",
     "disk": "its members read and write the raw disks, so every file",
     "kmem": "its members read kernel memory",
     "shadow": "its members read the password hashes",
     "staff": "its members write /usr/local (Debian), which root runs programs from",
-    **dict.fromkeys(("bin", "sys", "daemon", "operator", "tty", "utmp", "man", "mail", "www-data", "sshd", "messagebus"),
+    **dict.fromkeys(("bin", "sys", "daemon", "operator", "tty", "utmp", "man", "mail", "www-data",
+                     "sshd", "messagebus"),
                     "a system account or group that owns system files or runs a daemon of its own"),
     **dict.fromkeys(("nobody", "nogroup", "nfsnobody"),
-                    "shared by many daemons and by NFS's squashed root: whatever it can read, they all can"),
+                    "shared by many daemons and by NFS's squashed root: whatever it can read, they "
+                    "all can"),
 }
 # systemd's own accounts (systemd-network, systemd-resolve, ...) are all someone else's.
 PRIVILEGED_ACCOUNT_PREFIXES = {"systemd-": "one of systemd's own accounts or groups"}
@@ -225,26 +245,31 @@ def privileged_account(name: str) -> str | None:
     """Why `name` is a privileged or shared account or group on most hosts, or None."""
     if name in PRIVILEGED_ACCOUNTS:
         return PRIVILEGED_ACCOUNTS[name]
-    return next((why for prefix, why in PRIVILEGED_ACCOUNT_PREFIXES.items() if name.startswith(prefix)), None)
+    return next((why for prefix, why in PRIVILEGED_ACCOUNT_PREFIXES.items()
+                 if name.startswith(prefix)), None)
 
 
 def _not_privileged(name: str) -> str:
     why = privileged_account(name)
     if why:
-        raise refuse(f"`{name}` is a privileged or shared account or group on most hosts ({why}): the services would run "
-                     "with it, and the deploy would make an account others use its own; name an account of the services' "
-                     "own, e.g. `sglang` (the deploy creates it, and checks on each host that it is its own), or `root` "
-                     "to run them as root knowingly")
+        raise refuse(f"`{name}` is a privileged or shared account or group on most hosts ({why}): "
+                     "the services would run with it, and the deploy would make an account others "
+                     "use its own; name an account of the services' own, e.g. `sglang` (the deploy "
+                     "creates it, and checks on each host that it is its own), or `root` to run "
+                     "them as root knowingly")
     return name
 
 
 ServiceUserName = Annotated[UserName, AfterValidator(_not_privileged), with_fix(USER_FIX)]
 MODULE_FIX = "must be a Python module name such as sglang.launch_server"
-ModuleName = Annotated[Text, matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", MODULE_FIX), with_fix(MODULE_FIX)]
-# pyinfra's inventory names: written into the unit's comment line and the run's output, used as keys of files
-# on the control machine. A DNS name, an IP address (IPv6 with ':'), or pyinfra's `@local`/`@docker/NAME`.
-HOST_NAME_FIX = ("must be a host name: letters, digits, '.', '-', '_' and ':' (a DNS name or an IP address), "
-                 "up to 253 characters; it is written into units and file names")
+ModuleName = Annotated[Text, matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+                                      MODULE_FIX), with_fix(MODULE_FIX)]
+# pyinfra's inventory names: written into the unit's comment line and the run's output, used as keys
+# of files on the control machine. A DNS name, an IP address (IPv6 with ':'), or pyinfra's
+# `@local`/`@docker/NAME`.
+HOST_NAME_FIX = (
+    "must be a host name: letters, digits, '.', '-', '_' and ':' (a DNS name or an IP address), up "
+    "to 253 characters; it is written into units and file names")
 ADDRESS = r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9:][A-Za-z0-9._:-]{0,252})"
 HOST_NAME = rf"(@[a-z]+(/{ADDRESS})?|{ADDRESS})"
 HostName = Annotated[Text, matching(HOST_NAME, HOST_NAME_FIX), with_fix(HOST_NAME_FIX)]

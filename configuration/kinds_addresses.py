@@ -1,6 +1,6 @@
-"""Kinds of network addresses (configuration/kinds.py re-exports them): the address a service binds, a package
-index URL, one spelling per machine address, and every address named anywhere in a value (exposure,
-configuration/exposure.py)."""
+"""Kinds of network addresses (configuration/kinds.py re-exports them): the address a service binds,
+a package index URL, one spelling per machine address, and every address named anywhere in a value
+(exposure, configuration/exposure.py)."""
 
 from __future__ import annotations
 
@@ -37,19 +37,21 @@ IpAddress = Annotated[Text, AfterValidator(_ip_address), with_fix(IP_FIX)]
 
 
 def is_loopback_host(host: str) -> bool:
-    """Whether an address (an IP, `localhost`, `[::1]`) is on loopback; a DNS name may point anywhere."""
+    """Whether an address (an IP, `localhost`, `[::1]`) is on loopback; a DNS name may point
+    anywhere."""
     host = host.strip("[]").lower().rstrip(".")
     if host in ("localhost", "localhost.localdomain", "ip6-localhost"):
         return True
     address = _ip(host)
     return address is not None and (address.is_loopback or (
-        isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None and address.ipv4_mapped.is_loopback))
+        isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None
+        and address.ipv4_mapped.is_loopback))
 
 
 def canonical_address(host: str, port: Any = None) -> tuple[str, int]:
-    """One spelling per machine address, as SSH reaches it: DNS names without case or a final dot, IP addresses
-    in one form (IPv6 compressed, IPv4-mapped IPv6 and inet_aton's short forms as IPv4), loopback as one, and the
-    SSH port (22 unless given)."""
+    """One spelling per machine address, as SSH reaches it: DNS names without case or a final dot,
+    IP addresses in one form (IPv6 compressed, IPv4-mapped IPv6 and inet_aton's short forms as
+    IPv4), loopback as one, and the SSH port (22 unless given)."""
     text = str(host).strip().strip("[]").lower().rstrip(".")
     address = _ip(text.split("%")[0])
     if address is None and re.fullmatch(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", text):
@@ -77,8 +79,9 @@ def _index_url(url: str) -> str:
     if match is None:
         raise refuse(URL_FIX)
     if "@" in match["authority"] or "%40" in match["authority"].lower():
-        raise refuse("holds a user name or password (user:pass@): " + SECRETS_FIX + "; give the host's root an index it "
-                     "reaches without credentials in the URL (e.g. root's own ~/.netrc on the host, put there by hand)")
+        raise refuse("holds a user name or password (user:pass@): " + SECRETS_FIX
+                     + "; give the host's root an index it reaches without credentials in the URL "
+                       "(e.g. root's own ~/.netrc on the host, put there by hand)")
     if HOST_PORT.fullmatch(match["authority"]) is None:
         raise refuse(URL_FIX)
     return url
@@ -87,19 +90,20 @@ def _index_url(url: str) -> str:
 IndexUrl = Annotated[Text, AfterValidator(_index_url), with_fix(URL_FIX)]
 
 
-# Addresses named anywhere in a value -------------------------------------------------------------------------------
+# Addresses named anywhere in a value --------------------------------------------------------------
 #
-# The engine takes addresses in many flags, under many names, and inside JSON values (`--kv-events-config
-# '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'`): an address is found by its shape, wherever it is written,
-# rather than by a list of the flags known to take one.
+# The engine takes addresses in many flags, under many names, and inside JSON values
+# (`--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'`): an address is found by
+# its shape, wherever it is written, rather than by a list of the flags known to take one.
 
 # URL schemes that name no network address: a local socket, a path, the process itself.
 LOCAL_SCHEMES = frozenset({"ipc", "inproc", "file", "unix"})
-_URL_IN_TEXT = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#\s,;'\"<>(){}|\\]*)")
+_URL_IN_TEXT = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#\s,;'\"<>(){}|\\]*)")
 _WORD_SEPARATORS = re.compile(r"[\s,;'\"<>(){}|=/@\\]+")
 _HOST_AND_PORT = re.compile(r"(?P<host>\[[^\]]*\]|[^:\[\]]*):(?P<port>[0-9]{1,5})")
-# inet_aton's forms with at least one dot (`10.1`, `0x7f.1`); a bare `0.85` is a number, not an address, unless a
-# port follows it.
+# inet_aton's forms with at least one dot (`10.1`, `0x7f.1`); a bare `0.85` is a number, not an
+# address, unless a port follows it.
 _DOTTED_NUMBER = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){1,3}")
 # A DNS name holds a letter: `12:30` is no host and port.
 _DNS_NAME = re.compile(r"(?=[A-Za-z0-9.-]*[A-Za-z])[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.?")
@@ -109,7 +113,8 @@ MAX_JSON_DEPTH = 8
 
 @dataclass(frozen=True)
 class NamedAddress:
-    """One address a value names: as written (`tcp://*:5557`), and its host (`*`, `10.0.0.1`, `node0`)."""
+    """One address a value names: as written (`tcp://*:5557`), and its host (`*`, `10.0.0.1`,
+    `node0`)."""
 
     written: str
     host: str
@@ -117,15 +122,16 @@ class NamedAddress:
 
     @property
     def beyond_loopback(self) -> bool:
-        # canonical_address reads every spelling of loopback (`127.1`, `::ffff:127.0.0.1`, `localhost`) as one;
-        # `*`, an empty host before a port and a DNS name other than localhost are beyond it.
+        # canonical_address reads every spelling of loopback (`127.1`, `::ffff:127.0.0.1`,
+        # `localhost`) as one; `*`, an empty host before a port and a DNS name other than localhost
+        # are beyond it.
         return canonical_address(self.host)[0] != "loopback"
 
 
 def strings_in(value: Any) -> list[str]:
-    """Every string of a value, in the order written: itself, the keys and items of a map or list; a string that
-    holds a JSON document, its strings instead (to MAX_JSON_DEPTH), read as the engine's JSON parser reads them
-    (`tcp:\\/\\/\\u002a:5557` is `tcp://*:5557`)."""
+    """Every string of a value, in the order written: itself, the keys and items of a map or list; a
+    string that holds a JSON document, its strings instead (to MAX_JSON_DEPTH), read as the engine's
+    JSON parser reads them (`tcp:\\/\\/\\u002a:5557` is `tcp://*:5557`)."""
     found: list[str] = []
     pending: deque[tuple[Any, int]] = deque([(value, 0)])
     while pending:
@@ -144,7 +150,8 @@ def strings_in(value: Any) -> list[str]:
 
 
 def _json_in(text: str) -> tuple[Any] | None:
-    """(the document) a string holds as JSON (a map, a list or a quoted string), or None: then it is read as text."""
+    """(the document) a string holds as JSON (a map, a list or a quoted string), or None: then it is
+    read as text."""
     if text.lstrip()[:1] not in ("{", "[", '"'):
         return None
     try:
@@ -154,8 +161,9 @@ def _json_in(text: str) -> tuple[Any] | None:
 
 
 def addresses_in(value: Any) -> list[NamedAddress]:
-    """Every network address a value names, in any of its strings: URLs (`tcp://H:P`, `http://user@H/`, but not
-    `ipc://`, `file://`), `H:P` and `[v6]:P`, zmq's `*` and `*:P`, and bare IP addresses (`0.0.0.0`, `::`)."""
+    """Every network address a value names, in any of its strings: URLs (`tcp://H:P`,
+    `http://user@H/`, but not `ipc://`, `file://`), `H:P` and `[v6]:P`, zmq's `*` and `*:P`, and
+    bare IP addresses (`0.0.0.0`, `::`)."""
     return [address for text in strings_in(value) for address in _addresses_in_text(text)]
 
 
@@ -176,8 +184,9 @@ def _addresses_in_text(text: str) -> list[NamedAddress]:
 
 
 def _url_host(host_port: str) -> str | None:
-    """The host of a URL's `host[:port]`: a name, an address, `*`; an empty host before a port binds every
-    interface (`tcp://:5557`, as Python's `bind(("", port))`); None where the URL names no host (`http:///x`)."""
+    """The host of a URL's `host[:port]`: a name, an address, `*`; an empty host before a port binds
+    every interface (`tcp://:5557`, as Python's `bind(("", port))`); None where the URL names no
+    host (`http:///x`)."""
     if host_port == "":
         return None
     split = _HOST_AND_PORT.fullmatch(host_port)
@@ -187,16 +196,18 @@ def _url_host(host_port: str) -> str | None:
 
 
 def _word_host(word: str) -> str | None:
-    """The host a word outside a URL names: `*`, `*:P`, `H:P`, `[v6]:P`, a bare IP address; None for any other
-    word (a bare name or number could be anything: `triton`, `0.85`)."""
+    """The host a word outside a URL names: `*`, `*:P`, `H:P`, `[v6]:P`, a bare IP address; None for
+    any other word (a bare name or number could be anything: `triton`, `0.85`)."""
     if word == "*":
         return "*"
     split = _HOST_AND_PORT.fullmatch(word)
     if split:
         host = split["host"]
-        if host == "*" or (host.startswith("[") and _ip(host.strip("[]").split("%")[0]) is not None):
+        if (host == "*"
+                or (host.startswith("[") and _ip(host.strip("[]").split("%")[0]) is not None)):
             return host.strip("[]")
-        if _ip(host.split("%")[0]) is not None or _DOTTED_NUMBER.fullmatch(host.lower()) or _DNS_NAME.fullmatch(host):
+        if (_ip(host.split("%")[0]) is not None or _DOTTED_NUMBER.fullmatch(host.lower())
+                or _DNS_NAME.fullmatch(host)):
             return host
         return None
     bare = word[1:-1] if word.startswith("[") and word.endswith("]") else word

@@ -1,7 +1,8 @@
-"""Which services a host runs (`run_services`, its shape the schema's: configuration/schema.py, `RunServices`), each
-replica with the host's overrides of its keys, and what the replicas placed on one host may not share (a port, a GPU).
-Whether a placed name is a defined service is checked where the services are built (configuration/host.py); one
-service on two hosts, across the inventory (configuration/settings.py).
+"""Which services a host runs (`run_services`, its shape the schema's: configuration/schema.py,
+`RunServices`), each replica with the host's overrides of its keys, and what the replicas placed on
+one host may not share (a port, a GPU). Whether a placed name is a defined service is checked where
+the services are built (configuration/host.py); one service on two hosts, across the inventory
+(configuration/settings.py).
 """
 
 from __future__ import annotations
@@ -16,30 +17,35 @@ ROLLOUT_KEYS = ("max_unavailable", "canary", "canary_soak_s")
 
 
 def replica_name(service: str, index: int) -> str:
-    """The replica's name on its host: the service's name for the first (so one replica per host keeps the unit
-    `sglang-<service>.service` it always had), `<service>@<n>` for the n-th (unit `sglang-<service>@<n>.service`; a
-    service name has no `@`, so no replica's name is another service's)."""
+    """The replica's name on its host: the service's name for the first (so one replica per host
+    keeps the unit `sglang-<service>.service` it always had), `<service>@<n>` for the n-th (unit
+    `sglang-<service>@<n>.service`; a service name has no `@`, so no replica's name is another
+    service's)."""
     return service if index == 0 else f"{service}@{index + 1}"
 
 
 def placement(run_services: list[str] | dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(service, replica name, the overrides of its keys written for this host) per replica placed on this host, in the
-    data's order: one for a name listed (or given null, or a map of overrides), one per item of a list of overrides."""
+    """(service, replica name, the overrides of its keys written for this host) per replica placed
+    on this host, in the data's order: one for a name listed (or given null, or a map of overrides),
+    one per item of a list of overrides."""
     if isinstance(run_services, list):
         return [(name, name, {}) for name in run_services]
     out = []
     for name, overrides in run_services.items():
         replicas = overrides if isinstance(overrides, list) else [overrides]
-        out += [(name, replica_name(name, i), given.given() if given else {}) for i, given in enumerate(replicas)]
+        out += [(name, replica_name(name, i), given.given() if given else {})
+                for i, given in enumerate(replicas)]
     return out
 
 
-def rollout_keys_not_overridden(src: str, service: str, index: int, overrides: dict[str, Any], replicas: int) -> None:
+def rollout_keys_not_overridden(src: str, service: str, index: int, overrides: dict[str, Any],
+                                replicas: int) -> None:
     for key in ROLLOUT_KEYS:
         if key in overrides:
             at = f"run_services.{service}" + (f"[{index}]" if replicas > 1 else "") + f".{key}"
-            raise DataError(src, at, overrides[key], f"is a key of the service as a whole (every replica takes the same "
-                                                     f"rollout): set it in services.{service}.{key}, not per host")
+            raise DataError(src, at, overrides[key],
+                            "is a key of the service as a whole (every replica takes the same "
+                            f"rollout): set it in services.{service}.{key}, not per host")
 
 
 def no_clashes(services: list[Service], src: str, host_name: str) -> None:
@@ -48,8 +54,14 @@ def no_clashes(services: list[Service], src: str, host_name: str) -> None:
     for service in services:
         other = ports.setdefault(service.port, service.name)
         if other != service.name:
-            raise DataError(src, "run_services", [other, service.name], f"both use port {service.port} on host {host_name}; give each service or replica on a host its own port (`port` in services.<name>, or in its overrides in run_services)")
+            raise DataError(src, "run_services", [other, service.name],
+                            f"both use port {service.port} on host {host_name}; give each service "
+                            "or replica on a host its own port (`port` in services.<name>, or in "
+                            "its overrides in run_services)")
         for gpu in service.gpus:
             other = gpus.setdefault(gpu, service.name)
             if other != service.name:
-                raise DataError(src, "run_services", [other, service.name], f"both use GPU {gpu} on host {host_name}; give each service or replica on a host its own GPUs (`gpu` in services.<name>, or in its overrides in run_services)")
+                raise DataError(src, "run_services", [other, service.name],
+                                f"both use GPU {gpu} on host {host_name}; give each service or "
+                                "replica on a host its own GPUs (`gpu` in services.<name>, or in "
+                                "its overrides in run_services)")

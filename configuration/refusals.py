@@ -1,9 +1,9 @@
-"""From the schema's refusals to the operator's message: a `DataError` naming the file, the key path, the value and
-the fix.
+"""From the schema's refusals to the operator's message: a `DataError` naming the file, the key
+path, the value and the fix.
 
-Each kind of value (configuration/kinds.py) refuses with its fix; `validated` (a model of configuration/schema.py)
-and `value_of_kind` (one value) turn the first refusal into the `DataError`, and `require` raises one for a rule
-checked here, on the validated values.
+Each kind of value (configuration/kinds.py) refuses with its fix; `validated` (a model of
+configuration/schema.py) and `value_of_kind` (one value) turn the first refusal into the
+`DataError`, and `require` raises one for a rule checked here, on the validated values.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ def require(cond: bool, src: str, path: str, value: Any, fix: str) -> None:
 
 
 def _key_path(prefix: str, loc: tuple) -> str:
-    """`services.ddtree` + ('env', 'X') -> `services.ddtree.env.X`; list positions as `[0]`; a map key's own
-    refusal (`[key]`) is reported at the key."""
+    """`services.ddtree` + ('env', 'X') -> `services.ddtree.env.X`; list positions as `[0]`; a map
+    key's own refusal (`[key]`) is reported at the key."""
     path = prefix
     for part in loc:
         if part == "[key]":
@@ -36,7 +36,8 @@ def _key_path(prefix: str, loc: tuple) -> str:
 
 
 def _first_error(exc: ValidationError) -> dict:
-    """The error an operator should see first: an unknown key, then a missing one, then the first in field order."""
+    """The error an operator should see first: an unknown key, then a missing one, then the first in
+    field order."""
     errors = exc.errors()
     for kind in ("extra_forbidden", "missing"):
         for error in errors:
@@ -46,7 +47,8 @@ def _first_error(exc: ValidationError) -> dict:
 
 
 def _data_error(exc: ValidationError, where, allowed: list[str], missing_doc) -> DataError:
-    """`where(key) -> (source, key path prefix)` names the file and the key; the kinds name the fix."""
+    """`where(key) -> (source, key path prefix)` names the file and the key; the kinds name the
+    fix."""
     error = _first_error(exc)
     loc = tuple(error["loc"])
     source, prefix = where(loc[0] if loc else None)
@@ -55,7 +57,8 @@ def _data_error(exc: ValidationError, where, allowed: list[str], missing_doc) ->
         loc = (*loc, ctx["at"])
     path = _key_path(prefix, loc[1:])
     if error["type"] == "extra_forbidden":
-        return DataError(source, path, error["input"], f"unknown key; allowed: {', '.join(allowed)}")
+        return DataError(source, path, error["input"],
+                         f"unknown key; allowed: {', '.join(allowed)}")
     if error["type"] == "missing":
         return DataError(source, path, None, f"required: {missing_doc(loc[0] if loc else None)}")
     shown = ctx["shown"] if "shown" in ctx else error["input"]

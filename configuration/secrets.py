@@ -1,4 +1,5 @@
-"""Secrets on the control machine: what a secret name in the data resolves to, checked before any host is touched.
+"""Secrets on the control machine: what a secret name in the data resolves to, checked before any
+host is touched.
 
 Keys never live in the repo's YAML: the data names a secret (`api_key_secret: ddtree-key`)
 and its value comes from a git-ignored file on the control machine (`secrets_file`, a YAML
@@ -6,8 +7,9 @@ map name -> value) or from the environment (`SGLANG_DEPLOY_SECRET_DDTREE_KEY`), 
 A value is a `Secret`, which never shows itself; every value loaded here is registered for
 redaction (configuration/redaction.py), so no message the run prints quotes one.
 
-On the host the value lives only in `config_path(service)` (`/etc/sglang-deploy/secrets/<service>.yml`),
-which sglang reads through `--config`; writing that file is operations/secrets.py's.
+On the host the value lives only in `config_path(service)`
+(`/etc/sglang-deploy/secrets/<service>.yml`), which sglang reads through `--config`; writing that
+file is operations/secrets.py's.
 """
 
 from __future__ import annotations
@@ -58,11 +60,15 @@ def load_secrets_file(path: Path) -> dict[str, str]:
     if not path.exists():
         return {}
     if path.is_dir():
-        raise DataError(str(path), "(file)", str(path), "is a directory: `secrets_file` names a YAML file (secret name -> value), e.g. .secrets/secrets.yml")
+        raise DataError(str(path), "(file)", str(path),
+                        "is a directory: `secrets_file` names a YAML file (secret name -> value), "
+                        "e.g. .secrets/secrets.yml")
     # Never echo the file: its content is secret (secret=True). Say where and what to fix.
     data = load_file(path, str(path), secret=True) or {}
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in data.items()):
-        raise DataError(str(path), "(top level)", "<not shown>", "must be a map of secret name -> string value")
+    if (not isinstance(data, dict)
+            or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in data.items())):
+        raise DataError(str(path), "(top level)", "<not shown>",
+                        "must be a map of secret name -> string value")
     values = {k: str(v) for k, v in data.items()}
     for name, value in values.items():
         redaction.register(name, value)
@@ -70,23 +76,25 @@ def load_secrets_file(path: Path) -> dict[str, str]:
 
 
 def register_environment_secrets() -> None:
-    """Register every `$SGLANG_DEPLOY_SECRET_<NAME>` value for redaction: the run knows them all, used or not.
-    A value known already keeps its name (the secret's, once a service asked for it)."""
+    """Register every `$SGLANG_DEPLOY_SECRET_<NAME>` value for redaction: the run knows them all,
+    used or not. A value known already keeps its name (the secret's, once a service asked for
+    it)."""
     for variable, value in os.environ.items():
         if variable.startswith(_ENV_PREFIX) and not redaction.known(value):
             redaction.register(variable, value)
 
 
-# Bytes a key may hold: printable ASCII without spaces. A carriage return, a line break or another control
-# character would end or split the `Authorization` header and the key file's line (and an HTTP client quotes
-# the whole key back in its error); a space at either end is stripped from a header value; non-ASCII is
-# encoded differently by each client.
+# Bytes a key may hold: printable ASCII without spaces. A carriage return, a line break or another
+# control character would end or split the `Authorization` header and the key file's line (and an
+# HTTP client quotes the whole key back in its error); a space at either end is stripped from a
+# header value; non-ASCII is encoded differently by each client.
 KEY_CHARACTERS = re.compile(r"[!-~]+")
 MIN_KEY_LENGTH = 16
 
 
 def value_problem(value: str) -> str | None:
-    """What makes `value` unusable as a key, in words that never quote it; None when it is usable."""
+    """What makes `value` unusable as a key, in words that never quote it; None when it is
+    usable."""
     if len(value) < MIN_KEY_LENGTH:
         return f"it has {len(value)} characters"
     if KEY_CHARACTERS.fullmatch(value):
@@ -111,10 +119,12 @@ def value_problem(value: str) -> str | None:
 
 
 def resolve_secret(name: str, secrets_file: Path, source: str, key_path: str) -> Secret:
-    """The secret called `name`, from the environment or the secrets file, or a DataError saying where to put it.
+    """The secret called `name`, from the environment or the secrets file, or a DataError saying
+    where to put it.
 
-    Every secret value the run can know (the environment's, the secrets file's) is registered for redaction
-    first, so that no message printed from here on shows one, this one's refusal included."""
+    Every secret value the run can know (the environment's, the secrets file's) is registered for
+    redaction first, so that no message printed from here on shows one, this one's refusal
+    included."""
     register_environment_secrets()
     value = os.environ.get(env_name(name))
     if value is None:
@@ -122,15 +132,17 @@ def resolve_secret(name: str, secrets_file: Path, source: str, key_path: str) ->
     if not value:
         raise DataError(
             source, key_path, name,
-            f"no such secret: set ${env_name(name)}, or add `{name}: <value>` to {secrets_file} (git-ignored, on the control machine)",
+            f"no such secret: set ${env_name(name)}, or add `{name}: <value>` to {secrets_file} "
+            "(git-ignored, on the control machine)",
         )
     redaction.register(name, value)  # known by the name the data gives it from here on
     problem = value_problem(value)
     if problem:
         raise DataError(
             source, key_path, name,
-            f"the secret must be a single line of at least {MIN_KEY_LENGTH} characters, printable ASCII without spaces "
-            f"(letters, digits, punctuation); {problem}: set ${env_name(name)}, or `{name}` in {secrets_file}, again",
+            f"the secret must be a single line of at least {MIN_KEY_LENGTH} characters, printable "
+            f"ASCII without spaces (letters, digits, punctuation); {problem}: set "
+            f"${env_name(name)}, or `{name}` in {secrets_file}, again",
         )
     return Secret(name, value)
 

@@ -1,8 +1,8 @@
-"""One service: its definition (`services.<name>`) merged with the host's overrides (`run_services`), validated as a
-`ServiceSpec` (configuration/schema.py), then judged by the rules that need more than one value: a port the sandbox
-can bind, a draft other than the target, its secrets (configuration/secrets.py), its patch sets
-(configuration/patch_set_fit.py), its engine flags (configuration/service_args.py) and its exposure
-(configuration/exposure.py).
+"""One service: its definition (`services.<name>`) merged with the host's overrides
+(`run_services`), validated as a `ServiceSpec` (configuration/schema.py), then judged by the rules
+that need more than one value: a port the sandbox can bind, a draft other than the target, its
+secrets (configuration/secrets.py), its patch sets (configuration/patch_set_fit.py), its engine
+flags (configuration/service_args.py) and its exposure (configuration/exposure.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ class ServiceContext:
     pins: dict[str, str] = field(default_factory=dict)  # the stack's distribution -> version
 
 
-def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any], overrides: dict[str, Any],
-                      replica: str | None = None, override_path: str | None = None) -> Service:
-    """Service `name` (one replica of it: `replica`, by default the service's own name) with this host's overrides."""
+def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any],
+                      overrides: dict[str, Any], replica: str | None = None,
+                      override_path: str | None = None) -> Service:
+    """Service `name` (one replica of it: `replica`, by default the service's own name) with this
+    host's overrides."""
     base_path = f"services.{name}"
     origin = {key: (ctx.src, f"{base_path}.{key}") for key in SERVICE_KEYS}
     merged = {**definition}
@@ -45,30 +47,40 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
         origin[key] = (ctx.override_src, f"{override_path or f'run_services.{name}'}.{key}")
     # A required key given as null is missing, as if it were not written.
     merged = {k: v for k, v in merged.items() if not (SERVICE_KEYS[k].required and v is None)}
-    spec: schema.ServiceSpec = validated(schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
+    spec: schema.ServiceSpec = validated(
+        schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
 
     def at(key: str) -> tuple[str, str, Any]:
         return origin[key][0], origin[key][1], getattr(spec, key)
 
-    gpus = () if spec.gpu == "auto" else ((spec.gpu,) if isinstance(spec.gpu, int) else tuple(spec.gpu))
+    gpus = (() if spec.gpu == "auto"
+            else ((spec.gpu,) if isinstance(spec.gpu, int) else tuple(spec.gpu)))
     # The unit's sandbox has no capabilities: the engine could not bind a port below 1024, and the
     # readiness check would talk HTTP to whatever already listens there (sshd on 22).
-    require(spec.port >= 1024, *at("port"), "is a privileged port (below 1024): the service runs without capabilities and "
-                                            "could not bind it; use a port from 1024 to 65535, e.g. 30000")
+    require(spec.port >= 1024, *at("port"),
+            "is a privileged port (below 1024): the service runs without capabilities and could "
+            "not bind it; use a port from 1024 to 65535, e.g. 30000")
     target = _model_use(ctx.data, spec.model, spec.model_in)
-    draft = _model_use(ctx.data, spec.draft_model, spec.draft_in) if spec.draft_model is not None else None
+    draft = (_model_use(ctx.data, spec.draft_model, spec.draft_in)
+             if spec.draft_model is not None else None)
     if draft is not None and draft.name == target.name:
-        raise DataError(*at("draft_model"), f"the draft model is the target model ({target.name}): name the smaller draft "
-                                            "model (e.g. Qwen3.6-27B-DFlash), or null for no speculative decoding")
-    secrets = {key: resolve_secret(getattr(spec, key), ctx.secrets_file, *origin[key]) if getattr(spec, key) is not None else None
+        raise DataError(*at("draft_model"), f"the draft model is the target model ({target.name}): "
+                                            "name the smaller draft model (e.g. "
+                                            "Qwen3.6-27B-DFlash), or null for no speculative "
+                                            "decoding")
+    secrets = {key: resolve_secret(getattr(spec, key), ctx.secrets_file, *origin[key])
+               if getattr(spec, key) is not None else None
                for key in ("api_key_secret", "admin_api_key_secret")}
     patch_sets = tuple(spec.patch_sets)
     s, p, _ = at("patch_sets")
     check_patch_sets(s, p, patch_sets, ctx.data.stack, ctx.pins)
     engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
-    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy, a new set) may add some.
-    whole = engine is not None and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets)
-    args = resolve_args(*at("args"), engine, ctx.engine_version if whole else None, judge_unknown=whole)
+    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy,
+    # a new set) may add some.
+    whole = (engine is not None
+             and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets))
+    args = resolve_args(*at("args"), engine, ctx.engine_version if whole else None,
+                        judge_unknown=whole)
     check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
     served_backends(*origin["args"], args, patch_sets)
     advisories_refused(*origin["args"], args, engine, ctx.engine_version)
@@ -89,7 +101,8 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
         api_key=secrets["api_key_secret"],
         admin_api_key=secrets["admin_api_key_secret"],
         allow_unauthenticated=spec.allow_unauthenticated,
-        listens_beyond_loopback=tuple((where, why) for (_, where, _value, why) in listening if where != origin["bind"][1]),
+        listens_beyond_loopback=tuple((where, why) for (_, where, _value, why) in listening
+                                      if where != origin["bind"][1]),
         max_unavailable=spec.max_unavailable,
         canary=spec.canary if isinstance(spec.canary, int) else tuple(spec.canary),
         canary_soak_s=spec.canary_soak_s,

@@ -9,18 +9,21 @@ with a `DataError` naming the file, the key path, the value and the fix.
 
 The keys, their kinds, defaults and documentation are the models of configuration/schema.py (strict
 pydantic models; each kind of value, configuration/kinds.py, checks the whole value wherever it
-appears). The rest of the deploy imports from here; the rules live beside it, one module per concern:
+appears). The rest of the deploy imports from here; the rules live beside it, one module per
+concern:
 
-- group_files.py: the group files, the keys each layer may set, where each value came from (`Reader`), and
-  pyinfra's connector keys, each judged by one rule over every key pyinfra's connectors read (connection.py);
+- group_files.py: the group files, the keys each layer may set, where each value came from
+  (`Reader`), and pyinfra's connector keys, each judged by one rule over every key pyinfra's
+  connectors read (connection.py);
 - refusals.py: the schema's refusals as `DataError`s;
 - typed.py: what validation builds (`HostConfig`, `Service`, `Environment`, `ModelUse`);
-- host.py: one host's configuration, with sources.py (stack and model sources), placement.py (`run_services`,
-  services that clash) and services.py (one service), which reads patch_set_fit.py (its patch sets), service_args.py
-  (`args` resolved as the engine's parser resolves them, configuration/engine_flags.py, before the derived-flag,
-  credential and value rules apply) and exposure.py (exposure and credentials);
-- here: the whole inventory, once per run, and what only the hosts together show (a service's replicas on several hosts agree, one
-  machine under two inventory names).
+- host.py: one host's configuration, with sources.py (stack and model sources), placement.py
+  (`run_services`, services that clash) and services.py (one service), which reads patch_set_fit.py
+  (its patch sets), service_args.py (`args` resolved as the engine's parser resolves them,
+  configuration/engine_flags.py, before the derived-flag, credential and value rules apply) and
+  exposure.py (exposure and credentials);
+- here: the whole inventory, once per run, and what only the hosts together show (a service's
+  replicas on several hosts agree, one machine under two inventory names).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import replace
 
 from configuration import kinds
 from configuration.errors import DataError
-from configuration.group_files import (  # noqa: F401  (re-exported: the rest of the deploy reads them here)
+from configuration.group_files import (  # noqa: F401  (re-exported: the deploy reads them here)
     _KEY_SOURCES,  # tests/unit/test_host_plan.py patches it here (the state is group_files')
     GLOBAL_KEYS,
     HOST_KEYS,
@@ -43,10 +46,20 @@ from configuration.group_files import (  # noqa: F401  (re-exported: the rest of
     stray_group_files,
 )
 from configuration.host import validate_host
-from configuration.kinds import CREDENTIAL_FLAG_WORDS, DERIVED_DESTS, RESERVED_SERVICE_NAMES  # noqa: F401  (re-exported)
+from configuration.kinds import (  # noqa: F401  (re-exported)
+    CREDENTIAL_FLAG_WORDS,
+    DERIVED_DESTS,
+    RESERVED_SERVICE_NAMES,
+)
 from configuration.patch_set_fit import available_patch_sets  # noqa: F401  (re-exported)
 from configuration.refusals import value_of_kind
-from configuration.typed import Environment, HostConfig, ModelUse, Service, environment_for  # noqa: F401  (re-exported)
+from configuration.typed import (  # noqa: F401  (re-exported)
+    Environment,
+    HostConfig,
+    ModelUse,
+    Service,
+    environment_for,
+)
 
 
 def host_config(host) -> HostConfig:
@@ -58,7 +71,8 @@ def host_config(host) -> HostConfig:
     return validate_inventory(state)[host.name]
 
 
-# Each run's validated inventory (or its first DataError), by the run's State: nothing is kept on pyinfra's objects.
+# Each run's validated inventory (or its first DataError), by the run's State: nothing is kept on
+# pyinfra's objects.
 _VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -97,15 +111,17 @@ def _validate_all(inventory) -> dict[str, HostConfig]:
 
 def _with_peers(config: HostConfig, configs: dict[str, HostConfig]) -> HostConfig:
     """`config` with what it reads of the other hosts, from their validated configurations."""
-    venvs = {entry[1]: configs[entry[1]].venv_path for entry in config.stack_sources if entry[0] == "donor" and len(entry) == 2}
-    stores = {source: configs[source].model_store for source in config.model_sources.values() if source in configs}
+    venvs = {entry[1]: configs[entry[1]].venv_path for entry in config.stack_sources
+             if entry[0] == "donor" and len(entry) == 2}
+    stores = {source: configs[source].model_store for source in config.model_sources.values()
+              if source in configs}
     return replace(config, peer_venvs=venvs, peer_stores=stores)
 
 
 def _replicas_agree(hosts: list, configs: dict[str, HostConfig]) -> None:
-    """A service placed on several hosts is one service with a replica on each: its replicas run one stack and one
-    list of patch sets (a rollout moves them all from one version to the next), take one rollout, and its canaries
-    name replicas that exist."""
+    """A service placed on several hosts is one service with a replica on each: its replicas run one
+    stack and one list of patch sets (a rollout moves them all from one version to the next), take
+    one rollout, and its canaries name replicas that exist."""
     first: dict[str, tuple[str, HostConfig, Service]] = {}
     replicas: dict[str, list[str]] = {}
     for host in hosts:
@@ -115,20 +131,26 @@ def _replicas_agree(hosts: list, configs: dict[str, HostConfig]) -> None:
             seen = first.setdefault(service.definition, (host.name, config, service))
             other_host, other_config, other = seen
             src = Reader(host).source("run_services")
-            what = f"service {service.definition} (replica {service.name} on {host.name}, and on {other_host})"
+            what = (f"service {service.definition} (replica {service.name} on {host.name}, and on "
+                    f"{other_host})")
             if config.stack != other_config.stack:
                 raise DataError(Reader(host).source("stack"), "stack", config.stack,
-                                f"differs from {other_config.stack} on {other_host}, where {what} runs too: the replicas of "
-                                "a service run one stack (a rollout takes them all to the next); give the hosts one stack")
+                                f"differs from {other_config.stack} on {other_host}, where {what} "
+                                "runs too: the replicas of a service run one stack (a rollout "
+                                "takes them all to the next); give the hosts one stack")
             if service.patch_sets != other.patch_sets:
-                raise DataError(src, f"run_services.{service.definition}.patch_sets", list(service.patch_sets),
-                                f"differs from {list(other.patch_sets)} on {other_host}, where {what} runs too: the replicas "
-                                f"of a service apply the same patch sets; set them once in services.{service.definition}.patch_sets")
+                raise DataError(src, f"run_services.{service.definition}.patch_sets",
+                                list(service.patch_sets),
+                                f"differs from {list(other.patch_sets)} on {other_host}, where "
+                                f"{what} runs too: the replicas of a service apply the same patch "
+                                f"sets; set them once in services.{service.definition}.patch_sets")
             for key in ("max_unavailable", "canary", "canary_soak_s"):
                 if getattr(service, key) != getattr(other, key):
-                    raise DataError(Reader(host).source("services"), f"services.{service.definition}.{key}", getattr(service, key),
-                                    f"differs from {getattr(other, key)!r} as {other_host} sees it: the service has one rollout; "
-                                    "define it the same in every group file that defines the service")
+                    raise DataError(Reader(host).source("services"),
+                                    f"services.{service.definition}.{key}", getattr(service, key),
+                                    f"differs from {getattr(other, key)!r} as {other_host} sees "
+                                    "it: the service has one rollout; define it the same in every "
+                                    "group file that defines the service")
     for name, (host_name, config, service) in first.items():
         if isinstance(service.canary, tuple):
             hosts_of = {}
@@ -137,17 +159,20 @@ def _replicas_agree(hosts: list, configs: dict[str, HostConfig]) -> None:
             for wanted in service.canary:
                 ok = wanted in replicas[name] or len(hosts_of.get(wanted, [])) == 1
                 if not ok:
-                    why = (f"{wanted} runs {len(hosts_of[wanted])} replicas of it: name one as host/replica"
+                    why = (f"{wanted} runs {len(hosts_of[wanted])} replicas of it: name one as "
+                           "host/replica"
                            if wanted in hosts_of else "is no replica of it")
-                    raise DataError(Reader(next(h for h in hosts if h.name == host_name)).source("services"),
-                                    f"services.{name}.canary", wanted,
-                                    f"{why}; its replicas: {', '.join(replicas[name])}")
+                    raise DataError(
+                        Reader(next(h for h in hosts if h.name == host_name)).source("services"),
+                        f"services.{name}.canary", wanted,
+                        f"{why}; its replicas: {', '.join(replicas[name])}")
 
 
 def _one_name_per_address(hosts: list) -> None:
-    """Two inventory names for one machine would deploy it twice at once, each one's cleanup removing the
-    other's services. Addresses are compared as SSH reaches them (kinds.canonical_address: case, a final dot,
-    IPv6 and IPv4 spellings, the port), not as strings."""
+    """Two inventory names for one machine would deploy it twice at once, each one's cleanup
+    removing the other's services. Addresses are compared as SSH reaches them
+    (kinds.canonical_address: case, a final dot, IPv6 and IPv4 spellings, the port), not as
+    strings."""
     addresses: dict[tuple[str, int], str] = {}
     for host in hosts:
         given = host.data.get("ssh_hostname") or host.name
@@ -155,5 +180,7 @@ def _one_name_per_address(hosts: list) -> None:
         other = addresses.setdefault(address, host.name)
         if other != host.name:
             raise DataError(f"inventory (host {host.name})", "ssh_hostname", given,
-                            f"is also the address of host {other} ({address[0]} port {address[1]}): one machine under two "
-                            "names would wait for its own deploy lock and run two sets of services on the same GPUs; list it once")
+                            f"is also the address of host {other} ({address[0]} port "
+                            f"{address[1]}): one machine under two names would wait for its own "
+                            "deploy lock and run two sets of services on the same GPUs; list it "
+                            "once")

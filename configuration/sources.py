@@ -1,7 +1,8 @@
-"""Where a host's stack and models come from, as only the inventory can check it: a donor (`stack_sources`) is another
-host of the inventory, or, with a `path`, a venv on one that is not this host's own; a model source
-(`model_sources`) is another host of the inventory or a directory on the control machine that exists and is no system
-directory. The shapes are the schema's (configuration/schema.py: `StackSources`, `ModelSources`).
+"""Where a host's stack and models come from, as only the inventory can check it: a donor
+(`stack_sources`) is another host of the inventory, or, with a `path`, a venv on one that is not
+this host's own; a model source (`model_sources`) is another host of the inventory or a directory on
+the control machine that exists and is no system directory. The shapes are the schema's
+(configuration/schema.py: `StackSources`, `ModelSources`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from configuration import kinds, schema
 from configuration.refusals import require
 
 
-def stack_sources(src: str, entries: list, wheelhouse: str, hosts: list[str], this_host: str, venv_path: str) -> tuple[tuple[str, ...], ...]:
-    """`stack_sources` as ((kind, location[, path]), ...): `wheelhouse` -> the wheelhouse dir, `{index: URL}` -> the URL, `{donor: HOST[, path: DIR]}`."""
+def stack_sources(src: str, entries: list, wheelhouse: str, hosts: list[str], this_host: str,
+                  venv_path: str) -> tuple[tuple[str, ...], ...]:
+    """`stack_sources` as ((kind, location[, path]), ...): `wheelhouse` -> the wheelhouse dir,
+    `{index: URL}` -> the URL, `{donor: HOST[, path: DIR]}`."""
     out = []
     for i, entry in enumerate(entries):
         if entry == "wheelhouse":
@@ -26,11 +29,19 @@ def stack_sources(src: str, entries: list, wheelhouse: str, hosts: list[str], th
             # this one included (a venv built by hand beside the one the deploy builds).
             donor, path = entry.donor, entry.path
             if path is None:
-                require(donor in hosts and donor != this_host, src, f"stack_sources[{i}].donor", donor, f"must name another host of the inventory ({', '.join(h for h in hosts if h != this_host) or 'none'}) whose live venv holds the stack's pins, or add `path:` to copy from a venv at that path")
+                require(donor in hosts and donor != this_host, src, f"stack_sources[{i}].donor",
+                        donor, "must name another host of the inventory "
+                               f"({', '.join(h for h in hosts if h != this_host) or 'none'}) whose "
+                               "live venv holds the stack's pins, or add `path:` to copy from a "
+                               "venv at that path")
                 out.append(("donor", donor))
             else:
-                require(donor in hosts, src, f"stack_sources[{i}].donor", donor, f"must name a host of the inventory ({', '.join(hosts)}), this one included, that has a venv at `path`")
-                require(donor != this_host or path.rstrip("/") != venv_path.rstrip("/"), src, f"stack_sources[{i}].path", path, "is this host's own venv_path: name the other venv to copy from")
+                require(donor in hosts, src, f"stack_sources[{i}].donor", donor,
+                        f"must name a host of the inventory ({', '.join(hosts)}), this one "
+                        "included, that has a venv at `path`")
+                require(donor != this_host or path.rstrip("/") != venv_path.rstrip("/"), src,
+                        f"stack_sources[{i}].path", path,
+                        "is this host's own venv_path: name the other venv to copy from")
                 out.append(("donor", donor, path))
     return tuple(out)
 
@@ -47,7 +58,9 @@ def check_model_sources(src: str, sources: dict[str, str], host) -> None:
             f"must name a host of the inventory ({', '.join(h.name for h in host.inventory)}) "
             "or the model's directory on the control machine (a path that exists here)",
         )
-        require(source != host.name, src, key_path, source, "names this host itself: name the host (or control-machine directory) that holds the model")
+        require(source != host.name, src, key_path,
+                source, "names this host itself: name the host (or control-machine directory) that "
+                        "holds the model")
 
 
 def _control_dir(src: str, path: str, value: Any) -> Path:
@@ -55,6 +68,8 @@ def _control_dir(src: str, path: str, value: Any) -> Path:
     resolved = Path(value).resolve()
     for denied in kinds.DENIED_PATHS:
         require(not kinds.inside(denied, str(resolved)), src, path, value,
-                f"resolves to {resolved}, which is or contains {denied}: name the model's own directory")
-    require(resolved.is_dir(), src, path, value, "must be an existing directory on the control machine")
+                f"resolves to {resolved}, which is or contains {denied}: name the model's own "
+                "directory")
+    require(resolved.is_dir(), src, path, value,
+            "must be an existing directory on the control machine")
     return resolved

@@ -1,17 +1,20 @@
-"""How pyinfra's SSH connector logs in to a host, read from the host's data as pyinfra reads it: what an OpenSSH
-process needs to reach the host exactly as pyinfra's connection does (operations/openssh.py builds its command line).
+"""How pyinfra's SSH connector logs in to a host, read from the host's data as pyinfra reads it:
+what an OpenSSH process needs to reach the host exactly as pyinfra's connection does
+(operations/openssh.py builds its command line).
 
-pyinfra 3.10's SSH connector (`make_paramiko_kwargs`, then `sshuserclient.client.SSHClient.parse_config`): the
-address is `ssh_hostname`, else the inventory name; `ssh_user`, `ssh_port` and `ssh_key` win over the SSH config file;
-the config file is `ssh_config_file`, else `~/.ssh/config` where it exists (and no other: not /etc/ssh/ssh_config);
+pyinfra 3.10's SSH connector (`make_paramiko_kwargs`, then
+`sshuserclient.client.SSHClient.parse_config`): the address is `ssh_hostname`, else the inventory
+name; `ssh_user`, `ssh_port` and `ssh_key` win over the SSH config file; the config file is
+`ssh_config_file`, else `~/.ssh/config` where it exists (and no other: not /etc/ssh/ssh_config);
 host keys are checked against `ssh_known_hosts_file`, else the config's `UserKnownHostsFile`, else
-`~/.ssh/known_hosts`, with `ssh_strict_host_key_checking` (default `accept-new`, which wins over the config's own);
-with `ssh_key` pyinfra logs in with that key alone (no agent, no key files), else with the agent and the usual key
-files as `ssh_allow_agent` and `ssh_look_for_keys` allow; `ssh_paramiko_connect_kwargs` go over all that.
+`~/.ssh/known_hosts`, with `ssh_strict_host_key_checking` (default `accept-new`, which wins over the
+config's own); with `ssh_key` pyinfra logs in with that key alone (no agent, no key files), else
+with the agent and the usual key files as `ssh_allow_agent` and `ssh_look_for_keys` allow;
+`ssh_paramiko_connect_kwargs` go over all that.
 
-Every key the SSH connector reads (configuration/connection.py's CONNECTOR_KEYS) is classified here too
-(`SSH_KEYS`), and each argument of paramiko's connect that may appear (`PARAMIKO_ARGUMENTS`): tests/unit/test_openssh.py
-fails on a key or argument this module has not classified.
+Every key the SSH connector reads (configuration/connection.py's CONNECTOR_KEYS) is classified here
+too (`SSH_KEYS`), and each argument of paramiko's connect that may appear (`PARAMIKO_ARGUMENTS`):
+tests/unit/test_openssh.py fails on a key or argument this module has not classified.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from paramiko.ssh_exception import ConfigParseError
 
 from configuration import schema
 
-# pyinfra 3.10's defaults for the SSH connector's keys (its `data_meta`; tests/unit/test_openssh.py compares them).
-PYINFRA_DEFAULTS = {"ssh_strict_host_key_checking": "accept-new", "ssh_allow_agent": True, "ssh_look_for_keys": True,
-                    "ssh_connect_retries": 0}
+# pyinfra 3.10's defaults for the SSH connector's keys (its `data_meta`; tests/unit/test_openssh.py
+# compares them).
+PYINFRA_DEFAULTS = {"ssh_strict_host_key_checking": "accept-new", "ssh_allow_agent": True,
+                    "ssh_look_for_keys": True, "ssh_connect_retries": 0}
 PYINFRA_CONFIG_FILE = "~/.ssh/config"
 PYINFRA_KNOWN_HOSTS = "~/.ssh/known_hosts"
 CONNECT_TIMEOUT_S = 10  # pyinfra's Config.CONNECT_TIMEOUT, where the run's config does not say
 
-USED = "used"  # reaches the OpenSSH command line (or, as in pyinfra, is left to the SSH config file)
+# reaches the OpenSSH command line (or, as in pyinfra, is left to the SSH config file)
+USED = "used"
 NO_EFFECT = "no effect on a transfer"
 NOT_REPRODUCIBLE = "not reproducible with OpenSSH in batch mode"
 SSH_KEYS = {
@@ -41,7 +46,8 @@ SSH_KEYS = {
     "ssh_key": USED,
     "ssh_allow_agent": USED,
     "ssh_look_for_keys": USED,
-    "ssh_forward_agent": NO_EFFECT,  # never forwarded by ours (and refused in the data: configuration/connection.py)
+    # never forwarded by ours (and refused in the data: configuration/connection.py)
+    "ssh_forward_agent": NO_EFFECT,
     "ssh_config_file": USED,
     "ssh_known_hosts_file": USED,
     "ssh_strict_host_key_checking": USED,
@@ -50,11 +56,13 @@ SSH_KEYS = {
     "ssh_connect_retry_min_delay": NO_EFFECT,
     "ssh_connect_retry_max_delay": NO_EFFECT,
     "ssh_file_transfer_protocol": NO_EFFECT,  # how pyinfra's own uploads go (sftp or scp)
-    "ssh_password": NOT_REPRODUCIBLE,  # refused in the data (a credential); batch mode never types one
+    # refused in the data (a credential); batch mode never types one
+    "ssh_password": NOT_REPRODUCIBLE,
     "ssh_key_password": NOT_REPRODUCIBLE,  # refused in the data (a credential)
 }
-# Arguments of paramiko's connect (`ssh_paramiko_connect_kwargs`) with an OpenSSH equivalent, or no effect on a
-# transfer; any other one set (a `sock` built in Python, `disabled_algorithms`, ...) cannot be reproduced.
+# Arguments of paramiko's connect (`ssh_paramiko_connect_kwargs`) with an OpenSSH equivalent, or no
+# effect on a transfer; any other one set (a `sock` built in Python, `disabled_algorithms`, ...)
+# cannot be reproduced.
 PARAMIKO_ARGUMENTS = {
     "key_filename": USED,
     "timeout": USED,
@@ -71,7 +79,8 @@ PARAMIKO_ARGUMENTS = {
 
 @dataclass(frozen=True)
 class Login:
-    """What pyinfra's SSH connector logs in to a host with. `why_not`: why OpenSSH cannot reproduce it (None: it can)."""
+    """What pyinfra's SSH connector logs in to a host with. `why_not`: why OpenSSH cannot reproduce
+    it (None: it can)."""
 
     address: str
     user: str | None = None
@@ -95,7 +104,8 @@ def _setting(host, key: str):
 
 def _config_file(host) -> str:
     path = os.path.expanduser(str(host.data.get("ssh_config_file") or PYINFRA_CONFIG_FILE))
-    return path if os.path.isfile(path) else os.devnull  # pyinfra reads no config where the file is missing
+    # pyinfra reads no config where the file is missing
+    return path if os.path.isfile(path) else os.devnull
 
 
 def _config_entry(config_file: str, address: str) -> tuple[dict, str | None]:
@@ -113,7 +123,8 @@ def _config_entry(config_file: str, address: str) -> tuple[dict, str | None]:
 def login(host) -> Login:
     """How pyinfra's SSH connector logs in to `host` (see the module's text)."""
     name = str(getattr(host, "name", ""))
-    if not hasattr(host, "data") or getattr(getattr(host, "connector_cls", None), "__name__", "") != "SSHConnector":
+    if (not hasattr(host, "data")
+            or getattr(getattr(host, "connector_cls", None), "__name__", "") != "SSHConnector"):
         return Login(name, why_not="it is not reached through pyinfra's SSH connector")
     data = host.data
     address = str(data.get("ssh_hostname") or name)
@@ -123,7 +134,8 @@ def login(host) -> Login:
     paramiko_kwargs = dict(data.get("ssh_paramiko_connect_kwargs") or {})
     for argument, value in paramiko_kwargs.items():
         if PARAMIKO_ARGUMENTS.get(argument) is None and value not in (None, False):
-            return Login(address, why_not=f"`ssh_paramiko_connect_kwargs.{argument}` has no OpenSSH equivalent")
+            return Login(address, why_not=f"`ssh_paramiko_connect_kwargs.{argument}` has no "
+                                          "OpenSSH equivalent")
 
     config_file = _config_file(host)
     entry, unread = _config_entry(config_file, address)
@@ -138,8 +150,10 @@ def login(host) -> Login:
     key = data.get("ssh_key")
     extra = paramiko_kwargs.get("key_filename")
     identities = ([os.path.expanduser(str(key))] if key else []) + [
-        os.path.expanduser(str(f)) for f in ([extra] if isinstance(extra, str) else list(extra or []))]
-    timeout = paramiko_kwargs.get("timeout") or getattr(getattr(getattr(host, "state", None), "config", None), "CONNECT_TIMEOUT", None)
+        os.path.expanduser(str(f))
+        for f in ([extra] if isinstance(extra, str) else list(extra or []))]
+    timeout = paramiko_kwargs.get("timeout") or getattr(
+        getattr(getattr(host, "state", None), "config", None), "CONNECT_TIMEOUT", None)
     return Login(
         address=address,
         user=str(data.get("ssh_user")) if data.get("ssh_user") else None,
@@ -149,8 +163,10 @@ def login(host) -> Login:
         strict_host_key_checking=str(_setting(host, "ssh_strict_host_key_checking")),
         identities=tuple(identities),
         key_only=bool(key),
-        allow_agent=bool(paramiko_kwargs.get("allow_agent", False if key else _setting(host, "ssh_allow_agent"))),
-        look_for_keys=bool(paramiko_kwargs.get("look_for_keys", False if key else _setting(host, "ssh_look_for_keys"))),
+        allow_agent=bool(paramiko_kwargs.get("allow_agent",
+                                             False if key else _setting(host, "ssh_allow_agent"))),
+        look_for_keys=bool(paramiko_kwargs.get(
+            "look_for_keys", False if key else _setting(host, "ssh_look_for_keys"))),
         connect_timeout_s=int(timeout or CONNECT_TIMEOUT_S),
         attempts=int(_setting(host, "ssh_connect_retries") or 0) + 1,
     )
@@ -160,14 +176,16 @@ def transfer_streams(host) -> int:
     """The host's validated `transfer_streams` (its schema default where the data leaves it out)."""
     data = getattr(host, "data", None)
     value = data.get("transfer_streams") if data is not None else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else schema.default_of(schema.GroupData, "transfer_streams")
+    return (value if isinstance(value, int) and not isinstance(value, bool) and value > 0
+            else schema.default_of(schema.GroupData, "transfer_streams"))
 
 
 def reached_at(host) -> tuple[str, int, bool]:
-    """Where another host would reach `host`'s SSH server directly: (address, port, whether pyinfra reaches it through a
-    jump host). The address and port are pyinfra's (`ssh_hostname`, `ssh_port`) as the SSH config file maps them
-    (`HostName`, `Port`); a jump host (`ProxyJump`, `ProxyCommand`) is not followed: the other host tries the address
-    itself, and where it cannot reach it the bytes go through the control machine (operations/peer_keys.py)."""
+    """Where another host would reach `host`'s SSH server directly: (address, port, whether pyinfra
+    reaches it through a jump host). The address and port are pyinfra's (`ssh_hostname`, `ssh_port`)
+    as the SSH config file maps them (`HostName`, `Port`); a jump host (`ProxyJump`, `ProxyCommand`)
+    is not followed: the other host tries the address itself, and where it cannot reach it the bytes
+    go through the control machine (operations/peer_keys.py)."""
     data = host.data
     address = str(data.get("ssh_hostname") or getattr(host, "name", ""))
     entry, _ = _config_entry(_config_file(host), address)

@@ -1,7 +1,8 @@
-"""The validated configuration, as the deploy reads it: a host's `HostConfig`, its `Service`s, each service's
-`Environment` (venv) and `ModelUse`s; and, while a service is judged, each of its engine flags as the engine's parser
-reads it (`Arg`). Built from validated data only (configuration/host.py, configuration/services.py);
-configuration/settings.py is where the rest of the deploy imports them from.
+"""The validated configuration, as the deploy reads it: a host's `HostConfig`, its `Service`s, each
+service's `Environment` (venv) and `ModelUse`s; and, while a service is judged, each of its engine
+flags as the engine's parser reads it (`Arg`). Built from validated data only
+(configuration/host.py, configuration/services.py); configuration/settings.py is where the rest of
+the deploy imports them from.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def environment_for(venv_path: str, patch_sets: tuple[str, ...]) -> Environment:
 
 @dataclass(frozen=True)
 class Service:
-    """One replica of a service on its host. `name` is the replica's (its unit, key file, summary row and the status
-    view's row), unique on the host: the service's own name, or `<service>@<n>` for a host's n-th replica of it;
-    `definition` is the service's (`services.<definition>`), which its replicas on every host share."""
+    """One replica of a service on its host. `name` is the replica's (its unit, key file, summary
+    row and the status view's row), unique on the host: the service's own name, or `<service>@<n>`
+    for a host's n-th replica of it; `definition` is the service's (`services.<definition>`), which
+    its replicas on every host share."""
 
     name: str
     environment: Environment
@@ -61,7 +63,8 @@ class Service:
     api_key: Secret | None = None
     admin_api_key: Secret | None = None
     allow_unauthenticated: bool = False
-    # Every way the data makes the service listen beyond loopback (key path, why): `bind`, engine flags.
+    # Every way the data makes the service listen beyond loopback (key path, why): `bind`, engine
+    # flags.
     listens_beyond_loopback: tuple[tuple[str, str], ...] = ()
     definition: str = ""  # the service's name in `services` (the replica's `name` where empty)
     # The service's rollout over its replicas (operations/rollout.py).
@@ -80,7 +83,8 @@ class Service:
 
     @property
     def exposed_without_key(self) -> bool:
-        return not self.api_key and (not kinds.is_loopback_host(self.bind) or bool(self.listens_beyond_loopback))
+        return (not self.api_key
+                and (not kinds.is_loopback_host(self.bind) or bool(self.listens_beyond_loopback)))
 
     @property
     def unit_name(self) -> str:
@@ -119,8 +123,8 @@ class Service:
         return f"http://{self.bind}:{self.port}"
 
 
-# One engine flag of a service, as configuration/service_args.py resolved it (the rules of exposure.py and
-# patch_set_fit.py read it too).
+# One engine flag of a service, as configuration/service_args.py resolved it (the rules of
+# exposure.py and patch_set_fit.py read it too).
 @dataclass(frozen=True)
 class Arg:
     flag: str  # as it goes into argv (a prefix is written out in full)
@@ -153,9 +157,9 @@ class HostConfig:
     verify_env: str = "fast"
     # Where SSH reaches the host: (`ssh_hostname`, else the inventory name; `ssh_port`, else 22).
     ssh_address: tuple[str, int] | None = None
-    # What this host reads of other hosts, from their validated configurations (`validate_inventory`): the live venv
-    # (`venv_path`) of each donor `stack_sources` names without a `path`, the store (`model_store`) of each host
-    # `model_sources` names.
+    # What this host reads of other hosts, from their validated configurations
+    # (`validate_inventory`): the live venv (`venv_path`) of each donor `stack_sources` names
+    # without a `path`, the store (`model_store`) of each host `model_sources` names.
     peer_venvs: dict = field(default_factory=dict)
     peer_stores: dict = field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""One strict YAML loader for every file the deploy reads (group data, stacks, patch-set manifests, secrets).
+"""One strict YAML loader for every file the deploy reads (group data, stacks, patch-set manifests,
+secrets).
 
 PyYAML's `safe_load` implements YAML 1.1, which reads some plain scalars in ways an operator
 does not expect, and keeps the last of two equal keys without a word. Here those are refused,
@@ -27,7 +28,8 @@ from configuration.errors import DataError
 
 _BOOL_OK = {"true", "false", "True", "False", "TRUE", "FALSE"}
 _INT_OK = re.compile(r"\A([-+]?(0|[1-9][0-9]*)|0x[0-9a-fA-F]+)\Z")
-_FLOAT_OK = re.compile(r"\A([-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z")
+_FLOAT_OK = re.compile(
+    r"\A([-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z")
 
 
 class _Refused(Exception):
@@ -36,8 +38,9 @@ class _Refused(Exception):
         self.node, self.value, self.fix = node, value, fix
 
 
-# No file of the deploy comes near these: more is a mistake or an attack (a "billion laughs" of aliases, each
-# expanding the one before, is a few lines that would take every later step hours and all memory).
+# No file of the deploy comes near these: more is a mistake or an attack (a "billion laughs" of
+# aliases, each expanding the one before, is a few lines that would take every later step hours and
+# all memory).
 MAX_NODES = 100_000
 MAX_DIGITS = 64
 
@@ -51,8 +54,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_expansion(root: yaml.Node) -> None:
-    """Count the nodes the document holds once its aliases are expanded (each alias counts what it names, again),
-    without expanding them; refuse a document past MAX_NODES, and an alias inside the node it names."""
+    """Count the nodes the document holds once its aliases are expanded (each alias counts what it
+    names, again), without expanding them; refuse a document past MAX_NODES, and an alias inside the
+    node it names."""
     sizes: dict[int, int] = {}
     started: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -62,8 +66,9 @@ def _check_expansion(root: yaml.Node) -> None:
             started.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
             if sizes[id(node)] > MAX_NODES:
-                raise _Refused(node, "<not shown>", f"expands to more than {MAX_NODES} values (aliases repeat what they name): "
-                                                    "write the values out, or use fewer aliases of aliases")
+                raise _Refused(node, "<not shown>", f"expands to more than {MAX_NODES} values "
+                                                    "(aliases repeat what they name): write the "
+                                                    "values out, or use fewer aliases of aliases")
             continue
         if id(node) in sizes:
             continue
@@ -71,14 +76,15 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.append((node, True))
         for child in _children(node):
             if id(child) in started:
-                raise _Refused(child, "<not shown>", "an alias inside the node it names repeats without end: remove it")
+                raise _Refused(child, "<not shown>",
+                               "an alias inside the node it names repeats without end: remove it")
             if id(child) not in sizes:
                 stack.append((child, False))
 
 
 class _Strict:
-    """What a strict loader refuses: duplicate keys, YAML 1.1's surprising plain scalars, documents that expand
-    past any size the deploy reads, and numbers too long to convert."""
+    """What a strict loader refuses: duplicate keys, YAML 1.1's surprising plain scalars, documents
+    that expand past any size the deploy reads, and numbers too long to convert."""
 
     def construct_document(self, node):
         _check_expansion(node)
@@ -96,29 +102,36 @@ class _Strict:
                 except TypeError:
                     raise _Refused(key_node, key, "a mapping key must be a plain value") from None
                 if key in seen:
-                    raise _Refused(key_node, key, f"this key is given twice in one mapping (first on line {seen[key] + 1}); "
-                                                  "YAML would silently keep only the last: keep one")
+                    raise _Refused(key_node, key, "this key is given twice in one mapping (first "
+                                                  f"on line {seen[key] + 1}); YAML would silently "
+                                                  "keep only the last: keep one")
                 seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_bool(self, node):
         if node.value not in _BOOL_OK:
-            raise _Refused(node, node.value, "YAML 1.1 reads this word as a boolean: write true or false, or quote it for the string")
+            raise _Refused(node, node.value, "YAML 1.1 reads this word as a boolean: write true or "
+                                             "false, or quote it for the string")
         return super().construct_yaml_bool(node)
 
     def construct_yaml_int(self, node):
         if len(node.value) > MAX_DIGITS:
-            # Python refuses int() of more than 4300 digits with a ValueError; no value here needs more than 18.
-            raise _Refused(node, f"<a number of {len(node.value)} digits>", "is far too long a number: no value here needs more "
-                                                                            "than 18 digits; quote it if it is a string")
+            # Python refuses int() of more than 4300 digits with a ValueError; no value here needs
+            # more than 18.
+            raise _Refused(node, f"<a number of {len(node.value)} digits>",
+                           "is far too long a number: no value here needs more than 18 digits; "
+                           "quote it if it is a string")
         if not _INT_OK.match(node.value):
-            raise _Refused(node, node.value, "YAML 1.1 reads this as a number in another base (a leading 0 is octal, "
-                                             "':' is base 60, '_' is dropped): write a plain decimal number, or quote it for the string")
+            raise _Refused(node, node.value,
+                           "YAML 1.1 reads this as a number in another base (a leading 0 is octal, "
+                           "':' is base 60, '_' is dropped): write a plain decimal number, or "
+                           "quote it for the string")
         return super().construct_yaml_int(node)
 
     def construct_yaml_float(self, node):
         if not _FLOAT_OK.match(node.value):
-            raise _Refused(node, node.value, "YAML 1.1 reads this as a base-60 or '_'-separated number: write a plain decimal, or quote it")
+            raise _Refused(node, node.value, "YAML 1.1 reads this as a base-60 or '_'-separated "
+                                             "number: write a plain decimal, or quote it")
         return super().construct_yaml_float(node)
 
     def construct_yaml_timestamp(self, node, values=None):
@@ -130,8 +143,9 @@ class StrictLoader(_Strict, yaml.SafeLoader):
 
 
 class _FastStrictLoader(_Strict, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """libyaml's parser where PyYAML has it, several times faster: a run validates every file of the inventory.
-    A file it cannot parse is parsed again by StrictLoader, so the message is the same either way."""
+    """libyaml's parser where PyYAML has it, several times faster: a run validates every file of the
+    inventory. A file it cannot parse is parsed again by StrictLoader, so the message is the same
+    either way."""
 
 
 for _loader in (StrictLoader, _FastStrictLoader):
@@ -152,30 +166,39 @@ def loads(text: str, shown: str, secret: bool = False) -> Any:
         try:
             return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a SafeLoader
         except yaml.YAMLError:
-            return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader; raises with PyYAML's message
+            # a SafeLoader; raises with PyYAML's message
+            return yaml.load(text, Loader=StrictLoader)  # noqa: S506
     except _Refused as exc:
-        raise DataError(shown, _where(exc.node.start_mark), "<not shown>" if secret else exc.value, exc.fix) from None
+        raise DataError(shown, _where(exc.node.start_mark), "<not shown>" if secret else exc.value,
+                        exc.fix) from None
     except RecursionError:
-        raise DataError(shown, "(file)", "<not shown>", "nests maps and lists too deeply to read: flatten it") from None
+        raise DataError(shown, "(file)", "<not shown>",
+                        "nests maps and lists too deeply to read: flatten it") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        problem = "<not shown>" if secret else (getattr(exc, "problem", None) or str(exc).splitlines()[0])
-        raise DataError(shown, _where(mark), problem, "not valid YAML: fix the syntax at that position") from None
+        problem = ("<not shown>" if secret
+                   else (getattr(exc, "problem", None) or str(exc).splitlines()[0]))
+        raise DataError(shown, _where(mark), problem,
+                        "not valid YAML: fix the syntax at that position") from None
 
 
 def load_file(path: Path, shown: str | None = None, secret: bool = False) -> Any:
-    """Read and parse one YAML file; every way it can be unreadable is a `DataError`, not a traceback."""
+    """Read and parse one YAML file; every way it can be unreadable is a `DataError`, not a
+    traceback."""
     shown = shown or str(path)
     try:
         raw = path.read_bytes()
     except IsADirectoryError:
         raise DataError(shown, "(file)", str(path), "is a directory: name a YAML file") from None
     except OSError as exc:
-        raise DataError(shown, "(file)", str(path), f"cannot be read ({exc.strerror}): fix the path or its permissions") from None
+        raise DataError(shown, "(file)", str(path), f"cannot be read ({exc.strerror}): fix the "
+                                                    "path or its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(shown, f"line {line}, byte {exc.start}", "<not shown>" if secret else raw[exc.start: exc.start + 1],
-                        "not UTF-8: save the file as UTF-8 (a Latin-1 or binary byte got in)") from None
+        raise DataError(shown, f"line {line}, byte {exc.start}",
+                        "<not shown>" if secret else raw[exc.start: exc.start + 1],
+                        "not UTF-8: save the file as UTF-8 (a Latin-1 or binary byte got "
+                        "in)") from None
     return loads(text, shown, secret)

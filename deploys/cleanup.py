@@ -16,6 +16,7 @@ from operations import models, placement
 
 @deploy("Cleanup")
 def cleanup(config) -> None:
-    # Where the other hosts place each service: every host's validated configuration (validated once per run).
+    # Where the other hosts place each service: every host's validated configuration (validated once
+    # per run).
     placement.remove_unplaced(config, settings.validate_inventory(host.state))
     models.release_unused(config)

@@ -2,8 +2,9 @@
 
 Each is built as a generation beside the live one, patched there, proven by the ABI probe and
 only then switched in (operations/venv.py); the previous generation stays for rollback. A host
-with nothing placed on it gets none: it stays ready to receive a service. The deploy's state directory
-(saved units for rollback, the records of what each service started with) is kept root's alone, 0700.
+with nothing placed on it gets none: it stays ready to receive a service. The deploy's state
+directory (saved units for rollback, the records of what each service started with) is kept root's
+alone, 0700.
 """
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ from operations import patches, rollback, venv
 
 @dataclass(frozen=True)
 class BuiltEnvironment:
-    """What the services of one venv depend on: its generation and the operations that (re)made it."""
+    """What the services of one venv depend on: its generation and the operations that (re)made
+    it."""
 
     gen: venv.Generation
     probed: OperationMeta
     switched: OperationMeta
 
     def named_ops(self) -> list[tuple[str, OperationMeta, bool]]:
-        """The operations that (re)made it, as `this_run.Inputs` names them; the probe runs under a condition (`_if`)."""
-        return [(f"generation {self.gen.id} probed", self.probed, True), (f"{self.gen.live} switched to generation {self.gen.id}", self.switched, False)]
+        """The operations that (re)made it, as `this_run.Inputs` names them; the probe runs under a
+        condition (`_if`)."""
+        return [(f"generation {self.gen.id} probed", self.probed, True),
+                (f"{self.gen.live} switched to generation {self.gen.id}", self.switched, False)]
 
 
 def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
@@ -39,14 +43,18 @@ def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
 @deploy("Environments")
 def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, BuiltEnvironment]:
     """Add each venv's build, patch sets, ABI probe and switch; venv path -> BuiltEnvironment."""
-    sources = tuple(venv.Source(*source, live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
-                    for source in config.stack_sources)
+    sources = tuple(
+        venv.Source(*source,
+                    live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
+        for source in config.stack_sources)
     probe = venv.probe_for(stack, config.launcher, probe_args)
     built_envs = {}
     # Made where services will run; elsewhere only an older deploy's (0755) is tightened.
-    rollback.state_private(name=f"State directory {rollback.STATE_DIR} is root's alone", create=bool(config.environments))
+    rollback.state_private(name=f"State directory {rollback.STATE_DIR} is root's alone",
+                           create=bool(config.environments))
     for env in config.environments:
-        gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+        gen = venv.generation(env.path, stack,
+                              {name: patch_sets[name].digest for name in env.patch_sets})
         built = venv.environment(
             name=f"Venv generation {gen.id} holds stack {stack.name}",
             gen=gen,
@@ -56,7 +64,8 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             installer=config.installer,
             verify=config.verify_env,
         )
-        # Where the build changed nothing, the index it writes after an install may be missing or stale.
+        # Where the build changed nothing, the index it writes after an install may be missing or
+        # stale.
         venv.record_index(
             name=f"Generation {gen.id}'s RECORD index is current",
             gen=gen,
@@ -80,6 +89,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             probe=probe,
             _if=_probe_needed(was != gen.path, any_changed(built, *patched)),
         )
-        switched = venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen, live_target=was)
+        switched = venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen,
+                                 live_target=was)
         built_envs[env.path] = BuiltEnvironment(gen, probed, switched)
     return built_envs

@@ -14,6 +14,7 @@ from operations import gpus
 
 @deploy("GPU check")
 def gpu_check(decisions: gpus.GpuDecisions) -> gpus.GpuDecisions:
-    """Add the check of the decisions read before (`gpus.plan_for_host`, which the host's plan also reads)."""
+    """Add the check of the decisions read before (`gpus.plan_for_host`, which the host's plan also
+    reads)."""
     gpus.checked(name="GPUs fit the services placed on this host", plan=decisions)
     return decisions

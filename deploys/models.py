@@ -1,4 +1,5 @@
-"""Models: each model's durable copy in the store, and the copies the services load from the shm dir.
+"""Models: each model's durable copy in the store, and the copies the services load from the shm
+dir.
 
 A host that lacks a store copy (a host moved to) gets it streamed from the host that
 `model_sources` names (operations/transfer.py); `shm` models are staged, verified, and staged
@@ -18,16 +19,19 @@ from operations import transfer
 
 @dataclass(frozen=True)
 class ModelCopies:
-    """Model name -> the operation that made its store copy, and its staged copy (shm models only)."""
+    """Model name -> the operation that made its store copy, and its staged copy (shm models
+    only)."""
 
     store: dict[str, OperationMeta]
     staged: dict[str, OperationMeta]
 
     def named_of(self, service) -> list[tuple[str, OperationMeta, bool]]:
-        """The operations whose change means `service` loads other model files, as `this_run.Inputs` names them:
-        (what the operation makes, it, conditional)."""
-        ops = [(f"model {m.name} staged", self.staged[m.name], False) for m in service.models if m.name in self.staged]
-        return ops + [(f"model {m.name} in the store", self.store[m.name], False) for m in service.models if m.location == "store"]
+        """The operations whose change means `service` loads other model files, as `this_run.Inputs`
+        names them: (what the operation makes, it, conditional)."""
+        ops = [(f"model {m.name} staged", self.staged[m.name], False) for m in service.models
+               if m.name in self.staged]
+        return ops + [(f"model {m.name} in the store", self.store[m.name], False)
+                      for m in service.models if m.location == "store"]
 
 
 @deploy("Models")

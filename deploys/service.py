@@ -1,4 +1,5 @@
-"""Services: the account they run as, and per service its key file, flags, unit, lifecycle and readiness.
+"""Services: the account they run as, and per service its key file, flags, unit, lifecycle and
+readiness.
 
 A service is (re)started only when something it loads changed: its unit, its venv generation,
 its patch sets, its staged models, its key file, in this run or since it started (a run that
@@ -18,7 +19,18 @@ from pyinfra.api import deploy
 from configuration.typed import Service
 from deploys.environments import BuiltEnvironment
 from deploys.models import ModelCopies
-from operations import host_plan, lifecycle, preflight, readiness, rollback, rollout, secrets, this_run, unit_file, units
+from operations import (
+    host_plan,
+    lifecycle,
+    preflight,
+    readiness,
+    rollback,
+    rollout,
+    secrets,
+    this_run,
+    unit_file,
+    units,
+)
 from operations.service_user import ensure_account, gpu_device_groups, group_of
 
 
@@ -37,22 +49,24 @@ def service_account(config) -> tuple[str, ...]:
 
 @dataclass
 class Prepared:
-    """A replica whose key file and flags are ready (`service`), for its wave's restart (`restarted`) and gate (`gated`)."""
+    """A replica whose key file and flags are ready (`service`), for its wave's restart
+    (`restarted`) and gate (`gated`)."""
 
     service: Service
     unit_text: str
     inputs: this_run.Inputs
     environment: BuiltEnvironment
-    watched: tuple[str, ...]  # the host paths its process loads (host_plan.watched_inputs), read with its state
+    # the host paths its process loads (host_plan.watched_inputs), read with its state
+    watched: tuple[str, ...]
     rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
     started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
 
 
 @deploy("Service")
-def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment, model_copies: ModelCopies,
-            device_groups: tuple[str, ...]) -> Prepared:
-    """Add the operations that prepare one replica before any wave restarts: its key file, and its exact flags
-    through the engine's own parser in its venv (what its unit will say)."""
+def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment,
+            model_copies: ModelCopies, device_groups: tuple[str, ...]) -> Prepared:
+    """Add the operations that prepare one replica before any wave restarts: its key file, and its
+    exact flags through the engine's own parser in its venv (what its unit will say)."""
     unit_path = service.unit_path
     unit_text = host_plan.unit_text(config, service, stack, patch_sets, device_groups)
     key_file = secrets.config_file(
@@ -63,8 +77,10 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         present=bool(service.config_file),
         group=group_of(config.service_user),
     )
-    # What this service's process loads besides its unit: its venv, patch sets, staged models, key file.
-    inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service), (f"API keys of {service.name}", key_file, False)))
+    # What this service's process loads besides its unit: its venv, patch sets, staged models, key
+    # file.
+    inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service),
+                              (f"API keys of {service.name}", key_file, False)))
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
@@ -77,25 +93,28 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         unit_text=unit_text,
         inputs_changed=inputs,
     )
-    return Prepared(service, unit_text, inputs, environment, host_plan.watched_inputs(service, unit_path))
+    return Prepared(service, unit_text, inputs, environment,
+                    host_plan.watched_inputs(service, unit_path))
 
 
 @deploy("Service")
 def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
-    """In the replica's wave: its unit written and the unit (re)started if anything it loads changed, unless its
-    service's rollout halted earlier in this run (`held`): then its unit file and process stay as they are."""
+    """In the replica's wave: its unit written and the unit (re)started if anything it loads
+    changed, unless its service's rollout halted earlier in this run (`held`): then its unit file
+    and process stay as they are."""
     service = prepared.service
     unit_path = service.unit_path
-    unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=prepared.unit_text, rewritten=prepared.rewritten,
-                      _if=lambda: held() is None)
+    unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=prepared.unit_text,
+                      rewritten=prepared.rewritten, _if=lambda: held() is None)
 
     # Read before this run changes anything (one answer from the host's read): inputs whose content
-    # differs from what the running process was started with. A touched file, or a file dropped beside
-    # a staged model, is no change.
+    # differs from what the running process was started with. A touched file, or a file dropped
+    # beside a staged model, is no change.
     watched = prepared.watched
     stale = readiness.changed_since_start(service.unit_name, service.bind, service.port, watched)
     if stale:
-        host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an earlier deploy stopped before restarting it): restarting")
+        host.log(f"{service.name}: {', '.join(stale)} changed since the service started (an "
+                 "earlier deploy stopped before restarting it): restarting")
     lifecycle.running(
         name=f"{service.unit_name} enabled and running its current inputs",
         unit=service.unit_name,
@@ -112,9 +131,11 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
 
 
 @deploy("Service")
-def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool, soak_s: int = 0) -> None:
-    """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's soak). `planned`: the
-    host's plan (re)starts it; when its rollout halted (`held`), it was kept on its old version, and says so."""
+def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool,
+          soak_s: int = 0) -> None:
+    """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's
+    soak). `planned`: the host's plan (re)starts it; when its rollout halted (`held`), it was kept
+    on its old version, and says so."""
     service = prepared.service
     readiness.ready(
         name=f"{service.unit_name} answers /health",
@@ -128,8 +149,9 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         open_to_all=service.exposed_without_key,
         restarted=prepared.started,
         inputs=prepared.watched,
-        rollback_plan=rollback.Restorable(service.unit_path, service.unit_name, prepared.rewritten,
-                                          [(service.environment.path, prepared.environment.switched.did_change)]),
+        rollback_plan=rollback.Restorable(
+            service.unit_path, service.unit_name, prepared.rewritten,
+            [(service.environment.path, prepared.environment.switched.did_change)]),
         rollout=service.definition,
         held=lambda: prepared.started.held or (held() if planned else None),
         soak_s=soak_s,
@@ -138,11 +160,13 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
 
 @deploy("Service")
 def wave_opened(number: int, of: int) -> None:
-    """A rollout's wave begins, on every host alike (operations/rollout.py `wave`: it orders the waves across hosts)."""
+    """A rollout's wave begins, on every host alike (operations/rollout.py `wave`: it orders the
+    waves across hosts)."""
     rollout.wave(name=f"Rollout wave {number} of {of}", number=number, of=of)
 
 
 @deploy("Service")
 def gates_checked() -> None:
-    """After the last wave: the host fails where one of its replicas failed its gate (operations/rollout.py)."""
+    """After the last wave: the host fails where one of its replicas failed its gate
+    (operations/rollout.py)."""
     rollout.gates_passed(name="Readiness gates passed")

@@ -1,8 +1,8 @@
 """A host whose plan is empty: the run adds no step operation there (deploy.py), and says so here.
 
-Its services' rows in the end-of-run summary come from the same `ServiceState` read the plan judged them
-by (operations/host_plan.py: running, enabled, its inputs unchanged since it started, `/health` 200 from a
-socket of its own unit), as the readiness gate would have written them.
+Its services' rows in the end-of-run summary come from the same `ServiceState` read the plan judged
+them by (operations/host_plan.py: running, enabled, its inputs unchanged since it started, `/health`
+200 from a socket of its own unit), as the readiness gate would have written them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from report.summary import record as summary_record
 
 
 def record(host, decisions, plan: HostPlan) -> None:
-    """Show the GPU decisions (as the check's operation would), log that `host` is converged, and write each of
-    its services' summary row. `decisions`: the GPU check's (`gpus.GpuDecisions`), its config with `auto` resolved."""
+    """Show the GPU decisions (as the check's operation would), log that `host` is converged, and
+    write each of its services' summary row. `decisions`: the GPU check's (`gpus.GpuDecisions`), its
+    config with `auto` resolved."""
     gpus.show(host, decisions)
     config = decisions.config
     for service in config.services:
@@ -23,7 +24,8 @@ def record(host, decisions, plan: HostPlan) -> None:
                                address=readiness.probe_address(service.bind), port=service.port,
                                inputs=watched_inputs(service, service.unit_path))
         endpoint = readiness.endpoint_text(service.bind, service.port, service.exposed_without_key)
-        summary_record(host.name, service.name, endpoint, "ready", readiness.already(state if isinstance(state, dict) else {}))
+        summary_record(host.name, service.name, endpoint, "ready",
+                       readiness.already(state if isinstance(state, dict) else {}))
     placed = f"{len(config.services)} service(s)" if config.services else "nothing placed"
     host.log(f"converged ({placed}): the read shows nothing to change; no operation added")
 

@@ -13,11 +13,14 @@ from pyinfra.facts.files import Directory
 from operations import host_reads
 
 
-def fixes(found: dict | None | bool, mode: str | None, user: str | None, group: str | None) -> list[str]:
-    """What `present` would change on a directory read as `found` (the `Directory` fact): "create", "mode",
-    "owner"; [] when it is as wanted. A path that is no directory is the caller's refusal (`found is False`)."""
+def fixes(found: dict | None | bool, mode: str | None, user: str | None,
+          group: str | None) -> list[str]:
+    """What `present` would change on a directory read as `found` (the `Directory` fact): "create",
+    "mode", "owner"; [] when it is as wanted. A path that is no directory is the caller's refusal
+    (`found is False`)."""
     if found is None:
-        return ["create"] + (["mode"] if mode is not None else []) + (["owner"] if user or group else [])
+        return (["create"] + (["mode"] if mode is not None else [])
+                + (["owner"] if user or group else []))
     found = found or {}
     out = []
     if mode is not None and str(found.get("mode")) != str(int(mode)):
@@ -30,13 +33,14 @@ def fixes(found: dict | None | bool, mode: str | None, user: str | None, group: 
 @host_reads.operation()
 def present(path: str, mode: str | None = None, user: str | None = None, group: str | None = None):
     """
-    The directory ``path`` exists (made with its parents where missing) and, for each given, has ``mode``
-    (octal digits, e.g. ``"700"``), ``user`` and ``group``.
+    The directory ``path`` exists (made with its parents where missing) and, for each given, has
+    ``mode`` (octal digits, e.g. ``"700"``), ``user`` and ``group``.
 
     + path: an absolute path
     + mode, user, group: what it must have; None leaves that as it is
 
-    A path that exists and is not a directory (a file, a link) stops the host: nothing there is replaced.
+    A path that exists and is not a directory (a file, a link) stops the host: nothing there is
+    replaced.
     """
     found = host_reads.get(host, Directory, path=path)
     if found is False:
@@ -45,9 +49,12 @@ def present(path: str, mode: str | None = None, user: str | None = None, group: 
     if "create" in todo:
         yield StringCommand("mkdir", "-p", QuoteString(path))
     fix_owner, fix_mode = "owner" in todo, "mode" in todo
-    if fix_mode:  # the mode first: a directory being given to root is closed before it changes hands
+    # the mode first: a directory being given to root is closed before it changes hands
+    if fix_mode:
         yield StringCommand("chmod", mode, QuoteString(path))
     if fix_owner:
-        yield StringCommand("chown", QuoteString(f"{user or ''}:{group}" if group else user), QuoteString(path))
+        yield StringCommand("chown", QuoteString(f"{user or ''}:{group}" if group else user),
+                            QuoteString(path))
     if not todo:
-        host.noop(f"directory {path} is present" + "".join(f", {v}" for v in (mode, user, group) if v))
+        host.noop(f"directory {path} is present"
+                  + "".join(f", {v}" for v in (mode, user, group) if v))

@@ -21,12 +21,15 @@ from typing import Iterator
 from pyinfra.api.command import FileUploadCommand
 
 TMP_SUFFIX = ".sglang-deploy.tmp"
-UPLOAD_SUFFIX = ".sglang-deploy.upload"  # only where a connector argument changes user: see replace_file
+# only where a connector argument changes user: see replace_file
+UPLOAD_SUFFIX = ".sglang-deploy.upload"
 
 
-def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owner: str = "root", group: str = "root",
-                 make_parent: str | None = "755", parent_group: str | None = None) -> Iterator:
-    """Commands that make `path` hold `content` (bytes, text, or a local file) with `mode` and `owner:group`.
+def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owner: str = "root",
+                 group: str = "root", make_parent: str | None = "755",
+                 parent_group: str | None = None) -> Iterator:
+    """Commands that make `path` hold `content` (bytes, text, or a local file) with `mode` and
+    `owner:group`.
 
     `make_parent`: the mode of the parent directory, which is created if need be and given that mode
     (None: it exists already and is left alone); `parent_group`: its owner root and this group too.
@@ -42,14 +45,15 @@ def replace_file(path: str, content: bytes | str | Path, mode: str = "644", owne
         group_flag = f" -o root -g {shlex.quote(parent_group)}" if parent_group else ""
         first = f"install -d -m {make_parent}{group_flag} {shlex.quote(parent)} && {first}"
     yield first
-    source = str(content) if isinstance(content, Path) else BytesIO(content.encode() if isinstance(content, str) else content)
-    # Under a connector argument that changes user (`_sudo`, `_su_user`, `_doas`, `_dzdo`) pyinfra uploads as
-    # the login user to a predictable file in its temp directory (/tmp), then copies it: naming a file beside
-    # the target as that place keeps every upload, key files included, out of /tmp. Where the login user cannot
-    # write beside the target (every directory this deploy writes is root's) the upload fails instead.
-    # Without such an argument pyinfra ignores it.
+    source = (str(content) if isinstance(content, Path)
+              else BytesIO(content.encode() if isinstance(content, str) else content))
+    # Under a connector argument that changes user (`_sudo`, `_su_user`, `_doas`, `_dzdo`) pyinfra
+    # uploads as the login user to a predictable file in its temp directory (/tmp), then copies it:
+    # naming a file beside the target as that place keeps every upload, key files included, out of
+    # /tmp. Where the login user cannot write beside the target (every directory this deploy writes
+    # is root's) the upload fails instead. Without such an argument pyinfra ignores it.
     yield FileUploadCommand(source, tmp, remote_temp_filename=path + UPLOAD_SUFFIX)
     yield (
-        f"chown {shlex.quote(f'{owner}:{group}')} {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)} "
-        f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+        f"chown {shlex.quote(f'{owner}:{group}')} {shlex.quote(tmp)} && chmod {mode} "
+        f"{shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
     )

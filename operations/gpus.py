@@ -41,7 +41,8 @@ GIB = 1024 * MIB
 _BROKEN_VALUES = ("[GPU requires reset]", "ERR!", "[Unknown Error]", "[GPU is lost]")
 _MISSING_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+)")
 _HEADER_RE = re.compile(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)")
-_TABLE_ROW_RE = re.compile(r"^\|\s+(\d+)\s+.*\|\s*([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
+_TABLE_ROW_RE = re.compile(
+    r"^\|\s+(\d+)\s+.*\|\s*([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
 _ACTIVE = ("active", "activating", "reloading", "deactivating")
 
 
@@ -105,7 +106,8 @@ def _int(text: str) -> int | None:
 
 
 def parse_header(table: str) -> tuple[str | None, str | None]:
-    """Driver version and the CUDA version it supports, from the plain table's (or `-q`'s) header."""
+    """Driver version and the CUDA version it supports, from the plain table's (or `-q`'s)
+    header."""
     match = _HEADER_RE.search(table)
     if match:
         return match.group(1), match.group(2)
@@ -133,7 +135,8 @@ def parse_table_errors(table: str) -> set[str]:
 
 
 def parse_missing(stderr: str) -> list[str]:
-    """Bus ids from "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error", each once."""
+    """Bus ids from "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error", each
+    once."""
     seen: dict[str, None] = {}
     for match in _MISSING_RE.finditer(stderr):
         seen[match.group(1).rstrip(":").upper()] = None
@@ -203,18 +206,21 @@ def _unit_gpus(text: str | None) -> tuple[int, ...] | None:
 def facts_from(raw: dict) -> GpuFacts:
     """The fact script's JSON, parsed."""
     units = {
-        name: Unit(managed=u["managed"], gpus=_unit_gpus(u["gpus"]), active=u["active"] or "", pids=tuple(u["pids"]))
+        name: Unit(managed=u["managed"], gpus=_unit_gpus(u["gpus"]), active=u["active"] or "",
+                   pids=tuple(u["pids"]))
         for name, u in raw.get("units", {}).items()
     }
     models = raw.get("models", {})
     if not raw.get("nvidia_smi"):
-        return GpuFacts(None, "nvidia-smi not found (no NVIDIA driver on the host?)", None, None, (), (), (), units, models)
+        return GpuFacts(None, "nvidia-smi not found (no NVIDIA driver on the host?)", None, None,
+                        (), (), (), units, models)
     query, apps, table = raw["query"], raw["apps"], raw["table"]
     gpus = parse_query_gpu(query["stdout"], query.get("fields", ""))
     missing = parse_missing(query["stderr"] + table["stderr"] + apps["stderr"])
     driver, cuda = parse_header(table["stdout"])
     if not driver:
-        driver = next((line.split(", ")[6] for line in query["stdout"].splitlines() if line.count(", ") >= 6), None)
+        driver = next((line.split(", ")[6] for line in query["stdout"].splitlines()
+                       if line.count(", ") >= 6), None)
     error = None
     if not gpus and not missing:
         said = (query["stdout"] + query["stderr"]).strip().splitlines()
@@ -240,7 +246,8 @@ def facts_from(raw: dict) -> GpuFacts:
 
 @host_reads.batched(slow=True)
 class GpuState(FactBase):
-    """The host's GPUs (``GpuFacts``): nvidia-smi's view, our units' GPUs and processes, the models' sizes."""
+    """The host's GPUs (``GpuFacts``): nvidia-smi's view, our units' GPUs and processes, the models'
+    sizes."""
 
     def command(self, models: tuple[str, ...] | list[str] = (), unit_dir: str = UNIT_DIR) -> str:
         return remote.command("gpu_state", shlex.quote(unit_dir), *(shlex.quote(m) for m in models))
@@ -267,7 +274,8 @@ class GpuDecisions:
         return not self.errors
 
     def probe_args(self) -> dict:
-        """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute capabilities."""
+        """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute
+        capabilities."""
         if self.facts is None or self.facts.error:
             return {"driver_cuda": None, "compute_caps": []}
         used = {i for s in self.config.services for i in s.gpus}
@@ -284,8 +292,10 @@ def _summary(facts: GpuFacts) -> str:
     for g in facts.gpus:
         key = (g.name, g.compute_cap, g.memory_total_mib)
         kinds[key] = kinds.get(key, 0) + 1
-    parts = [f"{n} x {name} (sm {cc}, {mem} MiB)" for (name, cc, mem), n in kinds.items()] or ["no GPUs listed"]
-    return f"{', '.join(parts)}; driver {facts.driver_version or '?'}, CUDA {facts.cuda_version or '?'}"
+    parts = ([f"{n} x {name} (sm {cc}, {mem} MiB)" for (name, cc, mem), n in kinds.items()]
+             or ["no GPUs listed"])
+    return (f"{', '.join(parts)}; driver {facts.driver_version or '?'}, CUDA "
+            f"{facts.cuda_version or '?'}")
 
 
 def _arg(service: Service, flag: str):
@@ -296,20 +306,24 @@ def _users(facts: GpuFacts, config: HostConfig, service: Service) -> dict[int, l
     """GPU index -> what uses it besides `service` itself: processes, and our other units' GPUs."""
     own = facts.units.get(service.unit_name)
     own_pids = set(own.pids) if own else set()
-    pid_unit = {pid: name for name, unit in facts.units.items() if name != service.unit_name for pid in unit.pids}
+    pid_unit = {pid: name for name, unit in facts.units.items() if name != service.unit_name
+                for pid in unit.pids}
     by_uuid = {g.uuid: g.index for g in facts.gpus}
     users: dict[int, list[str]] = {}
     for app in facts.apps:
         if app.pid in own_pids or app.gpu_uuid not in by_uuid:
             continue
         mem = f", {app.used_mib} MiB" if app.used_mib is not None else ""
-        who = f"{pid_unit[app.pid]} (pid {app.pid}{mem})" if app.pid in pid_unit else f"pid {app.pid}{mem}"
+        who = (f"{pid_unit[app.pid]} (pid {app.pid}{mem})" if app.pid in pid_unit
+               else f"pid {app.pid}{mem}")
         users.setdefault(by_uuid[app.gpu_uuid], []).append(who)
     placed = {s.unit_name for s in config.services}
     for name, unit in sorted(facts.units.items()):
-        if name == service.unit_name or not unit.managed or unit.active not in _ACTIVE or not unit.gpus:
+        if (name == service.unit_name or not unit.managed or unit.active not in _ACTIVE
+                or not unit.gpus):
             continue
-        why = "" if name in placed else ", no longer placed here: removed after this run's readiness gates"
+        why = ("" if name in placed
+               else ", no longer placed here: removed after this run's readiness gates")
         for index in unit.gpus:
             entry = f"{name} (running{why})"
             if not any(u.startswith(name) for u in users.get(index, [])):
@@ -317,7 +331,8 @@ def _users(facts: GpuFacts, config: HostConfig, service: Service) -> dict[int, l
     return users
 
 
-def _why_not(index: int, facts: GpuFacts, failed: tuple[int, ...], users: dict[int, list[str]], taken: dict[int, str]) -> str | None:
+def _why_not(index: int, facts: GpuFacts, failed: tuple[int, ...], users: dict[int, list[str]],
+             taken: dict[int, str]) -> str | None:
     gpu = facts.by_index().get(index)
     if index in failed:
         return "is marked failed (`failed_gpus` in the host's data)"
@@ -339,28 +354,36 @@ def _free(facts: GpuFacts, failed, users, taken) -> list[int]:
 
 
 def _free_text(free: list[int]) -> str:
-    return f"healthy free GPUs: {', '.join(str(i) for i in free)}" if free else "no healthy free GPU on this host"
+    return (f"healthy free GPUs: {', '.join(str(i) for i in free)}" if free
+            else "no healthy free GPU on this host")
 
 
 def _engine(service: Service, engine: str | None) -> advisories.Service:
-    """`service` as the advisories judge it: its engine version, its flags as that engine's parser reads them."""
-    return advisories.Service(engine, dict(service.args), engine_flags.for_engine(engine, service.patch_sets))
+    """`service` as the advisories judge it: its engine version, its flags as that engine's parser
+    reads them."""
+    return advisories.Service(engine, dict(service.args),
+                              engine_flags.for_engine(engine, service.patch_sets))
 
 
 def _caps(service: Service, facts: GpuFacts) -> list[str]:
     return [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
 
 
-def _backend(service: Service, facts: GpuFacts, engine: str | None, decisions: list[str]) -> Service:
-    """`attention-backend: auto` resolved on this GPU: the backend an advisory that holds for sglang's default here
-    prefers (files/engine_advisories.yml: FlashInfer's JIT on sm 12.x prefers triton), else sglang's default."""
+def _backend(service: Service, facts: GpuFacts, engine: str | None,
+             decisions: list[str]) -> Service:
+    """`attention-backend: auto` resolved on this GPU: the backend an advisory that holds for
+    sglang's default here prefers (files/engine_advisories.yml: FlashInfer's JIT on sm 12.x prefers
+    triton), else sglang's default."""
     if _arg(service, "attention-backend") != "auto":
         return service
     caps = _caps(service, facts)
-    held = [a for cap in caps for a in advisories.applying(_engine(service, engine), cap, advisories.DEFAULT_BACKEND) if a.prefer]
+    held = [a for cap in caps
+            for a in advisories.applying(_engine(service, engine), cap, advisories.DEFAULT_BACKEND)
+            if a.prefer]
     if held:
         args = [(f, held[0].prefer if f == "attention-backend" else v) for f, v in service.args]
-        decisions.append(f"{service.name}: attention-backend auto -> {held[0].prefer} (sm {caps[0]}: {held[0].summary} [{held[0].id}])")
+        decisions.append(f"{service.name}: attention-backend auto -> {held[0].prefer} (sm "
+                         f"{caps[0]}: {held[0].summary} [{held[0].id}])")
     else:
         args = [(flag, value) for flag, value in service.args if flag != "attention-backend"]
         shown = f"sm {caps[0]}" if caps else "GPU not known"
@@ -368,9 +391,11 @@ def _backend(service: Service, facts: GpuFacts, engine: str | None, decisions: l
     return dataclasses.replace(service, args=tuple(args))
 
 
-def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: list[str], errors: list[str]) -> None:
-    """The engine advisories that hold for `service` on this host's GPU, with the backend it runs here (`auto` resolved):
-    a refusal is an error (before any change), a warning is shown (also under --dry)."""
+def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: list[str],
+             errors: list[str]) -> None:
+    """The engine advisories that hold for `service` on this host's GPU, with the backend it runs
+    here (`auto` resolved): a refusal is an error (before any change), a warning is shown (also
+    under --dry)."""
     judged = _engine(service, engine)
     seen: set[str] = set()
     for cap in _caps(service, facts) or [None]:
@@ -378,10 +403,12 @@ def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: li
             if advisory.id in seen:
                 continue
             seen.add(advisory.id)
-            (errors if advisory.effect == "refuse" else warnings).append(f"{service.name}: {advisory.text()}")
+            (errors if advisory.effect == "refuse" else warnings).append(
+                f"{service.name}: {advisory.text()}")
 
 
-def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str], errors: list[str]) -> None:
+def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str],
+            errors: list[str]) -> None:
     gpus = [facts.by_index()[i] for i in service.gpus if i in facts.by_index()]
     totals = [g.memory_total_mib for g in gpus if g.memory_total_mib]
     if not totals:
@@ -389,24 +416,29 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     sizes = {m.name: facts.model_bytes.get(m.store_path) for m in service.models}
     unknown = [name for name, size in sizes.items() if size is None]
     if unknown:
-        decisions.append(f"{service.name}: size of {', '.join(unknown)} unknown (not in the model store yet): GPU memory not checked")
+        decisions.append(f"{service.name}: size of {', '.join(unknown)} unknown (not in the model "
+                         "store yet): GPU memory not checked")
         return
     tp = _int(str(_arg(service, "tp-size") or _arg(service, "tp") or 1)) or 1
     need = sum(sizes.values()) / tp
     total = min(totals) * MIB
-    gpu_text = f"GPU {service.gpus[0]}" if len(service.gpus) == 1 else f"GPUs {','.join(map(str, service.gpus))}"
+    gpu_text = (f"GPU {service.gpus[0]}" if len(service.gpus) == 1
+                else f"GPUs {','.join(map(str, service.gpus))}")
     models = " + ".join(f"{name} {_gib(size)}" for name, size in sizes.items())
     per = f"{_gib(need)} per GPU ({models}{f', tp {tp}' if tp > 1 else ''})"
     fraction = _arg(service, "mem-fraction-static")
     if need > total:
-        errors.append(f"{service.name}: models need {per}, {gpu_text} has {_gib(total)}: short by {_gib(need - total)}; use more GPUs (tp-size) or a smaller model")
+        errors.append(f"{service.name}: models need {per}, {gpu_text} has {_gib(total)}: short by "
+                      f"{_gib(need - total)}; use more GPUs (tp-size) or a smaller model")
         return
     if fraction is None:
         if need > 0.9 * total:
-            warnings.append(f"{service.name}: models take {need / total:.0%} of {gpu_text}'s {_gib(total)} ({per}): "
-                            "little or no room for the KV cache once sglang sizes mem-fraction-static itself")
+            warnings.append(f"{service.name}: models take {need / total:.0%} of {gpu_text}'s "
+                            f"{_gib(total)} ({per}): little or no room for the KV cache once "
+                            "sglang sizes mem-fraction-static itself")
         else:
-            decisions.append(f"{service.name}: models {per} fit {gpu_text} ({_gib(total)}; mem-fraction-static: sglang's choice)")
+            decisions.append(f"{service.name}: models {per} fit {gpu_text} ({_gib(total)}; "
+                             "mem-fraction-static: sglang's choice)")
         return
     try:
         fraction = float(fraction)
@@ -416,24 +448,29 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     pool = fraction * total
     if need > pool:
         wanted = need / total
-        errors.append(f"{service.name}: models need {per}, mem-fraction-static {fraction} of {gpu_text}'s {_gib(total)} gives {_gib(pool)}: "
-                      f"short by {_gib(need - pool)}; raise mem-fraction-static to more than {wanted:.2f} (and leave room for the KV cache)")
+        errors.append(f"{service.name}: models need {per}, mem-fraction-static {fraction} of "
+                      f"{gpu_text}'s {_gib(total)} gives {_gib(pool)}: short by "
+                      f"{_gib(need - pool)}; raise mem-fraction-static to more than {wanted:.2f} "
+                      "(and leave room for the KV cache)")
     elif pool - need < 0.1 * pool:
-        warnings.append(f"{service.name}: models {per} leave {_gib(pool - need)} ({(pool - need) / pool:.0%}) of the static pool "
-                        f"(mem-fraction-static {fraction} of {_gib(total)}) for the KV cache")
+        warnings.append(f"{service.name}: models {per} leave {_gib(pool - need)} "
+                        f"({(pool - need) / pool:.0%}) of the static pool (mem-fraction-static "
+                        f"{fraction} of {_gib(total)}) for the KV cache")
     else:
-        decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of {gpu_text} ({_gib(pool)}), {_gib(pool - need)} left for the KV cache")
+        decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of "
+                         f"{gpu_text} ({_gib(pool)}), {_gib(pool - need)} left for the KV cache")
 
 
 def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> None:
-    """The backend `attention-backend: auto` resolved to on this host's GPU, held to the service's patch sets' served
-    backends (configuration.patch_sets.unserved_backend). The control machine checked every backend the data names;
-    only `auto` waits for the GPU."""
+    """The backend `attention-backend: auto` resolved to on this host's GPU, held to the service's
+    patch sets' served backends (configuration.patch_sets.unserved_backend). The control machine
+    checked every backend the data names; only `auto` waits for the GPU."""
     unserved = patch_sets.first_unserved(service.patch_sets, dict(service.args))
     if unserved is None:
         return
     caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-    shown = _arg(service, "attention-backend") or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}"
+    shown = (_arg(service, "attention-backend")
+             or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}")
     what = f"`attention-backend: auto` gives {shown} here"
     errors.append(f"{service.name}: " + patch_sets.unserved_reason(*unserved, what=what))
 
@@ -473,7 +510,8 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
         for index in service.gpus:
             why = _why_not(index, facts, failed, users, others)
             if why:
-                free = [i for i in _free(facts, failed, users, others) if i not in service.gpus or i == index]
+                free = [i for i in _free(facts, failed, users, others)
+                        if i not in service.gpus or i == index]
                 errors.append(f"{service.name}: GPU {index} {why}; {_free_text(free)}")
         for index in service.gpus:
             taken.setdefault(index, service.name)
@@ -486,21 +524,28 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
                 continue
             users = _users(facts, config, service)
             unit = facts.units.get(service.unit_name)
-            current = unit.gpus if unit and unit.managed and unit.gpus and len(unit.gpus) == 1 else None
+            current = (unit.gpus
+                       if unit and unit.managed and unit.gpus and len(unit.gpus) == 1 else None)
             if keep_pass:
                 if current and _why_not(current[0], facts, failed, users, taken) is None:
-                    decisions.append(f"{service.name}: gpu auto -> GPU {current[0]} (kept: its current unit's GPU)")
+                    decisions.append(f"{service.name}: gpu auto -> GPU {current[0]} (kept: its "
+                                     "current unit's GPU)")
                     taken[current[0]] = service.name
                     resolved[service.name] = dataclasses.replace(service, gpus=current)
                 continue
             free = _free(facts, failed, users, taken)
             if not free:
-                reasons = "; ".join(f"GPU {g.index} {_why_not(g.index, facts, failed, users, taken)}" for g in facts.gpus)
-                errors.append(f"{service.name}: gpu auto: no healthy free GPU on this host ({reasons or 'no GPUs listed'})")
+                reasons = "; ".join(f"GPU {g.index} "
+                                    f"{_why_not(g.index, facts, failed, users, taken)}"
+                                    for g in facts.gpus)
+                errors.append(f"{service.name}: gpu auto: no healthy free GPU on this host "
+                              f"({reasons or 'no GPUs listed'})")
                 resolved[service.name] = service
                 continue
-            moved = f" (its current GPU {current[0]} {_why_not(current[0], facts, failed, users, taken)})" if current else ""
-            decisions.append(f"{service.name}: gpu auto -> GPU {free[0]} (lowest healthy free GPU{moved})")
+            moved = (f" (its current GPU {current[0]} "
+                     f"{_why_not(current[0], facts, failed, users, taken)})" if current else "")
+            decisions.append(
+                f"{service.name}: gpu auto -> GPU {free[0]} (lowest healthy free GPU{moved})")
             taken[free[0]] = service.name
             resolved[service.name] = dataclasses.replace(service, gpus=(free[0],))
 
@@ -514,11 +559,13 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
             _memory(service, facts, decisions, warnings, errors)
             _advised(service, facts, engine, warnings, errors)
         services.append(service)
-    return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions), tuple(warnings), tuple(errors))
+    return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions),
+                        tuple(warnings), tuple(errors))
 
 
 def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
-    """Read the host's GPUs (one remote call, only if it runs services) and decide for `stack`'s engine."""
+    """Read the host's GPUs (one remote call, only if it runs services) and decide for `stack`'s
+    engine."""
     if not config.services:
         return GpuDecisions(config)
     paths = sorted({m.store_path for s in config.services for m in s.models})
@@ -532,7 +579,8 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
 
 def _refuse(state, host, errors: tuple[str, ...]) -> bool:
     for error in errors:
-        host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red", log_func=logger.error)
+        host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red",
+                        log_func=logger.error)
     for error in errors:
         service = error.split(":", 1)[0]
         summary.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
@@ -540,8 +588,9 @@ def _refuse(state, host, errors: tuple[str, ...]) -> bool:
 
 
 def show(host, plan: GpuDecisions) -> None:
-    """Print the GPU decisions (`gpu: auto` and `attention-backend: auto` resolved) and warnings for the host's
-    services: by the check's operation, and on a converged host, which gets none (operations/converged.py)."""
+    """Print the GPU decisions (`gpu: auto` and `attention-backend: auto` resolved) and warnings for
+    the host's services: by the check's operation, and on a converged host, which gets none
+    (operations/converged.py)."""
     for line in plan.decisions:
         host.log(line)
     for line in plan.warnings:
@@ -564,7 +613,8 @@ def checked(plan: GpuDecisions):
 
     .. code:: python
 
-        gpus.checked(name="GPUs fit the services on this host", plan=gpus.plan_for_host(config, stack))
+        gpus.checked(name="GPUs fit the services on this host",
+                     plan=gpus.plan_for_host(config, stack))
     """
     state = host.state
     if not state.is_executing or not state.should_check_for_changes():
@@ -575,7 +625,8 @@ def checked(plan: GpuDecisions):
             if plan.errors:
                 fail_dry_run(host)  # --dry exits 1: the real run would refuse this host
     if plan.ok:
-        services = ", ".join(f"{s.name} on GPU {','.join(map(str, s.gpus))}" for s in plan.config.services)
+        services = ", ".join(f"{s.name} on GPU {','.join(map(str, s.gpus))}"
+                             for s in plan.config.services)
         host.noop(f"GPUs fit: {services}" if services else "no services placed: no GPU needed")
         return
     yield FunctionCommand(_refuse, (plan.errors,), {})

@@ -25,7 +25,8 @@ UV_WHEELS = {
         "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
     ),
     "aarch64": Package(
-        "uv", UV_VERSION, "uv-0.13.9-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64.whl",
+        "uv", UV_VERSION,
+        "uv-0.13.9-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64.whl",
         "5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe",
     ),
 }
@@ -61,7 +62,8 @@ def unpack_uv_command(wheel: str, host_cache: str) -> str:
         "os.rename(binary + '.tmp', binary)\n"
     )
     member = f"uv-{UV_VERSION}.data/scripts/uv"
-    return f"python3 -c {shlex.quote(script)} {shlex.quote(wheel)} {shlex.quote(binary)} {shlex.quote(member)}"
+    return (f"python3 -c {shlex.quote(script)} {shlex.quote(wheel)} {shlex.quote(binary)} "
+            f"{shlex.quote(member)}")
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class Installer:
         return shlex.quote(f"{self.venv}/bin/python")
 
     def _uv(self, subcommand: str) -> str:
-        return f"{shlex.quote(uv_binary(self.host_cache))} pip {subcommand} --quiet --no-config --python {self.python} "
+        return (f"{shlex.quote(uv_binary(self.host_cache))} pip {subcommand} --quiet --no-config "
+                f"--python {self.python} ")
 
     def _uv_install(self) -> str:
         return f"{self._env()}{self._uv('install')}--link-mode copy "
@@ -86,7 +89,8 @@ class Installer:
         return f"UV_CACHE_DIR={shlex.quote(uv_cache(self.host_cache))} "
 
     def install_files(self, paths: list[str], repair: list[str] = ()) -> str:
-        """Install wheel files; `repair`: distributions whose installed files are damaged at the same version.
+        """Install wheel files; `repair`: distributions whose installed files are damaged at the
+        same version.
 
         uv replaces another version by itself; `--reinstall` would also drop its unpacked-wheel
         cache (it implies `--refresh`), so only the repaired distributions are named. Their
@@ -100,7 +104,8 @@ class Installer:
             clean = ""
             if repair:
                 names = " ".join(shlex.quote(name) for name in repair)
-                clean = f"{self._env()}{shlex.quote(uv_binary(self.host_cache))} cache clean --quiet --no-config {names} && "
+                clean = (f"{self._env()}{shlex.quote(uv_binary(self.host_cache))} cache clean "
+                         f"--quiet --no-config {names} && ")
             return f"{clean}{self._uv_install()}--no-deps --no-index --offline {again}{quoted}"
         return (
             f"{self.python} -m pip install --quiet --no-index --no-deps --force-reinstall "
@@ -110,7 +115,8 @@ class Installer:
     def install_from_index(self, index_url: str, requirements: str) -> str:
         url, reqs = shlex.quote(index_url), shlex.quote(requirements)
         if self.kind == "uv":
-            return f"{self._uv_install()}--no-deps --reinstall --require-hashes --index-url {url} -r {reqs}"
+            return (f"{self._uv_install()}--no-deps --reinstall --require-hashes --index-url {url} "
+                    f"-r {reqs}")
         return (
             f"{self.python} -m pip install --quiet --no-deps --force-reinstall --require-hashes "
             f"--disable-pip-version-check --index-url {url} -r {reqs}"

@@ -27,11 +27,13 @@ ENABLED = ("enabled", "static")
 
 
 class Restarted:
-    """What the operation did on this host, read by the readiness gate after it (known only while executing)."""
+    """What the operation did on this host, read by the readiness gate after it (known only while
+    executing)."""
 
     def __init__(self) -> None:
         self.restarted = False
-        self.held: str | None = None  # why it was kept on its old version instead (its rollout halted)
+        # why it was kept on its old version instead (its rollout halted)
+        self.held: str | None = None
 
     def __call__(self) -> bool:
         return self.restarted
@@ -39,7 +41,8 @@ class Restarted:
 
 @dataclass(frozen=True)
 class Steps:
-    """What a unit needs, in this order: reload systemd, enable it, start or restart it, record its inputs."""
+    """What a unit needs, in this order: reload systemd, enable it, start or restart it, record its
+    inputs."""
 
     reload: bool
     enable: bool
@@ -49,21 +52,23 @@ class Steps:
 
 
 def steps(state: dict, unit_path: str, unit_changed: bool, inputs_changed: bool) -> Steps:
-    """The decision, from the unit's state (`readiness.ServiceState`) and what this run changed; no host access."""
+    """The decision, from the unit's state (`readiness.ServiceState`) and what this run changed; no
+    host access."""
     running = state.get("sub") in RUNNING
     newer = state.get("newer") or []
     start = not running
     restart = running and (inputs_changed or bool(newer))
     return Steps(
-        # systemd flags a unit whose file is newer than its loaded copy, also after a mere `touch`: a
-        # reload is due when this run rewrote the file, or before a start, or before a restart onto a
-        # file whose content the process was not started with (a run that died before its reload).
+        # systemd flags a unit whose file is newer than its loaded copy, also after a mere `touch`:
+        # a reload is due when this run rewrote the file, or before a start, or before a restart
+        # onto a file whose content the process was not started with (a run that died before its
+        # reload).
         reload=unit_changed or (bool(state.get("need_reload")) and (start or unit_path in newer)),
         enable=state.get("enabled") not in ENABLED,
         start=start,
         restart=restart,
-        # After any (re)start, and where no record covers the running process (started before records
-        # existed, or by hand).
+        # After any (re)start, and where no record covers the running process (started before
+        # records existed, or by hand).
         record=start or restart or not state.get("recorded"),
     )
 
@@ -93,7 +98,8 @@ def running(
     + unit_changed: callable, true when this run rewrote the unit file
     + inputs_changed: callable, true when this run changed any of its inputs
     + outcome: a `Restarted` set when this run (re)started the unit
-    + held: callable, why the unit must not (re)start now (its service's rollout halted in this run), or None
+    + held: callable, why the unit must not (re)start now (its service's rollout halted in this
+      run), or None
     + service: the replica's name, for the message when it is held
 
     A restart happens when the unit runs and an input changed, in this run or since it started
@@ -102,10 +108,13 @@ def running(
     records existed, or by hand).
     """
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
-    todo = steps(state, unit_path, unit_changed=this_run.changed(unit_changed), inputs_changed=this_run.changed(inputs_changed))
-    why_held = held() if held is not None and this_run.executing() and (todo.start or todo.restart) else None
+    todo = steps(state, unit_path, unit_changed=this_run.changed(unit_changed),
+                 inputs_changed=this_run.changed(inputs_changed))
+    why_held = (held() if held is not None and this_run.executing() and (todo.start or todo.restart)
+                else None)
     if why_held:
-        # Its service's rollout halted: this replica keeps its old unit and process (a later run goes on).
+        # Its service's rollout halted: this replica keeps its old unit and process (a later run
+        # goes on).
         host.log(f"{service or unit}: HELD on its old version, not (re)started: {why_held}")
         if outcome is not None:
             outcome.held = why_held

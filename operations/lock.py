@@ -1,8 +1,8 @@
 """One deploy at a time per host, without deadlocks, without locks held by a run that stopped.
 
-Each host has one lock, `/run/sglang-deploy.lock` (a directory; /run empties at a reboot). Machines are known
-by what they report (`/etc/machine-id` and the boot id), never by an address or a name. How a run takes,
-holds and gives back its locks, and why:
+Each host has one lock, `/run/sglang-deploy.lock` (a directory; /run empties at a reboot). Machines
+are known by what they report (`/etc/machine-id` and the boot id), never by an address or a name.
+How a run takes, holds and gives back its locks, and why:
 
 - **All of the run's locks, before any change, in one fixed order.** pyinfra loads `deploy.py`
   for every host in parallel greenlets. Each host's `acquire()` waits until every host of the
@@ -105,7 +105,8 @@ WAIT_STEP_S = 5
 ARRIVAL_TIMEOUT_S = 120
 MACHINE_ID_PATH = "/etc/machine-id"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-# What an owner record must hold to prove, from this machine, that its deploy is gone (see is_stale).
+# What an owner record must hold to prove, from this machine, that its deploy is gone (see
+# is_stale).
 PROOF_FIELDS = ("machine", "boot", "pid", "start", "token")
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
@@ -114,7 +115,8 @@ _TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 def new_owner() -> dict:
-    """This run's owner record: who (for people), and what proves whether it still runs (for is_stale)."""
+    """This run's owner record: who (for people), and what proves whether it still runs (for
+    is_stale)."""
     me = control_identity()
     return {
         "id": uuid.uuid4().hex,
@@ -128,7 +130,8 @@ def new_owner() -> dict:
 
 
 def control_identity() -> dict:
-    """This control machine as its records name it: machine id, boot id, and the pid namespace its pids are of."""
+    """This control machine as its records name it: machine id, boot id, and the pid namespace its
+    pids are of."""
     try:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -145,12 +148,14 @@ def _read_id(path: str) -> str:
 
 
 def process_start(pid: int) -> int | None:
-    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None if it cannot be read."""
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None if it cannot be
+    read."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rpartition(")")[2].split()  # the command name (field 2) may hold spaces and parentheses
+    # the command name (field 2) may hold spaces and parentheses
+    fields = stat.rpartition(")")[2].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -174,7 +179,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def dropped_dir() -> Path:
-    """Where runs of this user on this control machine record the locks they gave up without giving them back."""
+    """Where runs of this user on this control machine record the locks they gave up without giving
+    them back."""
     return cache_root() / "dropped-locks"
 
 
@@ -184,13 +190,16 @@ def mark_dropped(token: str) -> None:
         return
     record = private_dir(dropped_dir()) / token
     record.write_text(str(os.getpid()))
-    atexit.register(record.unlink, missing_ok=True)  # once we exit, our pid and its start time say it
+    # once we exit, our pid and its start time say it
+    atexit.register(record.unlink, missing_ok=True)
 
 
 def _dropped_here(token) -> bool:
-    if not isinstance(token, str) or not _TOKEN.fullmatch(token) or not os.path.lexists(dropped_dir()):
+    if (not isinstance(token, str) or not _TOKEN.fullmatch(token)
+            or not os.path.lexists(dropped_dir())):
         return False
-    return (private_dir(dropped_dir()) / token).exists()  # a record only this user could have written
+    # a record only this user could have written
+    return (private_dir(dropped_dir()) / token).exists()
 
 
 def missing_proof(holder: dict) -> list[str]:
@@ -199,60 +208,72 @@ def missing_proof(holder: dict) -> list[str]:
         if name == "token":
             return isinstance(value, str) and bool(_TOKEN.fullmatch(value))
         if name in ("pid", "start"):
-            return isinstance(value, int) and not isinstance(value, bool) and value > (0 if name == "pid" else -1)
+            return (isinstance(value, int) and not isinstance(value, bool)
+                    and value > (0 if name == "pid" else -1))
         return isinstance(value, str) and bool(value)
 
     return [name for name in PROOF_FIELDS if not usable(name, holder.get(name))]
 
 
 def is_stale(holder: dict, me: dict) -> str | None:
-    """Why `holder` (an owner.json) provably no longer holds its lock, seen from the run `me` (new_owner()); else None.
+    """Why `holder` (an owner.json) provably no longer holds its lock, seen from the run `me`
+    (new_owner()); else None.
 
-    Only a record of this very control machine (its machine id) can prove it: by a boot since (boot id), or,
-    in the same pid namespace, by its pid gone or now another process (its start time). A name proves nothing.
+    Only a record of this very control machine (its machine id) can prove it: by a boot since (boot
+    id), or, in the same pid namespace, by its pid gone or now another process (its start time). A
+    name proves nothing.
     """
     if _dropped_here(holder.get("token")):
-        return f"its deploy (pid {holder.get('pid')}) lost the host's connection and dropped the host"
+        return (
+            f"its deploy (pid {holder.get('pid')}) lost the host's connection and dropped the host")
     if missing_proof(holder) or not me.get("machine") or holder["machine"] != me["machine"]:
         return None  # cannot be proven from here: another machine, or a record without the proof
     if holder["boot"] != me.get("boot"):
-        return f"its control machine has restarted since (boot id {holder['boot']}, now {me.get('boot')})"
+        return (f"its control machine has restarted since (boot id {holder['boot']}, now "
+                f"{me.get('boot')})")
     if not holder.get("pidns") or holder.get("pidns") != me.get("pidns"):
-        return None  # another pid namespace (a container on this machine): its pids are not ours to look at
+        # another pid namespace (a container on this machine): its pids are not ours to look at
+        return None
     pid = holder["pid"]
     if not _pid_alive(pid):
         return f"its deploy (pid {pid}) is gone"
     started = process_start(pid)
     if started is not None and started != holder["start"]:
-        return f"its deploy (pid {pid}) is gone (pid {pid} is now another process, started at another time)"
+        return (f"its deploy (pid {pid}) is gone (pid {pid} is now another process, started at "
+                "another time)")
     return None
 
 
 def describe(holder: dict | None) -> str:
     holder = holder or {}
-    return f"{holder.get('who', 'unknown')} (pid {holder.get('pid', '?')}) since {holder.get('since', '?')}"
+    return (f"{holder.get('who', 'unknown')} (pid {holder.get('pid', '?')}) since "
+            f"{holder.get('since', '?')}")
 
 
 def locked_message(name: str, holder: dict | None, waited_s: float) -> str:
     missing = missing_proof(holder or {})
     unprovable = (
-        f" Its record cannot show whether that deploy has ended (it has no {', '.join(missing)}: made by hand or by "
-        "an older deploy), so it is never taken over automatically." if holder and missing else ""
+        f" Its record cannot show whether that deploy has ended (it has no {', '.join(missing)}: "
+        "made by hand or by an older deploy), so it is never taken over automatically."
+        if holder and missing else ""
     )
     return (
-        f"{name}: another deploy holds the host's lock: {describe(holder)}; waited {waited_s:.0f} s (lock_wait_s).{unprovable} "
-        f"If no deploy is running there, remove {LOCK_PATH} on the host."
+        f"{name}: another deploy holds the host's lock: {describe(holder)}; waited {waited_s:.0f} "
+        f"s (lock_wait_s).{unprovable} If no deploy is running there, remove {LOCK_PATH} on the "
+        "host."
     )
 
 
 def same_machine_message(first: str, second: str, machine: tuple[str, str] | None) -> str:
-    seen = (f"both report /etc/machine-id {machine[0]} and boot id {machine[1]}" if machine and machine[0]
+    seen = (f"both report /etc/machine-id {machine[0]} and boot id {machine[1]}"
+            if machine and machine[0]
             else f"the lock this run took through {first} is the one {second} found")
     return (
-        f"{first} and {second} are one machine ({seen}): under two inventory names it would be deployed twice at "
-        "once, and each name's cleanup would remove the other's services. Nothing was changed there. List the "
-        f"machine once in the inventory (keep {first} or {second}); if they are two machines, give each its own "
-        "/etc/machine-id (systemd-machine-id-setup)."
+        f"{first} and {second} are one machine ({seen}): under two inventory names it would be "
+        "deployed twice at once, and each name's cleanup would remove the other's services. "
+        f"Nothing was changed there. List the machine once in the inventory (keep {first} or "
+        f"{second}); if they are two machines, give each its own /etc/machine-id "
+        "(systemd-machine-id-setup)."
     )
 
 
@@ -260,9 +281,10 @@ def same_machine_message(first: str, second: str, machine: tuple[str, str] | Non
 
 
 def lock_order(host) -> tuple:
-    """Where `host` comes in a run's lock order: the peer address of its open connection, then its `ssh_hostname`
-    and inventory name. Known before the first command, the same in every run over the same hosts; it identifies
-    nothing (hosts behind one bastion share an address), the machine's own answer does."""
+    """Where `host` comes in a run's lock order: the peer address of its open connection, then its
+    `ssh_hostname` and inventory name. Known before the first command, the same in every run over
+    the same hosts; it identifies nothing (hosts behind one bastion share an address), the machine's
+    own answer does."""
     peer: tuple = (1, b"", 0)
     transport = ssh_transport(host)
     if transport is not None:
@@ -277,26 +299,29 @@ def lock_order(host) -> tuple:
 
 
 def _socket(host):
-    """The socket under `host`'s SSH connection, or None (not connected, or a proxy command's pipe)."""
+    """The socket under `host`'s SSH connection, or None (not connected, or a proxy command's
+    pipe)."""
     sock = getattr(ssh_transport(host), "sock", None)
     return sock if hasattr(sock, "setsockopt") else None
 
 
 def watch_connection(host, dead_peer_s: int = DEAD_PEER_S) -> bool:
-    """Make the kernel abort `host`'s SSH connection once the peer has answered nothing for `dead_peer_s`."""
+    """Make the kernel abort `host`'s SSH connection once the peer has answered nothing for
+    `dead_peer_s`."""
     sock = _socket(host)
     return sock is not None and set_dead_peer_options(sock, dead_peer_s)
 
 
 def send_without_delay(host) -> bool:
-    """Turn Nagle's algorithm off on `host`'s SSH connection (TCP_NODELAY), as OpenSSH does for its sessions.
+    """Turn Nagle's algorithm off on `host`'s SSH connection (TCP_NODELAY), as OpenSSH does for its
+    sessions.
 
-    Each command is a few small SSH messages each way. With Nagle on (paramiko's default, and pyinfra's), a
-    message written while the last one is not yet acknowledged waits for that acknowledgement, which the peer's
-    kernel delays by up to 40 ms: on the lab, 48.8 ms per `true` against 6.6 ms with it off (20 commands each, one
-    host). An operation that changes something sends several commands in a row: a run rewriting one host's boot
-    unit files took 2.83 s with it on and 2.26 s with it off. A converged run's few commands per host (the lock, the
-    read, the lock's release) did not wait this way measurably."""
+    Each command is a few small SSH messages each way. With Nagle on (paramiko's default, and
+    pyinfra's), a message written while the last one is not yet acknowledged waits for that
+    acknowledgement, which the peer's kernel delays by up to 40 ms: every command waits, and an
+    operation that changes something sends several commands in a row (the figures:
+    bench/HISTORY.md). A converged run's few commands per host (the lock, the read, the lock's
+    release) did not wait this way measurably."""
     sock = _socket(host)
     if sock is None:
         return False
@@ -313,7 +338,8 @@ def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
         idle = max(1, dead_peer_s // 5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, idle)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, (dead_peer_s - idle) // idle))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT,
+                        max(1, (dead_peer_s - idle) // idle))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_peer_s * 1000)
     except (OSError, AttributeError):  # not TCP (a proxy command's pipe), or not Linux
         return False
@@ -322,7 +348,8 @@ def set_dead_peer_options(sock, dead_peer_s: int = DEAD_PEER_S) -> bool:
 
 # -- the commands ------------------------------------------------------------------------
 
-# SGLANG_DEPLOY_LOCK, SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID: as in lock_host.py (unit tests).
+# SGLANG_DEPLOY_LOCK, SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID: as in lock_host.py (unit
+# tests).
 _LOCK_SH = f'"${{SGLANG_DEPLOY_LOCK:-{LOCK_PATH}}}"'
 _IDENTITY_SH = (
     f'{{ read -r _sglang_machine < "${{SGLANG_DEPLOY_MACHINE_ID:-{MACHINE_ID_PATH}}}"; '
@@ -332,34 +359,40 @@ _IDENTITY_SH = (
 
 
 def free_lock_command(owner: str, token: str) -> str:
-    """`lock_host.py acquire OWNER 0` with its free-lock path in sh, where no python need start on the host.
+    """`lock_host.py acquire OWNER 0` with its free-lock path in sh, where no python need start on
+    the host.
 
-    As the script does: the lock is built complete beside (`<lock>.new-<token>`: the take's marker and
-    owner.json) and renamed into place by `mv -nT` (renameat2 RENAME_NOREPLACE, as GNU mv does: it fails while
-    anything is there, even an empty directory). Whether the lock is now this take's is judged by its marker
-    in place, never by mv's exit status. The answer's one line names the machine (machine id, boot id) and adds
-    only shell builtins to the path. Where the lock was not free, or anything here failed, the script runs and
-    answers as it always does (its guard orders takeovers of a stale lock).
+    As the script does: the lock is built complete beside (`<lock>.new-<token>`: the take's marker
+    and owner.json) and renamed into place by `mv -nT` (renameat2 RENAME_NOREPLACE, as GNU mv does:
+    it fails while anything is there, even an empty directory). Whether the lock is now this take's
+    is judged by its marker in place, never by mv's exit status. The answer's one line names the
+    machine (machine id, boot id) and adds only shell builtins to the path. Where the lock was not
+    free, or anything here failed, the script runs and answers as it always does (its guard orders
+    takeovers of a stale lock).
     """
     marker = _marker(token)
     return (
         f'_sglang_lock={_LOCK_SH}; _sglang_new="$_sglang_lock.new-{token}"\n'
         'if [ ! -e "$_sglang_lock" ] && mkdir -m 700 "$_sglang_new" 2>/dev/null; then '
         f': > "$_sglang_new/{marker}" && printf \'%s\' {owner} > "$_sglang_new/owner.json" && '
-        'mv -nT "$_sglang_new" "$_sglang_lock" 2>/dev/null; [ -e "$_sglang_new" ] && rm -rf "$_sglang_new"; fi\n'
+        'mv -nT "$_sglang_new" "$_sglang_lock" 2>/dev/null; '
+        '[ -e "$_sglang_new" ] && rm -rf "$_sglang_new"; fi\n'
         f'if [ -e "$_sglang_lock/{marker}" ]; then {_IDENTITY_SH}'
-        'printf \'{"acquired": true, "machine": "%s", "boot": "%s"}\\n\' "$_sglang_machine" "$_sglang_boot"; else\n'
+        'printf \'{"acquired": true, "machine": "%s", "boot": "%s"}\\n\' '
+        '"$_sglang_machine" "$_sglang_boot"; else\n'
         f"{remote.command('lock_host', 'acquire', owner, '0')}\nfi"
     )
 
 
 def release_command(token: str) -> str:
-    """`lock_host.py release TOKEN`: a lock holding this take's marker is renamed aside and removed in sh (so it
-    is never seen half-removed); any other (held by another take) goes to the script, which compares owner.json."""
+    """`lock_host.py release TOKEN`: a lock holding this take's marker is renamed aside and removed
+    in sh (so it is never seen half-removed); any other (held by another take) goes to the script,
+    which compares owner.json."""
     return (
         f'_sglang_lock={_LOCK_SH}; _sglang_old="$_sglang_lock.old-{token}"\n'
         f'if [ -e "$_sglang_lock/{_marker(token)}" ]; then '
-        'mv -T "$_sglang_lock" "$_sglang_old" && rm -rf "$_sglang_old" && echo \'{"released": true}\'; else\n'
+        'mv -T "$_sglang_lock" "$_sglang_old" && rm -rf "$_sglang_old" && '
+        'echo \'{"released": true}\'; else\n'
         f"{remote.command('lock_host', 'release', shlex.quote(token))}\nfi"
     )
 
@@ -372,7 +405,8 @@ def _marker(token: str) -> str:
 
 
 def _machine(answer: dict) -> tuple[str, str] | None:
-    """The machine a lock command's answer came from (machine id, boot id); None where it did not say."""
+    """The machine a lock command's answer came from (machine id, boot id); None where it did not
+    say."""
     machine, boot = answer.get("machine"), answer.get("boot")
     return (machine, boot or "") if isinstance(machine, str) and machine else None
 
@@ -383,7 +417,8 @@ class Outcome:
     holder: dict | None = None
     waited_s: float = 0.0
     error: str | None = None
-    refused: str | None = None  # why this host was refused whole (it is the machine of another host of the run)
+    # why this host was refused whole (it is the machine of another host of the run)
+    refused: str | None = None
 
 
 @dataclass
@@ -396,7 +431,8 @@ class _Slot:
     token: str | None = None  # the last take's (its marker, and the owner record's "token")
     held: bool = False
     machine: tuple[str, str] | None = None  # (machine id, boot id) as the host last answered
-    running: tuple | None = None  # the host's read begun by the command that took this lock (RunLocks.read_for)
+    # the host's read begun by the command that took this lock (RunLocks.read_for)
+    running: tuple | None = None
 
     @property
     def name(self) -> str:
@@ -404,14 +440,17 @@ class _Slot:
 
 
 class RunLocks:
-    """One run's locks: take them all in order (never waiting while holding), give each back when done."""
+    """One run's locks: take them all in order (never waiting while holding), give each back when
+    done."""
 
     def __init__(self, owner: dict | None = None, on_taken: Callable[[_Slot], None] | None = None,
                  read_for: Callable[[object], object | None] | None = None):
         self.owner = owner or new_owner()
-        self.on_taken = on_taken  # called as each lock is taken, before the pass goes on to the next
-        # read_for(host): the host's read (an object with a shell `command`) to run in the same call that takes its
-        # lock, or None. Once taken, slot.running holds (that read, a greenlet giving (exit status, output lines, stderr)).
+        # called as each lock is taken, before the pass goes on to the next
+        self.on_taken = on_taken
+        # read_for(host): the host's read (an object with a shell `command`) to run in the same call
+        # that takes its lock, or None. Once taken, slot.running holds (that read, a greenlet giving
+        # (exit status, output lines, stderr)).
         self.read_for = read_for
         self.slots: dict[str, _Slot] = {}  # by inventory name
         self.outcomes: dict[str, Outcome] = {}
@@ -428,31 +467,37 @@ class RunLocks:
         try:
             return json.loads(output.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise HostLocked(f"{host.name}: the deploy lock command failed: {output.stderr.strip()[-300:]}") from None
+            raise HostLocked(f"{host.name}: the deploy lock command failed: "
+                             f"{output.stderr.strip()[-300:]}") from None
 
     def _try(self, slot: _Slot, wait_s: float) -> dict:
         host = slot.host
         token = uuid.uuid4().hex
         owner = shlex.quote(json.dumps({**self.owner, "token": token}))
-        timeout = wait_s + 60  # the command returns by itself after wait_s; this only bounds a hung host
-        # A free lock is taken in sh (free_lock_command): the uncontended pass costs one round trip per host,
-        # which also begins the host's read where the deploy has one (the host's one call of the run).
+        # the command returns by itself after wait_s; this only bounds a hung host
+        timeout = wait_s + 60
+        # A free lock is taken in sh (free_lock_command): the uncontended pass costs one round trip
+        # per host, which also begins the host's read where the deploy has one (the host's one call
+        # of the run).
         slot.running = None
         result = None
         if wait_s == 0 and self.read_for is not None:
             read = self.read_for(host)
             if read is not None:
-                result = self._run_with_read(slot, free_lock_command(owner, token), read, token, timeout)
+                result = self._run_with_read(slot, free_lock_command(owner, token), read, token,
+                                             timeout)
         if result is None:
             result = self._run(host, free_lock_command(owner, token), timeout)
         holder = result.get("held_by") or {}
-        ours = holder.get("id") == self.owner["id"]  # this run's, under another name: take_all refuses both
+        # this run's, under another name: take_all refuses both
+        ours = holder.get("id") == self.owner["id"]
         if not result["acquired"] and not ours:
             why = is_stale(holder, self.owner)
             if why:
                 host.log(f"deploy lock held by {describe(holder)} is stale ({why}): taking it over")
                 self.events.append(f"takeover {slot.name}")
-                result = self._command(host, "acquire", owner, "0", shlex.quote(holder["token"]), timeout=timeout)
+                result = self._command(host, "acquire", owner, "0", shlex.quote(holder["token"]),
+                                       timeout=timeout)
         if not result["acquired"] and wait_s > 0 and not ours:
             result = self._command(host, "acquire", owner, f"{wait_s:.1f}", timeout=timeout)
         if result["acquired"]:
@@ -462,13 +507,16 @@ class RunLocks:
                 self.on_taken(slot)
         return result
 
-    def _run_with_read(self, slot: _Slot, lock_command: str, read, token: str, timeout: float) -> dict | None:
-        """Take the lock and, where it was taken, go straight on to the host's read, in one command: its first
-        line answers the lock (read as soon as it comes, so the pass goes on), the rest is the read's output.
+    def _run_with_read(self, slot: _Slot, lock_command: str, read, token: str,
+                       timeout: float) -> dict | None:
+        """Take the lock and, where it was taken, go straight on to the host's read, in one command:
+        its first line answers the lock (read as soon as it comes, so the pass goes on), the rest is
+        the read's output.
 
-        pyinfra returns a command's output only when it ends, so this command runs on a channel of its own over
-        the host's SSH connection, wrapped as pyinfra wraps the lock's own command. None where the host has no
-        such connection (another connector): the lock is then taken on its own."""
+        pyinfra returns a command's output only when it ends, so this command runs on a channel of
+        its own over the host's SSH connection, wrapped as pyinfra wraps the lock's own command.
+        None where the host has no such connection (another connector): the lock is then taken on
+        its own."""
         host = slot.host
         channel = open_session(host)
         if channel is None:
@@ -482,14 +530,16 @@ class RunLocks:
             line, rest = first_line(channel)
         except Exception as exc:
             channel.close()
-            raise HostLocked(f"{host.name}: the deploy lock command failed: {type(exc).__name__}: {exc}") from None
+            raise HostLocked(f"{host.name}: the deploy lock command failed: {type(exc).__name__}: "
+                             f"{exc}") from None
         output = gevent.spawn(rest_of_output, channel, rest)
         try:
             result = json.loads(line)
             result["acquired"]  # noqa: B018 - an answer without it is no answer
         except (ValueError, KeyError, TypeError):
             stderr = output.get()[2]
-            raise HostLocked(f"{host.name}: the deploy lock command failed: {stderr.strip()[-300:]}") from None
+            raise HostLocked(
+                f"{host.name}: the deploy lock command failed: {stderr.strip()[-300:]}") from None
         if result["acquired"]:
             slot.running = (read, output)
         return result
@@ -500,7 +550,8 @@ class RunLocks:
                 return
             slot.held = False
         self.events.append(f"release {slot.name}")
-        # Another run may have the host before this one takes it again: what was read under this hold is dropped.
+        # Another run may have the host before this one takes it again: what was read under this
+        # hold is dropped.
         host_reads.forget(slot.host)
         try:
             self._run(slot.host, release_command(slot.token or ""), timeout=30)
@@ -513,8 +564,8 @@ class RunLocks:
         except NotPrivate as exc:
             then = f"it could not be recorded here ({exc}); remove"
         slot.host.log(
-            f"deploy lock not given back ({why}; {type(error).__name__}: {error}): {then} {LOCK_PATH} on the host "
-            "once no deploy runs there",
+            f"deploy lock not given back ({why}; {type(error).__name__}: {error}): {then} "
+            f"{LOCK_PATH} on the host once no deploy runs there",
             log_func=logger.warning,
         )
 
@@ -548,8 +599,9 @@ class RunLocks:
                     self._give_back(self.slots[name], "waiting for another host's lock")
                     gave_back = True
             if gave_back:
-                # Two runs that reach the same machines in different orders (other addresses) could hand locks
-                # back and forth in step; a random pause, longer each time, breaks the step.
+                # Two runs that reach the same machines in different orders (other addresses) could
+                # hand locks back and forth in step; a random pause, longer each time, breaks the
+                # step.
                 collisions += 1
                 time.sleep(random.uniform(0, min(2.0, 0.1 * 2**collisions)))
             announced = False
@@ -562,8 +614,9 @@ class RunLocks:
                     break
                 if not announced:
                     slot.host.log(
-                        f"deploy lock held by {describe(holder)}: waiting for it, up to lock_wait_s ({slot.wait_s:.0f} s) "
-                        "from the run's start, holding no other lock"
+                        f"deploy lock held by {describe(holder)}: waiting for it, up to "
+                        f"lock_wait_s ({slot.wait_s:.0f} s) from the run's start, holding no other "
+                        "lock"
                     )
                     self.events.append(f"wait {slot.name}")
                     announced = True
@@ -571,15 +624,18 @@ class RunLocks:
                 if result is None:
                     break
                 if result["acquired"]:
-                    slot.host.log(f"deploy lock taken after waiting {time.monotonic() - start:.1f} s")
+                    slot.host.log(
+                        f"deploy lock taken after waiting {time.monotonic() - start:.1f} s")
                     break
                 holder = result.get("held_by") or holder
         for name, slot in self.slots.items():
-            self.outcomes[name] = failed.get(name) or Outcome(True, waited_s=time.monotonic() - start)
+            self.outcomes[name] = (failed.get(name)
+                                   or Outcome(True, waited_s=time.monotonic() - start))
         return self.outcomes
 
     def _attempt(self, slot: _Slot, wait_s: float, failed: dict, pending: list) -> dict | None:
-        """`_try` the slot's lock; None where that host is out of the pass (its command failed, or it was refused)."""
+        """`_try` the slot's lock; None where that host is out of the pass (its command failed, or
+        it was refused)."""
         try:
             result = self._try(slot, wait_s)
         except Exception as exc:
@@ -597,23 +653,27 @@ class RunLocks:
         holder = result.get("held_by") or {}
         if not result["acquired"] and holder.get("id") == self.owner["id"]:
             # The machine's lock is held by this very run: it took it under another inventory name.
-            taker = next((s for s in self.slots.values() if s is not slot and s.token and s.token == holder.get("token")), None)
+            taker = next((s for s in self.slots.values()
+                          if s is not slot and s.token and s.token == holder.get("token")), None)
             if taker is not None:
                 return taker
         slot.machine = _machine(result) or slot.machine
         if slot.machine is None:
             return None
-        return next((s for s in self.slots.values() if s is not slot and s.machine == slot.machine), None)
+        return next((s for s in self.slots.values() if s is not slot and s.machine == slot.machine),
+                    None)
 
     def _refuse(self, slot: _Slot, other: _Slot, failed: dict, pending: list) -> None:
-        """`slot` and `other` are one machine: both fail, before any change, their lock given back."""
+        """`slot` and `other` are one machine: both fail, before any change, their lock given
+        back."""
         message = same_machine_message(other.name, slot.name, slot.machine or other.machine)
         self.events.append(f"refuse {other.name} {slot.name}")
         for refused in (other, slot):
             self._give_back(refused, f"{other.name} and {slot.name} are one machine")
             if refused.name in pending:
                 pending.remove(refused.name)
-            if not (failed.get(refused.name) and failed[refused.name].refused):  # a third name: the first pair's message stays
+            # a third name: the first pair's message stays
+            if not (failed.get(refused.name) and failed[refused.name].refused):
                 failed[refused.name] = Outcome(False, refused=message)
 
     # -- giving back ----------------------------------------------------------------------
@@ -633,10 +693,12 @@ class _Run(BaseStateCallback):
     def __init__(self, state, executing: bool, waits: dict[str, float] | None = None):
         self.state = state
         self.executing = executing
-        # Each host's validated lock_wait_s, for hosts locked before their own load arrives (deploy.py passes them).
+        # Each host's validated lock_wait_s, for hosts locked before their own load arrives
+        # (deploy.py passes them).
         self.waits = dict(waits or {})
         self.expected = {h.name: h for h in state.inventory.get_active_hosts()}
-        # pyinfra loads at most this many hosts at once (--parallel, or 20 per CPU): no more can arrive together.
+        # pyinfra loads at most this many hosts at once (--parallel, or 20 per CPU): no more can
+        # arrive together.
         self.at_once = getattr(getattr(state, "pool", None), "size", None) or len(self.expected)
         self.arrived: dict[str, tuple[object, float]] = {}
         self.taking = False
@@ -677,12 +739,14 @@ class _Run(BaseStateCallback):
                 self.ready.set()
         elif not self.ready.wait(ARRIVAL_TIMEOUT_S):
             missing = ", ".join(sorted(set(self.expected) - set(self.arrived)))
-            raise HostLocked(f"{host.name}: hosts {missing} did not reach the deploy lock within {ARRIVAL_TIMEOUT_S} s of the others")
+            raise HostLocked(f"{host.name}: hosts {missing} did not reach the deploy lock within "
+                             f"{ARRIVAL_TIMEOUT_S} s of the others")
 
     def _take(self) -> None:
-        # Hosts that could not load yet (more hosts than pyinfra loads at once) are locked with the others,
-        # with their data's lock_wait_s as given (their own load validates it).
-        hosts = [self.arrived.get(name) or (h, float(self.waits.get(name, DEFAULT_WAIT_S))) for name, h in sorted(self.expected.items())]
+        # Hosts that could not load yet (more hosts than pyinfra loads at once) are locked with the
+        # others, with their data's lock_wait_s as given (their own load validates it).
+        hosts = [self.arrived.get(name) or (h, float(self.waits.get(name, DEFAULT_WAIT_S)))
+                 for name, h in sorted(self.expected.items())]
         for host, _ in hosts:
             watch_connection(host)
             send_without_delay(host)
@@ -692,7 +756,8 @@ class _Run(BaseStateCallback):
             self._peek(hosts)
 
     def _peek(self, hosts) -> None:
-        """--dry: look at each host's lock (taking none), and refuse hosts that answer as one machine, as a run does."""
+        """--dry: look at each host's lock (taking none), and refuse hosts that answer as one
+        machine, as a run does."""
         machines: dict[tuple[str, str], str] = {}
         for host, _ in hosts:
             try:
@@ -701,7 +766,8 @@ class _Run(BaseStateCallback):
                 answer = {}  # the plan's own facts will say what is wrong with the host
             holder = answer.get("held_by")
             if holder:
-                host.log(f"--dry takes no lock; another deploy holds it: {describe(holder)} (this plan may change when it ends)", log_func=logger.warning)
+                host.log(f"--dry takes no lock; another deploy holds it: {describe(holder)} (this "
+                         "plan may change when it ends)", log_func=logger.warning)
             machine = _machine(answer)
             first = machines.setdefault(machine, host.name) if machine else host.name
             if first != host.name:
@@ -741,7 +807,8 @@ def _executing(argv: list[str] | None = None) -> bool:
 
     ctx = click.get_current_context(silent=True)
     if ctx is not None and "dry" in ctx.params:
-        dry, yes, as_json = bool(ctx.params.get("dry")), bool(ctx.params.get("yes")), bool(ctx.params.get("json_output"))
+        dry, yes, as_json = (bool(ctx.params.get("dry")), bool(ctx.params.get("yes")),
+                             bool(ctx.params.get("json_output")))
     else:
         args = list(argv if argv is not None else sys.argv[1:])
         args = args[: args.index("--")] if "--" in args else args
@@ -752,15 +819,19 @@ def _executing(argv: list[str] | None = None) -> bool:
 
 
 def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None,
-            read: Callable[[object], object | None] | None = None, waits: dict[str, float] | None = None) -> None:
-    """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if its lock was not had.
+            read: Callable[[object], object | None] | None = None,
+            waits: dict[str, float] | None = None) -> None:
+    """Take this run's locks (the last host to arrive takes all of them), then fail `host` alone if
+    its lock was not had.
 
-    `on_held(host)` is called as soon as the host's lock is taken (with `--dry`, once its lock is looked at),
-    while the pass goes on to the next host: the deploy begins the host's read there (host_reads.start_read).
-    `read(host)` gives the host's read to begin in the very command that takes its lock (host_reads.lock_read):
-    then `on_held(host, (that read, its output))` is called instead.
+    `on_held(host)` is called as soon as the host's lock is taken (with `--dry`, once its lock is
+    looked at), while the pass goes on to the next host: the deploy begins the host's read there
+    (host_reads.start_read). `read(host)` gives the host's read to begin in the very command that
+    takes its lock (host_reads.lock_read): then `on_held(host, (that read, its output))` is called
+    instead.
     A host that is the machine of another host of the run is refused, with `--dry` too.
-    `waits`: every host's validated `lock_wait_s` by name (a host may be locked before its own load arrives).
+    `waits`: every host's validated `lock_wait_s` by name (a host may be locked before its own load
+    arrives).
     """
     global _RUN
     host = real_host(host)
@@ -779,9 +850,11 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
         message = f"{host.name}: could not take the deploy lock: {outcome.error}"
     else:
         message = locked_message(host.name, outcome.holder, outcome.waited_s)
-    if not any(name not in run.locks.outcomes or run.locks.outcomes[name].held for name in run.expected):
+    if not any(name not in run.locks.outcomes or run.locks.outcomes[name].held
+               for name in run.expected):
         raise HostLocked(message)  # no host of this run can go on: stop the run with the reason
-    # This host alone fails (pyinfra goes on with the others): its load ends here, before any operation is added.
+    # This host alone fails (pyinfra goes on with the others): its load ends here, before any
+    # operation is added.
     host.log_styled(message, fg="red", log_func=logger.error)
     state.fail_hosts({host})
     raise gevent.GreenletExit

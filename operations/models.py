@@ -17,8 +17,8 @@ like a model. So:
   the same script at boot from `/etc/sglang-deploy/models.json`, so a rebooted host serves
   again without a deploy run. The service units are ordered after it and require it
   (`boot_unit_name(config)`).
-- `stage_for_host(config)` adds all of these for a host (the `Models` component); a service is restarted when
-  one of its models' operations changed something.
+- `stage_for_host(config)` adds all of these for a host (the `Models` component); a service is
+  restarted when one of its models' operations changed something.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ VERIFY_MODES = ("fast", "full")
 class StagedModel(FactBase):
     """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
     (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
-    why root may not trust the staged copy (``untrusted``) or the source (``src_untrusted``), or None;
-    the sha256 of staged files modified after the marker (``suspect_hashes``); with
+    why root may not trust the staged copy (``untrusted``) or the source (``src_untrusted``), or
+    None; the sha256 of staged files modified after the marker (``suspect_hashes``); with
     ``verify="full"`` instead the sha256 of every staged file (``dest_hashes``)."""
 
     def command(self, src: str, dest: str, verify: str = "fast") -> str:
@@ -84,8 +84,8 @@ def drift(state: dict) -> str | None:
     if dest is None:
         return "not staged"
     if state.get("untrusted"):
-        # Another user's directory (or the engine's) with the right names, sizes and a copy of our marker:
-        # the stage script moves it aside and stages afresh.
+        # Another user's directory (or the engine's) with the right names, sizes and a copy of our
+        # marker: the stage script moves it aside and stages afresh.
         return f"not staged by root ({state['untrusted']})"
     if not marker or not isinstance(marker.get("files"), dict):
         return "no staging manifest (not staged by us, or interrupted)"
@@ -116,18 +116,22 @@ def drift(state: dict) -> str | None:
 
 
 def staged_read(src: str, dest: str, verify: str) -> dict:
-    """The `StagedModel` read's arguments: the same for the operation and the plan (one answer from the read)."""
+    """The `StagedModel` read's arguments: the same for the operation and the plan (one answer from
+    the read)."""
     return {"src": src, "dest": dest, **({"verify": "full"} if verify == "full" else {})}
 
 
 def stage_reason(state: dict) -> str | None:
-    """Why the model must be staged (again), from its `StagedModel` read; None when its copy is current."""
+    """Why the model must be staged (again), from its `StagedModel` read; None when its copy is
+    current."""
     if state["src"] is None:
-        return "source missing"  # nothing to copy from: the stage script fails with the message that says so
+        # nothing to copy from: the stage script fails with the message that says so
+        return "source missing"
     return drift(state)
 
 
-def stage_command(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, str], ...] = ()) -> str:
+def stage_command(src: str, dest: str, verify: str = "fast",
+                  others: tuple[tuple[str, str], ...] = ()) -> str:
     args = [shlex.quote(src), shlex.quote(dest), MARKER]
     if verify == "full":
         args += ["--verify", "full"]
@@ -161,12 +165,13 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
     Trust:
         A staged copy is served only if it, its marker and everything in it are root's, no symlink,
         writable by root alone, under directories nobody else can write (``/dev/shm`` is sticky): a
-        directory another user (or the engine) made there, a copy of our marker and all, is not staged,
-        whatever it holds. The stage script renames it aside (``.<name>.untrusted-<time>``, never
-        deleted) and stages afresh; a planted ``.<name>.partial`` is never resumed. A source that is not
-        root's throughout is refused. What the script makes (the shm dir when missing, the partial copy and
-        everything in it) it makes exclusively and checks on the handle; a directory is judged before it is
-        read, and read without following a link, at most 32 levels deep.
+        directory another user (or the engine) made there, a copy of our marker and all, is not
+        staged, whatever it holds. The stage script renames it aside (``.<name>.untrusted-<time>``,
+        never deleted) and stages afresh; a planted ``.<name>.partial`` is never resumed. A source
+        that is not root's throughout is refused. What the script makes (the shm dir when missing,
+        the partial copy and everything in it) it makes exclusively and checks on the handle; a
+        directory is judged before it is read, and read without following a link, at most 32 levels
+        deep.
 
     **Example:**
 
@@ -184,12 +189,15 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
     reason = stage_reason(state)
     if reason is None:
         touched = len(state.get("suspect_hashes") or {})
-        hashed = f"; {touched} file(s) modified after staging hashed: content unchanged" if touched else ""
-        host.noop(f"model {dest} is staged and matches {src} (checked: {'sha256' if verify == 'full' else 'names, sizes, mtimes'}{hashed})")
+        hashed = (f"; {touched} file(s) modified after staging hashed: content unchanged"
+                  if touched else "")
+        host.noop(f"model {dest} is staged and matches {src} (checked: "
+                  f"{'sha256' if verify == 'full' else 'names, sizes, mtimes'}{hashed})")
         return
     host.log(f"model {dest}: {reason}: staging from {src}")
     # A file whose content is wrong at the right size would be hard-linked into the new copy by a
-    # fast stage (it trusts sizes): re-stage with the staged files hashed, so that it is copied again.
+    # fast stage (it trusts sizes): re-stage with the staged files hashed, so that it is copied
+    # again.
     content = reason.startswith("content differs")
     yield stage_command(src, dest, "full" if content else verify, tuple(others))
 
@@ -199,11 +207,13 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
 
 @host_reads.batched()
 class OwnedInShm(FactBase):
-    """``{"owned": {entry: "staged" | "partial" | "old"}, "in_units": [model, ...]}``: directories in the
-    shm dir that carry our marker or journal, and the models there that an installed unit loads."""
+    """``{"owned": {entry: "staged" | "partial" | "old"}, "in_units": [model, ...]}``: directories
+    in the shm dir that carry our marker or journal, and the models there that an installed unit
+    loads."""
 
     def command(self, shm_dir: str) -> str:
-        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL, shlex.quote(host_paths.UNIT_DIR))
+        return remote.command("model_owned", shlex.quote(shm_dir), MARKER, JOURNAL,
+                              shlex.quote(host_paths.UNIT_DIR))
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -263,7 +273,8 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
 
 @host_reads.batched()
 class BootStaging(FactBase):
-    """``{"files": {path: sha256}, "enabled": bool}`` for the boot unit's files (absent ones left out)."""
+    """``{"files": {path: sha256}, "enabled": bool}`` for the boot unit's files (absent ones left
+    out)."""
 
     def command(self, paths: tuple[str, ...] | list[str], unit: str) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
@@ -284,13 +295,16 @@ class BootStaging(FactBase):
 
 
 def boot_unit_name(config: HostConfig) -> str | None:
-    """The unit that stages the host's shm models at boot (services: After= and Requires=), or None."""
+    """The unit that stages the host's shm models at boot (services: After= and Requires=), or
+    None."""
     return BOOT_UNIT if config.staged_models else None
 
 
 def boot_files(config: HostConfig) -> dict[str, tuple[str, str]]:
-    """path -> (content, mode) of what the boot unit needs on the host (pure: tested without one)."""
-    models = [{"name": m.name, "src": m.store_path, "dest": m.load_path} for m in config.staged_models]
+    """path -> (content, mode) of what the boot unit needs on the host (pure: tested without
+    one)."""
+    models = [{"name": m.name, "src": m.store_path, "dest": m.load_path}
+              for m in config.staged_models]
     # No verify mode here: at boot the shm dir is empty and every file is copied and checked anyway,
     # and a one-off `--data verify_models=full` run must not rewrite the list.
     listing = json.dumps({"marker": MARKER, "models": models}, indent=2, sort_keys=True) + "\n"
@@ -315,12 +329,15 @@ def _sha256(text: str) -> str:
 
 def boot_stale(state: dict, wanted: dict[str, tuple[str, str]]) -> list[str]:
     """The boot unit's files (`BootStaging` fact) whose content is not the wanted one, in order."""
-    return [path for path, (content, _mode) in sorted(wanted.items()) if state["files"].get(path) != _sha256(content)]
+    return [path for path, (content, _mode) in sorted(wanted.items())
+            if state["files"].get(path) != _sha256(content)]
 
 
 def boot_wanted(config: HostConfig) -> dict[str, tuple[str, str]]:
-    """What `boot_staging` is given for `config`: the files to keep (shm models), or the paths to remove."""
-    return boot_files(config) if config.staged_models else {p: ("", "644") for p in (BOOT_SCRIPT, BOOT_LIST, BOOT_UNIT_PATH)}
+    """What `boot_staging` is given for `config`: the files to keep (shm models), or the paths to
+    remove."""
+    return (boot_files(config) if config.staged_models
+            else {p: ("", "644") for p in (BOOT_SCRIPT, BOOT_LIST, BOOT_UNIT_PATH)})
 
 
 @operation()
@@ -328,7 +345,8 @@ def boot_staging(wanted: dict[str, tuple[str, str]], unit: str = BOOT_UNIT, pres
     """
     Install (or remove) the oneshot unit that stages the host's models at boot.
 
-    + wanted: path -> (content, mode) of the script, the model list and the unit (``boot_files(config)``)
+    + wanted: path -> (content, mode) of the script, the model list and the unit
+      (``boot_files(config)``)
     + unit: the unit's name
     + present: install and enable it, or disable it and remove its files
 
@@ -377,12 +395,14 @@ def stage_for_host(config: HostConfig) -> dict:
 
     Unused copies go first (they free space for new ones); the boot unit comes last. A host
     with no `shm` models gets only checks, which find nothing on a host we never staged to.
-    The shm dir is made by the stage script itself (remote/_common.make_dirs: exclusively, then checked on its
-    handle), never by a `mkdir -p` after a check: in a world-writable /dev/shm another user could make it first.
+    The shm dir is made by the stage script itself (remote/_common.make_dirs: exclusively, then
+    checked on its handle), never by a `mkdir -p` after a check: in a world-writable /dev/shm
+    another user could make it first.
     """
     models = config.staged_models
     keep = [m.name for m in models]
-    unused_removed(name=f"Unused staged models removed from {config.shm_dir}", shm_dir=config.shm_dir, keep=keep)
+    unused_removed(name=f"Unused staged models removed from {config.shm_dir}",
+                   shm_dir=config.shm_dir, keep=keep)
     ops = {}
     for i, model in enumerate(models):
         ops[model.name] = staged(

@@ -1,8 +1,9 @@
-"""Source overlays: `patches.applied(patch_set, ...)` copies a tracked patch set into an installed package.
+"""Source overlays: `patches.applied(patch_set, ...)` copies a tracked patch set into an installed
+package.
 
-A patch set is `files/patches/<name>/`, its manifest read and checked on the control machine with the
-data (configuration/patch_sets.py: `load_patch_set`, `PatchSet`). Originals are backed up inside the venv before
-they are first replaced, so `present=False` restores them byte for byte.
+A patch set is `files/patches/<name>/`, its manifest read and checked on the control machine with
+the data (configuration/patch_sets.py: `load_patch_set`, `PatchSet`). Originals are backed up inside
+the venv before they are first replaced, so `present=False` restores them byte for byte.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import PurePosixPath
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError
 
-from configuration.patch_sets import PATCHES_DIR as PATCHES_DIR  # re-exported: tests/lab and bench read it here
+# PATCHES_DIR and load_patch_set are re-exported: tests/lab and bench read them here
+from configuration.patch_sets import PATCHES_DIR as PATCHES_DIR
 from configuration.patch_sets import PatchSet
-from configuration.patch_sets import load_patch_set as load_patch_set  # re-exported: tests/lab and bench load sets here
+from configuration.patch_sets import load_patch_set as load_patch_set
 from operations import host_reads, remote, this_run
 from operations.file_write import replace_file
 from operations.host_reads import operation
@@ -26,13 +28,15 @@ _TMP = ".sglang-deploy-tmp"
 
 @host_reads.batched()
 class InstalledFiles(FactBase):
-    """Installed version of ``distribution`` and sha256 (or None) of each path under ``site_packages``."""
+    """Installed version of ``distribution`` and sha256 (or None) of each path under
+    ``site_packages``."""
 
-    def command(self, site_packages: str, distribution: str, backup_dir: str, record: str, paths: tuple[str, ...]) -> str:
+    def command(self, site_packages: str, distribution: str, backup_dir: str, record: str,
+                paths: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
         return remote.command(
-            "installed_files", shlex.quote(site_packages), shlex.quote(distribution), shlex.quote(backup_dir),
-            shlex.quote(record), quoted,
+            "installed_files", shlex.quote(site_packages), shlex.quote(distribution),
+            shlex.quote(backup_dir), shlex.quote(record), quoted,
         )
 
     def process(self, output):
@@ -48,21 +52,25 @@ def _record_path(venv_path: str, name: str) -> str:
 
 
 def read_arguments(patch_set: PatchSet, venv_path: str, site_packages: str) -> dict:
-    """The `InstalledFiles` read of `patch_set` in a generation: the same arguments for the operation and the plan."""
+    """The `InstalledFiles` read of `patch_set` in a generation: the same arguments for the
+    operation and the plan."""
     return {"site_packages": site_packages, "distribution": patch_set.distribution,
-            "backup_dir": _backup_dir(venv_path, patch_set.name), "record": _record_path(venv_path, patch_set.name),
+            "backup_dir": _backup_dir(venv_path, patch_set.name),
+            "record": _record_path(venv_path, patch_set.name),
             "paths": tuple(f.path for f in patch_set.files)}
 
 
 def drift(patch_set: PatchSet, installed: dict | None) -> dict:
-    """What `applied` would find, from `InstalledFiles`: applied (every file and the record as the set says), or
-    what drifted: {"name", "applied", "drifted": [...], "note"}."""
+    """What `applied` would find, from `InstalledFiles`: applied (every file and the record as the
+    set says), or what drifted: {"name", "applied", "drifted": [...], "note"}."""
     if not installed:
-        return {"name": patch_set.name, "applied": False, "drifted": [], "note": "not read (the generation is not built)"}
+        return {"name": patch_set.name, "applied": False, "drifted": [],
+                "note": "not read (the generation is not built)"}
     if installed.get("version") != patch_set.version:
         found = installed.get("version") or "(not installed)"
         return {"name": patch_set.name, "applied": False, "drifted": [],
-                "note": f"{patch_set.distribution} {found} in the venv, the set is for {patch_set.version}"}
+                "note": f"{patch_set.distribution} {found} in the venv, the set is for "
+                        f"{patch_set.version}"}
     drifted = []
     for f in patch_set.files:
         found = (installed.get("files") or {}).get(f.path)
@@ -94,7 +102,8 @@ def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str
     if not record or record.get("corrupt"):
         return
     if record.get("base") != f"{patch_set.distribution}=={found_version}":
-        host.log(f"patch set {patch_set.name}: the base changed since it was applied: {record.get('base')} -> {patch_set.distribution}=={found_version}")
+        host.log(f"patch set {patch_set.name}: the base changed since it was applied: "
+                 f"{record.get('base')} -> {patch_set.distribution}=={found_version}")
     if record.get("digest") != patch_set.digest:
         old = record.get("files", {})
         changed = sorted(f.path for f in patch_set.files if old.get(f.path) != f.sha256)
@@ -103,10 +112,11 @@ def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str
         host.log(f"patch set {patch_set.name} changed since it was applied: {what}")
 
 
-def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: bool, present: bool, site_packages: str,
-               backups: str) -> tuple[str | None, list]:
-    """What one file of the set needs, from its sha256 on the host (`found`) and whether its original is backed up:
-    (the line to log or None, the commands; none when the file is as wanted). Refuses a file it cannot account for."""
+def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: bool, present: bool,
+               site_packages: str, backups: str) -> tuple[str | None, list]:
+    """What one file of the set needs, from its sha256 on the host (`found`) and whether its
+    original is backed up: (the line to log or None, the commands; none when the file is as wanted).
+    Refuses a file it cannot account for."""
     target = f"{site_packages}/{patch_file.path}"
     backup = f"{backups}/{patch_file.path}"
     said = None
@@ -118,18 +128,21 @@ def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: b
             said = f"patch {patch_set.name}: {patch_file.path} is missing: copying it"
         elif found == patch_file.original:
             said = f"patch {patch_set.name}: {patch_file.path}: replacing the original"
-            commands.append(f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e {shlex.quote(backup)} ] || "
-                            f"cp -p {shlex.quote(target)} {shlex.quote(backup)}")
+            commands.append(f"mkdir -p {shlex.quote(str(PurePosixPath(backup).parent))} && [ -e "
+                            f"{shlex.quote(backup)} ] || cp -p {shlex.quote(target)} "
+                            f"{shlex.quote(backup)}")
         elif not has_backup and patch_file.original is not None:
             raise OperationError(
-                f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it was "
-                f"written against ({patch_file.original}) nor the patched file ({patch_file.sha256}): "
-                "someone else changed the installed package and its RECORD does not show it; reinstall "
-                f"{patch_set.distribution} {patch_set.version} (remove the venv generation) and re-run"
+                f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it "
+                f"was written against ({patch_file.original}) nor the patched file "
+                f"({patch_file.sha256}): someone else changed the installed package and its RECORD "
+                f"does not show it; reinstall {patch_set.distribution} {patch_set.version} (remove "
+                "the venv generation) and re-run"
             )
         else:
             said = (f"patch {patch_set.name}: {patch_file.path} was changed on the host "
-                    f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the patched file")
+                    f"(sha256 {found[:12]}, expected {patch_file.sha256[:12]}): restoring the "
+                    "patched file")
         # Written beside and renamed over: a venv generation may share the file's inode
         # (a hard link) with the live generation, which must not change under the service.
         commands += list(replace_file(target, patch_set.local(patch_file), "644"))
@@ -142,17 +155,23 @@ def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: b
             return None, []
         if not has_backup:
             raise OperationError(
-                f"patch set {patch_set.name}: cannot restore {target}: no backup of its original at {backup}; "
-                f"reinstall {patch_set.distribution} {patch_set.version} to get the pristine file back"
+                f"patch set {patch_set.name}: cannot restore {target}: no backup of its original "
+                f"at {backup}; reinstall {patch_set.distribution} {patch_set.version} to get the "
+                "pristine file back"
             )
-        commands.append(f"cp -p {shlex.quote(backup)} {shlex.quote(target + _TMP)} && mv -f {shlex.quote(target + _TMP)} {shlex.quote(target)}")
+        commands.append(f"cp -p {shlex.quote(backup)} {shlex.quote(target + _TMP)} && mv -f "
+                        f"{shlex.quote(target + _TMP)} {shlex.quote(target)}")
     pycache = PurePosixPath(target).parent / "__pycache__"
-    commands.append(f"rm -f {shlex.quote(str(pycache))}/{shlex.quote(PurePosixPath(target).stem)}.*.pyc")  # its stale bytecode
+    # its stale bytecode
+    commands.append("rm -f "
+                    f"{shlex.quote(str(pycache))}/{shlex.quote(PurePosixPath(target).stem)}.*.pyc")
     return said, commands
 
 
-def record_steps(patch_set: PatchSet, record_path: str, record: dict | None, present: bool) -> list[str]:
-    """The commands that make the applied-state record what the set wants (none when it already is)."""
+def record_steps(patch_set: PatchSet, record_path: str, record: dict | None,
+                 present: bool) -> list[str]:
+    """The commands that make the applied-state record what the set wants (none when it already
+    is)."""
     wanted = applied_record(patch_set) if present else None
     if record == wanted:
         return []
@@ -194,28 +213,31 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     """
     backups = _backup_dir(venv_path, patch_set.name)
     record_path = _record_path(venv_path, patch_set.name)
-    state = host_reads.get(host, InstalledFiles, **read_arguments(patch_set, venv_path, site_packages))
+    state = host_reads.get(host, InstalledFiles,
+                           **read_arguments(patch_set, venv_path, site_packages))
     found_version = state["version"]
     if found_version is None and present and not this_run.executing():
         # Planning (--dry, or the diff before a run): the generation this set goes into is built
         # by an earlier operation of this run and does not exist yet. Preview the set over a fresh
         # install of its base (every file its original); the real run checks the built one.
-        host.log(f"patch set {patch_set.name}: {venv_path} is built by this run: previewing the set over a fresh "
-                 f"{patch_set.distribution} {patch_set.version}")
+        host.log(f"patch set {patch_set.name}: {venv_path} is built by this run: previewing the "
+                 f"set over a fresh {patch_set.distribution} {patch_set.version}")
         found_version = patch_set.version
         state = {"version": found_version, "files": {f.path: f.original for f in patch_set.files},
                  "backups": {f.path: False for f in patch_set.files}, "record": None}
     _explain_record(patch_set, state["record"], found_version)
     if found_version != patch_set.version:
         raise OperationError(
-            f"patch set {patch_set.name} was written for {patch_set.distribution} {patch_set.version}, "
-            f"the venv {venv_path} has {patch_set.distribution} {found_version or '(not installed)'}: "
-            f"use a stack with {patch_set.distribution} {patch_set.version}, or port the patch set"
+            f"patch set {patch_set.name} was written for {patch_set.distribution} "
+            f"{patch_set.version}, the venv {venv_path} has {patch_set.distribution} "
+            f"{found_version or '(not installed)'}: use a stack with {patch_set.distribution} "
+            f"{patch_set.version}, or port the patch set"
         )
     changed = 0
     for patch_file in patch_set.files:
-        said, commands = file_steps(patch_set, patch_file, state["files"][patch_file.path], state["backups"][patch_file.path],
-                                    present, site_packages, backups)
+        said, commands = file_steps(patch_set, patch_file, state["files"][patch_file.path],
+                                    state["backups"][patch_file.path], present,
+                                    site_packages, backups)
         if said:
             host.log(said)
         if commands:

@@ -5,11 +5,11 @@
   that carry our "Managed by sglang-deploy" header, never the boot staging unit, nothing else.
   Their staged models are released by `models.unused_removed` (it keeps the models of the
   services still placed on the host).
-- `remove_unplaced(config)` adds it for a host; the `Cleanup` component (deploys/cleanup.py) calls it after the readiness gates.
-  pyinfra runs each operation on every host before the next one, so in a migration the old
-  host's service is stopped only after the new host's service answered `/health`; and when the
-  service is placed on another host that is not ready in this run (failed, left out with
-  `--limit`, unreachable), the old one is kept running and the run says so.
+- `remove_unplaced(config)` adds it for a host; the `Cleanup` component (deploys/cleanup.py) calls
+  it after the readiness gates. pyinfra runs each operation on every host before the next one, so in
+  a migration the old host's service is stopped only after the new host's service answered
+  `/health`; and when the service is placed on another host that is not ready in this run (failed,
+  left out with `--limit`, unreachable), the old one is kept running and the run says so.
 - The removal is destructive, so what gates it is read at the moment of the decision: the other
   host's service must have passed this run's readiness gate there AND answer `/health` now, read
   by a command on that host right before the stop (`answers_now`), not the answer its readiness
@@ -38,7 +38,8 @@ PREFIX = "sglang-"
 
 @host_reads.batched()
 class ManagedUnits(FactBase):
-    """``{unit: {"path", "managed", "active", "enabled", "pid"}}`` for the host's ``sglang-*.service`` files."""
+    """``{unit: {"path", "managed", "active", "enabled", "pid"}}`` for the host's
+    ``sglang-*.service`` files."""
 
     def command(self, unit_dir: str = UNIT_DIR) -> str:
         return remote.command("placement_units", shlex.quote(unit_dir))
@@ -48,7 +49,8 @@ class ManagedUnits(FactBase):
 
 
 def replica_of(unit: str) -> str:
-    """The replica's name on its host, as its summary row shows it (`sglang-dflash@2.service` -> `dflash@2`)."""
+    """The replica's name on its host, as its summary row shows it (`sglang-dflash@2.service` ->
+    `dflash@2`)."""
     return unit.removeprefix(PREFIX).removesuffix(".service")
 
 
@@ -58,10 +60,12 @@ def service_of(unit: str) -> str:
 
 
 def leftovers(units: dict[str, dict], keep: tuple[str, ...] | list[str]) -> list[str]:
-    """Our units (header, prefix) that no placed service owns; the boot staging unit is the models' own."""
+    """Our units (header, prefix) that no placed service owns; the boot staging unit is the models'
+    own."""
     return sorted(
         name for name, unit in units.items()
-        if unit["managed"] and name.startswith(PREFIX) and name.endswith(".service") and name != BOOT_UNIT and name not in keep
+        if unit["managed"] and name.startswith(PREFIX) and name.endswith(".service")
+        and name != BOOT_UNIT and name not in keep
     )
 
 
@@ -76,34 +80,39 @@ class Placed:
     replica: str = ""  # its name on its host (the summary's row)
 
     def __str__(self) -> str:
-        return f"{self.host}/{self.replica}" if self.replica and self.replica != service_of(self.unit) else self.host
+        return (f"{self.host}/{self.replica}"
+                if self.replica and self.replica != service_of(self.unit) else self.host)
 
 
 def placements(configs: dict[str, HostConfig]) -> dict[str, list[Placed]]:
-    """service -> where the inventory places its replicas (whether or not their hosts are in this run), from every
-    host's validated configuration: on other hosts, and this host's own replicas of it (a replica removed while
-    another of the same service stays here)."""
+    """service -> where the inventory places its replicas (whether or not their hosts are in this
+    run), from every host's validated configuration: on other hosts, and this host's own replicas of
+    it (a replica removed while another of the same service stays here)."""
     out: dict[str, list[Placed]] = {}
     for name, config in sorted(configs.items()):
         for service in config.services:
             out.setdefault(service.definition, []).append(
-                Placed(name, service.unit_name, probe_address(service.bind), service.port, service.name))
+                Placed(name, service.unit_name, probe_address(service.bind),
+                       service.port, service.name))
     return out
 
 
 def ready_elsewhere(service: str, others, report: dict) -> tuple[list, list]:
     """(replicas whose readiness gate passed in this run, the others)."""
-    ready = [p for p in others if report.get(p.host, {}).get(p.replica or service, {}).get("state") == "ready"]
+    ready = [p for p in others
+             if report.get(p.host, {}).get(p.replica or service, {}).get("state") == "ready"]
     return ready, [p for p in others if p not in ready]
 
 
 def answers_now(state, placed: Placed) -> str | None:
-    """None when `placed`'s service is active and answers /health with 200 now, read by a command on its host at
-    this moment; else why not. A host not in this run, failed, or unreachable does not answer."""
+    """None when `placed`'s service is active and answers /health with 200 now, read by a command on
+    its host at this moment; else why not. A host not in this run, failed, or unreachable does not
+    answer."""
     other = state.inventory.get_host(placed.host) if state is not None else None
     if other is None or other not in state.activated_hosts or other in state.failed_hosts:
         return f"{placed.host} is not in this run or has failed"
-    command = remote.command("service_state", shlex.quote(placed.unit), shlex.quote(placed.address), str(int(placed.port)))
+    command = remote.command("service_state", shlex.quote(placed.unit), shlex.quote(placed.address),
+                             str(int(placed.port)))
     try:
         ok, output = other.run_shell_command(command, print_output=False, _timeout=60)
         found = json.loads(output.stdout.strip().splitlines()[-1]) if ok else None
@@ -111,10 +120,12 @@ def answers_now(state, placed: Placed) -> str | None:
         return f"{placed.host} could not be read now ({type(exc).__name__}: {exc})"
     if not isinstance(found, dict):
         return f"{placed.host} could not be read now"
-    if found.get("stranger"):  # another process holds its port there: its answer is not the service's
+    # another process holds its port there: its answer is not the service's
+    if found.get("stranger"):
         return f"{placed.unit} on {placed.host} cannot be asked now: {found['stranger']}"
     if found.get("active") != "active" or found.get("health") != 200:
-        return f"{placed.unit} on {placed.host} is {found.get('active')}, /health {found.get('health')} now"
+        return (f"{placed.unit} on {placed.host} is {found.get('active')}, /health "
+                f"{found.get('health')} now")
     return None
 
 
@@ -124,7 +135,8 @@ def removal_commands(unit: str, path: str) -> list[str]:
         f"systemctl disable --now {quoted}",
         f"rm -f -- {shlex.quote(path)}",
         "systemctl daemon-reload",
-        # Braced: joined with `&&`, a bare `|| true` would swallow a failure of every step before it.
+        # Braced: joined with `&&`, a bare `|| true` would swallow a failure of every step before
+        # it.
         f"{{ systemctl reset-failed {quoted} 2>/dev/null || true; }}",
     ]
 
@@ -132,30 +144,42 @@ def removal_commands(unit: str, path: str) -> list[str]:
 def _remove(state, host, unit: str, path: str, service: str, others: tuple = ()) -> bool:
     halted = rollouts.halted(service)
     if halted is not None:
-        # A replica of it failed its gate in this run: the one being removed may be the last on the old version.
-        reason = f"the rollout of service {service} halted in this run ({halted.replica} failed its readiness gate)"
-        host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is fixed", fg="yellow", log_func=logger.warning)
+        # A replica of it failed its gate in this run: the one being removed may be the last on the
+        # old version.
+        reason = (f"the rollout of service {service} halted in this run ({halted.replica} failed "
+                  "its readiness gate)")
+        host.log_styled(
+            f"{unit} KEPT running here: {reason}; run the deploy again once it is fixed",
+            fg="yellow", log_func=logger.warning)
         summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
         return True
     if others:
         ready, not_ready = ready_elsewhere(service, others, summary.REPORT)
-        # Read now, on those hosts: their gate may have passed minutes ago, and this stop cannot be undone.
+        # Read now, on those hosts: their gate may have passed minutes ago, and this stop cannot be
+        # undone.
         why_not = {str(p): answers_now(state, p) for p in ready}
         answering = [str(p) for p in ready if why_not[str(p)] is None]
         if not answering:
             if ready:
-                reason = f"service {service} passed its readiness gate on {', '.join(map(str, ready))} in this run but does not answer there now ({'; '.join(why_not.values())})"
+                reason = (f"service {service} passed its readiness gate on "
+                          f"{', '.join(map(str, ready))} in this run but does not answer there now "
+                          f"({'; '.join(why_not.values())})")
             else:
-                reason = f"service {service} is placed on {', '.join(map(str, not_ready))} but did not answer /health there in this run"
-            host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is ready there", fg="yellow", log_func=logger.warning)
+                reason = (f"service {service} is placed on {', '.join(map(str, not_ready))} but "
+                          "did not answer /health there in this run")
+            host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is "
+                            "ready there", fg="yellow", log_func=logger.warning)
             summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
             return True
         moved = f"; it answers on {', '.join(answering)}"
     else:
         moved = ""
-    ok, output = host.run_shell_command(" && ".join(removal_commands(unit, path)), print_output=False)
+    ok, output = host.run_shell_command(" && ".join(removal_commands(unit, path)),
+                                        print_output=False)
     if not ok:
-        host.log_styled(f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red", log_func=logger.error)
+        host.log_styled(
+            f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red",
+            log_func=logger.error)
         return False
     host.log(f"{unit}: stopped, disabled and removed (no longer placed here{moved})")
     summary.record(host.name, replica_of(unit), "-", "removed", f"no longer placed here{moved}")
@@ -163,13 +187,15 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
 
 
 @operation()
-def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str, list[Placed]] | None = None, unit_dir: str = UNIT_DIR):
+def unplaced_removed(keep: tuple[str, ...] | list[str] = (),
+                     elsewhere: dict[str, list[Placed]] | None = None, unit_dir: str = UNIT_DIR):
     """
     Stop, disable and remove our service units that no placed service owns.
 
     + keep: unit names of the services placed on this host
-    + elsewhere: service -> where the inventory places its replicas (`Placed`, `placements`): one of them must have
-      passed this run's readiness gate and answer /health at the moment of the removal
+    + elsewhere: service -> where the inventory places its replicas (`Placed`, `placements`): one of
+      them must have passed this run's readiness gate and answer /health at the moment of the
+      removal
     + unit_dir: where the units live
 
     Ownership:
@@ -202,13 +228,15 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (), elsewhere: dict[str
         service = service_of(unit)
         others = tuple((elsewhere or {}).get(service, ()))
         when = f"once it answers /health on {', '.join(map(str, others))}" if others else "now"
-        host.log(f"{unit}: service {service} is no longer placed on this host: stop, disable and remove it {when}")
+        host.log(f"{unit}: service {service} is no longer placed on this host: stop, disable and "
+                 f"remove it {when}")
         yield FunctionCommand(_remove, (unit, units[unit]["path"], service, others), {})
 
 
 def remove_unplaced(config: HostConfig, configs: dict[str, HostConfig]) -> None:
-    """Add the removal of what the inventory no longer places on this host (after the readiness gates); `configs`:
-    every host's validated configuration (`configuration.settings.validate_inventory`)."""
+    """Add the removal of what the inventory no longer places on this host (after the readiness
+    gates); `configs`: every host's validated configuration
+    (`configuration.settings.validate_inventory`)."""
     unplaced_removed(
         name="Services no longer placed on this host removed",
         keep=[s.unit_name for s in config.services],

@@ -1,24 +1,26 @@
 """A plan: what a deploy would change on a host, as data (Terraform's shape: read, plan, apply).
 
-Each step of the deploy (its components in deploys/: GPU check, Environments, Models, Service account,
-Service, Cleanup) has pure decision functions from the validated configuration and the host's read to
-`Change` records; operations/host_plan.py asks every one of them, from one read of the host, for the
-whole host's `HostPlan`. The deploy reads that plan to decide whether a host needs its operations at
-all, `--dry` prints it, the JSON plan writes it, and the status view shows its changes: one decision,
-read four ways.
+Each step of the deploy (its components in deploys/: GPU check, Environments, Models, Service
+account, Service, Cleanup) has pure decision functions from the validated configuration and the
+host's read to `Change` records; operations/host_plan.py asks every one of them, from one read of
+the host, for the whole host's `HostPlan`. The deploy reads that plan to decide whether a host needs
+its operations at all, `--dry` prints it, the JSON plan writes it, and the status view shows its
+changes: one decision, read four ways.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# What a change does to its object (Terraform's NoOp/Create/Update/Delete, and a service's own verbs).
+# What a change does to its object (Terraform's NoOp/Create/Update/Delete, and a service's own
+# verbs).
 ACTIONS = ("create", "update", "delete", "restart", "start", "reload", "enable", "check", "refuse")
 
 
 @dataclass(frozen=True)
 class Change:
-    """One thing a deploy would do on a host: to `what`, `action`, because `why`; in `step` (a deploy component)."""
+    """One thing a deploy would do on a host: to `what`, `action`, because `why`; in `step` (a
+    deploy component)."""
 
     step: str
     what: str
@@ -32,8 +34,10 @@ class Change:
 
     @property
     def text(self) -> str:
-        """One line, as the status view and `--dry` print it: `update /etc/...: mode 664, wanted 644`."""
-        return f"{self.action} {self.what}: {self.why}" if self.why else f"{self.action} {self.what}"
+        """One line, as the status view and `--dry` print it: `update /etc/...: mode 664, wanted
+        644`."""
+        return (f"{self.action} {self.what}: {self.why}" if self.why
+                else f"{self.action} {self.what}")
 
     def record(self) -> dict:
         return asdict(self)
@@ -41,13 +45,15 @@ class Change:
 
 @dataclass
 class HostPlan:
-    """Every change of one host, in the deploy's order; `unread`: what could not be read (then nothing is sure)."""
+    """Every change of one host, in the deploy's order; `unread`: what could not be read (then
+    nothing is sure)."""
 
     host: str
     changes: list[Change] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
 
-    def add(self, step: str, what: str, action: str, why: str = "", service: str | None = None) -> Change:
+    def add(self, step: str, what: str, action: str, why: str = "",
+            service: str | None = None) -> Change:
         change = Change(step, what, action, why, service)
         self.changes.append(change)
         return change
@@ -72,7 +78,8 @@ class HostPlan:
         return list(dict.fromkeys(c.step for c in self.changes))
 
     def exit_code(self) -> int:
-        """As `terraform plan -detailed-exitcode`: 0 nothing to do, 2 changes, 1 refused or not read."""
+        """As `terraform plan -detailed-exitcode`: 0 nothing to do, 2 changes, 1 refused or not
+        read."""
         if self.refusals or self.unread:
             return 1
         return 2 if self.changes else 0

@@ -11,7 +11,8 @@ Under `--dry` the same check runs at once, through the
 `Verdict` fact: it only reads (a Python process parses the flags and imports modules), so a
 dry run shows the parser's refusal, and `--dry` exits 1 for it. When the venv generation the
 unit will run is built by this very run, it does not exist yet and the check waits for the run
-(the engine flags were already resolved against the generated flag list, configuration/engine_flags.py).
+(the engine flags were already resolved against the generated flag list,
+configuration/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -27,51 +28,70 @@ from pyinfra.api import FactBase, FunctionCommand
 from pyinfra.facts.files import Sha1File
 
 from configuration.errors import fail_dry_run, is_dry_run
-from operations import host_reads, redact, remote, rollback, service_user, this_run, transient, units
+from operations import (
+    host_reads,
+    redact,
+    remote,
+    rollback,
+    service_user,
+    this_run,
+    transient,
+    units,
+)
 from operations.host_reads import operation
 from report import summary
 
-# The preflight runs the engine's code (its parser, its launcher's imports) outside the service's unit: as the
-# service user, in a transient unit with the sandbox of the unit it is about to install (operations/transient.py,
-# units.sandbox_properties), never as root. Its environment is an ALLOW list: of the unit's variables (the service's
-# `env` data and the GPUs the deploy derives) it takes only the names below, each inert for the engine's parser;
-# everything else is dropped for this run (OPENSSL_CONF, GCONV_PATH, LOCPATH, a cache or config directory, a name
-# the data's checks do not know...). A parse that depends on a dropped variable shows when the service starts, where
-# the readiness gate rolls it back.
+# The preflight runs the engine's code (its parser, its launcher's imports) outside the service's
+# unit: as the service user, in a transient unit with the sandbox of the unit it is about to install
+# (operations/transient.py, units.sandbox_properties), never as root. Its environment is an ALLOW
+# list: of the unit's variables (the service's `env` data and the GPUs the deploy derives) it takes
+# only the names below, each inert for the engine's parser; everything else is dropped for this run
+# (OPENSSL_CONF, GCONV_PATH, LOCPATH, a cache or config directory, a name the data's checks do not
+# know...). A parse that depends on a dropped variable shows when the service starts, where the
+# readiness gate rolls it back.
 PARSER_ENV: dict[str, str] = {
-    "CUDA_VISIBLE_DEVICES": "the unit's GPUs, derived from `gpu` (digits and commas; the data may not set it): a real "
-                            "engine's parser asks the device for its defaults (sglang 0.5.11 on an H200 stops with "
-                            "\"No accelerator ... is available\" when they are hidden)",
-    "CUDA_DEVICE_ORDER": "set by the unit to PCI_BUS_ID (units.GPU_ORDER; the data may not set it): the GPUs above "
-                         "numbered as nvidia-smi numbers them",
-    "SGLANG_DDTREE_MAX_TOPK": "a whole number the ddtree patch set reads and checks while the command line is parsed "
-                              "(files/patches/ddtree-sample/.../ddtree_utils.py); names no file, loads nothing",
-    "SGLANG_DDTREE_DEPTH_BONUS": "a number the ddtree patch set reads and checks while the command line is parsed; "
-                                 "names no file, loads nothing",
+    "CUDA_VISIBLE_DEVICES": "the unit's GPUs, derived from `gpu` (digits and commas; the data may "
+                            "not set it): a real engine's parser asks the device for its defaults "
+                            "(sglang 0.5.11 on an H200 stops with \"No accelerator ... is "
+                            "available\" when they are hidden)",
+    "CUDA_DEVICE_ORDER": "set by the unit to PCI_BUS_ID (units.GPU_ORDER; the data may not set "
+                         "it): the GPUs above numbered as nvidia-smi numbers them",
+    "SGLANG_DDTREE_MAX_TOPK": "a whole number the ddtree patch set reads and checks while the "
+                              "command line is parsed "
+                              "(files/patches/ddtree-sample/.../ddtree_utils.py); names no file, "
+                              "loads nothing",
+    "SGLANG_DDTREE_DEPTH_BONUS": "a number the ddtree patch set reads and checks while the command "
+                                 "line is parsed; names no file, loads nothing",
 }
-# Besides those, the run's own values (never the data's): PATH the system's directories only, HOME the service
-# user's (its StateDirectory, which the sandbox makes writable; a parser that caches something writes it there).
+# Besides those, the run's own values (never the data's): PATH the system's directories only, HOME
+# the service user's (its StateDirectory, which the sandbox makes writable; a parser that caches
+# something writes it there).
 PARSER_HOME = service_user.runtime_environment()["HOME"]
-# A caller that names no sandbox (a test) still never parses as root: a throwaway user systemd makes for the run.
+# A caller that names no sandbox (a test) still never parses as root: a throwaway user systemd makes
+# for the run.
 NO_SANDBOX = ("DynamicUser=yes",)
-# How long a preflight may take (the SSH command's timeout, and the transient unit's RuntimeMaxSec=).
+# How long a preflight may take (the SSH command's timeout, and the transient unit's
+# RuntimeMaxSec=).
 PREFLIGHT_TIMEOUT_S = 300
 
 
 def parser_environment(environment: dict[str, str]) -> dict[str, str]:
-    """The preflight's whole environment: the deploy's PATH and HOME, then the unit's variables named in PARSER_ENV."""
+    """The preflight's whole environment: the deploy's PATH and HOME, then the unit's variables
+    named in PARSER_ENV."""
     kept = {k: v for k, v in environment.items() if k in PARSER_ENV}
     return {"PATH": transient.SYSTEM_PATH, "HOME": PARSER_HOME, **kept}
 
 
 def command(venv_path: str, launcher: str, argv: list[str], environment: dict[str, str],
             sandbox: Sequence[str] = NO_SANDBOX, service: str = "") -> str:
-    """The remote command: the venv's python in a transient unit with the service's sandbox and `parser_environment`.
+    """The remote command: the venv's python in a transient unit with the service's sandbox and
+    `parser_environment`.
 
-    `sandbox`: the unit's (`units.sandbox_properties`), so its User=, Group=, SupplementaryGroups= (the GPU devices'
-    groups), its binds and protections. The service's GPUs stay visible (no PrivateDevices in the sandbox; the unit's
-    CUDA_VISIBLE_DEVICES is on the allow list). Python runs isolated (`-I`: no PYTHON* variable, no user
-    site-packages, not the current directory on sys.path) from `/`, the script on stdin.
+    `sandbox`: the unit's (`units.sandbox_properties`), so its User=, Group=, SupplementaryGroups=
+    (the GPU devices' groups), its binds and protections. The service's GPUs stay visible (no
+    PrivateDevices in the sandbox; the unit's CUDA_VISIBLE_DEVICES is on the allow list). Python
+    runs isolated (`-I`: no PYTHON* variable, no user site-packages, not the current directory on
+    sys.path) from `/`, the script on stdin.
     """
     run = transient.command(sandbox, parser_environment(environment),
                             [venv_path + "/bin/python", "-I", "-", json.dumps(argv), launcher],
@@ -90,7 +110,8 @@ class Verdict(FactBase):
         if user is None:
             return f"if [ -x {python} ]; then\n{cmd}\nelse echo '{{\"absent\": true}}'; fi"
         return (f"if [ -x {python} ] && getent passwd {shlex.quote(user)} >/dev/null; then\n{cmd}\n"
-                f"elif [ -x {python} ]; then echo '{{\"absent_user\": true}}'; else echo '{{\"absent\": true}}'; fi")
+                f"elif [ -x {python} ]; then echo '{{\"absent_user\": true}}'; else echo "
+                "'{\"absent\": true}'; fi")
 
     def process(self, output):
         try:
@@ -102,8 +123,8 @@ class Verdict(FactBase):
 def verdict(result: dict) -> str | None:
     """The one-line reason a preflight result refuses the start, or None if it passes.
 
-    The engine wrote it (a parser error quotes the flag it refused, an import error its value): secret-named
-    values in it are masked like any text from the engine (operations/redact.py)."""
+    The engine wrote it (a parser error quotes the flag it refused, an import error its value):
+    secret-named values in it are masked like any text from the engine (operations/redact.py)."""
     if result.get("parse_error"):
         return redact.engine_text(f"{result['parser']} refuses the flags: {result['parse_error']}")
     if result.get("import_error"):
@@ -112,8 +133,10 @@ def verdict(result: dict) -> str | None:
 
 
 def ran_as(result: dict) -> str:
-    """`sglang 0.5.23, as sglang`: the parser, and the user the preflight ran as (when the result says)."""
-    return f"{result.get('parser')}, as {result['user']}" if result.get("user") else str(result.get("parser"))
+    """`sglang 0.5.23, as sglang`: the parser, and the user the preflight ran as (when the result
+    says)."""
+    return (f"{result.get('parser')}, as {result['user']}" if result.get("user")
+            else str(result.get("parser")))
 
 
 def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
@@ -121,10 +144,12 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        result = {"import_error": f"preflight did not run: {(output.stderr or output.stdout).strip()[-500:]}"}
+        result = {"import_error": "preflight did not run: "
+                                  f"{(output.stderr or output.stdout).strip()[-500:]}"}
     reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
     if reason:
-        host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}", fg="red", log_func=logger.error)
+        host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: "
+                        f"{reason}", fg="red", log_func=logger.error)
         summary.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
     host.log(f"{service}: preflight passed ({ran_as(result)})")
@@ -132,8 +157,8 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
 
 
 def _planned_changes(inputs_changed) -> list[str]:
-    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change, by name
-    (`this_run.Inputs.planned`); inputs given only as a callable count as a change."""
+    """Under --dry: the input operations (venv, patch sets, models, keys) this run will change, by
+    name (`this_run.Inputs.planned`); inputs given only as a callable count as a change."""
     if inputs_changed is None:
         return []
     if isinstance(inputs_changed, this_run.Inputs):
@@ -141,23 +166,27 @@ def _planned_changes(inputs_changed) -> list[str]:
     return ["(its inputs)"]
 
 
-def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str], user: str | None = None) -> None:
+def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str],
+             user: str | None = None) -> None:
     """Planning (--dry): run the read-only check now and say what the run will do.
 
     A generation's path names its content (stack and patch-set digests, operations/venv.py), so
     an existing one holds the engine the unit will run; the run may still repair it or stage
     models first, which the message says, but the parser's verdict is the one that counts."""
-    result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd, **({"user": user} if user else {}))
+    result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd,
+                            **({"user": user} if user else {}))
     if result.get("absent"):
         host.log(f"{service}: preflight runs once this run has built {venv_path}")
         return
     if result.get("absent_user"):
-        host.log(f"{service}: preflight runs once this run has created the account {user}, which it runs as")
+        host.log(f"{service}: preflight runs once this run has created the account {user}, which "
+                 "it runs as")
         return
     first = f" (the run first changes: {'; '.join(inputs_change)})" if inputs_change else ""
     reason = verdict(result)
     if reason:
-        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left as they are: {reason}{first}",
+        host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left "
+                        f"as they are: {reason}{first}",
                         fg="red", log_func=logger.error)
         fail_dry_run(host)
     else:
@@ -185,9 +214,9 @@ def passed(
     + argv: the flags exactly as the unit passes them
     + environment: the unit's environment (the preflight takes only the names in ``PARSER_ENV``)
     + endpoint: the service's endpoint (summary)
-    + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they differ,
-      and the unit in use is then saved for rollback (`operations/rollback.py`); the preflight runs as the user
-      and in the sandbox this unit names (`units.sandbox_properties`)
+    + unit_path, unit_text: the unit on the host and its new content: a preflight runs when they
+      differ, and the unit in use is then saved for rollback (`operations/rollback.py`); the
+      preflight runs as the user and in the sandbox this unit names (`units.sandbox_properties`)
     + inputs_changed: callable, true when the venv, patch sets or models changed in this run
 
     **Example:**
@@ -197,8 +226,9 @@ def passed(
         preflight.passed(
             name="sglang-ddtree.service flags pass sglang's parser",
             service="ddtree", venv_path="/root/venv_sglang", launcher="sglang.launch_server",
-            argv=["--model-path", "/dev/shm/Qwen3.6-27B", "--port", "30000"], environment={"CUDA_VISIBLE_DEVICES": "0"},
-            endpoint="http://127.0.0.1:30000", unit_path="/etc/systemd/system/sglang-ddtree.service", unit_text="...",
+            argv=["--model-path", "/dev/shm/Qwen3.6-27B", "--port", "30000"],
+            environment={"CUDA_VISIBLE_DEVICES": "0"}, endpoint="http://127.0.0.1:30000",
+            unit_path="/etc/systemd/system/sglang-ddtree.service", unit_text="...",
         )
     """
     current = host_reads.get(host, Sha1File, path=unit_path)
@@ -207,12 +237,14 @@ def passed(
     if not unit_changes and not inputs_change:
         host.noop(f"service {service}: unit and inputs unchanged, no preflight needed")
         return
-    # The unit's own sandbox and user (a text with no [Service] section, a test's, gets a throwaway user: NO_SANDBOX).
+    # The unit's own sandbox and user (a text with no [Service] section, a test's, gets a throwaway
+    # user: NO_SANDBOX).
     sandbox = units.sandbox_properties(unit_text) or list(NO_SANDBOX)
     user = transient.runs_as(sandbox)
     cmd = command(venv_path, launcher, argv, environment, sandbox, service)
     if is_dry_run(host):
-        _preview(service, venv_path, cmd, _planned_changes(inputs_changed), None if user == "DynamicUser" else user)
+        _preview(service, venv_path, cmd, _planned_changes(inputs_changed),
+                 None if user == "DynamicUser" else user)
     yield FunctionCommand(_run, (service, endpoint, cmd), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.

@@ -1,12 +1,13 @@
-"""A directory of this control machine's user that no one else can write: where the deploy keeps what it
-trusts between runs (the dropped-locks records of operations/lock.py; the read sets of host_reads).
+"""A directory of this control machine's user that no one else can write: where the deploy keeps
+what it trusts between runs (the dropped-locks records of operations/lock.py; the read sets of
+host_reads).
 
-A file there decides what the deploy does (a dropped-lock record lets a run take a lock over; a read set
-names the commands a host runs): so the directory must be this user's own, mode 0700, and no symlink to
-somewhere else. One another local user made first (in /tmp, say), or one anyone may write, could hold
-files planted there; so could one under a parent another user owns or may write (they can rename the
-directory away and put theirs in its place). `private_dir(path)` makes it so (mode 0700, as this user) or stops
-with what it found.
+A file there decides what the deploy does (a dropped-lock record lets a run take a lock over; a read
+set names the commands a host runs): so the directory must be this user's own, mode 0700, and no
+symlink to somewhere else. One another local user made first (in /tmp, say), or one anyone may
+write, could hold files planted there; so could one under a parent another user owns or may write
+(they can rename the directory away and put theirs in its place). `private_dir(path)` makes it so
+(mode 0700, as this user) or stops with what it found.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ class NotPrivate(PyinfraError):
 
 
 def cache_root() -> Path:
-    """Where this user's sglang-deploy caches live: $SGLANG_DEPLOY_CACHE, else $XDG_CACHE_HOME/sglang-deploy,
-    else ~/.cache/sglang-deploy (not checked here: each directory the deploy uses under it is, by private_dir)."""
+    """Where this user's sglang-deploy caches live: $SGLANG_DEPLOY_CACHE, else
+    $XDG_CACHE_HOME/sglang-deploy, else ~/.cache/sglang-deploy (not checked here: each directory the
+    deploy uses under it is, by private_dir)."""
     explicit = os.environ.get("SGLANG_DEPLOY_CACHE")
     if explicit:
         return Path(explicit)
@@ -33,10 +35,12 @@ def cache_root() -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """`path`, made if missing (mode 0700, missing parents too), checked to be a real directory owned by this
-    user with mode 0700; else NotPrivate, naming the path, what was expected and what was found.
+    """`path`, made if missing (mode 0700, missing parents too), checked to be a real directory
+    owned by this user with mode 0700; else NotPrivate, naming the path, what was expected and what
+    was found.
 
-    Nothing is repaired in place: a directory that was not private may already hold what someone planted.
+    Nothing is repaired in place: a directory that was not private may already hold what someone
+    planted.
     """
     path = Path(path)
     try:
@@ -45,30 +49,32 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise NotPrivate(f"{path}: cannot make this directory ({exc.strerror}); the deploy keeps records there that "
-                         "only this user may write") from None
+        raise NotPrivate(f"{path}: cannot make this directory ({exc.strerror}); the deploy keeps "
+                         "records there that only this user may write") from None
     _tighten(path)
     problem = _not_private(path)
     if problem:
         raise NotPrivate(
             f"{path}: expected a directory of {_who(os.geteuid())} with mode 0700, not a "
-            f"symlink; found {problem}. The deploy trusts what it finds there: if you made it yourself, check what "
-            f"it holds and `chmod 700 {path}`; otherwise remove it (`rm -rf {path}`) and run again"
+            f"symlink; found {problem}. The deploy trusts what it finds there: if you made it "
+            f"yourself, check what it holds and `chmod 700 {path}`; otherwise remove it "
+            f"(`rm -rf {path}`) and run again"
         )
     unsafe = _unsafe_ancestor(path)
     if unsafe:
         raise NotPrivate(
-            f"{path}: {unsafe}, so another user could move this directory aside and put their own in its place. "
-            f"The deploy trusts what it finds there: keep its caches under directories only you or root may write "
-            f"(set SGLANG_DEPLOY_CACHE, or XDG_CACHE_HOME, to such a place)"
+            f"{path}: {unsafe}, so another user could move this directory aside and put their own "
+            "in its place. The deploy trusts what it finds there: keep its caches under "
+            "directories only you or root may write (set SGLANG_DEPLOY_CACHE, or XDG_CACHE_HOME, "
+            "to such a place)"
         )
     return path
 
 
 def _unsafe_ancestor(path: Path) -> str | None:
-    """The first directory above `path` (symlinks resolved, as the kernel walks it) that someone other than this
-    user or root owns, or that others may write without the sticky bit (in a sticky directory such as /tmp only an
-    entry's owner may rename it); None when every one is safe."""
+    """The first directory above `path` (symlinks resolved, as the kernel walks it) that someone
+    other than this user or root owns, or that others may write without the sticky bit (in a sticky
+    directory such as /tmp only an entry's owner may rename it); None when every one is safe."""
     euid = os.geteuid()
     for ancestor in Path(os.path.realpath(path.parent)).joinpath("x").parents:
         try:
@@ -78,13 +84,15 @@ def _unsafe_ancestor(path: Path) -> str | None:
         if info.st_uid not in (0, euid):
             return f"its parent {ancestor} is owned by {_who(info.st_uid)}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            return f"its parent {ancestor} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}, no sticky bit)"
+            return (f"its parent {ancestor} may be written by others (mode "
+                    f"{stat.S_IMODE(info.st_mode):04o}, no sticky bit)")
     return None
 
 
 def _tighten(path: Path) -> None:
-    """A directory of this user's that only this user could ever write (no group or other write bit: an earlier
-    version made its caches 0755) is made 0700: nothing in it can have been planted. Anything else stays as found."""
+    """A directory of this user's that only this user could ever write (no group or other write bit:
+    an earlier version made its caches 0755) is made 0700: nothing in it can have been planted.
+    Anything else stays as found."""
     try:
         info = os.lstat(path)
     except OSError:

@@ -22,8 +22,9 @@ from operations.host_reads import operation
 from report import rollouts
 from report.summary import record
 
-# How old a kept answer may be when it decides that a service serves. A converged run reaches this gate about a
-# second after its read at the lock; a run whose other hosts install for minutes (operations run in step) reads again.
+# How old a kept answer may be when it decides that a service serves. A converged run reaches this
+# gate about a second after its read at the lock; a run whose other hosts install for minutes
+# (operations run in step) reads again.
 VERDICT_MAX_AGE_S = 30
 
 
@@ -32,19 +33,22 @@ class ServiceState(FactBase):
     """systemd state of a unit and the HTTP status of its `/health` (None when nothing answers)."""
 
     def command(self, unit: str, address: str, port: int, inputs: tuple[str, ...] = ()) -> str:
-        return remote.command("service_state", shlex.quote(unit), shlex.quote(address), str(int(port)), *(shlex.quote(p) for p in inputs))
+        return remote.command("service_state", shlex.quote(unit), shlex.quote(address),
+                              str(int(port)), *(shlex.quote(p) for p in inputs))
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
 def service_state(unit: str, address: str, port: int, inputs: tuple[str, ...] = ()) -> dict:
-    """The `ServiceState` fact; a clear error where pyinfra returned nothing (it has failed the host already)."""
+    """The `ServiceState` fact; a clear error where pyinfra returned nothing (it has failed the host
+    already)."""
     state = host_reads.get(host, ServiceState, unit=unit, address=address, port=port, inputs=inputs)
     if not isinstance(state, dict):
         raise OperationError(
-            f"{host.name}: could not read the state of {unit} (systemd and {address}:{port}/health): the connection "
-            f"dropped or the command failed (pyinfra's error above says which); run the deploy again once the host answers"
+            f"{host.name}: could not read the state of {unit} (systemd and "
+            f"{address}:{port}/health): the connection dropped or the command failed (pyinfra's "
+            "error above says which); run the deploy again once the host answers"
         )
     return state
 
@@ -60,42 +64,51 @@ def endpoint_text(bind: str, port: int, open_to_all: bool) -> str:
 
 
 def already(state: dict) -> str:
-    """The summary's words for a service that serves and was not restarted, from its `ServiceState` read."""
+    """The summary's words for a service that serves and was not restarted, from its `ServiceState`
+    read."""
     uptime = f"up {state['uptime_s']:.0f} s" if state.get("uptime_s") is not None else "up"
     return f"already ({uptime}, pid {state.get('pid')})"
 
 
-def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool, config_file: str) -> dict:
+def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool,
+               config_file: str) -> dict:
     command = remote.command(
-        "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout), "1" if smoke else "0", shlex.quote(config_file)
+        "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout),
+        "1" if smoke else "0", shlex.quote(config_file)
     )
     ok, output = host.run_shell_command(command, print_output=False, _timeout=timeout + 180)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        result = {"ok": False, "reason": f"readiness probe failed to run: {output.stderr.strip()[-500:]}", "journal": ""}
+        result = {"ok": False, "reason": "readiness probe failed to run: "
+                                         f"{output.stderr.strip()[-500:]}", "journal": ""}
     if not ok:
         result["ok"] = False
-    # The engine's words (its journal, an error it answered) may hold credentials: the host masked those it
-    # knows of; here every value this run knows, and any secret-named value, before anything prints or records it.
+    # The engine's words (its journal, an error it answered) may hold credentials: the host masked
+    # those it knows of; here every value this run knows, and any secret-named value, before
+    # anything prints or records it.
     for field in ("reason", "journal"):
         if isinstance(result.get(field), str):
             result[field] = redact.engine_text(result[field])
     return result
 
 
-def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool, config_file: str, soak_s: int) -> dict:
-    """A canary's soak: `soak_s` seconds after its gate it must still serve (/health 200 and a completion)."""
+def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool, config_file: str,
+            soak_s: int) -> dict:
+    """A canary's soak: `soak_s` seconds after its gate it must still serve (/health 200 and a
+    completion)."""
     host.log(f"{service}: canary: soaking {soak_s} s before the rest of the rollout")
     gevent.sleep(soak_s)
     result = _wait_once(host, unit, address, port, 30, smoke, config_file)
     if not result["ok"]:
-        result["reason"] = f"it passed its gate but failed {soak_s} s later, in the canary's soak: {result['reason']}"
+        result["reason"] = (f"it passed its gate but failed {soak_s} s later, in the canary's "
+                            f"soak: {result['reason']}")
     return result
 
 
-def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int, timeout: int, smoke: bool, config_file: str,
-          plan=None, rollout: str = "", soak_s: int = 0) -> bool:
+def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int,
+          timeout: int, smoke: bool, config_file: str, plan=None, rollout: str = "",
+          soak_s: int = 0) -> bool:
     result = _wait_once(host, unit, address, port, timeout, smoke, config_file)
     if result["ok"] and plan is not None and soak_s:
         ready_s = result.get("ready_s")
@@ -106,35 +119,42 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
         record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
         return True
-    if rollout:  # no later wave restarts another replica of this service; the host fails after its waves
+    # no later wave restarts another replica of this service; the host fails after its waves
+    if rollout:
         rollouts.halt(rollout, f"{host.name}/{service}", result["reason"])
         rollouts.gate_failed(host.name, service, result["reason"][:200])
     host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
     journal = result.get("journal") or ""
     if journal:
-        host.log(f"{service}: last journal lines of {unit}:\n" + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
+        host.log(f"{service}: last journal lines of {unit}:\n"
+                 + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
     if plan is None:
         record(host.name, service, endpoint, "FAILED", result["reason"])
         return False
     done, error = rollback.undo(host, plan)
     if error:
         host.log_styled(f"{service}: NOT ROLLED BACK: {error}", fg="red", log_func=logger.error)
-        record(host.name, service, endpoint, "FAILED", f"{result['reason']}; not rolled back: {error}")
+        record(host.name, service, endpoint, "FAILED",
+               f"{result['reason']}; not rolled back: {error}")
         return False
     again = _wait_once(host, unit, address, port, timeout, smoke, config_file)
-    restored = "the restored service is ready" if again["ok"] else f"the restored service is NOT ready either: {again['reason']}"
+    restored = ("the restored service is ready" if again["ok"]
+                else f"the restored service is NOT ready either: {again['reason']}")
     host.log_styled(
-        f"{service}: ROLLED BACK {', '.join(done)} because the change failed readiness ({result['reason']}); {restored}",
+        f"{service}: ROLLED BACK {', '.join(done)} because the change failed readiness "
+        f"({result['reason']}); {restored}",
         fg="yellow" if again["ok"] else "red", log_func=logger.error,
     )
     state_word = "ROLLED BACK" if again["ok"] else "FAILED"
-    record(host.name, service, endpoint, state_word, f"change failed ({result['reason'][:80]}); {restored}")
+    record(host.name, service, endpoint, state_word,
+           f"change failed ({result['reason'][:80]}); {restored}")
     return False
 
 
 def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0) -> bool:
-    """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`, and its host fails
-    after its waves (`rollout.gates_passed`), so the wave's other gates there still run (each with its own rollback)."""
+    """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`,
+    and its host fails after its waves (`rollout.gates_passed`), so the wave's other gates there
+    still run (each with its own rollback)."""
     return _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s) or bool(rollout)
 
 
@@ -164,15 +184,18 @@ def ready(
     + port: its port
     + timeout: seconds a (re)started service may take to become ready
     + smoke: send one chat completion once healthy
-    + config_file: the service's root-only `--config` file: the smoke request reads its API key there, on the host
+    + config_file: the service's root-only `--config` file: the smoke request reads its API key
+      there, on the host
     + open_to_all: the service binds beyond loopback without a key (the summary says so)
     + restarted: callable, true when this run (re)started the unit: then always wait
-    + inputs: host paths read with the service's state (see `changed_since_start`); the same arguments, so one read (host_reads)
+    + inputs: host paths read with the service's state (see `changed_since_start`); the same
+      arguments, so one read (host_reads)
     + rollback_plan: a `rollback.Restorable`: when the restarted service fails, undo this run's
       changes to it (previous unit, previous venv generations), restart, confirm readiness
     + rollout: the service this replica belongs to: a failure halts its rollout (report/rollouts.py)
     + held: callable, why this replica was kept on its old version (its rollout halted), or None
-    + soak_s: after a (re)start passed the gate, it must still serve this many seconds later (a canary)
+    + soak_s: after a (re)start passed the gate, it must still serve this many seconds later (a
+      canary)
 
     **Example:**
 
@@ -180,21 +203,23 @@ def ready(
 
         readiness.ready(
             name="sglang-ddtree answers /health",
-            service="ddtree", unit="sglang-ddtree.service", bind="127.0.0.1", port=30000, timeout=1800,
+            service="ddtree", unit="sglang-ddtree.service", bind="127.0.0.1", port=30000,
+            timeout=1800,
         )
     """
     address = probe_address(bind)
     endpoint = endpoint_text(bind, port, open_to_all)
-    # Whether this run (re)started the unit is known only while executing (operations/this_run.py); a dry
-    # run or the change check before execution judges by the service's current answer.
+    # Whether this run (re)started the unit is known only while executing (operations/this_run.py);
+    # a dry run or the change check before execution judges by the service's current answer.
     just_started = this_run.changed(restarted)
     why_held = held() if held is not None and this_run.executing() and not just_started else None
     if why_held:
         rollouts.record_held(rollout, f"{host.name}/{service}")
         record(host.name, service, endpoint, "HELD", f"old version kept: {why_held}")
     if not just_started:
-        # The verdict that it serves is the run's last word on it (and a removal on another host may follow it):
-        # an answer from the host's read at the lock that is older than VERDICT_MAX_AGE_S is read again.
+        # The verdict that it serves is the run's last word on it (and a removal on another host may
+        # follow it): an answer from the host's read at the lock that is older than
+        # VERDICT_MAX_AGE_S is read again.
         host_reads.fresh(host, ServiceState, VERDICT_MAX_AGE_S)
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
@@ -202,12 +227,14 @@ def ready(
                 record(host.name, service, endpoint, "ready", already(state))
             host.noop(f"service {service} answers /health on port {port}")
             return
-    yield FunctionCommand(_gate, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
-                                  rollback_plan if just_started else None), {"rollout": rollout, "soak_s": soak_s})
+    yield FunctionCommand(
+        _gate, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
+                rollback_plan if just_started else None), {"rollout": rollout, "soak_s": soak_s})
 
 
 def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:
-    """Inputs of a running service that changed in content since it started (read now, before this run changes anything).
+    """Inputs of a running service that changed in content since it started (read now, before this
+    run changes anything).
 
     Its unit file, venv link, staged models' markers and key file are only rewritten when they
     change, and a change restarts the service in the same run; an input whose content differs

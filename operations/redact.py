@@ -1,15 +1,17 @@
-"""Redaction: no secret value the run knows reaches anything the run prints; and no host's text acts on the terminal.
+"""Redaction: no secret value the run knows reaches anything the run prints; and no host's text acts
+on the terminal.
 
 Every secret value is registered once, where secrets are loaded (configuration/secrets.py), in the
-registry of configuration/redaction.py, which this module reads. A pyinfra CLI run's output streams (`sys.stdout`,
-`sys.stderr`, and the logging handlers that write to them) are wrapped as this module loads, secrets or not (an
-entry point's imports, before its first line runs; what pyinfra prints while it connects, before it loads the
-entry point, is not wrapped yet). They replace each value with `<secret NAME>`, then write every control character
-and escape sequence in what is printed as a visible escape (report/terminal_text.py: the one gate for text from
-hosts, which pyinfra's own colours, spinner and prompt pass). pyinfra prints
-everything through `click.echo`, which looks `sys.stdout`/`sys.stderr` up at each call: our
-`host.log` lines, journal tails and failure reasons, exceptions and their tracebacks, the commands
-and output `-vvv` shows, the end-of-run summary all pass here, whoever wrote them.
+registry of configuration/redaction.py, which this module reads. A pyinfra CLI run's output streams
+(`sys.stdout`, `sys.stderr`, and the logging handlers that write to them) are wrapped as this module
+loads, secrets or not (an entry point's imports, before its first line runs; what pyinfra prints
+while it connects, before it loads the entry point, is not wrapped yet). They replace each value
+with `<secret NAME>`, then write every control character and escape sequence in what is printed as a
+visible escape (report/terminal_text.py: the one gate for text from hosts, which pyinfra's own
+colours, spinner and prompt pass). pyinfra prints everything through `click.echo`, which looks
+`sys.stdout`/`sys.stderr` up at each call: our `host.log` lines, journal tails and failure reasons,
+exceptions and their tracebacks, the commands and output `-vvv` shows, the end-of-run summary all
+pass here, whoever wrote them.
 
 A value is replaced in every form it is likely printed in (`forms()`): as it is, escaped the way
 Python's repr, JSON and shell quoting escape it, URL-encoded, inside base64 (an `Authorization:
@@ -41,26 +43,32 @@ from report import terminal_text
 # A line break in printed text, with the indentation around it (journal tails are indented by 4).
 _LINE_BREAK = r"(?:[ \t]*\r?\n[ \t]*)?"
 
-# value -> the compiled pattern of every form of it (the values and their names: configuration/redaction.py)
+# value -> the compiled pattern of every form of it (the values and their names:
+# configuration/redaction.py)
 _PATTERNS: dict[str, re.Pattern] = {}
 
-# A secret-named key (`api_key`, `admin-api-key`, `hf_token`, `ssl_keyfile_password`, `client_secret`,
-# `"apiKey"`), optionally quoted, then `=` or `:` and its value, quoted or bare. Plurals (`max_tokens`)
-# are counts, not secrets. Keep equal to wait_ready.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py).
+# A secret-named key (`api_key`, `admin-api-key`, `hf_token`, `ssl_keyfile_password`,
+# `client_secret`, `"apiKey"`), optionally quoted, then `=` or `:` and its value, quoted or bare.
+# Plurals (`max_tokens`) are counts, not secrets. Keep equal to wait_ready.py's SECRET_ASSIGNMENT
+# (tests/unit/test_redact.py).
 SECRET_ASSIGNMENT = re.compile(
-    r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|credentials?)['"]?\s*[=:]\s*)"""
-    r"""(?:(?P<quote>['"])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)|(?P<bare>[^\s'",)}\]]+))""",
+    r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token"""
+    r"""|passw(?:or)?d|credentials?)['"]?\s*[=:]\s*)"""
+    r"""(?:(?P<quote>['"])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)"""
+    r"""|(?P<bare>[^\s'",)}\]]+))""",
     re.IGNORECASE,
 )
 # `Authorization: Bearer TOKEN`, and the password of `scheme://user:password@host`.
 BEARER = re.compile(r"(?P<name>\bBearer\s+)(?P<bare>[^\s'\",)}\]]+)", re.IGNORECASE)
-URL_PASSWORD = re.compile(r"(?P<name>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<bare>[^\s/@]+)(?=@)", re.IGNORECASE)
+URL_PASSWORD = re.compile(r"(?P<name>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<bare>[^\s/@]+)(?=@)",
+                          re.IGNORECASE)
 NOT_A_VALUE = {"", "none", "null", "true", "false", "<redacted>"}
 REDACTED = "<redacted>"
 
 
 def register(name: str, value: str) -> None:
-    """Redact `value` from everything printed from now on, as `<secret NAME>` (the name it was last registered under)."""
+    """Redact `value` from everything printed from now on, as `<secret NAME>` (the name it was last
+    registered under)."""
     redaction.register(name, value)
 
 
@@ -70,13 +78,15 @@ def known(value: str) -> bool:
 
 
 def _registered(value: str) -> None:
-    """Told of each registration (whoever registered it): its pattern ready, the CLI's output wrapped (if it is not yet)."""
+    """Told of each registration (whoever registered it): its pattern ready, the CLI's output
+    wrapped (if it is not yet)."""
     _pattern_of(value)
     _install_on_output()
 
 
-# Registered with the registry when this module loads: every entry point imports it before it loads the data
-# (tests/unit/test_layers.py checks that), so no value is registered before the output can be wrapped.
+# Registered with the registry when this module loads: every entry point imports it before it loads
+# the data (tests/unit/test_layers.py checks that), so no value is registered before the output can
+# be wrapped.
 redaction.on_register(lambda value: _registered(value))
 
 
@@ -85,10 +95,12 @@ def forms(value: str) -> set[str]:
     quoted = urllib.parse.quote
     found = {
         value,
-        repr(value)[1:-1],  # Python's repr (sglang's server_args line, a bytes header in an exception)
+        # Python's repr (sglang's server_args line, a bytes header in an exception)
+        repr(value)[1:-1],
         json.dumps(value)[1:-1],  # JSON, and the YAML of the key file
         json.dumps(value)[1:-1].replace("/", "\\/"),  # JSON encoders that escape "/"
-        quoted(value, safe=""), quoted(value), urllib.parse.quote_plus(value),  # URLs and form bodies
+        # URLs and form bodies
+        quoted(value, safe=""), quoted(value), urllib.parse.quote_plus(value),
         value.replace("'", "'\"'\"'"),  # inside shlex.quote's single quotes
     }
     found.update(_base64_cores(value))
@@ -96,8 +108,9 @@ def forms(value: str) -> set[str]:
 
 
 def _base64_cores(value: str) -> set[str]:
-    """The base64 characters that only `value`'s bytes decide, at each of the 3 byte offsets it may sit at
-    inside a longer encoded string (`user:KEY` in a Basic header), standard and URL-safe alphabets."""
+    """The base64 characters that only `value`'s bytes decide, at each of the 3 byte offsets it may
+    sit at inside a longer encoded string (`user:KEY` in a Basic header), standard and URL-safe
+    alphabets."""
     raw = value.encode()
     cores = set()
     for offset in range(3):
@@ -109,7 +122,8 @@ def _base64_cores(value: str) -> set[str]:
 
 
 def _pattern(value: str) -> re.Pattern:
-    """Every form of `value`, longest first, each allowed to be broken across lines between any two characters."""
+    """Every form of `value`, longest first, each allowed to be broken across lines between any two
+    characters."""
     alternatives = sorted(forms(value), key=len, reverse=True)
     return re.compile("|".join(_LINE_BREAK.join(map(re.escape, form)) for form in alternatives))
 
@@ -122,19 +136,22 @@ def _pattern_of(value: str) -> re.Pattern:
 
 
 def redact(text: str) -> str:
-    """`text` with every registered secret value, in any of its forms, replaced by `<secret NAME>`."""
+    """`text` with every registered secret value, in any of its forms, replaced by `<secret
+    NAME>`."""
     for value, name in redaction.registered():
         text = _pattern_of(value).sub(f"<secret {name}>", text)
     return text
 
 
 def engine_text(text: str) -> str:
-    """Text the engine or a host wrote: registered values redacted, and every secret-named value masked."""
+    """Text the engine or a host wrote: registered values redacted, and every secret-named value
+    masked."""
     return mask_assignments(redact(text))
 
 
 def mask_assignments(text: str) -> str:
-    """`text` with the value of each secret-named `key=value`, `Bearer TOKEN` and URL password replaced."""
+    """`text` with the value of each secret-named `key=value`, `Bearer TOKEN` and URL password
+    replaced."""
     for pattern in (SECRET_ASSIGNMENT, BEARER, URL_PASSWORD):
         text = pattern.sub(_masked, text)
     return text
@@ -150,8 +167,8 @@ def _masked(match: re.Match) -> str:
 
 
 class RedactingStream:
-    """A text stream that redacts what is written, makes every control in it visible (terminal_text.for_terminal),
-    then passes it to `stream`.
+    """A text stream that redacts what is written, makes every control in it visible
+    (terminal_text.for_terminal), then passes it to `stream`.
 
     It has no `buffer`: bytes cannot go around it (click writes bytes to a stream's buffer), and
     `write(b"")` raises, so click takes it for the text stream it is and writes to it as it is.
@@ -180,8 +197,9 @@ class RedactingStream:
 
 
 def _caller():
-    """The frame that called the stream's write: it tells pyinfra's own spinner and prompt (which move the cursor) from
-    everything else. None when Python itself writes with no frame of ours below (an uncaught exception's traceback)."""
+    """The frame that called the stream's write: it tells pyinfra's own spinner and prompt (which
+    move the cursor) from everything else. None when Python itself writes with no frame of ours
+    below (an uncaught exception's traceback)."""
     try:
         return sys._getframe(2)
     except ValueError:
@@ -204,14 +222,16 @@ def _install_on_output() -> None:
 
 
 def _point_log_handlers(stream, wrapped: RedactingStream) -> None:
-    """Logging handlers made before the streams were wrapped (logging.basicConfig's, under pyinfra's --debug-all) hold the
-    stream itself: give them the wrapper."""
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    """Logging handlers made before the streams were wrapped (logging.basicConfig's, under pyinfra's
+    --debug-all) hold the stream itself: give them the wrapper."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
     for handler in (h for lg in loggers for h in lg.handlers):
         if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
             handler.setStream(wrapped)
 
 
-# Under the CLI, wrapped as this module loads, secrets or not: host text is escaped from the first line a deploy file
-# prints (tests/unit/test_host_text.py checks that every entry point imports this module).
+# Under the CLI, wrapped as this module loads, secrets or not: host text is escaped from the first
+# line a deploy file prints (tests/unit/test_host_text.py checks that every entry point imports this
+# module).
 _install_on_output()

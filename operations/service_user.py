@@ -8,9 +8,9 @@ must run as root, with the same sandbox otherwise (see templates/sglang.service.
 What the account must reach, and how:
 
 - GPUs: `/dev/nvidia*` are 0666 on most hosts; where a device is not world-accessible, its
-  group (e.g. `video`) goes into the unit's `SupplementaryGroups=` (`GpuDevices` reads them, `gpu_device_groups`).
-  A device only root can open stops the host with the fix (`service_user: root`, or the
-  driver's `NVreg_DeviceFileMode`/`NVreg_DeviceFileGID`).
+  group (e.g. `video`) goes into the unit's `SupplementaryGroups=` (`GpuDevices` reads them,
+  `gpu_device_groups`). A device only root can open stops the host with the fix (`service_user:
+  root`, or the driver's `NVreg_DeviceFileMode`/`NVreg_DeviceFileGID`).
 - venv and models under a home directory (`/root/venv_sglang` and `/root/models` by default;
   `/root` is 0700): the unit's `ProtectHome=tmpfs` hides every home, and `BindReadOnlyPaths=`
   shows back, read-only, exactly what the service loads (`hidden_paths`): its venv path, the
@@ -21,12 +21,13 @@ What the account must reach, and how:
 - the `--config` file with API keys: root-owned, group the service user's, 0640 in a 0710
   directory (operations/secrets.py); 0600 root-only when the user is root.
 
-The account must be the deploy's own (`dedicated_account`, before any account or group changes): an account of that
-name that exists is not uid or gid 0, its primary group is its own group with no other member, it is in no other
-group, it has no login shell and its home is the deploy's; a group of that name that exists before the account has no
-member. Otherwise the deploy would run the engine with another account's privileges, or make an account others use
-its own (its key files are readable by the account's group): the host stops, naming what it found and the fix.
-The control machine refuses well-known privileged names before any host is touched (configuration/kinds.py,
+The account must be the deploy's own (`dedicated_account`, before any account or group changes): an
+account of that name that exists is not uid or gid 0, its primary group is its own group with no
+other member, it is in no other group, it has no login shell and its home is the deploy's; a group
+of that name that exists before the account has no member. Otherwise the deploy would run the engine
+with another account's privileges, or make an account others use its own (its key files are readable
+by the account's group): the host stops, naming what it found and the fix. The control machine
+refuses well-known privileged names before any host is touched (configuration/kinds.py,
 `PRIVILEGED_ACCOUNTS`).
 """
 
@@ -79,12 +80,14 @@ def is_hidden(path: str) -> bool:
 
 
 def hidden_paths(venv_path: str, store_paths: tuple[str, ...]) -> list[tuple[str, bool]]:
-    """(path, required) the unit binds read-only back into its namespace, because a home dir hides them.
+    """(path, required) the unit binds read-only back into its namespace, because a home dir hides
+    them.
 
     The venv's `.generations` sibling is optional (`-` in the unit): it exists only with the
     generation layout, where `venv_path` is a symlink into it.
     """
-    wanted = [(venv_path, True), (f"{venv_path}.generations", False)] + [(p, False) for p in store_paths]
+    wanted = ([(venv_path, True), (f"{venv_path}.generations", False)]
+              + [(p, False) for p in store_paths])
     seen: dict[str, bool] = {}
     for path, required in wanted:
         if is_hidden(path) and path not in seen:
@@ -94,14 +97,16 @@ def hidden_paths(venv_path: str, store_paths: tuple[str, ...]) -> list[tuple[str
 
 @host_reads.batched()
 class GpuDevices(FactBase):
-    """Mode (octal), group and path of each NVIDIA character device (empty on a host without them)."""
+    """Mode (octal), group and path of each NVIDIA character device (empty on a host without
+    them)."""
 
     @staticmethod
     def default():
         return []
 
     def command(self) -> str:
-        return "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && stat -c '%a %G %n' \"$f\"; done; true"
+        return ("for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && stat -c '%a %G %n' "
+                "\"$f\"; done; true")
 
     def process(self, output):
         rows = []
@@ -112,7 +117,8 @@ class GpuDevices(FactBase):
         return rows
 
 
-def device_access(devices: list[tuple[str, str, str]], user: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def device_access(devices: list[tuple[str, str, str]],
+                  user: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(groups the user needs for the GPU devices, devices it cannot open at all).
 
     A device that others may read and write (0666, the driver's default) needs nothing; one
@@ -136,7 +142,8 @@ def device_access(devices: list[tuple[str, str, str]], user: str) -> tuple[tuple
 
 
 def gpu_device_groups(user: str) -> tuple[str, ...]:
-    """The GPU device groups of the current host (a fact, read before the deploy changes anything)."""
+    """The GPU device groups of the current host (a fact, read before the deploy changes
+    anything)."""
     groups, _ = device_access(host_reads.get(host, GpuDevices), user)
     return groups
 
@@ -151,9 +158,10 @@ def devices_reachable(user: str):
     _, closed = device_access(host_reads.get(host, GpuDevices), user)
     if closed:
         raise OperationError(
-            f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, group root): "
-            "set `service_user: root` for this host, or make the driver create its devices 0666 or for a group "
-            "(nvidia module options NVreg_DeviceFileMode/NVreg_DeviceFileGID)"
+            f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, "
+            "group root): set `service_user: root` for this host, or make the driver create its "
+            "devices 0666 or for a group (nvidia module options "
+            "NVreg_DeviceFileMode/NVreg_DeviceFileGID)"
         )
     host.noop(f"GPU devices are reachable by {user}")
     yield from ()
@@ -183,24 +191,26 @@ class Account(FactBase):
 
 
 # Shells that log nobody in (useradd's nologin, and false, which older system accounts have).
-NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/usr/bin/nologin", "/bin/false", "/usr/bin/false")
+NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/usr/bin/nologin", "/bin/false",
+                   "/usr/bin/false")
 
 
 @host_reads.batched()
 class AccountStanding(FactBase):
-    """What could make an account someone else's: its passwd entry, its primary group's entry (before the account
-    exists: the group of its name, which useradd would use), the other accounts whose primary group that is, and the
-    groups that list the account as a member (also before it exists: it would be in them at once). From NSS
-    (`getent`), as logins and systemd see them."""
+    """What could make an account someone else's: its passwd entry, its primary group's entry
+    (before the account exists: the group of its name, which useradd would use), the other accounts
+    whose primary group that is, and the groups that list the account as a member (also before it
+    exists: it would be in them at once). From NSS (`getent`), as logins and systemd see them."""
 
     def command(self, user: str) -> str:
         quoted = shlex.quote(user)
         return (
             f"u={quoted}; p=$(getent passwd \"$u\"); echo \"$p\"; echo @@; "
             "if [ -n \"$p\" ]; then g=$(printf '%s\\n' \"$p\" | cut -d: -f4); else g=\"$u\"; fi; "
-            "e=$(getent group \"$g\"); echo \"$e\"; echo @@; gid=$(printf '%s\\n' \"$e\" | cut -d: -f3); "
-            "[ -z \"$gid\" ] || getent passwd | awk -F: -v g=\"$gid\" -v u=\"$u\" '$4 == g && $1 != u {print $1}'; echo @@; "
-            "getent group | awk -F: -v u=\"$u\" '{n = split($4, m, \",\"); for (i = 1; i <= n; i++) if (m[i] == u) print $1}'; true"
+            "e=$(getent group \"$g\"); echo \"$e\"; echo @@; gid=$(printf '%s\\n' \"$e\" | cut -d: "
+            "-f3); [ -z \"$gid\" ] || getent passwd | awk -F: -v g=\"$gid\" -v u=\"$u\" '$4 == g "
+            "&& $1 != u {print $1}'; echo @@; getent group | awk -F: -v u=\"$u\" '{n = split($4, "
+            "m, \",\"); for (i = 1; i <= n; i++) if (m[i] == u) print $1}'; true"
         )
 
     def process(self, output):
@@ -214,17 +224,20 @@ class AccountStanding(FactBase):
         account = None
         fields = passwd[0].split(":", 6) if passwd else []
         if len(fields) == 7 and fields[2].isdigit() and fields[3].isdigit():
-            account = {"user": fields[0], "uid": int(fields[2]), "gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+            account = {"user": fields[0], "uid": int(fields[2]), "gid": int(fields[3]),
+                       "home": fields[5], "shell": fields[6]}
         primary = None
         fields = group[0].split(":", 3) if group else []
         if len(fields) == 4 and fields[2].isdigit():
-            primary = {"name": fields[0], "gid": int(fields[2]), "members": [m for m in fields[3].split(",") if m]}
+            primary = {"name": fields[0], "gid": int(fields[2]),
+                       "members": [m for m in fields[3].split(",") if m]}
         return {"account": account, "group": primary, "sharing": sharing, "listed_in": listed_in}
 
 
 def not_dedicated(user: str, standing: dict) -> list[tuple[str, str]]:
-    """(what was found, how to undo it) for each thing that makes `user` someone else's account rather than the
-    services' own, as `AccountStanding` read it; [] when it is theirs (or does not exist, and nothing waits for it)."""
+    """(what was found, how to undo it) for each thing that makes `user` someone else's account
+    rather than the services' own, as `AccountStanding` read it; [] when it is theirs (or does not
+    exist, and nothing waits for it)."""
     account, group = standing["account"], standing["group"]
     group_name = group["name"] if group else None
     found: list[tuple[str, str]] = []
@@ -235,12 +248,15 @@ def not_dedicated(user: str, standing: dict) -> list[tuple[str, str]]:
             found.append(("primary group gid 0 (root's)", f"usermod -g {user} {user}"))
         elif group_name != user:
             found.append((f"primary group {group_name or account['gid']}, not its own group {user}",
-                          f"usermod -g {user} {user} (after groupadd --system {user} where that group does not exist)"))
+                          f"usermod -g {user} {user} (after groupadd --system {user} where that "
+                          "group does not exist)"))
         if account["shell"] not in NO_LOGIN_SHELLS:
-            found.append((f"login shell {account['shell'] or '(empty: /bin/sh)'}", f"usermod -s {NOLOGIN} {user}"))
+            found.append((f"login shell {account['shell'] or '(empty: /bin/sh)'}",
+                          f"usermod -s {NOLOGIN} {user}"))
         if account["home"] != STATE_DIR:
-            found.append((f"home {account['home']}, not {STATE_DIR} (the deploy's accounts have that home; another's is "
-                          "another daemon's or a person's)", f"usermod -d {STATE_DIR} {user}"))
+            found.append((f"home {account['home']}, not {STATE_DIR} (the deploy's accounts have "
+                          "that home; another's is another daemon's or a person's)",
+                          f"usermod -d {STATE_DIR} {user}"))
     elif group is not None and group["gid"] == 0:
         found.append((f"group {group_name} has gid 0 (root's)", "name another account"))
     if group is not None and group_name == user:
@@ -249,29 +265,33 @@ def not_dedicated(user: str, standing: dict) -> list[tuple[str, str]]:
             found.append((f"its group {user} has other members: {', '.join(members)}",
                           "; ".join(f"gpasswd -d {m} {user}" for m in members)))
         if standing["sharing"]:
-            found.append((f"its group {user} is the primary group of {', '.join(standing['sharing'])} too",
-                          "; ".join(f"usermod -g OTHER_GROUP {m}" for m in standing["sharing"])))
+            found.append(
+                (f"its group {user} is the primary group of {', '.join(standing['sharing'])} too",
+                 "; ".join(f"usermod -g OTHER_GROUP {m}" for m in standing["sharing"])))
     # Listed in its own group is no other group.
     others = [g for g in standing["listed_in"] if g != group_name]
     if others:
-        found.append((f"member of {', '.join(others)}", "; ".join(f"gpasswd -d {user} {g}" for g in others)))
+        found.append(
+            (f"member of {', '.join(others)}", "; ".join(f"gpasswd -d {user} {g}" for g in others)))
     return found
 
 
 @operation()
 def dedicated_account(user: str):
     """
-    Fail the host, before any account or group changes, if ``user`` (or, before it exists, the group of its name) is
-    someone else's: the deploy makes the account its own (usermod) and runs the engine with its privileges.
+    Fail the host, before any account or group changes, if ``user`` (or, before it exists, the group
+    of its name) is someone else's: the deploy makes the account its own (usermod) and runs the
+    engine with its privileges.
 
     + user: the service user (not root)
     """
     found = not_dedicated(user, host_reads.get(host, AccountStanding, user=user))
     if found:
         raise OperationError(
-            f"service_user {user} is not the services' own account on this host: {'; '.join(f for f, _ in found)}. "
-            f"Set `service_user` to a name no account or group of this host has (the deploy creates it, e.g. sglang), "
-            f"or, if {user} is the services' own account, undo this by hand: {'; '.join(fix for _, fix in found)}"
+            f"service_user {user} is not the services' own account on this host: "
+            f"{'; '.join(f for f, _ in found)}. Set `service_user` to a name no account or group "
+            f"of this host has (the deploy creates it, e.g. sglang), or, if {user} is the "
+            f"services' own account, undo this by hand: {'; '.join(fix for _, fix in found)}"
         )
     host.noop(f"account {user} is the services' own, or does not exist yet")
     yield from ()
@@ -280,8 +300,8 @@ def dedicated_account(user: str):
 @operation()
 def group_present(group: str):
     """
-    A system group ``group`` (pyinfra's `server.group` does the same, reading the host's groups again on every run;
-    this decides from the host's one read).
+    A system group ``group`` (pyinfra's `server.group` does the same, reading the host's groups
+    again on every run; this decides from the host's one read).
 
     + group: its name
     """
@@ -292,7 +312,8 @@ def group_present(group: str):
 
 
 def account_fixes(found: dict, group: str, home: str, shell: str) -> dict[str, str]:
-    """What differs on an existing account (`Account` fact) from the wanted one: {"home"|"shell"|"group": wanted}."""
+    """What differs on an existing account (`Account` fact) from the wanted one:
+    {"home"|"shell"|"group": wanted}."""
     wanted = {"home": home, "shell": shell, "group": group}
     return {key: value for key, value in wanted.items() if found.get(key) != value}
 
@@ -300,23 +321,29 @@ def account_fixes(found: dict, group: str, home: str, shell: str) -> dict[str, s
 @operation()
 def account(user: str, group: str, home: str, shell: str):
     """
-    A system account ``user`` with primary group ``group``, home ``home`` (not created) and login shell ``shell``.
+    A system account ``user`` with primary group ``group``, home ``home`` (not created) and login
+    shell ``shell``.
 
     + user: the account
     + group: its primary group (which must exist)
-    + home: its home directory, set in passwd only (systemd's `StateDirectory=` makes it for the unit)
+    + home: its home directory, set in passwd only (systemd's `StateDirectory=` makes it for the
+      unit)
     + shell: its login shell (`/usr/sbin/nologin`)
     """
     found = host_reads.get(host, Account, user=user)
     if found is None:
-        yield StringCommand("useradd", "-d", QuoteString(home), "-s", QuoteString(shell), "-g", QuoteString(group), "-r", "-M", QuoteString(user))
+        yield StringCommand("useradd", "-d", QuoteString(home), "-s", QuoteString(shell), "-g",
+                            QuoteString(group), "-r", "-M", QuoteString(user))
         return
     changes = account_fixes(found, group, home, shell)
     if changes:
         flags = {"home": "-d", "shell": "-s", "group": "-g"}
-        yield StringCommand("usermod", *(w for k, v in changes.items() for w in (flags[k], QuoteString(v))), QuoteString(user))
+        yield StringCommand("usermod",
+                            *(w for k, v in changes.items() for w in (flags[k], QuoteString(v))),
+                            QuoteString(user))
     else:
-        host.noop(f"account {user} is a system account of group {group}, home {home}, shell {shell}")
+        host.noop(
+            f"account {user} is a system account of group {group}, home {home}, shell {shell}")
 
 
 def ensure_account(user: str) -> None:
@@ -326,4 +353,5 @@ def ensure_account(user: str) -> None:
         return
     dedicated_account(name=f"{user} is the services' own account", user=user)
     group_present(name=f"System group {user}", group=group_of(user))
-    account(name=f"System user {user} (no login shell) runs the services", user=user, group=group_of(user), home=STATE_DIR, shell=NOLOGIN)
+    account(name=f"System user {user} (no login shell) runs the services", user=user,
+            group=group_of(user), home=STATE_DIR, shell=NOLOGIN)

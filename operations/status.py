@@ -1,21 +1,24 @@
-"""The status view's reads and decisions (status.py): one host's rows from its one read, changing nothing.
+"""The status view's reads and decisions (status.py): one host's rows from its one read, changing
+nothing.
 
-A host is read the deploy's way: `host_reads.prepare`/`install` (one batched call answering the facts the
-deploy itself read there last time), then the deploy's own facts asked with the deploy's own arguments, so
-each answer comes from that batch. Nothing the deploy decides from is read any other way. In the same batch
-(`install(..., also=...)`), the deploy lock's holder read by the lock's own script (`StatusProbe`:
-`lock_host.py peek`), and on a host where nothing is placed, its GPUs: one call per host. `/health` and the
-time it takes come with the deploy's own `ServiceState` read.
+A host is read the deploy's way: `host_reads.prepare`/`install` (one batched call answering the
+facts the deploy itself read there last time), then the deploy's own facts asked with the deploy's
+own arguments, so each answer comes from that batch. Nothing the deploy decides from is read any
+other way. In the same batch (`install(..., also=...)`), the deploy lock's holder read by the lock's
+own script (`StatusProbe`: `lock_host.py peek`), and on a host where nothing is placed, its GPUs:
+one call per host. `/health` and the time it takes come with the deploy's own `ServiceState` read.
 
-What it never does: take or wait for the deploy lock (its holder is shown), run a command that writes on a
-host (every fact used here only reads: see each in the module that defines it), or keep the read set a deploy
-keeps on the control machine (`HostReads.asked` is emptied before the run ends, so nothing is saved).
+What it never does: take or wait for the deploy lock (its holder is shown), run a command that
+writes on a host (every fact used here only reads: see each in the module that defines it), or keep
+the read set a deploy keeps on the control machine (`HostReads.asked` is emptied before the run
+ends, so nothing is saved).
 
-"Deploy would" is the host's plan (operations/host_plan.py), made by the very functions the deploy makes it
-with, from the same answers: every step (GPU check, Environments, Models, Service account, Service, Cleanup),
-as `Change` records (`plan` in each row; `changes` their text). Not covered: whether a restart's readiness
-gate will pass (COVERS says so wherever the column is shown). The venv and the staged models are judged by their
-fast check here (the data's `verify_env: full` is the deploy's own).
+"Deploy would" is the host's plan (operations/host_plan.py), made by the very functions the deploy
+makes it with, from the same answers: every step (GPU check, Environments, Models, Service account,
+Service, Cleanup), as `Change` records (`plan` in each row; `changes` their text). Not covered:
+whether a restart's readiness gate will pass (COVERS says so wherever the column is shown). The venv
+and the staged models are judged by their fast check here (the data's `verify_env: full` is the
+deploy's own).
 """
 
 from __future__ import annotations
@@ -25,16 +28,29 @@ import socket
 
 from pyinfra.api import FactBase
 
-from operations import gpus, host_plan, host_reads, lifecycle, lock, models, patches, readiness, remote, venv
+from operations import (
+    gpus,
+    host_plan,
+    host_reads,
+    lifecycle,
+    lock,
+    models,
+    patches,
+    readiness,
+    remote,
+    venv,
+)
 from operations.pyinfra_adapter import real_host
 
 COVERS = (
-    "DEPLOY WOULD is the deploy's own plan from this read (operations/host_plan.py): every step, the venv and staged "
-    "models by their fast check; not whether a restart's readiness gate will pass."
+    "DEPLOY WOULD is the deploy's own plan from this read (operations/host_plan.py): every step, "
+    "the venv and staged models by their fast check; not whether a restart's readiness gate will "
+    "pass."
 )
 class StatusProbe(FactBase):
-    """``{"lock": {"who", "pid", "since", "control"} | None}``: the deploy lock's holder, read by the lock's own
-    script (`lock_host.py peek`, which only reads); the token that lets its owner give it back is not kept."""
+    """``{"lock": {"who", "pid", "since", "control"} | None}``: the deploy lock's holder, read by
+    the lock's own script (`lock_host.py peek`, which only reads); the token that lets its owner
+    give it back is not kept."""
 
     def command(self) -> str:
         return remote.command("lock_host", "peek")
@@ -43,14 +59,16 @@ class StatusProbe(FactBase):
         holder = json.loads(output[-1]).get("held_by")
         if holder is None:
             return {"lock": None}
-        return {"lock": {k: holder.get(k) for k in ("who", "pid", "since", "control")} if isinstance(holder, dict) else {"who": "unknown"}}
+        return {"lock": {k: holder.get(k) for k in ("who", "pid", "since", "control")}
+                if isinstance(holder, dict) else {"who": "unknown"}}
 
 
 # -- pure pieces ------------------------------------------------------------------------------
 
 
 def health_answer(state: dict | None) -> dict:
-    """A service's /health as the row shows it, from the deploy's ServiceState read (service_state.py times it)."""
+    """A service's /health as the row shows it, from the deploy's ServiceState read
+    (service_state.py times it)."""
     if state is None:
         return {"status": None, "latency_ms": None, "error": "unit state not read"}
     status = state.get("health")
@@ -59,7 +77,8 @@ def health_answer(state: dict | None) -> dict:
 
 
 def gpu_rows(facts: gpus.GpuFacts | None, indexes: tuple[int, ...] | None = None) -> list[dict]:
-    """The GPUs (all, or those of `indexes`) as rows: memory, health, and processes no unit of ours runs."""
+    """The GPUs (all, or those of `indexes`) as rows: memory, health, and processes no unit of ours
+    runs."""
     if facts is None or facts.error:
         return []
     ours = {pid for unit in facts.units.values() for pid in unit.pids}
@@ -69,7 +88,10 @@ def gpu_rows(facts: gpus.GpuFacts | None, indexes: tuple[int, ...] | None = None
         gpu = by_index.get(index)
         if gpu is None:
             out.append({"index": index, "name": None, "missing": True, "healthy": False,
-                        "problems": [f"not listed by nvidia-smi{' (cannot reach ' + ', '.join(facts.missing) + ')' if facts.missing else ''}"],
+                        # The f-string's one field is longer than the line: E501 left to it.
+                        "problems": [
+                            "not listed by "
+                            f"nvidia-smi{' (cannot reach ' + ', '.join(facts.missing) + ')' if facts.missing else ''}"],  # noqa: E501
                         "memory_used_mib": None, "memory_total_mib": None, "foreign": []})
             continue
         foreign = [f"pid {a.pid}" + (f" {a.used_mib} MiB" if a.used_mib is not None else "")
@@ -99,21 +121,26 @@ def _ok(value) -> bool:
     return value is not None and not isinstance(value, _Unread)
 
 
-def read_host(state, host, config, stack, patch_sets: dict, watched: dict[str, tuple[str, ...]]) -> list[dict]:
+def read_host(state, host, config, stack, patch_sets: dict,
+              watched: dict[str, tuple[str, ...]]) -> list[dict]:
     """`host`'s rows: one per placed service, or one for the host when none is placed.
 
-    `watched`: service name -> the paths its process loads (deploys/service.py `watched_inputs`), the
-    arguments the deploy reads `ServiceState` with (so the answer comes from the same read).
+    `watched`: service name -> the paths its process loads (deploys/service.py `watched_inputs`),
+    the arguments the deploy reads `ServiceState` with (so the answer comes from the same read).
     """
-    host = real_host(host)  # the Host itself: pyinfra's `host` names it only in the greenlet loading this file
-    lock.send_without_delay(host)  # each command otherwise waits for a delayed ACK (operations/lock.py)
-    lock.watch_connection(host)  # a host that stops answering is dropped within seconds, not waited for
+    # the Host itself: pyinfra's `host` names it only in the greenlet loading this file
+    host = real_host(host)
+    # each command otherwise waits for a delayed ACK (operations/lock.py)
+    lock.send_without_delay(host)
+    # a host that stops answering is dropped within seconds, not waited for
+    lock.watch_connection(host)
     digest = repr(config)
-    # The status keeps nothing on the control machine: what it asks is not saved as the next read set.
+    # The status keeps nothing on the control machine: what it asks is not saved as the next read
+    # set.
     host_reads.prepare(state, host, config_digest=digest, keep_read_set=False)
-    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder, and where
-    # nothing is placed (the deploy reads no GPUs there), the GPUs. /health and its latency come with the deploy's
-    # own ServiceState read.
+    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder,
+    # and where nothing is placed (the deploy reads no GPUs there), the GPUs. /health and its
+    # latency come with the deploy's own ServiceState read.
     also = [(StatusProbe, {})] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
     host_reads.install(state, host, config_digest=digest, also=tuple(also))
     probe = _fact(host, StatusProbe)
@@ -123,7 +150,8 @@ def read_host(state, host, config, stack, patch_sets: dict, watched: dict[str, t
 
 def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[dict]:
     problems_host: list[str] = []
-    # GPUs: the GPU check's own decision (gpu: auto resolved, refusals) from the same fact the deploy reads.
+    # GPUs: the GPU check's own decision (gpu: auto resolved, refusals) from the same fact the
+    # deploy reads.
     if config.services:
         paths = sorted({m.store_path for s in config.services for m in s.models})
         gpu_facts = _fact(host, gpus.GpuState, models=paths)
@@ -132,7 +160,8 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     facts = gpu_facts if _ok(gpu_facts) else None
     if isinstance(gpu_facts, _Unread):
         problems_host.append(gpu_facts.why)
-    decisions = gpus.decide(config, facts, stack.wanted().get("sglang")) if config.services else gpus.GpuDecisions(config)
+    decisions = (gpus.decide(config, facts, stack.wanted().get("sglang")) if config.services
+                 else gpus.GpuDecisions(config))
     resolved = decisions.config
     host_gpus = gpu_rows(facts)
     gpu_error = (facts.error if facts is not None and facts.error else None) or (
@@ -143,17 +172,24 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     if not isinstance(probe_answer, dict):
         problems_host.append("the deploy lock's holder was not read")
 
-    # What a deploy would change: the host's plan, the deploy's own decisions from the same read (host_plan.py).
-    plan = host_plan.plan_host(host.name, decisions, stack, patch_sets, read=host_reads.reader(host), verify_env="fast")
+    # What a deploy would change: the host's plan, the deploy's own decisions from the same read
+    # (host_plan.py).
+    plan = host_plan.plan_host(host.name, decisions, stack, patch_sets,
+                               read=host_reads.reader(host), verify_env="fast")
     problems_host += [f"not read: {what}" for what in plan.unread]
-    envs = {env.path: _environment(host, env, stack, patch_sets, config) for env in config.environments}
+    envs = {env.path: _environment(host, env, stack, patch_sets, config)
+            for env in config.environments}
     staged = {}
     for model in config.staged_models:
-        found = _fact(host, models.StagedModel, **models.staged_read(model.store_path, model.load_path, config.verify_models))
-        why = models.stage_reason(found) if _ok(found) else f"not read ({getattr(found, 'why', 'no answer')})"
-        staged[model.name] = {"name": model.name, "location": "shm", "verified": why is None, "why": why}
+        found = _fact(host, models.StagedModel,
+                      **models.staged_read(model.store_path, model.load_path, config.verify_models))
+        why = (models.stage_reason(found) if _ok(found)
+               else f"not read ({getattr(found, 'why', 'no answer')})")
+        staged[model.name] = {"name": model.name, "location": "shm",
+                              "verified": why is None, "why": why}
 
-    rows = [_service_row(host, service, stack, watched.get(service.name, ()), envs, staged, decisions, facts, host_gpus, plan)
+    rows = [_service_row(host, service, stack, watched.get(service.name, ()), envs, staged,
+                         decisions, facts, host_gpus, plan)
             for service in resolved.services]
     shown = {id(c) for row in rows for c in row.pop("_changes")}
     host_changes = [c for c in plan.changes if id(c) not in shown]
@@ -161,10 +197,12 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
         bad_gpus = [g for g in host_gpus if not g["healthy"]]
         rows.append({
             "host": host.name, "reachable": True, "service": None, "lock": lock_holder,
-            "gpus": host_gpus, "host_gpus": host_gpus, "gpu_error": gpu_error if gpu_error != "GPUs not read" else None,
+            "gpus": host_gpus, "host_gpus": host_gpus,
+            "gpu_error": gpu_error if gpu_error != "GPUs not read" else None,
             "changes": [c.text for c in host_changes], "plan": [c.record() for c in host_changes],
             "healthy": not bad_gpus and not problems_host,
-            "problems": problems_host + [f"GPU {g['index']}: {'; '.join(g['problems'])}" for g in bad_gpus],
+            "problems": problems_host + [f"GPU {g['index']}: {'; '.join(g['problems'])}"
+                                         for g in bad_gpus],
         })
     else:
         for row in rows:
@@ -177,9 +215,12 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
 
 
 def _environment(host, env, stack, patch_sets, config) -> dict:
-    """A venv as its rows show it: the wanted generation, the live one, and each patch set's drift."""
-    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
-    found = _fact(host, venv.VenvState, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify="fast")
+    """A venv as its rows show it: the wanted generation, the live one, and each patch set's
+    drift."""
+    gen = venv.generation(env.path, stack,
+                          {name: patch_sets[name].digest for name in env.patch_sets})
+    found = _fact(host, venv.VenvState, live=gen.live, wanted=gen.path,
+                  host_cache=config.host_wheel_cache, verify="fast")
     live_target = (found.get("live") or {}).get("target") if _ok(found) else None
     built = _ok(found) and found.get("wanted") is not None
     rows = []
@@ -187,13 +228,16 @@ def _environment(host, env, stack, patch_sets, config) -> dict:
         installed = None
         if built:
             installed = _fact(host, patches.InstalledFiles,
-                              **patches.read_arguments(patch_sets[name], gen.path, f"{gen.path}/{stack.site_packages}"))
+                              **patches.read_arguments(patch_sets[name], gen.path,
+                                                       f"{gen.path}/{stack.site_packages}"))
         rows.append(patches.drift(patch_sets[name], installed if _ok(installed) else None))
-    return {"gen": gen, "live": live_target.rsplit("/", 1)[-1] if live_target else None, "patches": rows}
+    return {"gen": gen, "live": live_target.rsplit("/", 1)[-1] if live_target else None,
+            "patches": rows}
 
 
 def _concerns(change, service, env: dict) -> bool:
-    """Whether a change of the plan is shown in `service`'s row: its own, its venv's, its models'."""
+    """Whether a change of the plan is shown in `service`'s row: its own, its venv's, its
+    models'."""
     if change.service is not None:
         return change.service == service.name
     if change.step == host_plan.ENVS:
@@ -203,28 +247,33 @@ def _concerns(change, service, env: dict) -> bool:
     return False
 
 
-def _service_row(host, service, stack, watched, envs, staged_models, decisions, facts, host_gpus, plan) -> dict:
+def _service_row(host, service, stack, watched, envs, staged_models, decisions, facts,
+                 host_gpus, plan) -> dict:
     problems = []
-    # The GPU check's warnings (engine advisories that hold here, little KV room): shown, not a verdict.
+    # The GPU check's warnings (engine advisories that hold here, little KV room): shown, not a
+    # verdict.
     warned = [w.split(": ", 1)[1] for w in decisions.warnings if w.startswith(f"{service.name}: ")]
     env = envs[service.environment.path]
     mine = [c for c in plan.changes if _concerns(c, service, env)]
     staged = [staged_models[m.name] for m in service.models if m.location == "shm"]
-    store = [{"name": m.name, "location": "store", "verified": None, "why": "loaded from the store (not staged)"}
+    store = [{"name": m.name, "location": "store", "verified": None,
+              "why": "loaded from the store (not staged)"}
              for m in service.models if m.location == "store"]
-    state = _fact(host, readiness.ServiceState, unit=service.unit_name, address=readiness.probe_address(service.bind),
-                  port=service.port, inputs=watched)
+    state = _fact(host, readiness.ServiceState, unit=service.unit_name,
+                  address=readiness.probe_address(service.bind), port=service.port, inputs=watched)
     unit = pid = uptime = restarts = None
     running = False
     if _ok(state):
         unit = {k: state.get(k) for k in ("load", "active", "sub", "enabled")}
-        pid, uptime, restarts = state.get("pid") or None, state.get("uptime_s"), state.get("restarts")
+        pid, uptime, restarts = (state.get("pid") or None, state.get("uptime_s"),
+                                 state.get("restarts"))
         running = state.get("active") == "active" and state.get("sub") in lifecycle.RUNNING
     else:
         problems.append(f"unit state not read ({getattr(state, 'why', 'no answer')})")
     answer = health_answer(state if _ok(state) else None)
     if not running:
-        problems.append(f"unit {service.unit_name} is {(unit or {}).get('active') or '?'}/{(unit or {}).get('sub') or '?'}")
+        problems.append(f"unit {service.unit_name} is "
+                        f"{(unit or {}).get('active') or '?'}/{(unit or {}).get('sub') or '?'}")
     if answer["status"] != 200:
         problems.append(f"/health answers {answer['status'] or answer['error'] or 'nothing'}")
     gpu_list = gpu_rows(facts, service.gpus) if facts is not None else []
@@ -234,22 +283,26 @@ def _service_row(host, service, stack, watched, envs, staged_models, decisions, 
     if facts is None or facts.error:
         problems.append(f"GPUs: {facts.error if facts is not None else 'not read'}")
     return {
-        "host": host.name, "reachable": True, "service": service.name, "definition": service.definition, "port": service.port,
-        "unit_name": service.unit_name, "unit": unit, "pid": pid, "uptime_s": uptime, "restarts": restarts,
-        "health": answer, "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
-        "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"], "venv": service.environment.path},
+        "host": host.name, "reachable": True, "service": service.name,
+        "definition": service.definition, "port": service.port, "unit_name": service.unit_name,
+        "unit": unit, "pid": pid, "uptime_s": uptime, "restarts": restarts, "health": answer,
+        "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
+        "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"],
+                       "venv": service.environment.path},
         "patch_sets": [p for p in env["patches"] if p["name"] in service.patch_sets],
-        "models": staged + store, "changes": [c.text for c in mine], "plan": [c.record() for c in mine], "_changes": mine,
-        "healthy": not problems, "problems": problems, "warnings": warned,
+        "models": staged + store, "changes": [c.text for c in mine],
+        "plan": [c.record() for c in mine], "_changes": mine, "healthy": not problems,
+        "problems": problems, "warnings": warned,
     }
 
 
 def unreachable_reason(address: str, port: int, timeout_s: float = 1.5) -> str:
-    """Why pyinfra could not connect to a host SSH reaches at `address`:`port` (its validated `ssh_address`), as far as
-    one TCP connect to that port says (bounded)."""
+    """Why pyinfra could not connect to a host SSH reaches at `address`:`port` (its validated
+    `ssh_address`), as far as one TCP connect to that port says (bounded)."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
-            return f"SSH to {address}:{port} failed (the port answers: see pyinfra's error above: keys, host key, user)"
+            return (f"SSH to {address}:{port} failed (the port answers: see pyinfra's error above: "
+                    "keys, host key, user)")
     except socket.timeout:
         return f"no answer from {address}:{port} within {timeout_s:g} s"
     except OSError as exc:

@@ -15,8 +15,8 @@ from pyinfra.api.operation import OperationMeta
 
 
 def changed(flag: Callable[[], bool] | None) -> bool:
-    """Did `flag` (e.g. `any_changed(op, ...)`, or a service's `restarted`) report a change in this run?
-    False until the run executes, and where no flag was given."""
+    """Did `flag` (e.g. `any_changed(op, ...)`, or a service's `restarted`) report a change in this
+    run? False until the run executes, and where no flag was given."""
     return bool(host.state.is_executing and flag is not None and flag())
 
 
@@ -32,9 +32,10 @@ def any_of(*flags: Callable[[], bool]) -> Callable[[], bool]:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Operations of this run whose result a service's process loads (its venv, patch sets, models, key file),
-    by the name each was added with; `conditional`: an operation with an `_if`, which pyinfra plans as changing
-    whatever its condition will say. Called, it answers whether any of them changed (as pyinfra's `any_changed`)."""
+    """Operations of this run whose result a service's process loads (its venv, patch sets, models,
+    key file), by the name each was added with; `conditional`: an operation with an `_if`, which
+    pyinfra plans as changing whatever its condition will say. Called, it answers whether any of
+    them changed (as pyinfra's `any_changed`)."""
 
     ops: tuple[tuple[str, OperationMeta, bool], ...]
 
@@ -45,6 +46,8 @@ class Inputs:
         return [meta for _, meta, _ in self.ops]
 
     def planned(self) -> list[str]:
-        """The names of those planned to change: before execution (and all of `--dry`) only a plan is known. A
-        conditional operation changes only when the operations its condition reads change, judged on their own."""
-        return [name for name, meta, conditional in self.ops if not conditional and meta.will_change]
+        """The names of those planned to change: before execution (and all of `--dry`) only a plan
+        is known. A conditional operation changes only when the operations its condition reads
+        change, judged on their own."""
+        return [name for name, meta, conditional in self.ops
+                if not conditional and meta.will_change]

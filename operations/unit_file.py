@@ -21,19 +21,23 @@ def same_content(found: dict | None, sha1: str | None, text: str) -> bool:
 
 
 def differs(found: dict | None, sha1: str | None, text: str) -> str | None:
-    """Why the unit file (`File` and `Sha1File` facts) is not `text`, mode 644, root's; None when it is."""
+    """Why the unit file (`File` and `Sha1File` facts) is not `text`, mode 644, root's; None when it
+    is."""
     if found is None:
         return "absent"
     if not same_content(found, sha1, text):
         return "differs from the data"
-    if str(found.get("mode")) != MODE or found.get("user") != "root" or found.get("group") != "root":
-        return f"mode {found.get('mode')} {found.get('user')}:{found.get('group')}, wanted {MODE} root:root"
+    if (str(found.get("mode")) != MODE or found.get("user") != "root"
+            or found.get("group") != "root"):
+        return (f"mode {found.get('mode')} {found.get('user')}:{found.get('group')}, wanted {MODE} "
+                "root:root")
     return None
 
 
 class Rewritten:
-    """Whether `written` replaced the unit's content in this run (known only while executing); called, it says.
-    A mode or owner put back changes nothing systemd runs: no reload, no preflight, no restart."""
+    """Whether `written` replaced the unit's content in this run (known only while executing);
+    called, it says. A mode or owner put back changes nothing systemd runs: no reload, no preflight,
+    no restart."""
 
     def __init__(self) -> None:
         self.content = False
@@ -61,7 +65,8 @@ def written(path: str, text: str, rewritten: Rewritten | None = None):
         host.noop(f"unit file {path} is current")
         return
     if same_content(found, sha1, text):
-        host.log(f"unit file {path}: {why}: putting the mode and owner back (content unchanged: no restart)")
+        host.log(f"unit file {path}: {why}: putting the mode and owner back (content unchanged: no "
+                 "restart)")
         yield StringCommand("chmod", MODE, QuoteString(path))
         yield StringCommand("chown", "root:root", QuoteString(path))
         return

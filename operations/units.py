@@ -14,14 +14,16 @@ from configuration.stacks import Stack, load_stack
 from operations import service_user
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-# CUDA numbers GPUs fastest first unless told otherwise; `gpu` (CUDA_VISIBLE_DEVICES) means nvidia-smi's numbers,
-# which the GPU check reads: by PCI bus. The data may not set it (configuration/kinds.py, DERIVED_ENV).
+# CUDA numbers GPUs fastest first unless told otherwise; `gpu` (CUDA_VISIBLE_DEVICES) means
+# nvidia-smi's numbers, which the GPU check reads: by PCI bus. The data may not set it
+# (configuration/kinds.py, DERIVED_ENV).
 GPU_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 _PLAIN = re.compile(r"\A[A-Za-z0-9_./:=,+@-]+\Z")
 
 
 def systemd_quote(value: str, expands_variables: bool = True) -> str:
-    """Quote one word for a unit file: specifiers (%) are escaped, and variables ($) where systemd expands them.
+    """Quote one word for a unit file: specifiers (%) are escaped, and variables ($) where systemd
+    expands them.
 
     systemd expands `$VAR` in `ExecStart=` but not in `Environment=`.
     """
@@ -45,7 +47,8 @@ def flag_lines(argv: list[str]) -> list[str]:
 
 
 def template(name: str) -> jinja2.Template:
-    """A template from `templates/`, rendered strictly (an unknown variable is an error) and deterministically."""
+    """A template from `templates/`, rendered strictly (an unknown variable is an error) and
+    deterministically."""
     return _environment().get_template(name)
 
 
@@ -77,8 +80,10 @@ def inputs_digest(stack: Stack, patch_digests: dict[str, str]) -> str:
 
 
 def bind_paths(service: Service) -> list[tuple[str, bool]]:
-    """(path, required) bound read-only into the unit: what it loads from a home dir that `ProtectHome=tmpfs` hides."""
-    return service_user.hidden_paths(service.environment.path, tuple(m.load_path for m in service.models))
+    """(path, required) bound read-only into the unit: what it loads from a home dir that
+    `ProtectHome=tmpfs` hides."""
+    return service_user.hidden_paths(service.environment.path,
+                                     tuple(m.load_path for m in service.models))
 
 
 def venv_bin_path(venv_path: str) -> str:
@@ -88,23 +93,26 @@ def venv_bin_path(venv_path: str) -> str:
     return f"{venv_path}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-# The [Service] directives that say what the unit runs and how systemd keeps it running, not the sandbox it runs
-# in: `sandbox_properties` leaves them out (a run in the service's sandbox brings its own command and environment).
-# Everything else in the template's [Service] section is the sandbox, a line added there later included.
-NOT_SANDBOX = frozenset({"Type", "ExecStart", "WorkingDirectory", "Environment", "TimeoutStartSec", "TimeoutStopSec",
-                         "KillMode", "Restart", "RestartSec"})
+# The [Service] directives that say what the unit runs and how systemd keeps it running, not the
+# sandbox it runs in: `sandbox_properties` leaves them out (a run in the service's sandbox brings
+# its own command and environment). Everything else in the template's [Service] section is the
+# sandbox, a line added there later included.
+NOT_SANDBOX = frozenset(
+    {"Type", "ExecStart", "WorkingDirectory", "Environment", "TimeoutStartSec", "TimeoutStopSec",
+     "KillMode", "Restart", "RestartSec"})
 
 
 def sandbox_properties(unit_text: str) -> list[str]:
-    """The sandbox of a rendered unit, as `systemd-run -p` assignments: every directive of its [Service] section but
-    NOT_SANDBOX, in order, written as the unit writes it (User=, Group=, SupplementaryGroups=, StateDirectory=, ...,
-    ProtectHome=tmpfs with its BindReadOnlyPaths=, RestrictAddressFamilies=, the ExecStartPre= that makes the GPU
-    device nodes).
+    """The sandbox of a rendered unit, as `systemd-run -p` assignments: every directive of its
+    [Service] section but NOT_SANDBOX, in order, written as the unit writes it (User=, Group=,
+    SupplementaryGroups=, StateDirectory=, ..., ProtectHome=tmpfs with its BindReadOnlyPaths=,
+    RestrictAddressFamilies=, the ExecStartPre= that makes the GPU device nodes).
 
-    The one source is the template: whatever runs the engine's code outside the unit (the preflight, measure.py's
-    client) runs in the same sandbox as the service, as its user, from the unit text itself, so the two cannot drift.
-    The values are written as a unit file takes them, which `systemd-run -p` takes too (the paths in them have no
-    spaces, quotes, `%` or `$`: configuration/kinds.py).
+    The one source is the template: whatever runs the engine's code outside the unit (the preflight,
+    measure.py's client) runs in the same sandbox as the service, as its user, from the unit text
+    itself, so the two cannot drift. The values are written as a unit file takes them, which
+    `systemd-run -p` takes too (the paths in them have no spaces, quotes, `%` or `$`:
+    configuration/kinds.py).
     """
     out: list[str] = []
     section = None
@@ -129,8 +137,8 @@ def sandbox_properties(unit_text: str) -> list[str]:
 
 
 def service_sandbox(config: HostConfig, service: Service) -> list[str]:
-    """`sandbox_properties` of the unit `render_unit` writes for `service` (without the GPU device groups: they
-    only grant access to the GPUs, which a run that opens none does not need)."""
+    """`sandbox_properties` of the unit `render_unit` writes for `service` (without the GPU device
+    groups: they only grant access to the GPUs, which a run that opens none does not need)."""
     stack = load_stack(config.stack)
     return sandbox_properties(render_unit(config, service, stack, inputs_digest(stack, {})))
 
@@ -143,12 +151,14 @@ def render_unit(
     after_units: tuple[str, ...] = (),
     supplementary_groups: tuple[str, ...] = (),
 ) -> str:
-    """The unit; `supplementary_groups`: the groups of this host's GPU devices (service_user.gpu_device_groups)."""
+    """The unit; `supplementary_groups`: the groups of this host's GPU devices
+    (service_user.gpu_device_groups)."""
     return template("sglang.service.j2").render(
         user=config.service_user,
         group=service_user.group_of(config.service_user),
         supplementary_groups=list(supplementary_groups),
-        runtime_environment={**service_user.runtime_environment(), "PATH": venv_bin_path(service.environment.path)},
+        runtime_environment={**service_user.runtime_environment(),
+                             "PATH": venv_bin_path(service.environment.path)},
         bind_paths=bind_paths(service),
         service=service,
         host_name=config.host,

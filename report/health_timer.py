@@ -42,11 +42,13 @@ class HealthTimer(BaseStateCallback):
     def operation_host_success(self, state, host, op_hash, retry_count: int = 0):
         for service, row in summary.REPORT.get(host.name, {}).items():
             key = (host.name, service)
-            if key in self.seen or row.get("state") != "ready" or "after (re)start" not in row.get("ready", ""):
+            if (key in self.seen or row.get("state") != "ready"
+                    or "after (re)start" not in row.get("ready", "")):
                 continue
             self.seen.add(key)
             elapsed = time.monotonic() - self.started
-            logger.info(f"--> {host.name}/{service} answers /health {elapsed:.1f} s after the deploy started")
+            logger.info(f"--> {host.name}/{service} answers /health {elapsed:.1f} s after the "
+                        "deploy started")
 
     def host_disconnect(self, state, host):
         self.disconnected.add(host.name)
@@ -54,8 +56,9 @@ class HealthTimer(BaseStateCallback):
             return  # once, after the last host
         for name in sorted(h.name for h in state.failed_hosts if h not in state.activated_hosts):
             logger.warning(
-                f"--> {name}: not reached (connection failed): nothing there changed; the other hosts were deployed. "
-                "Services no longer placed on it are removed by the next deploy that reaches it"
+                f"--> {name}: not reached (connection failed): nothing there changed; the other "
+                "hosts were deployed. Services no longer placed on it are removed by the next "
+                "deploy that reaches it"
             )
 
 

@@ -1,14 +1,19 @@
-"""The plan as people and machines read it: per host and service under `--dry`, and as JSON on request.
+"""The plan as people and machines read it: per host and service under `--dry`, and as JSON on
+request.
 
-    pyinfra inventory.py deploy.py --dry                       # the plan, per host and service (what, why, action)
-    PLAN_JSON=plan.json pyinfra inventory.py deploy.py --dry   # and as JSON; exit 0 nothing to do, 2 changes, 1 refused
-    PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y        # the JSON on stdout (the plan's text, like pyinfra's log, on stderr)
+    # the plan, per host and service (what, why, action)
+    pyinfra inventory.py deploy.py --dry
+    # and as JSON; exit 0 nothing to do, 2 changes, 1 refused
+    PLAN_JSON=plan.json pyinfra inventory.py deploy.py --dry
+    # the JSON on stdout (the plan's text, like pyinfra's log, on stderr)
+    PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y
 
-Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and refusals as the status
-view's JSON has them, and what could not be read); once the last host is done, `PlanPrinter` prints and writes it.
-Under `--dry` with `PLAN_JSON`, the process exits as `terraform plan -detailed-exitcode` does: 0 nothing to do, 2
-changes, 1 a refusal, a fact not read, or a host whose load failed (not planned). A real run writes the plan it
-applied (PLAN_JSON) and keeps pyinfra's exit code.
+Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and
+refusals as the status view's JSON has them, and what could not be read); once the last host is
+done, `PlanPrinter` prints and writes it. Under `--dry` with `PLAN_JSON`, the process exits as
+`terraform plan -detailed-exitcode` does: 0 nothing to do, 2 changes, 1 a refusal, a fact not read,
+or a host whose load failed (not planned). A real run writes the plan it applied (PLAN_JSON) and
+keeps pyinfra's exit code.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from report.terminal_text import one_line
 PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each host's load plans it
 
 
-# service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}: its rollout's waves
-# (operations/rollout.py), the same from every host's load.
+# service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}: its
+# rollout's waves (operations/rollout.py), the same from every host's load.
 ROLLOUTS: dict[str, dict] = {}
 
 
@@ -52,31 +57,39 @@ def rollout_actions(plans: list[dict]) -> dict[str, str]:
 def rollout_document(plans: list[dict]) -> dict:
     actions = rollout_actions(plans)
     return {name: {**{k: v for k, v in r.items() if k != "waves"},
-                   "waves": [[{"replica": x, "action": actions.get(x, "none")} for x in wave] for wave in r["waves"]]}
+                   "waves": [[{"replica": x, "action": actions.get(x, "none")} for x in wave]
+                             for wave in r["waves"]]}
             for name, r in sorted(ROLLOUTS.items()) if r["replicas"] > 1}
 
 
 def rollout_text(plans: list[dict]) -> list[str]:
-    """Each replicated service's waves in order, each replica with what its plan does (`none`: it passes its wave)."""
+    """Each replicated service's waves in order, each replica with what its plan does (`none`: it
+    passes its wave)."""
     lines = []
     for name, rollout in rollout_document(plans).items():
         canary = f", canaries first: {rollout['canary']}" if rollout["canary"] else ""
-        lines.append(f"    {name}: {rollout['replicas']} replicas, at most {rollout['wave_size']} not serving at once{canary}")
+        lines.append(f"    {name}: {rollout['replicas']} replicas, at most {rollout['wave_size']} "
+                     f"not serving at once{canary}")
         for index, wave in enumerate(rollout["waves"], start=1):
-            lines.append(f"      wave {index}: " + ", ".join(f"{r['replica']} ({r['action']})" for r in wave))
-    return (["--> Rollouts (each wave's readiness gates pass before the next wave restarts):"] + lines) if lines else []
+            lines.append(f"      wave {index}: "
+                         + ", ".join(f"{r['replica']} ({r['action']})" for r in wave))
+    return (["--> Rollouts (each wave's readiness gates pass before the next wave restarts):"]
+            + lines) if lines else []
 
 
 def exit_code(plans: list[dict], unplanned: list[str]) -> int:
-    """The run's code: 1 if any host refused, read incompletely or was not planned; else 2 if any changes; else 0."""
+    """The run's code: 1 if any host refused, read incompletely or was not planned; else 2 if any
+    changes; else 0."""
     if unplanned or any(p["exit_code"] == 1 for p in plans):
         return 1
     return 2 if any(p["exit_code"] == 2 for p in plans) else 0
 
 
 def document(plans: list[dict], unplanned: list[str]) -> dict:
-    return {"exit_code": exit_code(plans, unplanned), "hosts": plans, "rollouts": rollout_document(plans),
-            "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's error above says why)"}
+    return {"exit_code": exit_code(plans, unplanned), "hosts": plans,
+            "rollouts": rollout_document(plans),
+            "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's "
+                                                  "error above says why)"}
                             for name in unplanned]}
 
 
@@ -91,7 +104,8 @@ def text(plans: list[dict], unplanned: list[str]) -> str:
         for change in entries:
             who = f"{plan['host']}/{change['service']}" if change["service"] else plan["host"]
             why = f": {change['why']}" if change["why"] else ""
-            lines.append(one_line(f"    {who}  [{change['step']}] {change['action']} {change['what']}{why}"))
+            lines.append(
+                one_line(f"    {who}  [{change['step']}] {change['action']} {change['what']}{why}"))
         for what in plan["unread"]:
             lines.append(one_line(f"    {plan['host']}  not read: {what}"))
     for name in unplanned:
@@ -103,7 +117,8 @@ def text(plans: list[dict], unplanned: list[str]) -> str:
 
 
 class PlanPrinter(BaseStateCallback):
-    """Once the last host is done: the plan printed (under --dry), the JSON written (PLAN_JSON), the exit code."""
+    """Once the last host is done: the plan printed (under --dry), the JSON written (PLAN_JSON), the
+    exit code."""
 
     def __init__(self, json_to: str | None, dry: bool):
         self.json_to, self.dry = json_to, dry
@@ -117,9 +132,11 @@ class PlanPrinter(BaseStateCallback):
             return
         self.done = True
         plans = [PLANS[name] for name in sorted(PLANS)]
-        unplanned = sorted(h.name for h in state.inventory if h.name not in PLANS and state.is_host_in_limit(h))
+        unplanned = sorted(h.name for h in state.inventory
+                           if h.name not in PLANS and state.is_host_in_limit(h))
         if self.dry or self.json_to:
-            logger.info(text(plans, unplanned))  # pyinfra's log (stderr): stdout stays its --json, or PLAN_JSON=-
+            # pyinfra's log (stderr): stdout stays its --json, or PLAN_JSON=-
+            logger.info(text(plans, unplanned))
         if self.json_to:
             doc = json.dumps(document(plans, unplanned), indent=2, sort_keys=True) + "\n"
             if self.json_to == "-":
@@ -136,4 +153,5 @@ class PlanPrinter(BaseStateCallback):
 
 def install(state, environ) -> None:
     if not any(isinstance(h, PlanPrinter) for h in state.callback_handlers):
-        state.add_callback_handler(PlanPrinter(environ.get("PLAN_JSON") or None, "--dry" in sys.argv[1:]))
+        state.add_callback_handler(
+            PlanPrinter(environ.get("PLAN_JSON") or None, "--dry" in sys.argv[1:]))

@@ -1,9 +1,11 @@
-"""What this run's rollouts did, as the operations record it (operations/rollout.py) and the summary prints it.
+"""What this run's rollouts did, as the operations record it (operations/rollout.py) and the summary
+prints it.
 
-A replica that fails its readiness gate halts its service's rollout (`halt`): no later wave restarts another
-replica of it in this run (`halted`), and each replica kept on its old version says so (`record_held`). The end-of-run
-summary prints one line per halted service (`lines`): which replica failed and why, and which replicas still run
-the old version. Like `report.summary.REPORT`, the store is the module's and is emptied when the summary is printed.
+A replica that fails its readiness gate halts its service's rollout (`halt`): no later wave restarts
+another replica of it in this run (`halted`), and each replica kept on its old version says so
+(`record_held`). The end-of-run summary prints one line per halted service (`lines`): which replica
+failed and why, and which replicas still run the old version. Like `report.summary.REPORT`, the
+store is the module's and is emptied when the summary is printed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ class Halt:
 
 # service -> its halt in this run
 HALTS: dict[str, Halt] = {}
-# host -> "replica: why" of each of its gates that failed in this run: the host fails once its waves are done
-# (`operations/rollout.gates_passed`), so the other gates of a wave, and other services' later waves, still run there.
+# host -> "replica: why" of each of its gates that failed in this run: the host fails once its waves
+# are done (`operations/rollout.gates_passed`), so the other gates of a wave, and other services'
+# later waves, still run there.
 FAILED_GATES: dict[str, list[str]] = {}
 
 
@@ -48,7 +51,8 @@ def lines() -> list[str]:
     out = []
     for service, found in sorted(HALTS.items()):
         old = [found.replica, *found.held]
-        out.append(f"ROLLOUT HALTED: service {service}: replica {found.replica} failed its readiness gate "
-                   f"({found.reason[:200]}); no further replica was restarted. {len(old)} replica(s) still run the old "
-                   f"version ({', '.join(old)}); fix the cause and run the deploy again to continue")
+        out.append(f"ROLLOUT HALTED: service {service}: replica {found.replica} failed its "
+                   f"readiness gate ({found.reason[:200]}); no further replica was restarted. "
+                   f"{len(old)} replica(s) still run the old version ({', '.join(old)}); fix the "
+                   "cause and run the deploy again to continue")
     return out

@@ -1,16 +1,17 @@
-"""The status view (status.py): its rows as a table, a detail view, a JSON document, an exit code and a
-Prometheus textfile. Data in, text out; the one pyinfra piece is `StatusPrinter`, the callback that prints
-once the last host is done and ends the process with the exit code.
+"""The status view (status.py): its rows as a table, a detail view, a JSON document, an exit code
+and a Prometheus textfile. Data in, text out; the one pyinfra piece is `StatusPrinter`, the callback
+that prints once the last host is done and ends the process with the exit code.
 
-A row is a plain dict (operations/status.py builds them), one per placed service and one per reached host
-without services (or unreached host): JSON-ready as it is. Its words are mostly the hosts' (unit states, GPU
-names, a model's or a patch's state, errors): the table and the detail view show each on its line with every
-control in it visible (`terminal_text.one_line`), the Prometheus labels too; the JSON holds them whole, escaped
-as JSON escapes them.
+A row is a plain dict (operations/status.py builds them), one per placed service and one per reached
+host without services (or unreached host): JSON-ready as it is. Its words are mostly the hosts'
+(unit states, GPU names, a model's or a patch's state, errors): the table and the detail view show
+each on its line with every control in it visible (`terminal_text.one_line`), the Prometheus labels
+too; the JSON holds them whole, escaped as JSON escapes them.
 
 Exit codes follow `terraform plan -detailed-exitcode` and monitoring checks:
-0 every host reached, every service healthy, nothing a deploy would change; 2 drift (a deploy would change
-something) and nothing unhealthy; 1 a host not reached, a service not healthy, or an unhealthy GPU.
+0 every host reached, every service healthy, nothing a deploy would change; 2 drift (a deploy would
+change something) and nothing unhealthy; 1 a host not reached, a service not healthy, or an
+unhealthy GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from report.terminal_text import one_line
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 2
 SCHEMA = "sglang-deploy-status/1"
-CELL_MAX = 48  # a table cell longer than this is cut (the detail view and the JSON hold the whole text)
+# a table cell longer than this is cut (the detail view and the JSON hold the whole text)
+CELL_MAX = 48
 
 
 # -- one row's words ------------------------------------------------------------------------
@@ -120,7 +122,8 @@ def _patches(row: dict) -> str:
     if not sets:
         return "-"
     return ", ".join(
-        f"{p['name']} " + ("applied" if p.get("applied") else "DRIFTED: " + "; ".join(p.get("drifted") or [p.get("note") or "?"]))
+        f"{p['name']} " + ("applied" if p.get("applied")
+                           else "DRIFTED: " + "; ".join(p.get("drifted") or [p.get("note") or "?"]))
         for p in sets
     )
 
@@ -129,7 +132,8 @@ def _models(row: dict) -> str:
     models = row.get("models") or []
     if not models:
         return "-"
-    return ", ".join(f"{m['name']} " + ("verified" if m.get("verified") else (m.get("why") or "not verified")) for m in models)
+    return ", ".join(f"{m['name']} " + ("verified" if m.get("verified")
+                                        else (m.get("why") or "not verified")) for m in models)
 
 
 def _gpus(row: dict) -> str:
@@ -140,13 +144,15 @@ def _gpus(row: dict) -> str:
 
 
 def _gpus_short(row: dict) -> str:
-    """GPUs in a few characters each: index, memory used/total in GiB, ok or BAD, processes not ours."""
+    """GPUs in a few characters each: index, memory used/total in GiB, ok or BAD, processes not
+    ours."""
     if row.get("gpu_error"):
         return row["gpu_error"]
     parts = []
     for g in row.get("gpus") or []:
         used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
-        memory = f"{used / 1024:.0f}/{total / 1024:.0f}G" if used is not None and total is not None else "?"
+        memory = (f"{used / 1024:.0f}/{total / 1024:.0f}G"
+                  if used is not None and total is not None else "?")
         word = "MISSING" if g.get("missing") else "ok" if g.get("healthy") else "BAD"
         foreign = f" +{len(g['foreign'])} foreign" if g.get("foreign") else ""
         parts.append(f"{g['index']} {memory} {word}{foreign}")
@@ -173,7 +179,8 @@ def _lock(row: dict) -> str:
     lock = row.get("lock")
     if not lock:
         return "-"
-    return f"{lock.get('who', 'unknown')} (pid {lock.get('pid', '?')}) since {lock.get('since', '?')}"
+    return (f"{lock.get('who', 'unknown')} (pid {lock.get('pid', '?')}) since "
+            f"{lock.get('since', '?')}")
 
 
 def _lock_short(row: dict) -> str:
@@ -181,7 +188,8 @@ def _lock_short(row: dict) -> str:
     return f"{lock.get('who', 'unknown')} pid {lock.get('pid', '?')}" if lock else "-"
 
 
-# (header, cell, priority): columns of lower priority fold into the detail view first on a narrow terminal.
+# (header, cell, priority): columns of lower priority fold into the detail view first on a narrow
+# terminal.
 COLUMNS: list[tuple[str, object, int]] = [
     ("HOST", _host, 0),
     ("SERVICE", lambda r: r.get("service") or "-", 0),
@@ -200,8 +208,8 @@ COLUMNS: list[tuple[str, object, int]] = [
 
 
 def as_shown(value):
-    """`value` (a row, or anything in one) with each string as the view shows it: `one_line`, so a cell's width is
-    what the terminal shows and a host's newline cannot start a row of its own."""
+    """`value` (a row, or anything in one) with each string as the view shows it: `one_line`, so a
+    cell's width is what the terminal shows and a host's newline cannot start a row of its own."""
     if isinstance(value, str):
         return one_line(value)
     if isinstance(value, dict):
@@ -216,8 +224,8 @@ def _cut(text: str, limit: int = CELL_MAX) -> str:
 
 
 def table(rows: list[dict], width: int) -> str:
-    """The rows as one table that fits `width` columns: columns of lower priority are left out (and named below
-    it) until it fits; the LOCK column only when some host's lock is held."""
+    """The rows as one table that fits `width` columns: columns of lower priority are left out (and
+    named below it) until it fits; the LOCK column only when some host's lock is held."""
     rows = as_shown(rows)
     columns = [c for c in COLUMNS if c[0] != "LOCK" or any(r.get("lock") for r in rows)]
     cells = {name: [_cut(cell(r)) for r in rows] for name, cell, _ in columns}
@@ -229,15 +237,16 @@ def table(rows: list[dict], width: int) -> str:
         shown.remove(drop)
     lines = ["  ".join(f"{name:<{widths[name]}}" for name, _, _ in shown).rstrip()]
     for i in range(len(rows)):
-        lines.append("  ".join(f"{cells[name][i]:<{widths[name]}}" for name, _, _ in shown).rstrip())
+        lines.append(
+            "  ".join(f"{cells[name][i]:<{widths[name]}}" for name, _, _ in shown).rstrip())
     for row in rows:  # why a row is not ok, whole, whatever the width
         name = f"{row['host']}/{row['service']}" if row.get("service") else row["host"]
         lines += [f"! {name}: {problem}" for problem in row.get("problems") or []]
         lines += [f"~ {name}: WARNING: {warning}" for warning in row.get("warnings") or []]
     left_out = [name for name, _, _ in columns if all(name != s[0] for s in shown)]
     if left_out:
-        lines.append(f"({len(left_out)} column(s) left out to fit {width} columns: {', '.join(left_out)}; "
-                     "STATUS_DETAIL=1 shows every column)")
+        lines.append(f"({len(left_out)} column(s) left out to fit {width} columns: "
+                     f"{', '.join(left_out)}; STATUS_DETAIL=1 shows every column)")
     return "\n".join(lines)
 
 
@@ -246,7 +255,8 @@ def detail(rows: list[dict]) -> str:
     rows = as_shown(rows)
     blocks = []
     for row in rows:
-        title = f"{row['host']}/{row['service']}" if row.get("service") else f"{row['host']} (no service placed)"
+        title = (f"{row['host']}/{row['service']}" if row.get("service")
+                 else f"{row['host']} (no service placed)")
         lines = [f"{title}: {verdict(row)}"]
         for name, cell, _ in COLUMNS:
             if name in ("HOST", "SERVICE", "STATUS"):
@@ -278,28 +288,32 @@ def detail(rows: list[dict]) -> str:
 
 def footer(rows: list[dict], covers: str) -> str:
     code = exit_code(rows)
-    counts = {w: sum(1 for r in rows if verdict(r) == w) for w in ("ok", "DRIFT", "UNHEALTHY", "UNREACHABLE")}
+    counts = {w: sum(1 for r in rows if verdict(r) == w)
+              for w in ("ok", "DRIFT", "UNHEALTHY", "UNREACHABLE")}
     summary = ", ".join(f"{n} {w}" for w, n in counts.items() if n) or "no rows"
-    return f"{summary}; exit code {code} (0 converged and healthy, 2 drift, 1 unhealthy or unreachable)\n{covers}"
+    return (f"{summary}; exit code {code} (0 converged and healthy, 2 drift, 1 unhealthy or "
+            f"unreachable)\n{covers}")
 
 
 def rollouts_in_progress(rows: list[dict]) -> dict[str, dict[str, list[str]]]:
-    """definition -> {"current": [host/replica...], "old": [...]} for each service whose replicas run two versions: some
-    run what the data says (their plan restarts nothing), others would be (re)started onto it (a rollout that halted,
-    or a run that stopped part way)."""
+    """definition -> {"current": [host/replica...], "old": [...]} for each service whose replicas
+    run two versions: some run what the data says (their plan restarts nothing), others would be
+    (re)started onto it (a rollout that halted, or a run that stopped part way)."""
     by_service: dict[str, dict[str, list[str]]] = {}
     for row in rows:
         if not row.get("reachable") or not row.get("service"):
             continue
         old = any(c.get("action") in ("restart", "start") for c in row.get("plan") or [])
-        entry = by_service.setdefault(row.get("definition") or row["service"], {"current": [], "old": []})
+        entry = by_service.setdefault(row.get("definition") or row["service"],
+                                      {"current": [], "old": []})
         entry["old" if old else "current"].append(f"{row['host']}/{row['service']}")
     return {name: v for name, v in sorted(by_service.items()) if v["current"] and v["old"]}
 
 
 def rollout_lines(rows: list[dict]) -> str:
-    return "".join(f"ROLLOUT IN PROGRESS: {name}: current on {', '.join(v['current'])}; old on {', '.join(v['old'])} "
-                   "(the deploy would restart those)\n" for name, v in rollouts_in_progress(rows).items())
+    return "".join(f"ROLLOUT IN PROGRESS: {name}: current on {', '.join(v['current'])}; old on "
+                   f"{', '.join(v['old'])} (the deploy would restart those)\n"
+                   for name, v in rollouts_in_progress(rows).items())
 
 
 def document(rows: list[dict], covers: str) -> dict:
@@ -320,16 +334,19 @@ METRICS = {
     "sglang_deploy_host_lock_held": "1 while a deploy lock is held on the host",
     "sglang_deploy_gpu_healthy": "1 when nvidia-smi reports the GPU healthy, else 0",
     "sglang_deploy_service_up": "1 when the service's unit runs and /health answers 200, else 0",
-    "sglang_deploy_service_health_latency_seconds": "time to /health's answer, from the host itself",
+    "sglang_deploy_service_health_latency_seconds": "time to /health's answer, from the host "
+                                                    "itself",
     "sglang_deploy_service_restarts": "systemd's NRestarts of the service's unit",
     "sglang_deploy_service_drift": "1 when a deploy would change something for the service, else 0",
-    "sglang_deploy_status_exit_code": "the status command's exit code (0 ok, 2 drift, 1 unhealthy or unreachable)",
+    "sglang_deploy_status_exit_code": "the status command's exit code (0 ok, 2 drift, 1 unhealthy "
+                                      "or unreachable)",
 }
 
 
 def _label(value) -> str:
-    """A label value as the table shows it, on one line with every control visible (a raw newline would end the sample
-    and start a metric line of the host's), then `\\` and `"` escaped as the text format reads them."""
+    """A label value as the table shows it, on one line with every control visible (a raw newline
+    would end the sample and start a metric line of the host's), then `\\` and `"` escaped as the
+    text format reads them."""
     return one_line(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -345,11 +362,14 @@ def prometheus(rows: list[dict]) -> str:
         host = row["host"]
         if host not in hosts_seen:
             hosts_seen.add(host)
-            samples["sglang_deploy_host_up"].append(f"{_labels(host=host)} {1 if row.get('reachable', True) else 0}")
-            samples["sglang_deploy_host_lock_held"].append(f"{_labels(host=host)} {1 if row.get('lock') else 0}")
+            samples["sglang_deploy_host_up"].append(f"{_labels(host=host)} "
+                                                    f"{1 if row.get('reachable', True) else 0}")
+            samples["sglang_deploy_host_lock_held"].append(f"{_labels(host=host)} "
+                                                           f"{1 if row.get('lock') else 0}")
             for gpu in row.get("host_gpus") or []:
                 ok = 1 if gpu.get("healthy") and not gpu.get("missing") else 0
-                samples["sglang_deploy_gpu_healthy"].append(f"{_labels(host=host, gpu=gpu['index'], name=gpu.get('name') or '')} {ok}")
+                samples["sglang_deploy_gpu_healthy"].append(
+                    f"{_labels(host=host, gpu=gpu['index'], name=gpu.get('name') or '')} {ok}")
         if not row.get("service"):
             continue
         labels = _labels(host=host, service=row["service"], port=row.get("port") or "")
@@ -357,11 +377,13 @@ def prometheus(rows: list[dict]) -> str:
         up = 1 if row.get("reachable", True) and row.get("healthy") else 0
         samples["sglang_deploy_service_up"].append(f"{labels} {up}")
         if health.get("status") is not None and health.get("latency_ms") is not None:
-            samples["sglang_deploy_service_health_latency_seconds"].append(f"{labels} {health['latency_ms'] / 1000:.6f}")
+            samples["sglang_deploy_service_health_latency_seconds"].append(
+                f"{labels} {health['latency_ms'] / 1000:.6f}")
         if row.get("restarts") is not None:
             samples["sglang_deploy_service_restarts"].append(f"{labels} {int(row['restarts'])}")
         if row.get("reachable", True):
-            samples["sglang_deploy_service_drift"].append(f"{labels} {1 if row.get('changes') else 0}")
+            samples["sglang_deploy_service_drift"].append(f"{labels} "
+                                                          f"{1 if row.get('changes') else 0}")
     samples["sglang_deploy_status_exit_code"].append(f" {exit_code(rows)}")
     lines = []
     for name, text in METRICS.items():
@@ -373,10 +395,12 @@ def prometheus(rows: list[dict]) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """`text` into `path` as a whole: written to a temporary file beside it, then renamed over it, so a reader
-    (node_exporter's textfile collector) never sees half a file. The temporary name does not end in `.prom`."""
+    """`text` into `path` as a whole: written to a temporary file beside it, then renamed over it,
+    so a reader (node_exporter's textfile collector) never sees half a file. The temporary name does
+    not end in `.prom`."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent or Path(".")))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                               dir=str(path.parent or Path(".")))
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -412,7 +436,8 @@ def render(rows: list[dict], options: dict, covers: str, width: int) -> dict[str
     """What to print and write: {"stdout": text, "json": text or None, "prom": text or None}."""
     rows = sorted(rows, key=lambda r: (r["host"], r.get("service") or ""))
     view = detail(rows) if options.get("detail") else table(rows, options.get("width") or width)
-    doc = json.dumps(document(rows, covers), indent=2, sort_keys=True) + "\n" if options.get("json") else None
+    doc = (json.dumps(document(rows, covers), indent=2, sort_keys=True) + "\n"
+           if options.get("json") else None)
     return {
         "view": view + "\n\n" + rollout_lines(rows) + footer(rows, covers),
         "json": doc,
@@ -421,7 +446,8 @@ def render(rows: list[dict], options: dict, covers: str, width: int) -> dict[str
 
 
 def emit(rows: list[dict], options: dict, covers: str, width: int, out=None) -> int:
-    """Print the view (to stderr when the JSON goes to stdout), write the files asked for; the exit code."""
+    """Print the view (to stderr when the JSON goes to stdout), write the files asked for; the exit
+    code."""
     out = out or sys.stdout
     texts = render(rows, options, covers, width)
     to_stdout_json = options.get("json") == "-"
@@ -447,8 +473,9 @@ def record(host_name: str, rows: list[dict]) -> None:
 
 
 def unreachable_row(host_name: str, why: str) -> dict:
-    return {"host": host_name, "reachable": False, "unreachable": why, "service": None, "healthy": False,
-            "changes": [], "problems": [f"not reached: {why}"], "gpus": [], "host_gpus": [], "lock": None}
+    return {"host": host_name, "reachable": False, "unreachable": why, "service": None,
+            "healthy": False, "changes": [], "problems": [f"not reached: {why}"], "gpus": [],
+            "host_gpus": [], "lock": None}
 
 
 class StatusPrinter(BaseStateCallback):
@@ -469,7 +496,8 @@ class StatusPrinter(BaseStateCallback):
         for host in state.inventory:
             if host.name in ROWS or not state.is_host_in_limit(host):
                 continue
-            why = "its read failed (pyinfra's error above says why)" if host.name in active else self.reason_for(host)
+            why = ("its read failed (pyinfra's error above says why)" if host.name in active
+                   else self.reason_for(host))
             rows.append(unreachable_row(host.name, why))
         return rows
 

@@ -1,9 +1,10 @@
 """The end-of-run summary: one line per host and service with its endpoint, state and readiness.
 
-Every step that decides a service's fate (the GPU check, preflight, the readiness gate and its rollback,
-placement) writes its row with `record(...)` into `REPORT`, the run's one store; `SummaryPrinter`
-prints it once the last host is done, and `health_timer.HealthTimer` reads it while the run goes.
-Readers use `summary.REPORT` (the module attribute), never a copy of the name, so the store is one.
+Every step that decides a service's fate (the GPU check, preflight, the readiness gate and its
+rollback, placement) writes its row with `record(...)` into `REPORT`, the run's one store;
+`SummaryPrinter` prints it once the last host is done, and `health_timer.HealthTimer` reads it while
+the run goes. Readers use `summary.REPORT` (the module attribute), never a copy of the name, so the
+store is one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ REPORT: dict[str, dict[str, dict[str, str]]] = {}
 
 def record(host_name: str, service: str, endpoint: str, state: str, ready: str) -> None:
     """One row of the end-of-run summary (every step that decides a service's fate writes here)."""
-    REPORT.setdefault(host_name, {})[service] = {"endpoint": endpoint, "state": state, "ready": ready}
+    REPORT.setdefault(host_name, {})[service] = {"endpoint": endpoint,
+                                                 "state": state, "ready": ready}
 
 
 class SummaryPrinter(BaseStateCallback):
@@ -37,9 +39,11 @@ class SummaryPrinter(BaseStateCallback):
         lines = ["--> Services:"]
         for host_name in sorted(REPORT):
             for name, row in sorted(REPORT[host_name].items()):
-                # A cell may hold a host's words (a failure's reason, a pid): kept to its line, it cannot forge a row.
+                # A cell may hold a host's words (a failure's reason, a pid): kept to its line, it
+                # cannot forge a row.
                 row = {key: one_line(value) for key, value in row.items()}
-                lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} {row['state']:<6}  {row['ready']}")
+                lines.append(f"    {f'{host_name}/{name}':<{width}}  {row['endpoint']:<24} "
+                             f"{row['state']:<6}  {row['ready']}")
         logger.info("\n".join(lines))
         for line in rollouts.lines():
             logger.error(line)

@@ -1,4 +1,5 @@
-"""Generate the engine's flag list (`files/engine_flags/<dist>-<version>[+<patch set>].json`) from its real parser.
+"""Generate the engine's flag list (`files/engine_flags/<dist>-<version>[+<patch set>].json`) from
+its real parser.
 
     # a venv (any Python the wheel supports) with the engine installed, e.g. the lab's:
     python -m tools.engine_flags generate /path/to/venv/bin/python
@@ -32,7 +33,8 @@ def dump(python: str, pythonpath: str | None = None) -> dict:
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    out = subprocess.run([python, str(script)], capture_output=True, text=True, env=env, check=False)
+    out = subprocess.run([python, str(script)], capture_output=True, text=True,
+                         env=env, check=False)
     if out.returncode != 0:
         raise SystemExit(f"the dump failed with {python}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -46,8 +48,10 @@ def generate(python: str, patch_set: str | None = None) -> Path:
         if patch_set:
             ps = load_patch_set(patch_set)
             digest = ps.digest
-            site = subprocess.run([python, "-c", "import sglang, os; print(os.path.dirname(os.path.dirname(sglang.__file__)))"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+            site = subprocess.run(
+                [python, "-c",
+                 "import sglang, os; print(os.path.dirname(os.path.dirname(sglang.__file__)))"],
+                capture_output=True, text=True, check=True).stdout.strip()
             shutil.copytree(Path(site) / "sglang", Path(tmp) / "sglang")
             for f in ps.files:
                 (Path(tmp) / f.path).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +67,8 @@ def generate(python: str, patch_set: str | None = None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 4) or argv[0] != "generate" or (len(argv) == 4 and argv[2] != "--patch-set"):
+    if (len(argv) not in (2, 4) or argv[0] != "generate"
+            or (len(argv) == 4 and argv[2] != "--patch-set")):
         print(USAGE, file=sys.stderr)
         return 2
     print(generate(argv[1], argv[3] if len(argv) == 4 else None))

@@ -70,7 +70,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "files" / "patches"
 MANIFEST = "patchset.yml"
 _NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,62}\Z")  # what settings accepts in `patch_sets`
-_BASE_RE = re.compile(r"\A\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*\Z")
+_BASE_RE = re.compile(
+    r"\A\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*\Z")
 _PLAIN_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_./+-]*\Z")
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -113,25 +114,32 @@ class Pristine:
         self._zip: zipfile.ZipFile | None = None
         if location.is_dir():
             found = [p for p in sorted(location.glob("*.dist-info")) if (p / "METADATA").is_file()]
-            metas = [(p.name, _metadata((p / "METADATA").read_text(encoding="utf-8", errors="replace"))) for p in found]
+            metas = [
+                (p.name, _metadata((p / "METADATA").read_text(encoding="utf-8", errors="replace")))
+                for p in found]
             self.kind = "site-packages"
         elif location.is_file() and zipfile.is_zipfile(location):
             self._zip = zipfile.ZipFile(location)
-            names = sorted(n for n in self._zip.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
-            metas = [(n.split("/")[0], _metadata(self._zip.read(n).decode("utf-8", errors="replace"))) for n in names]
+            names = sorted(n for n in self._zip.namelist()
+                           if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
+            metas = [
+                (n.split("/")[0], _metadata(self._zip.read(n).decode("utf-8", errors="replace")))
+                for n in names]
             self.kind = "wheel"
         else:
-            raise BuildError(f"--pristine {location}: must be a site-packages directory or a wheel (.whl) file")
+            raise BuildError(
+                f"--pristine {location}: must be a site-packages directory or a wheel (.whl) file")
         mine = [(d, v) for d, (n, v) in metas if normalize(n) == normalize(distribution)]
         if not mine:
             seen = ", ".join(d for d, _ in metas) or "none"
             raise BuildError(
-                f"--pristine {location}: no {distribution} installed there ({self.kind} .dist-info found: {seen})"
+                f"--pristine {location}: no {distribution} installed there ({self.kind} .dist-info "
+                f"found: {seen})"
             )
         if len({v for _, v in mine}) > 1:
             raise BuildError(
-                f"--pristine {location}: several {distribution} installs ({', '.join(d for d, _ in mine)}): "
-                "reinstall it so exactly one remains"
+                f"--pristine {location}: several {distribution} installs "
+                f"({', '.join(d for d, _ in mine)}): reinstall it so exactly one remains"
             )
         self.version = mine[0][1]
 
@@ -143,13 +151,15 @@ class Pristine:
             except KeyError:
                 return None
             if info.is_dir():
-                raise BuildError(f"{rel}: a directory in the pristine wheel {self.location}, not a file")
+                raise BuildError(
+                    f"{rel}: a directory in the pristine wheel {self.location}, not a file")
             return self._zip.read(info)
         path = self.location / rel
         if not path.exists() and not path.is_symlink():
             return None
         if not path.is_file():
-            raise BuildError(f"{rel}: {path} exists in the pristine site-packages but is not a regular file")
+            raise BuildError(
+                f"{rel}: {path} exists in the pristine site-packages but is not a regular file")
         return path.read_bytes()
 
     def close(self) -> None:
@@ -166,17 +176,20 @@ def collect_patched(patched: Path) -> dict[str, bytes]:
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
         for d in dirnames:
             if (Path(dirpath) / d).is_symlink():
-                raise BuildError(f"--patched: {Path(dirpath) / d} is a symlink: lay the real files out instead")
+                raise BuildError(
+                    f"--patched: {Path(dirpath) / d} is a symlink: lay the real files out instead")
         for filename in sorted(filenames):
             path = Path(dirpath) / filename
             rel = path.relative_to(patched).as_posix()
             if rel == MANIFEST or filename.endswith(_SKIP_SUFFIXES):
                 continue
             if path.is_symlink() or not path.is_file():
-                raise BuildError(f"--patched: {path} is not a regular file (symlinks are not copied)")
+                raise BuildError(
+                    f"--patched: {path} is not a regular file (symlinks are not copied)")
             found[rel] = path.read_bytes()
     if not found:
-        raise BuildError(f"--patched {patched}: holds no files (lay them out as under site-packages)")
+        raise BuildError(f"--patched {patched}: holds no files (lay them out as under "
+                         "site-packages)")
     return found
 
 
@@ -187,10 +200,12 @@ def build_entries(patched_files: dict[str, bytes], pristine: Pristine) -> list[E
         original = pristine.read(rel)
         if original is not None and original == content:
             errors.append(
-                f"{rel}: identical to the original in {pristine.location}: nothing to patch (leave it out of --patched)"
+                f"{rel}: identical to the original in {pristine.location}: nothing to patch (leave "
+                "it out of --patched)"
             )
             continue
-        entries.append(Entry(rel, content, sha256(content), None if original is None else sha256(original)))
+        entries.append(
+            Entry(rel, content, sha256(content), None if original is None else sha256(original)))
     if errors:
         raise BuildError("\n".join(errors))
     return entries
@@ -201,8 +216,8 @@ def _scalar(text: str) -> str:
     return text if _PLAIN_RE.match(text) and yaml.safe_load(text) == text else json.dumps(text)
 
 
-def render_manifest(name: str, distribution: str, version: str, entries: list[Entry], description: str,
-                    attention_backends: tuple[str, ...] = ()) -> str:
+def render_manifest(name: str, distribution: str, version: str, entries: list[Entry],
+                    description: str, attention_backends: tuple[str, ...] = ()) -> str:
     lines = [
         f"# {description}",
         f"name: {_scalar(name)}",
@@ -213,7 +228,8 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
     lines.append("files:")
     for entry in sorted(entries, key=lambda e: e.path):
         original = "null" if entry.original is None else json.dumps(entry.original)
-        lines.append(f"  {_scalar(entry.path)}: {{sha256: {json.dumps(entry.sha256)}, original: {original}}}")
+        lines.append(f"  {_scalar(entry.path)}: {{sha256: {json.dumps(entry.sha256)}, original: "
+                     f"{original}}}")
     text = "\n".join(lines) + "\n"
     expected = {
         "name": name,
@@ -231,7 +247,8 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
 
 CONFLICTS_MANIFEST = "conflicts.yml"
 _MARKERS = ("<<<<<<< ", "||||||| ", "=======", ">>>>>>> ")
-_HUNK_LINES = 40  # a conflicting hunk longer than this is shown cut, the whole of it is in --conflicts
+# a conflicting hunk longer than this is shown cut, the whole of it is in --conflicts
+_HUNK_LINES = 40
 
 
 @dataclass(frozen=True)
@@ -260,7 +277,8 @@ def _git(repo: Path, *args: str) -> bytes:
     except FileNotFoundError:
         raise BuildError("git is not installed: the three-way merge is `git merge-file`") from None
     if out.returncode != 0:
-        raise BuildError(f"git -C {repo} {' '.join(args)}: {out.stderr.decode(errors='replace').strip()}")
+        raise BuildError(f"git -C {repo} {' '.join(args)}: "
+                         f"{out.stderr.decode(errors='replace').strip()}")
     return out.stdout
 
 
@@ -274,9 +292,12 @@ def _root_prefix(root: str) -> str:
 def change_from_git(repo: Path, base: str, change: str, root: str = "") -> Change:
     """The change between commits `base` and `change` of `repo` (a clone, bare or not)."""
     prefix = _root_prefix(root)
-    base_id = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{base}^{{commit}}").decode().strip()
-    change_id = _git(repo, "rev-parse", "--verify", "--end-of-options", f"{change}^{{commit}}").decode().strip()
-    raw = _git(repo, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base_id, change_id).split(b"\0")
+    base_id = _git(repo, "rev-parse", "--verify", "--end-of-options",
+                   f"{base}^{{commit}}").decode().strip()
+    change_id = _git(repo, "rev-parse", "--verify", "--end-of-options",
+                     f"{change}^{{commit}}").decode().strip()
+    raw = _git(repo, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base_id,
+               change_id).split(b"\0")
     result = Change(f"change base {base_id[:12]}", f"change {change_id[:12]}", prefix.rstrip("/"))
     for meta, path in zip(raw[0::2], raw[1::2]):
         if not meta:
@@ -288,13 +309,15 @@ def change_from_git(repo: Path, base: str, change: str, root: str = "") -> Chang
             continue
         for mode in (old_mode, new_mode):
             if mode not in ("000000", "100644", "100755"):
-                raise BuildError(f"{rel_path}: the change has it as git mode {mode} (a symlink or submodule): "
-                                 "a patch set holds regular files only")
+                raise BuildError(
+                    f"{rel_path}: the change has it as git mode {mode} (a symlink or submodule): a "
+                    "patch set holds regular files only")
         before = None if status == "A" else _git(repo, "cat-file", "blob", f"{base_id}:{rel_path}")
         after = None if status == "D" else _git(repo, "cat-file", "blob", f"{change_id}:{rel_path}")
         result.files.append(ChangedFile(rel_path[len(prefix):], before, after))
     if not result.files:
-        raise BuildError(f"the change {base_id[:12]}..{change_id[:12]} touches nothing under {prefix or 'the tree'!s}")
+        raise BuildError(f"the change {base_id[:12]}..{change_id[:12]} touches nothing under "
+                         f"{prefix or 'the tree'!s}")
     return result
 
 
@@ -309,7 +332,8 @@ def _tree_files(folder: Path, what: str) -> dict[str, bytes]:
             if filename.endswith(_SKIP_SUFFIXES):
                 continue
             if path.is_symlink() or not path.is_file():
-                raise BuildError(f"{what}: {path} is not a regular file (a patch set holds regular files only)")
+                raise BuildError(
+                    f"{what}: {path} is not a regular file (a patch set holds regular files only)")
             found[path.relative_to(folder).as_posix()] = path.read_bytes()
     return found
 
@@ -325,22 +349,26 @@ def change_from_dirs(base: Path, change: Path, root: str = "") -> Change:
         if not rel_path.startswith(prefix):
             result.outside.append(rel_path)
             continue
-        result.files.append(ChangedFile(rel_path[len(prefix):], before.get(rel_path), after.get(rel_path)))
+        result.files.append(
+            ChangedFile(rel_path[len(prefix):], before.get(rel_path), after.get(rel_path)))
     if not result.files:
-        raise BuildError(f"--change-base {base} and --change {change} hold the same files under {prefix or 'the tree'}")
+        raise BuildError(f"--change-base {base} and --change {change} hold the same files under "
+                         f"{prefix or 'the tree'}")
     return result
 
 
 @dataclass(frozen=True)
 class Hunk:
     merge_line: int  # 1-based, in the merge with markers
-    release_lines: tuple[int, int]  # 1-based, inclusive; (n, n-1) where the release has no line there
+    # 1-based, inclusive; (n, n-1) where the release has no line there
+    release_lines: tuple[int, int]
     text: str  # the hunk with its markers
 
 
 @dataclass
 class MergeReport:
-    """Per file of the change, what the merge did: the lines `main` prints and results files keep."""
+    """Per file of the change, what the merge did: the lines `main` prints and results files
+    keep."""
 
     release: str  # "sglang 0.5.13"
     outcomes: dict[str, str] = field(default_factory=dict)  # path -> one line
@@ -349,7 +377,8 @@ class MergeReport:
 
     def lines(self) -> list[str]:
         out = [f"{path}: {what}" for path, what in sorted(self.outcomes.items())]
-        out += [f"{path}: outside the installed package (--change-root): left out" for path in self.left_out]
+        out += [f"{path}: outside the installed package (--change-root): left out"
+                for path in self.left_out]
         return out
 
 
@@ -357,8 +386,10 @@ def _is_text(data: bytes) -> bool:
     return b"\0" not in data
 
 
-def merge_file(release: bytes, base: bytes, change: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
-    """`git merge-file --diff3`: the merged bytes (with markers where it conflicts) and the number of conflicts."""
+def merge_file(release: bytes, base: bytes, change: bytes,
+               labels: tuple[str, str, str]) -> tuple[bytes, int]:
+    """`git merge-file --diff3`: the merged bytes (with markers where it conflicts) and the number
+    of conflicts."""
     with tempfile.TemporaryDirectory(prefix="patchset-merge-") as tmp:
         paths = []
         for name, data in (("release", release), ("base", base), ("change", change)):
@@ -371,9 +402,11 @@ def merge_file(release: bytes, base: bytes, change: bytes, labels: tuple[str, st
                 capture_output=True, check=False,
             )
         except FileNotFoundError:
-            raise BuildError("git is not installed: the three-way merge is `git merge-file`") from None
+            raise BuildError(
+                "git is not installed: the three-way merge is `git merge-file`") from None
     if out.returncode < 0 or out.returncode > 127:
-        raise BuildError(f"git merge-file failed ({out.returncode}): {out.stderr.decode(errors='replace').strip()}")
+        raise BuildError(f"git merge-file failed ({out.returncode}): "
+                         f"{out.stderr.decode(errors='replace').strip()}")
     return out.stdout, out.returncode
 
 
@@ -413,7 +446,8 @@ def conflict_hunks(merged: bytes, release: bytes) -> list[Hunk]:
         while index < len(lines) and not lines[index].startswith(_MARKERS[3]):
             index += 1
         body = lines[start:index + 1]
-        ours_end = next((k for k in range(start + 1, index) if lines[k].startswith(_MARKERS[1])), start + 1)
+        ours_end = next((k for k in range(start + 1, index) if lines[k].startswith(_MARKERS[1])),
+                        start + 1)
         ours = [to_release[k] for k in range(start + 1, ours_end) if k in to_release]
         if ours:
             span = (ours[0] + 1, ours[-1] + 1)
@@ -422,7 +456,8 @@ def conflict_hunks(merged: bytes, release: bytes) -> list[Hunk]:
             after_line = (before[-1] + 1 if before else 0) + 1
             span = (after_line, after_line - 1)
         if len(body) > _HUNK_LINES:
-            body = body[:_HUNK_LINES - 1] + [f"... ({len(body) - _HUNK_LINES + 1} more lines) ...\n", body[-1]]
+            body = (body[:_HUNK_LINES - 1]
+                    + [f"... ({len(body) - _HUNK_LINES + 1} more lines) ...\n", body[-1]])
         hunks.append(Hunk(start + 1, span, "".join(body)))
         index += 1
     return hunks
@@ -439,7 +474,8 @@ def _compiles(path: str, data: bytes) -> str | None:
     return None
 
 
-def _inputs_digest(release: bytes | None, before: bytes | None, after: bytes | None) -> dict[str, str | None]:
+def _inputs_digest(release: bytes | None, before: bytes | None,
+                   after: bytes | None) -> dict[str, str | None]:
     return {
         "release": None if release is None else sha256(release),
         "base": None if before is None else sha256(before),
@@ -452,16 +488,19 @@ def _load_resolutions(folder: Path | None) -> tuple[dict[str, bytes], dict]:
         return {}, {}
     manifest = folder / CONFLICTS_MANIFEST
     if not manifest.is_file():
-        raise BuildError(f"--resolved {folder}: no {CONFLICTS_MANIFEST} (resolve in the folder a refused build wrote "
-                         "its conflicts to: it records which inputs each resolution is for)")
+        raise BuildError(f"--resolved {folder}: no {CONFLICTS_MANIFEST} (resolve in the folder a "
+                         "refused build wrote its conflicts to: it records which inputs each "
+                         "resolution is for)")
     recorded = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
     if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
         raise BuildError(f"{manifest}: must map files: {{path: {{release, base, change}}}}")
-    files = {rel: data for rel, data in _tree_files(folder, "--resolved").items() if rel != CONFLICTS_MANIFEST}
+    files = {rel: data for rel, data in _tree_files(folder, "--resolved").items()
+             if rel != CONFLICTS_MANIFEST}
     return files, recorded
 
 
-def merge_change(change: Change, pristine: Pristine, resolved: Path | None = None) -> tuple[dict[str, bytes], MergeReport, dict[str, tuple[bytes, dict]]]:
+def merge_change(change: Change, pristine: Pristine, resolved: Path | None = None) -> tuple[
+        dict[str, bytes], MergeReport, dict[str, tuple[bytes, dict]]]:
     """The patched files of `change` applied to the release in `pristine`.
 
     Returns (patched files, report, conflicts: path -> (merge with markers, inputs' digests));
@@ -480,20 +519,24 @@ def merge_change(change: Change, pristine: Pristine, resolved: Path | None = Non
         result: bytes | None = None
         if after is None:
             if release is None:
-                report.outcomes[rel] = f"deleted by the change and absent from {release_label}: nothing to do"
+                report.outcomes[rel] = (f"deleted by the change and absent from {release_label}: "
+                                        "nothing to do")
             else:
-                errors.append(f"{rel}: the change deletes it and {release_label} has it: a patch set cannot delete "
-                              "a file (port the deletion by hand: edit the files that import it)")
+                errors.append(f"{rel}: the change deletes it and {release_label} has it: a patch "
+                              "set cannot delete a file (port the deletion by hand: edit the files "
+                              "that import it)")
             continue
         if before is None:  # added by the change
             if release is None:
                 result, outcome = after, "added (new file, original null)"
             elif release == after:
-                report.outcomes[rel] = f"added by the change, already in {release_label} as is: left out"
+                report.outcomes[rel] = (
+                    f"added by the change, already in {release_label} as is: left out")
                 continue
             else:
-                errors.append(f"{rel}: the change adds it, but {release_label} already has a different {rel}: "
-                              "merge the two by hand and pass the result as a patched file")
+                errors.append(f"{rel}: the change adds it, but {release_label} already has a "
+                              f"different {rel}: merge the two by hand and pass the result as a "
+                              "patched file")
                 continue
         elif release is None:
             errors.append(f"{rel}: the change edits it, but {release_label} has no such file "
@@ -504,21 +547,26 @@ def merge_change(change: Change, pristine: Pristine, resolved: Path | None = Non
             continue
         elif not (_is_text(release) and _is_text(before) and _is_text(after)):
             if release != before:
-                errors.append(f"{rel}: a binary file that {release_label} changed too: cannot merge it")
+                errors.append(
+                    f"{rel}: a binary file that {release_label} changed too: cannot merge it")
                 continue
-            result, outcome = after, "binary, the release's file is the change's base: the change's file"
+            result, outcome = (after,
+                               "binary, the release's file is the change's base: the change's file")
         else:
             merged, count = merge_file(release, before, after, labels)
             if count:
                 if rel in resolutions:
                     result, outcome = resolutions.pop(rel), "resolved by hand (--resolved)"
                     if recorded["files"].get(rel) != digest:
-                        errors.append(f"{rel}: the resolution in {resolved} was made for other inputs "
-                                      f"({CONFLICTS_MANIFEST} says {recorded['files'].get(rel)}, these are {digest}): "
-                                      "resolve this merge again")
+                        errors.append(
+                            f"{rel}: the resolution in {resolved} was made for other inputs "
+                            f"({CONFLICTS_MANIFEST} says {recorded['files'].get(rel)}, these are "
+                            f"{digest}): resolve this merge again")
                         continue
-                    if any(line.startswith(_MARKERS) for line in result.decode("utf-8", "replace").splitlines()):
-                        errors.append(f"{rel}: the resolution in {resolved} still holds conflict markers")
+                    if any(line.startswith(_MARKERS)
+                           for line in result.decode("utf-8", "replace").splitlines()):
+                        errors.append(
+                            f"{rel}: the resolution in {resolved} still holds conflict markers")
                         continue
                 else:
                     conflicts[rel] = (merged, digest)
@@ -528,64 +576,77 @@ def merge_change(change: Change, pristine: Pristine, resolved: Path | None = Non
             elif release == before:
                 result, outcome = merged, "merged cleanly (the release's file is the change's base)"
             else:
-                result, outcome = merged, "merged cleanly (three-way: the release's file differs from the change's base)"
+                result, outcome = (merged, "merged cleanly (three-way: the release's file differs "
+                                           "from the change's base)")
         problem = _compiles(rel, result)
         if problem and _compiles(rel, release or b"") is None:
-            errors.append(f"{rel}: the merged file does not compile ({problem}) though the release's does: "
-                          "resolve it by hand")
+            errors.append(f"{rel}: the merged file does not compile ({problem}) though the "
+                          "release's does: resolve it by hand")
             continue
         report.outcomes[rel] = outcome
         patched[rel] = result
     for rel in sorted(resolutions):
-        errors.append(f"{rel}: a resolution in {resolved}, but this build has no conflict in it: remove it")
+        errors.append(
+            f"{rel}: a resolution in {resolved}, but this build has no conflict in it: remove it")
     if errors:
         raise BuildError("\n".join(errors))
     return patched, report, conflicts
 
 
 def _fix_paths(fix: Path) -> list[str]:
-    """The site-packages paths a fix edits or creates, as git itself reads its headers (`git apply --numstat -z`:
-    quoted and non-ASCII names included). BuildError for what a patch set cannot carry, as `git apply --summary`
-    names it: a deletion, a rename or a copy (a rename deletes its old path), a mode change (a set holds contents)."""
+    """The site-packages paths a fix edits or creates, as git itself reads its headers (`git apply
+    --numstat -z`: quoted and non-ASCII names included). BuildError for what a patch set cannot
+    carry, as `git apply --summary` names it: a deletion, a rename or a copy (a rename deletes its
+    old path), a mode change (a set holds contents)."""
     def git_apply(*args: str) -> str:
-        out = subprocess.run(["git", "apply", *args, str(fix.resolve())], capture_output=True, check=False)
+        out = subprocess.run(["git", "apply", *args, str(fix.resolve())],
+                             capture_output=True, check=False)
         if out.returncode != 0:
-            raise BuildError(f"--fix {fix}: git cannot read it as a diff ({out.stderr.decode(errors='replace').strip()}); "
-                             "write it as `git diff` does, over a/ and b/ site-packages paths")
+            raise BuildError(f"--fix {fix}: git cannot read it as a diff "
+                             f"({out.stderr.decode(errors='replace').strip()}); write it as "
+                             "`git diff` does, over a/ and b/ site-packages paths")
         return out.stdout.decode("utf-8", errors="surrogateescape")
 
     for line in git_apply("--summary").splitlines():
         words = line.split()
         if words[:2] == ["delete", "mode"]:
-            raise BuildError(f"--fix {fix}: deletes {' '.join(words[3:])}: a patch set cannot delete a file")
+            raise BuildError(f"--fix {fix}: deletes {' '.join(words[3:])}: a patch set cannot "
+                             "delete a file")
         if words[:1] in (["rename"], ["copy"]):
-            raise BuildError(f"--fix {fix}: {line.strip()}: a patch set cannot rename or copy a file (a rename deletes "
-                             "the old path); write the new file whole in the fix instead")
+            raise BuildError(f"--fix {fix}: {line.strip()}: a patch set cannot rename or copy a "
+                             "file (a rename deletes the old path); write the new file whole in "
+                             "the fix instead")
         if words[:2] == ["mode", "change"]:
-            raise BuildError(f"--fix {fix}: {line.strip()}: a patch set holds file contents, not modes")
+            raise BuildError(
+                f"--fix {fix}: {line.strip()}: a patch set holds file contents, not modes")
     # -z: "ADDED\tDELETED\tPATH\0" per file, paths as they are (no C quoting).
     records = [r for r in git_apply("--numstat", "-z").split("\0") if r]
     return [record.split("\t", 2)[2] for record in records]
 
 
-def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine, report: MergeReport) -> dict[str, bytes]:
-    """`patched` with each fix (a -p1 unified diff over site-packages paths) applied in order by `git apply`.
+def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine,
+                report: MergeReport) -> dict[str, bytes]:
+    """`patched` with each fix (a -p1 unified diff over site-packages paths) applied in order by
+    `git apply`.
 
-    A file a fix edits that the change left alone is read from the release. Raises BuildError naming the fix
-    and git's message (the file and the hunk's line) where one does not apply."""
+    A file a fix edits that the change left alone is read from the release. Raises BuildError naming
+    the fix and git's message (the file and the hunk's line) where one does not apply."""
     result = dict(patched)
     for fix in fixes:
         if not fix.is_file():
             raise BuildError(f"--fix {fix}: no such file")
         paths = _fix_paths(fix)
         if not paths:
-            raise BuildError(f"--fix {fix}: not a unified diff (no file in it; write it as `git diff` does)")
+            raise BuildError(f"--fix {fix}: not a unified diff (no file in it; write it as "
+                             "`git diff` does)")
         with tempfile.TemporaryDirectory(prefix="patchset-fix.") as tmp:
             work = Path(tmp)
-            _git(work, "init", "-q")  # its own repository: git apply works on this tree and nowhere above it
+            # its own repository: git apply works on this tree and nowhere above it
+            _git(work, "init", "-q")
             for rel in paths:
                 if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
-                    raise BuildError(f"--fix {fix}: path {rel!r} must be a site-packages path without '..'")
+                    raise BuildError(
+                        f"--fix {fix}: path {rel!r} must be a site-packages path without '..'")
                 data = result[rel] if rel in result else pristine.read(rel)
                 if data is not None:
                     dest = work / PurePosixPath(rel)
@@ -595,8 +656,9 @@ def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine
                                  capture_output=True, check=False)
             if out.returncode != 0:
                 message = out.stderr.decode(errors="replace").strip().replace(str(work) + "/", "")
-                raise BuildError(f"--fix {fix}: does not apply to the merged files of {report.release}:\n{message}\n"
-                                 "port the fix to these files (the change or the release moved), then build again")
+                raise BuildError(f"--fix {fix}: does not apply to the merged files of "
+                                 f"{report.release}:\n{message}\nport the fix to these files (the "
+                                 "change or the release moved), then build again")
             for new in paths:
                 data = (work / PurePosixPath(new)).read_bytes()
                 problem = _compiles(new, data)
@@ -604,7 +666,8 @@ def apply_fixes(fixes: list[Path], patched: dict[str, bytes], pristine: Pristine
                     raise BuildError(f"--fix {fix}: {new} does not compile after it ({problem})")
                 if data == pristine.read(new):
                     result.pop(new, None)
-                    report.outcomes[new] = f"back to {report.release}'s own file after --fix {fix.name}: left out"
+                    report.outcomes[new] = (f"back to {report.release}'s own file after --fix "
+                                            f"{fix.name}: left out")
                     continue
                 before = report.outcomes.get(new, f"{report.release}'s own file")
                 report.outcomes[new] = f"{before}; then --fix {fix.name}"
@@ -616,13 +679,16 @@ def _conflict_message(report: MergeReport, folder: Path) -> str:
     lines = []
     for rel, hunks in sorted(report.conflicts.items()):
         lines.append(f"{rel}: does not merge cleanly into {report.release}'s file "
-                     f"({len(hunks)} conflicting hunk{'s' if len(hunks) > 1 else ''}); the merge with its markers: {folder / rel}")
+                     f"({len(hunks)} conflicting hunk{'s' if len(hunks) > 1 else ''}); the merge "
+                     f"with its markers: {folder / rel}")
         for number, hunk in enumerate(hunks, 1):
             first, last = hunk.release_lines
-            where = f"{report.release} lines {first}-{last}" if last >= first else f"before {report.release} line {first}"
+            where = (f"{report.release} lines {first}-{last}" if last >= first
+                     else f"before {report.release} line {first}")
             lines.append(f"  hunk {number} of {len(hunks)}, at {where}:")
             lines += [f"    {line}" for line in hunk.text.splitlines()]
-    lines.append(f"resolve: edit the files under {folder} (remove every marker), then build again with --resolved {folder}")
+    lines.append(f"resolve: edit the files under {folder} (remove every marker), then build again "
+                 f"with --resolved {folder}")
     return "\n".join(lines)
 
 
@@ -635,8 +701,8 @@ def _write_conflicts(folder: Path, conflicts: dict[str, tuple[bytes, dict]]) -> 
         dest.write_bytes(merged)
     record = {"files": {rel: digest for rel, (_merged, digest) in sorted(conflicts.items())}}
     (folder / CONFLICTS_MANIFEST).write_text(
-        "# Which inputs each conflicted merge here came from (sha256): a resolution is used only for these.\n"
-        + yaml.safe_dump(record, sort_keys=True), encoding="utf-8")
+        "# Which inputs each conflicted merge here came from (sha256): a resolution is used only "
+        "for these.\n" + yaml.safe_dump(record, sort_keys=True), encoding="utf-8")
 
 
 # Building ---------------------------------------------------------------------------------
@@ -644,12 +710,14 @@ def _write_conflicts(folder: Path, conflicts: dict[str, tuple[bytes, dict]]) -> 
 
 def _check_target(name: str, out: Path, source: Path | None, force: bool) -> Path:
     if not _NAME_RE.match(name):
-        raise BuildError(f"NAME {name!r}: must match {_NAME_RE.pattern} (lower case, digits, '-' and '_')")
+        raise BuildError(
+            f"NAME {name!r}: must match {_NAME_RE.pattern} (lower case, digits, '-' and '_')")
     target = (out / name).resolve()
     in_place = source is not None and source == target
     if target.exists() and not in_place and not force:
         raise BuildError(f"{target} already exists: pass --force to replace it")
-    if source is not None and not in_place and (target in source.parents or source in target.parents):
+    if (source is not None and not in_place
+            and (target in source.parents or source in target.parents)):
         raise BuildError(f"--patched {source} and the output {target} must not contain one another")
     return target
 
@@ -683,8 +751,8 @@ def _open_pristine(pristine_path: Path, distribution: str, version: str) -> Pris
     if pristine.version != version:
         pristine.close()
         raise BuildError(
-            f"--base {distribution}=={version}, but the pristine {pristine.kind} {pristine_path} has "
-            f"{distribution} {pristine.version}: diff against the version the patch set is for"
+            f"--base {distribution}=={version}, but the pristine {pristine.kind} {pristine_path} "
+            f"has {distribution} {pristine.version}: diff against the version the patch set is for"
         )
     return pristine
 
@@ -692,15 +760,16 @@ def _open_pristine(pristine_path: Path, distribution: str, version: str) -> Pris
 def _check_backends(backends: tuple[str, ...]) -> None:
     for backend in backends:
         if not BACKEND_RE.match(backend):
-            raise BuildError(f"--attention-backend {backend!r}: must be sglang's name for it, lower case (triton, fa3, flashinfer, ...)")
+            raise BuildError(f"--attention-backend {backend!r}: must be sglang's name for it, "
+                             "lower case (triton, fa3, flashinfer, ...)")
     if len(set(backends)) != len(backends):
         raise BuildError(f"--attention-backend: {', '.join(backends)} names one backend twice")
 
 
 def _description(name: str, entries: list[Entry], distribution: str, version: str, how: str) -> str:
     added = sum(e.original is None for e in entries)
-    return (f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} {version} "
-            f"(python -m tools.patchset_build{how})")
+    return (f"{name}: {len(entries) - added} replaced and {added} added files over {distribution} "
+            f"{version} (python -m tools.patchset_build{how})")
 
 
 def build(
@@ -727,7 +796,8 @@ def build(
     finally:
         pristine.close()
     description = description or _description(name, entries, distribution, version, "")
-    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description, attention_backends))
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries,
+                                                           description, attention_backends))
     return target
 
 
@@ -744,10 +814,12 @@ def build_from_change(
     fixes: list[Path] | None = None,
     attention_backends: tuple[str, ...] = (),
 ) -> tuple[Path, MergeReport]:
-    """Merge `change` into the release's files and write `out/name/`; returns it and what each file's merge did.
+    """Merge `change` into the release's files and write `out/name/`; returns it and what each
+    file's merge did.
 
-    Where a file conflicts, the merges are written to `conflicts_dir` (default `out/.name.conflicts`)
-    and BuildError names each file and hunk; nothing is written to `out/name`."""
+    Where a file conflicts, the merges are written to `conflicts_dir` (default
+    `out/.name.conflicts`) and BuildError names each file and hunk; nothing is written to
+    `out/name`."""
     distribution, version = parse_base(base)
     _check_backends(attention_backends)
     if description is not None and ("\n" in description or "\r" in description):
@@ -755,47 +827,67 @@ def build_from_change(
     target = _check_target(name, out, None, force)
     pristine = _open_pristine(pristine_path, distribution, version)
     try:
-        patched_files, report, conflicts = merge_change(change, pristine, resolved.resolve() if resolved else None)
+        patched_files, report, conflicts = merge_change(change, pristine,
+                                                        resolved.resolve() if resolved else None)
         if conflicts:
             folder = (conflicts_dir or out / f".{name}.conflicts").resolve()
             _write_conflicts(folder, conflicts)
             raise BuildError(_conflict_message(report, folder))
         patched_files = apply_fixes(list(fixes or ()), patched_files, pristine, report)
         if not patched_files:
-            raise BuildError(f"the change leaves nothing to patch in {distribution} {version}: " + "; ".join(report.lines()))
+            raise BuildError(f"the change leaves nothing to patch in {distribution} {version}: "
+                             + "; ".join(report.lines()))
         entries = build_entries(patched_files, pristine)
     finally:
         pristine.close()
     description = description or _description(
-        name, entries, distribution, version, f": {change.label_base} to {change.label_change}, three-way merged"
+        name, entries, distribution, version,
+        f": {change.label_base} to {change.label_change}, three-way merged"
         + "".join(f", then {fix.name}" for fix in fixes or ()))
-    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries, description, attention_backends))
+    _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries,
+                                                           description, attention_backends))
     return target, report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.patchset_build",
-        description="Build files/patches/NAME/ (patchset.yml and the patched files) against a pristine package: "
-                    "from patched files (--patched) or from a change merged into the release (--change-base/--change).",
+        description="Build files/patches/NAME/ (patchset.yml and the patched files) against a "
+                    "pristine package: from patched files (--patched) or from a change merged into "
+                    "the release (--change-base/--change).",
     )
     parser.add_argument("name", metavar="NAME", help="patch set name: the directory under --out")
-    parser.add_argument("--base", required=True, help="the distribution and version patched, e.g. sglang==0.5.23")
-    parser.add_argument("--patched", type=Path, help="directory of patched files, laid out as under site-packages")
-    parser.add_argument("--pristine", required=True, type=Path, help="the unpatched site-packages directory, or the distribution's wheel")
-    parser.add_argument("--change-base", metavar="BASE", help="the change's base: a commit of --git, or a directory")
-    parser.add_argument("--change", metavar="CHANGE", help="the change itself: a commit of --git, or a directory")
-    parser.add_argument("--git", type=Path, metavar="REPO", help="a clone (bare or not) holding --change-base and --change as commits")
+    parser.add_argument("--base", required=True,
+                        help="the distribution and version patched, e.g. sglang==0.5.23")
+    parser.add_argument("--patched", type=Path,
+                        help="directory of patched files, laid out as under site-packages")
+    parser.add_argument("--pristine", required=True, type=Path,
+                        help="the unpatched site-packages directory, or the distribution's wheel")
+    parser.add_argument("--change-base", metavar="BASE",
+                        help="the change's base: a commit of --git, or a directory")
+    parser.add_argument("--change", metavar="CHANGE",
+                        help="the change itself: a commit of --git, or a directory")
+    parser.add_argument("--git", type=Path, metavar="REPO",
+                        help="a clone (bare or not) holding --change-base and --change as commits")
     parser.add_argument("--change-root", default="", metavar="DIR",
-                        help="the change's folder that is site-packages (sglang's repository: python)")
-    parser.add_argument("--resolved", type=Path, metavar="DIR", help="hand resolutions of conflicted merges (the --conflicts folder, edited)")
-    parser.add_argument("--conflicts", type=Path, metavar="DIR", help="where a refused merge writes its conflicts (default OUT/.NAME.conflicts)")
+                        help="the change's folder that is site-packages (sglang's repository: "
+                             "python)")
+    parser.add_argument("--resolved", type=Path, metavar="DIR",
+                        help="hand resolutions of conflicted merges (the --conflicts folder, "
+                             "edited)")
+    parser.add_argument("--conflicts", type=Path, metavar="DIR",
+                        help="where a refused merge writes its conflicts (default "
+                             "OUT/.NAME.conflicts)")
     parser.add_argument("--fix", type=Path, action="append", default=[], metavar="PATCH",
-                        help="an operator's fix applied after the merge (a -p1 unified diff over site-packages paths); repeatable, in order")
-    parser.add_argument("--attention-backend", action="append", default=[], metavar="NAME", dest="attention_backends",
-                        help="an attention backend the set was served on, on a GPU (repeatable): the manifest's "
-                             "attention_backends; services using the set are then held to them")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where patch sets live (default: files/patches)")
+                        help="an operator's fix applied after the merge (a -p1 unified diff over "
+                             "site-packages paths); repeatable, in order")
+    parser.add_argument("--attention-backend", action="append", default=[], metavar="NAME",
+                        dest="attention_backends",
+                        help="an attention backend the set was served on, on a GPU (repeatable): "
+                             "the manifest's attention_backends; services using the set are then "
+                             "held to them")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="where patch sets live (default: files/patches)")
     parser.add_argument("--description", help="the one-line comment at the top of patchset.yml")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT/NAME")
     args = parser.parse_args(argv)
@@ -804,22 +896,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either --patched DIR or --change-base and --change")
     if from_change and (args.change_base is None or args.change is None):
         parser.error("--change-base and --change go together")
-    if not from_change and (args.git or args.change_root or args.resolved or args.conflicts or args.fix):
-        parser.error("--git, --change-root, --resolved, --conflicts and --fix go with --change-base/--change")
+    if (not from_change
+            and (args.git or args.change_root or args.resolved or args.conflicts or args.fix)):
+        parser.error("--git, --change-root, --resolved, --conflicts and --fix go with "
+                     "--change-base/--change")
     report = None
     try:
         if from_change:
             if args.git:
                 change = change_from_git(args.git, args.change_base, args.change, args.change_root)
             else:
-                change = change_from_dirs(Path(args.change_base), Path(args.change), args.change_root)
+                change = change_from_dirs(Path(args.change_base), Path(args.change),
+                                          args.change_root)
             target, report = build_from_change(
                 args.name, args.base, change, args.pristine, args.out, args.description, args.force,
                 args.resolved, args.conflicts, args.fix, tuple(args.attention_backends),
             )
         else:
-            target = build(args.name, args.base, args.patched, args.pristine, args.out, args.description, args.force,
-                           tuple(args.attention_backends))
+            target = build(args.name, args.base, args.patched, args.pristine, args.out,
+                           args.description, args.force, tuple(args.attention_backends))
     except BuildError as exc:
         for line in str(exc).splitlines():
             print(f"patchset_build: error: {line}", file=sys.stderr)
@@ -836,7 +931,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             load_patch_set(args.name)
         except DataError as exc:
-            print(f"patchset_build: error: configuration.patch_sets cannot load the result: {exc}", file=sys.stderr)
+            print(f"patchset_build: error: configuration.patch_sets cannot load the result: {exc}",
+                  file=sys.stderr)
             return 1
     try:
         shown = target.relative_to(Path.cwd())

@@ -9,7 +9,8 @@ pinned uv wheel (operations/installer.py `UV_WHEELS`) for the stack's architectu
 hosts install with uv (`installer: auto`); it is sha256-checked like any pinned file.
 Last, it reads each wheel's RECORD and refuses a stack in which two distributions install one file
 (`overlaps`): which copy a venv ends up with would depend on install order. Finding, checking and
-reading a wheel is configuration/wheels.py's (the deploy's venv operations read a wheelhouse there too).
+reading a wheel is configuration/wheels.py's (the deploy's venv operations read a wheelhouse there
+too).
 
     python -m tools.wheelhouse STACK[,STACK...] [DIR]     # fill DIR (default: ./wheelhouse)
 """
@@ -34,17 +35,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def _build_standin(package: Package, wheelhouse: Path) -> Path:
     script = REPO_ROOT / package.build
-    spec = importlib.util.spec_from_file_location(f"_build_{package.name.replace('-', '_')}", script)
+    spec = importlib.util.spec_from_file_location(f"_build_{package.name.replace('-', '_')}",
+                                                  script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # A script that builds several versions (lab/standin_kernel) takes the one pinned: build_wheel(out_dir, version).
+    # A script that builds several versions (lab/standin_kernel) takes the one pinned:
+    # build_wheel(out_dir, version).
     if len(inspect.signature(module.build_wheel).parameters) > 1:
         return Path(module.build_wheel(wheelhouse, package.version))
     return Path(module.build_wheel(wheelhouse))
 
 
 def architecture(stack: Stack) -> str:
-    """The machine (`uname -m`) the stack's wheels are for: aarch64 if a pinned file name says so, else x86_64."""
+    """The machine (`uname -m`) the stack's wheels are for: aarch64 if a pinned file name says so,
+    else x86_64."""
     return "aarch64" if any("aarch64" in (p.file or "") for p in stack.packages) else "x86_64"
 
 
@@ -56,14 +60,16 @@ def uv_package(stack: Stack) -> Package | None:
 
 
 def build(stack: Stack, wheelhouse: Path) -> list[Path]:
-    """Put every file of `stack`, and the uv wheel, into `wheelhouse`; files already there and intact are kept."""
+    """Put every file of `stack`, and the uv wheel, into `wheelhouse`; files already there and
+    intact are kept."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     uv = uv_package(stack)
     extra = [uv] if uv is not None else []
     missing = []
     for package in [*stack.packages, *extra]:
         if package.build:
-            missing.append(package)  # cheap and deterministic: always rebuilt, then checked against the pin
+            # cheap and deterministic: always rebuilt, then checked against the pin
+            missing.append(package)
             continue
         path = find(package, wheelhouse)
         if path is not None and (not package.sha256 or sha256_of(path) == package.sha256):
@@ -79,13 +85,16 @@ def build(stack: Stack, wheelhouse: Path) -> list[Path]:
     for tags, group in _by_wheel_tags(to_download).items():
         _download(stack, wheelhouse, group, tags)
     located = locate(stack, wheelhouse)
-    # Before any host installs them: two wheels of one file leave the copy installed last, and a second deploy refuses.
-    refuse_overlaps(stack, {p: located[p.name] for p in stack.packages}, " (read from their wheels' RECORD)")
+    # Before any host installs them: two wheels of one file leave the copy installed last, and a
+    # second deploy refuses.
+    refuse_overlaps(stack, {p: located[p.name] for p in stack.packages},
+                    " (read from their wheels' RECORD)")
     return list(located.values()) + list(locate(stack, wheelhouse, extra).values())
 
 
 def _by_wheel_tags(packages: list[Package]) -> dict[tuple, list[Package]]:
-    """Group packages by the (abi tags, platform tags) of their pinned wheel, so each group is one pip call."""
+    """Group packages by the (abi tags, platform tags) of their pinned wheel, so each group is one
+    pip call."""
     groups: dict[tuple, list[Package]] = {}
     for package in packages:
         tags: tuple = ()
@@ -115,16 +124,19 @@ _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2
 
 
 def platform_order(platforms) -> list[str]:
-    """The pinned file's platform tags, the newest glibc first, as pip orders a real host's own tags.
+    """The pinned file's platform tags, the newest glibc first, as pip orders a real host's own
+    tags.
 
     pip downloads the file whose best tag ranks first; two files of one release can both fit (regex
-    2026.11.19 has `...manylinux_2_17_x86_64.whl` and `...manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl`),
-    and in the file name's order they tie on `manylinux2014` and pip takes the one the index lists first.
-    Newest first, the pinned file's own newest tag decides.
+    2026.11.19 has `...manylinux_2_17_x86_64.whl` and
+    `...manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl`), and in the file name's order they tie on
+    `manylinux2014` and pip takes the one the index lists first. Newest first, the pinned file's own
+    newest tag decides.
     """
     def glibc(platform: str) -> tuple[int, int]:
         found = re.match(r"manylinux_(\d+)_(\d+)_", platform)
-        return (int(found[1]), int(found[2])) if found else _LEGACY_MANYLINUX.get(platform.split("_", 1)[0], (0, 0))
+        return ((int(found[1]), int(found[2])) if found
+                else _LEGACY_MANYLINUX.get(platform.split("_", 1)[0], (0, 0)))
 
     return sorted(platforms, key=glibc, reverse=True)
 
@@ -148,7 +160,8 @@ def main(argv: list[str]) -> int:
         total = sum(f.stat().st_size for f in files)
         uv = uv_package(stack)
         with_uv = f" (uv {uv.version} for {architecture(stack)} included)" if uv is not None else ""
-        print(f"wheelhouse {wheelhouse}: {len(files)} files for stack {stack.name}{with_uv}, {total / 2**20:.1f} MiB")
+        print(f"wheelhouse {wheelhouse}: {len(files)} files for stack {stack.name}{with_uv}, "
+              f"{total / 2**20:.1f} MiB")
     return 0
 
 

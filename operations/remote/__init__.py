@@ -28,7 +28,8 @@ def _imports(tree: ast.Module) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != "_common":
+        elif (isinstance(node, ast.ImportFrom) and node.module and not node.level
+              and node.module != "_common"):
             names.append(node.module)
     return names
 
@@ -38,29 +39,33 @@ def _common_tree(text: str) -> ast.Module:
     return ast.parse(text)
 
 
-# Every script text `script()` has returned in this process, with the modules it imports at its top level:
-# a command built from one of them is ours.
+# Every script text `script()` has returned in this process, with the modules it imports at its top
+# level: a command built from one of them is ours.
 _GIVEN: dict[str, tuple[str, ...]] = {}
 
 
 def is_script(body: str) -> bool:
-    """Is `body` the text of one of our scripts, as `script()` gave it? (Every fact builds its command with
-    `script()` before anything asks: no other script need be read, inlined and parsed to answer.)"""
+    """Is `body` the text of one of our scripts, as `script()` gave it? (Every fact builds its
+    command with `script()` before anything asks: no other script need be read, inlined and parsed
+    to answer.)"""
     return body in _GIVEN
 
 
 def top_level_imports(body: str) -> tuple[str, ...]:
-    """The modules a script (as `script()` gave it) imports at its top level, found when it was inlined."""
+    """The modules a script (as `script()` gave it) imports at its top level, found when it was
+    inlined."""
     return _GIVEN.get(body, ())
 
 
 def script_path(name: str) -> Path:
-    """The file of remote script `name` as it lies here (run as it is, with `_common` not inlined, only by scripts that
-    do not import it: tools/engine_flags.py runs `engine_flags` with a venv's Python on the control machine)."""
+    """The file of remote script `name` as it lies here (run as it is, with `_common` not inlined,
+    only by scripts that do not import it: tools/engine_flags.py runs `engine_flags` with a venv's
+    Python on the control machine)."""
     return _DIR / f"{name}.py"
 
 
-# Where a script text sent in a batch (operations/host_reads.py) held `shared_text()`: the batch carries that text once.
+# Where a script text sent in a batch (operations/host_reads.py) held `shared_text()`: the batch
+# carries that text once.
 SHARED_MARK = "#@@sglang-deploy-shared@@"
 
 
@@ -71,7 +76,8 @@ def shared_text() -> str:
 
 
 def script(name: str) -> str:
-    """The text of remote script `name`, with _common.py in place of its `from _common import` statement."""
+    """The text of remote script `name`, with _common.py in place of its `from _common import`
+    statement."""
     text, imports = _script(name)
     _GIVEN.setdefault(text, imports)
     return text
@@ -91,14 +97,18 @@ def _script(name: str) -> tuple[str, tuple[str, ...]]:
     common_tree = _common_tree(common)
     # Inlined, an import is a definition: an alias would not exist, and a name the script
     # defines again would replace the shared one for every use in the script.
-    assert all(a.asname is None for a in include.names), f"{name}.py: `from _common import x as y` cannot be inlined"
+    assert all(a.asname is None for a in include.names), (
+        f"{name}.py: `from _common import x as y` cannot be inlined")
     shared = _top_level_names(common_tree)
-    assert {a.name for a in include.names} <= shared, f"{name}.py imports what _common.py does not define"
-    # The import statement itself defines no top-level name: the script's own names are those of its tree.
+    assert {a.name for a in include.names} <= shared, (
+        f"{name}.py imports what _common.py does not define")
+    # The import statement itself defines no top-level name: the script's own names are those of its
+    # tree.
     clash = shared & _top_level_names(tree)
     assert not clash, f"{name}.py defines {sorted(clash)} again: rename it, _common.py defines it"
     lines = body.splitlines(keepends=True)
-    text = "".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n" + "".join(lines[include.end_lineno:])
+    text = ("".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n"
+            + "".join(lines[include.end_lineno:]))
     return text, tuple(_imports(tree) + _imports(common_tree))
 
 

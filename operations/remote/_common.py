@@ -2,15 +2,16 @@
 #     from _common import walk_files, sha256_file  # noqa: E402 - remote.script puts _common.py here
 # and remote.script() puts this whole file in that line's place, so each script still travels
 # and runs as one file (`python3 - ARGS`, or the boot unit's installed copy of stage_model.py).
-# ctypes is imported where it is used (a venv switch): the converged read, which imports every script's
-# top-level imports once before it forks (remote/run_scripts.py), never needs it.
+# ctypes is imported where it is used (a venv switch): the converged read, which imports every
+# script's top-level imports once before it forks (remote/run_scripts.py), never needs it.
 import hashlib as _hashlib
 import os as _os
 import re as _re
 import stat as _stat
 import subprocess as _subprocess
 
-# Our files beside a model: the source's cached manifest, a staged copy's journal, a file being copied.
+# Our files beside a model: the source's cached manifest, a staged copy's journal, a file being
+# copied.
 MANIFEST_NAME = ".sglang-deploy-manifest.json"
 MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
 JOURNAL_NAME = ".sglang-deploy-partial.jsonl"
@@ -39,38 +40,44 @@ def sha256_file(path):
 
 
 def manifest_paths(src):
-    """Where a model source's manifest is cached: beside it, or (read-only source) under the fallback dir."""
+    """Where a model source's manifest is cached: beside it, or (read-only source) under the
+    fallback dir."""
     digest = _hashlib.sha256(_os.path.abspath(src).encode()).hexdigest()[:12]
-    fallback = _os.path.join(MANIFEST_FALLBACK_DIR, f"{_os.path.basename(src.rstrip('/'))}-{digest}.json")
+    fallback = _os.path.join(MANIFEST_FALLBACK_DIR,
+                             f"{_os.path.basename(src.rstrip('/'))}-{digest}.json")
     return _os.path.join(src, MANIFEST_NAME), fallback
 
 
 def beside_model(rel, name, marker_name=None):
-    """A file the deploy keeps beside a model (never part of it): manifest, marker, copy in progress."""
-    return name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME) or (marker_name is not None and rel == marker_name)
+    """A file the deploy keeps beside a model (never part of it): manifest, marker, copy in
+    progress."""
+    return (name.endswith(PART_SUFFIX) or name.startswith(MANIFEST_NAME)
+            or (marker_name is not None and rel == marker_name))
 
 
-# Reads of a tree another user may have made (a staged copy in /dev/shm) are bounded: deeper or larger than this,
-# the walk stops with a judgement (Unwalkable) instead of a crash or an endless read.
+# Reads of a tree another user may have made (a staged copy in /dev/shm) are bounded: deeper or
+# larger than this, the walk stops with a judgement (Unwalkable) instead of a crash or an endless
+# read.
 WALK_MAX_DEPTH = 32
 WALK_MAX_ENTRIES = 200_000
 _DIR_FLAGS = _os.O_RDONLY | _os.O_DIRECTORY | _os.O_NOFOLLOW
 
 
 class Unwalkable(Exception):
-    """A tree walk_files did not read: deeper than WALK_MAX_DEPTH, more than WALK_MAX_ENTRIES entries, or changed
-    under the walk. Its text is the judgement (the path, and which bound)."""
+    """A tree walk_files did not read: deeper than WALK_MAX_DEPTH, more than WALK_MAX_ENTRIES
+    entries, or changed under the walk. Its text is the judgement (the path, and which bound)."""
 
 
 def walk_files(root, skip=lambda rel, name: False, dirs_seen=None, follow_root=False):
-    """{relpath: os.lstat()} of every entry under root that is not a directory, directories in sorted order; None if
-    root is no directory. Nothing is followed: root is lstat'ed (a link to a directory is none, unless
-    `follow_root`: a store's model directory), every directory is opened O_NOFOLLOW relative to its parent's
-    handle, and a link in the tree is listed as what it is (a link), never walked into.
+    """{relpath: os.lstat()} of every entry under root that is not a directory, directories in
+    sorted order; None if root is no directory. Nothing is followed: root is lstat'ed (a link to a
+    directory is none, unless `follow_root`: a store's model directory), every directory is opened
+    O_NOFOLLOW relative to its parent's handle, and a link in the tree is listed as what it is (a
+    link), never walked into.
 
-    With `dirs_seen` (a dict), also {relpath: os.lstat()} of every directory below root, for `tree_untrusted`: one
-    lstat per directory, none more per file. Raises Unwalkable past WALK_MAX_DEPTH levels or WALK_MAX_ENTRIES
-    entries.
+    With `dirs_seen` (a dict), also {relpath: os.lstat()} of every directory below root, for
+    `tree_untrusted`: one lstat per directory, none more per file. Raises Unwalkable past
+    WALK_MAX_DEPTH levels or WALK_MAX_ENTRIES entries.
     """
     try:
         fd = _os.open(root, _DIR_FLAGS & ~_os.O_NOFOLLOW if follow_root else _DIR_FLAGS)
@@ -95,11 +102,13 @@ def walk_files(root, skip=lambda rel, name: False, dirs_seen=None, follow_root=F
                 out[rel] = entry.stat(follow_symlinks=False)
         for name, rel in below:
             if depth >= WALK_MAX_DEPTH:
-                raise Unwalkable(f"{root}: deeper than {WALK_MAX_DEPTH} levels ({_os.path.join(root, rel)}): not read")
+                raise Unwalkable(f"{root}: deeper than {WALK_MAX_DEPTH} levels "
+                                 f"({_os.path.join(root, rel)}): not read")
             try:
                 child = _os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise Unwalkable(f"{_os.path.join(root, rel)}: changed while it was read ({exc.strerror}): not read") from None
+                raise Unwalkable(f"{_os.path.join(root, rel)}: changed while it was read "
+                                 f"({exc.strerror}): not read") from None
             try:
                 scan(child, rel, depth + 1)
             finally:
@@ -113,7 +122,8 @@ def walk_files(root, skip=lambda rel, name: False, dirs_seen=None, follow_root=F
 
 
 def exchange(a, b):
-    """Swap two paths atomically (renameat2 RENAME_EXCHANGE): neither name is ever missing. Raises OSError."""
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE): neither name is ever missing. Raises
+    OSError."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -128,7 +138,8 @@ def exchange(a, b):
 
 
 def systemctl_show(units, properties):
-    """{unit: {property: value}} from one `systemctl show` of the units ({} where systemctl is missing)."""
+    """{unit: {property: value}} from one `systemctl show` of the units ({} where systemctl is
+    missing)."""
     if not units:
         return {}
     try:
@@ -150,15 +161,17 @@ def systemctl_show(units, properties):
 
 
 # Trust (README "Threat model"): root reads, runs, serves or deletes only what root owns, what is no
-# symlink, and what nobody else can write or swap: the entry itself and every directory above it. Anything
-# else may have been put there by another local user or by the service user (the engine writes /dev/shm).
-# What root makes itself it makes through make_dirs / make_dir / new_file: created exclusively (never
-# exist_ok), then checked on the handle it got, so a name another user took first is refused, never used.
+# symlink, and what nobody else can write or swap: the entry itself and every directory above it.
+# Anything else may have been put there by another local user or by the service user (the engine
+# writes /dev/shm). What root makes itself it makes through make_dirs / make_dir / new_file: created
+# exclusively (never exist_ok), then checked on the handle it got, so a name another user took first
+# is refused, never used.
 TRUSTED_UIDS = frozenset({0, _os.geteuid()})  # root; and whoever runs this (root on a host)
 
 
 class UntrustedPath(PermissionError):
-    """What make_dirs, make_dir and private_dir refuse; its text names the path, its owner and mode."""
+    """What make_dirs, make_dir and private_dir refuse; its text names the path, its owner and
+    mode."""
 
 
 def _owner(uid):
@@ -171,13 +184,17 @@ def _owner(uid):
 
 
 def _found(path, st, what):
-    return f"{path}: {what} (found: owner {_owner(st.st_uid)}, mode {_stat.S_IMODE(st.st_mode):04o})"
+    return (f"{path}: {what} (found: owner {_owner(st.st_uid)}, mode "
+            f"{_stat.S_IMODE(st.st_mode):04o})")
 
 
 def stat_untrusted(path, st):
-    """Why one entry (its lstat) may not be trusted, or None: a symlink, another owner, writable by others."""
+    """Why one entry (its lstat) may not be trusted, or None: a symlink, another owner, writable by
+    others."""
     if _stat.S_ISLNK(st.st_mode):
-        return _found(path, st, f"a symlink (to {_os.readlink(path) if _os.path.islink(path) else '?'}), expected a file or directory of root's")
+        return _found(path, st,
+                      f"a symlink (to {_os.readlink(path) if _os.path.islink(path) else '?'}), "
+                      "expected a file or directory of root's")
     if st.st_uid not in TRUSTED_UIDS:
         return _found(path, st, "not owned by root")
     if st.st_mode & 0o022:
@@ -186,41 +203,46 @@ def stat_untrusted(path, st):
 
 
 def _parent_untrusted(path, st):
-    """A directory above a trusted path: root's, and writable by root alone, or sticky like /tmp and /dev/shm
-    (there nobody but an entry's owner may rename or remove it)."""
+    """A directory above a trusted path: root's, and writable by root alone, or sticky like /tmp and
+    /dev/shm (there nobody but an entry's owner may rename or remove it)."""
     if not _stat.S_ISDIR(st.st_mode):
         return _found(path, st, "a parent that is not a directory")
     if st.st_uid not in TRUSTED_UIDS:
         return _found(path, st, "a parent directory not owned by root")
     if st.st_mode & 0o022 and not st.st_mode & _stat.S_ISVTX:
-        return _found(path, st, "a parent directory writable by its group or others, without the sticky bit")
+        return _found(path, st,
+                      "a parent directory writable by its group or others, without the sticky bit")
     return None
 
 
 def _absent_untrusted(path):
-    """Why an absent `path` may not be counted on to be root's once it exists, or None. Under a directory only
-    root can write, only root can make it. Under one others can write (a sticky /dev/shm, /tmp, /run/lock),
-    whoever makes it first owns it and what root would put in it: root makes such a name only through make_dirs
-    (or make_dir, new_file), which refuse one root did not make."""
+    """Why an absent `path` may not be counted on to be root's once it exists, or None. Under a
+    directory only root can write, only root can make it. Under one others can write (a sticky
+    /dev/shm, /tmp, /run/lock), whoever makes it first owns it and what root would put in it: root
+    makes such a name only through make_dirs (or make_dir, new_file), which refuse one root did not
+    make."""
     path = _os.path.abspath(path)
     parent = _os.path.dirname(path)
     try:
-        st = _os.stat(parent)  # the directories above were judged already (a link of root's is followed)
+        # the directories above were judged already (a link of root's is followed)
+        st = _os.stat(parent)
     except OSError:
         return None
     if st.st_mode & 0o022:
-        return (f"{path}: absent, in {parent} (owner {_owner(st.st_uid)}, mode {_stat.S_IMODE(st.st_mode):04o}), which others "
-                f"can write: whoever makes it first owns it, so it is trusted only as root makes it (make_dirs: exclusively, "
-                f"then checked)")
+        return (f"{path}: absent, in {parent} (owner {_owner(st.st_uid)}, mode "
+                f"{_stat.S_IMODE(st.st_mode):04o}), which others can write: whoever makes it first "
+                "owns it, so it is trusted only as root makes it (make_dirs: exclusively, then "
+                "checked)")
     return None
 
 
 def parents_untrusted(path):
     """Why the directories above `path` may let someone else swap it, or None.
 
-    Each directory from / down is lstat'ed; a symlink on the way must be root's, and the directories of
-    where it leads are checked the same way. One that is missing is judged by `_absent_untrusted`: fine below a
-    directory only root writes, not below one others can write. A few lstat calls: cheap enough for every read.
+    Each directory from / down is lstat'ed; a symlink on the way must be root's, and the directories
+    of where it leads are checked the same way. One that is missing is judged by
+    `_absent_untrusted`: fine below a directory only root writes, not below one others can write. A
+    few lstat calls: cheap enough for every read.
     """
     path = _os.path.abspath(path)
     parts = [p for p in path.split("/") if p][:-1]
@@ -244,10 +266,11 @@ def parents_untrusted(path):
 
 
 def why_untrusted(path, link_ok=False):
-    """None when root may trust `path` (read it, run it, serve it, delete it), else why not: the path, its
-    owner and mode. An absent path is judged by its parents and by where it would be made: under a directory
-    others can write (/dev/shm, /tmp) it is not trusted, as whoever makes it first owns it (`_absent_untrusted`).
-    With `link_ok`, a symlink of root's is followed (the live venv link) and where it leads is judged the same way.
+    """None when root may trust `path` (read it, run it, serve it, delete it), else why not: the
+    path, its owner and mode. An absent path is judged by its parents and by where it would be made:
+    under a directory others can write (/dev/shm, /tmp) it is not trusted, as whoever makes it first
+    owns it (`_absent_untrusted`). With `link_ok`, a symlink of root's is followed (the live venv
+    link) and where it leads is judged the same way.
     """
     try:
         st = _os.lstat(path)
@@ -259,8 +282,9 @@ def why_untrusted(path, link_ok=False):
 
 
 def tree_untrusted(root, files, dirs):
-    """Why a directory tree, already walked (`walk_files(..., dirs_seen=dirs)`: lstat results), may not be
-    trusted, or None: every file and directory in it is root's, no symlink, writable by root alone."""
+    """Why a directory tree, already walked (`walk_files(..., dirs_seen=dirs)`: lstat results), may
+    not be trusted, or None: every file and directory in it is root's, no symlink, writable by root
+    alone."""
     for rel, st in [*sorted(dirs.items()), *sorted(files.items())]:
         why = stat_untrusted(_os.path.join(root, rel), st)
         if why:
@@ -272,9 +296,10 @@ _MAX_LINKS = 40  # as the kernel's limit on links followed in one path
 
 
 def _dir_at(fd, name, mode):
-    """(handle, made) of the directory `name` in the directory open as `fd`: opened without following a link, or
-    made with os.mkdir (never exist_ok) and then opened. One another user made first is opened as found (made
-    False) for the caller to judge. Raises OSError where `name` is a link or no directory."""
+    """(handle, made) of the directory `name` in the directory open as `fd`: opened without
+    following a link, or made with os.mkdir (never exist_ok) and then opened. One another user made
+    first is opened as found (made False) for the caller to judge. Raises OSError where `name` is a
+    link or no directory."""
     try:
         return _os.open(name, _DIR_FLAGS, dir_fd=fd), False
     except FileNotFoundError:
@@ -288,17 +313,19 @@ def _dir_at(fd, name, mode):
 
 
 def make_dirs(path, mode=0o755, set_aside=None):
-    """Make the directory `path` and each one missing above it, root's: those above with mode 0755, `path` with
-    `mode` (an existing one keeps its mode). Returns the directories it made, from the top. Raises UntrustedPath
-    (the path, its owner and mode) where something on the way may not be trusted.
+    """Make the directory `path` and each one missing above it, root's: those above with mode 0755,
+    `path` with `mode` (an existing one keeps its mode). Returns the directories it made, from the
+    top. Raises UntrustedPath (the path, its owner and mode) where something on the way may not be
+    trusted.
 
-    From / down, each component is opened relative to the one above (O_DIRECTORY|O_NOFOLLOW) and judged on that
-    handle (fstat): one that exists must be a directory of root's, writable by root alone or sticky like /dev/shm
-    (`_parent_untrusted`); a symlink of root's is followed (/var/run -> /run) and what it leads to is judged the
-    same way. A missing one is made by os.mkdir, never exist_ok: one another user made in between (in a sticky
-    /dev/shm anyone may) makes it fail, and is then judged as found and refused. Nothing is judged by its path
-    before it is made. With `set_aside(path, why)` (stage_model.py), a component of another user's (or a link of
-    theirs) in a directory others can write is moved aside by it instead (never deleted) and made afresh.
+    From / down, each component is opened relative to the one above (O_DIRECTORY|O_NOFOLLOW) and
+    judged on that handle (fstat): one that exists must be a directory of root's, writable by root
+    alone or sticky like /dev/shm (`_parent_untrusted`); a symlink of root's is followed (/var/run
+    -> /run) and what it leads to is judged the same way. A missing one is made by os.mkdir, never
+    exist_ok: one another user made in between (in a sticky /dev/shm anyone may) makes it fail, and
+    is then judged as found and refused. Nothing is judged by its path before it is made. With
+    `set_aside(path, why)` (stage_model.py), a component of another user's (or a link of theirs) in
+    a directory others can write is moved aside by it instead (never deleted) and made afresh.
     """
     made, links = [], 0
     todo = [p for p in _os.path.abspath(path).split("/") if p]
@@ -310,7 +337,8 @@ def make_dirs(path, mode=0o755, set_aside=None):
         tries = 0
         while todo:
             name = todo.pop(0)
-            if name in (".", ".."):  # from a link's target: `here` is real (no link in it), so `..` is its parent
+            # from a link's target: `here` is real (no link in it), so `..` is its parent
+            if name in (".", ".."):
                 if name == "..":
                     todo = [p for p in _os.path.dirname(here).split("/") if p] + todo
                     _os.close(fd)
@@ -325,11 +353,14 @@ def make_dirs(path, mode=0o755, set_aside=None):
                 except OSError:
                     st = None
                 if st is None or _stat.S_ISDIR(st.st_mode):
-                    raise exc  # what the system said (a name gone again, EACCES unprivileged, EROFS): the caller's to tell
+                    # what the system said (a name gone again, EACCES unprivileged, EROFS): the
+                    # caller's to tell
+                    raise exc
                 if _stat.S_ISLNK(st.st_mode) and st.st_uid in TRUSTED_UIDS:
                     links += 1
                     if links > _MAX_LINKS:
-                        raise UntrustedPath(f"{there}: more than {_MAX_LINKS} symlinks on the way to {path}") from None
+                        raise UntrustedPath(f"{there}: more than {_MAX_LINKS} symlinks on the way "
+                                            f"to {path}") from None
                     target = _os.readlink(name, dir_fd=fd)
                     todo = [p for p in target.split("/") if p] + todo
                     if target.startswith("/"):
@@ -337,14 +368,17 @@ def make_dirs(path, mode=0o755, set_aside=None):
                         here, fd = "/", _os.open("/", _DIR_FLAGS)
                     continue
                 child, fresh = None, False
-                why = stat_untrusted(there, st) if _stat.S_ISLNK(st.st_mode) else _found(there, st, "not a directory")
+                why = (stat_untrusted(there, st) if _stat.S_ISLNK(st.st_mode)
+                       else _found(there, st, "not a directory"))
             else:
                 st = _os.fstat(child)
                 if fresh:
                     made.append(there)
-                    why = None if _stat.S_ISDIR(st.st_mode) and st.st_uid in TRUSTED_UIDS else _found(there, st, "not the directory root just made")
+                    why = (None if _stat.S_ISDIR(st.st_mode) and st.st_uid in TRUSTED_UIDS
+                           else _found(there, st, "not the directory root just made"))
                     if not why:
-                        _os.fchmod(child, mode if not todo else 0o755)  # on the handle: whatever the umask
+                        # on the handle: whatever the umask
+                        _os.fchmod(child, mode if not todo else 0o755)
                 else:
                     why = _parent_untrusted(there, st)
                     if why and not todo:  # `path` itself, the directory root puts things in
@@ -354,10 +388,12 @@ def make_dirs(path, mode=0o755, set_aside=None):
                     _os.close(child)
                 if set_aside is not None and tries < 3 and _os.fstat(fd).st_mode & 0o022:
                     tries += 1
-                    set_aside(there, why)  # someone's name in a world-writable directory: theirs to keep, not ours
+                    # someone's name in a world-writable directory: theirs to keep, not ours
+                    set_aside(there, why)
                     todo.insert(0, name)
                     continue
-                raise UntrustedPath(f"{why}: root makes {path} itself, as root's, and uses nothing another user made or linked there")
+                raise UntrustedPath(f"{why}: root makes {path} itself, as root's, and uses nothing "
+                                    "another user made or linked there")
             _os.close(fd)
             here, fd, tries = there, child, 0
     finally:
@@ -366,9 +402,9 @@ def make_dirs(path, mode=0o755, set_aside=None):
 
 
 def make_dir(path, mode=0o755):
-    """Make the one directory `path`, exclusively (FileExistsError where anything is there: it may be another
-    user's), with `mode`, checked on its handle to be the directory root just made. Its parent must be trusted
-    (made or judged by the caller)."""
+    """Make the one directory `path`, exclusively (FileExistsError where anything is there: it may
+    be another user's), with `mode`, checked on its handle to be the directory root just made. Its
+    parent must be trusted (made or judged by the caller)."""
     _os.mkdir(path, mode)
     fd = _os.open(path, _DIR_FLAGS)
     try:
@@ -381,9 +417,9 @@ def make_dir(path, mode=0o755):
 
 
 def new_file(path, mode=0o644, binary=False):
-    """A file root writes, opened for writing as made afresh: O_CREAT|O_EXCL|O_NOFOLLOW, never another's file nor a
-    link's target. A leftover of a run that died is removed first; the directory must be root's (the caller
-    made or judged it)."""
+    """A file root writes, opened for writing as made afresh: O_CREAT|O_EXCL|O_NOFOLLOW, never
+    another's file nor a link's target. A leftover of a run that died is removed first; the
+    directory must be root's (the caller made or judged it)."""
     try:
         _os.unlink(path)
     except FileNotFoundError:
@@ -393,15 +429,17 @@ def new_file(path, mode=0o644, binary=False):
 
 
 def private_dir(path):
-    """Make `path` a directory only root may enter (0700), tightening one that exists; refuse one that is not
-    root's or is a symlink (raises UntrustedPath, a PermissionError: root never writes into what another user
-    could redirect). Made through make_dirs, then checked and tightened on its handle."""
+    """Make `path` a directory only root may enter (0700), tightening one that exists; refuse one
+    that is not root's or is a symlink (raises UntrustedPath, a PermissionError: root never writes
+    into what another user could redirect). Made through make_dirs, then checked and tightened on
+    its handle."""
     make_dirs(path, 0o700)
     try:
         fd = _os.open(path, _DIR_FLAGS)
     except OSError:
         st = _os.lstat(path)
-        raise UntrustedPath(stat_untrusted(path, st) or _found(path, st, "not a directory")) from None
+        raise UntrustedPath(stat_untrusted(path, st)
+                            or _found(path, st, "not a directory")) from None
     try:
         st = _os.fstat(fd)
         if st.st_uid not in TRUSTED_UIDS:
@@ -412,15 +450,17 @@ def private_dir(path):
         _os.close(fd)
 
 
-# Peer identity (docs/threat-model.md, "A service is known by its unit's cgroup"): an answer on a service's
-# port counts only when the socket that gives it belongs to a process of that service's unit. The port is no
-# identity: the engine opens it only after minutes of loading, and any local user may bind it first.
-# socket inode (/proc/net/tcp*) -> the processes holding it (/proc/PID/fd) -> their cgroup = the unit's.
+# Peer identity (docs/threat-model.md, "A service is known by its unit's cgroup"): an answer on a
+# service's port counts only when the socket that gives it belongs to a process of that service's
+# unit. The port is no identity: the engine opens it only after minutes of loading, and any local
+# user may bind it first. socket inode (/proc/net/tcp*) -> the processes holding it (/proc/PID/fd)
+# -> their cgroup = the unit's.
 _TCP_LISTEN, _TCP_ESTABLISHED = "0A", "01"
 
 
 def _tcp_sockets(port):
-    """[(state, local port, remote port, uid, inode)] of every TCP socket (IPv4 and IPv6) with `port` at either end."""
+    """[(state, local port, remote port, uid, inode)] of every TCP socket (IPv4 and IPv6) with
+    `port` at either end."""
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -432,15 +472,16 @@ def _tcp_sockets(port):
             fields = line.split()
             if len(fields) < 10:
                 continue
-            local, remote = int(fields[1].rpartition(":")[2], 16), int(fields[2].rpartition(":")[2], 16)
+            local, remote = (int(fields[1].rpartition(":")[2], 16),
+                             int(fields[2].rpartition(":")[2], 16))
             if port in (local, remote):
                 found.append((fields[3], local, remote, int(fields[7]), int(fields[9])))
     return found
 
 
 def _cgroup_pids(control_group):
-    """The PIDs in a unit's cgroup and those below it (`ControlGroup` of `systemctl show`): cgroup v2, the
-    hybrid layout's unified tree or v1's name=systemd tree, whichever this host has."""
+    """The PIDs in a unit's cgroup and those below it (`ControlGroup` of `systemctl show`): cgroup
+    v2, the hybrid layout's unified tree or v1's name=systemd tree, whichever this host has."""
     for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"):
         top = mount + control_group
         if not _os.path.isfile(_os.path.join(top, "cgroup.procs")):
@@ -453,12 +494,14 @@ def _cgroup_pids(control_group):
             except (OSError, ValueError):
                 pass
         return pids
-    # No cgroup tree mounted where systemd's would be (a container without systemd): each process's own word for it.
+    # No cgroup tree mounted where systemd's would be (a container without systemd): each process's
+    # own word for it.
     found = set()
     for pid in _all_pids():
         try:
             with open(f"/proc/{pid}/cgroup") as handle:
-                paths = [line.split(":", 2)[2] for line in handle.read().splitlines() if line.count(":") >= 2]
+                paths = [line.split(":", 2)[2] for line in handle.read().splitlines()
+                         if line.count(":") >= 2]
         except OSError:
             continue
         if any(p == control_group or p.startswith(control_group.rstrip("/") + "/") for p in paths):
@@ -491,13 +534,15 @@ def _all_pids():
 
 
 def _stranger(port, unit, inode, uid):
-    """The refusal naming who holds a socket that is not the unit's: its uid, and its process and unit if found."""
+    """The refusal naming who holds a socket that is not the unit's: its uid, and its process and
+    unit if found."""
     who = _owner(uid)
     pid = _holders([inode], _all_pids()).get(inode)
     if pid is not None:
         try:
             with open(f"/proc/{pid}/cgroup") as handle:
-                groups = [line.split(":", 2)[2] for line in handle.read().splitlines() if line.count(":") >= 2]
+                groups = [line.split(":", 2)[2] for line in handle.read().splitlines()
+                          if line.count(":") >= 2]
             who += f", pid {pid} in {groups[-1] if groups else '?'}"
         except OSError:
             who += f", pid {pid}"
@@ -505,13 +550,16 @@ def _stranger(port, unit, inode, uid):
 
 
 def port_untrusted(port, unit, control_group):
-    """None when every socket listening on `port` is held by a process of `unit` (cgroup `control_group`), else
-    why not: "port 30001 is held by uid 65534 (nobody), ..., not by sglang-dflash.service", or that nothing
-    listens. For a client that makes its own connections (the benchmark client): checked before and after it."""
-    listening = [(inode, uid) for state, local, _r, uid, inode in _tcp_sockets(port) if state == _TCP_LISTEN and local == port]
+    """None when every socket listening on `port` is held by a process of `unit` (cgroup
+    `control_group`), else why not: "port 30001 is held by uid 65534 (nobody), ..., not by
+    sglang-dflash.service", or that nothing listens. For a client that makes its own connections
+    (the benchmark client): checked before and after it."""
+    listening = [(inode, uid) for state, local, _r, uid, inode in _tcp_sockets(port)
+                 if state == _TCP_LISTEN and local == port]
     if not listening:
         return f"nothing listens on port {port}"
-    held = _holders([inode for inode, _ in listening], _cgroup_pids(control_group)) if control_group else {}
+    held = (_holders([inode for inode, _ in listening], _cgroup_pids(control_group))
+            if control_group else {})
     for inode, uid in listening:
         if inode not in held:
             return _stranger(port, unit, inode, uid)
@@ -519,12 +567,13 @@ def port_untrusted(port, unit, control_group):
 
 
 def peer_untrusted(sock, unit, control_group, wait_s=5.0):
-    """None when the server end of the connected socket `sock` is held by a process of `unit` (cgroup
-    `control_group`), else why not. Asked after connecting and before the first byte is sent: a request that
-    carries a key, passes a gate or decides a removal goes only to the service itself.
+    """None when the server end of the connected socket `sock` is held by a process of `unit`
+    (cgroup `control_group`), else why not. Asked after connecting and before the first byte is
+    sent: a request that carries a key, passes a gate or decides a removal goes only to the service
+    itself.
 
-    The server's end has an inode once its process accepted the connection; until then (a busy event loop)
-    it is looked up again, for at most `wait_s`.
+    The server's end has an inode once its process accepted the connection; until then (a busy event
+    loop) it is looked up again, for at most `wait_s`.
     """
     import time
 

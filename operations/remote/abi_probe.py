@@ -1,6 +1,7 @@
 # The ABI probe, run by a generation's own python before it may become live.
 # argv: JSON {"kernels": [dist, ...], "modules": [module, ...], "driver_cuda": "13.0"|null,
-#             "compute_caps": ["9.0", ...], "torch": true|false (does the stack have torch; default true)}
+#             "compute_caps": ["9.0", ...],
+#             "torch": true|false (does the stack have torch; default true)}
 # Imports torch, the kernel distributions' packages, flashinfer (when installed) and the server
 # entry point; compares torch's CUDA version with the kernel's CUDA tag, with the CUDA version
 # the driver supports, and torch's compiled GPU architectures with the GPUs' compute capability.
@@ -65,8 +66,9 @@ def load(module):
             lib = os.path.basename(m.group(1))
             who = f"{dist} {dist_version}" if dist else m.group(1)
             fail(
-                f"{who} ({lib}) was built against another torch than torch {torch_version}: undefined symbol "
-                f"{m.group(2)}; install the {dist or 'kernel'} build made for torch {torch_version} (one stack, one ABI set)"
+                f"{who} ({lib}) was built against another torch than torch {torch_version}: "
+                f"undefined symbol {m.group(2)}; install the {dist or 'kernel'} build made for "
+                f"torch {torch_version} (one stack, one ABI set)"
             )
         fail(f"import {module}: {type(exc).__name__}: {text[:300]}")
 
@@ -76,13 +78,14 @@ if args.get("torch", True):
     found["torch"] = torch.__version__
     torch_cuda = getattr(torch.version, "cuda", None)
 else:
-    # A stack without torch (the lab's stand-in server alone) has no CUDA-bound set to prove: only its entry
-    # point is imported. A kernel in it would have no torch to match.
+    # A stack without torch (the lab's stand-in server alone) has no CUDA-bound set to prove: only
+    # its entry point is imported. A kernel in it would have no torch to match.
     torch, torch_cuda = None, None
     found["torch"] = None
     for dist in args.get("kernels", []):
         if version(dist):
-            fail(f"{dist} {version(dist)} is installed, and the stack names no torch for it: add torch to the stack")
+            fail(f"{dist} {version(dist)} is installed, and the stack names no torch for it: add "
+                 "torch to the stack")
 found["torch_cuda"] = torch_cuda
 
 for dist in args.get("kernels", []) if torch is not None else ():
@@ -103,11 +106,12 @@ for dist in args.get("kernels", []) if torch is not None else ():
     found[dist] = dist_version
     if kernel_cuda and torch_cuda and kernel_cuda.split(".")[0] != torch_cuda.split(".")[0]:
         fail(
-            f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} for CUDA {torch_cuda}: "
-            "pick the kernel and torch of one CUDA version"
+            f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} for "
+            f"CUDA {torch_cuda}: pick the kernel and torch of one CUDA version"
         )
     if kernel_cuda and not torch_cuda:
-        fail(f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} is a CPU build")
+        fail(f"{dist} {dist_version} is built for CUDA {kernel_cuda}, torch {torch.__version__} is "
+             "a CPU build")
 
 if version("flashinfer-python"):
     load("flashinfer")
@@ -120,8 +124,8 @@ if torch_cuda and driver:
 
     if as_tuple(torch_cuda) > as_tuple(driver):
         fail(
-            f"torch {torch.__version__} needs CUDA {torch_cuda}, the driver supports CUDA up to {driver}: "
-            "upgrade the NVIDIA driver, or use a stack built for CUDA <= " + driver
+            f"torch {torch.__version__} needs CUDA {torch_cuda}, the driver supports CUDA up to "
+            f"{driver}: upgrade the NVIDIA driver, or use a stack built for CUDA <= " + driver
         )
 caps = args.get("compute_caps") or []
 if torch_cuda and caps:
@@ -132,12 +136,15 @@ if torch_cuda and caps:
             major, minor = (int(x) for x in cap.split(".")[:2])
             sm = major * 10 + minor
             numbers = [(a.split("_")[0], int(re.sub(r"\D", "", a) or 0)) for a in arches]
-            # A cubin runs on its own major version (same or newer minor); PTX (compute_) is JIT-compiled upward.
-            ok = any((kind == "sm" and n // 10 == major and n <= sm) or (kind == "compute" and n <= sm) for kind, n in numbers)
+            # A cubin runs on its own major version (same or newer minor); PTX (compute_) is
+            # JIT-compiled upward.
+            ok = any((kind == "sm" and n // 10 == major and n <= sm)
+                     or (kind == "compute" and n <= sm) for kind, n in numbers)
             if not ok:
                 fail(
-                    f"torch {torch.__version__} has kernels for {' '.join(arches)}, not for this GPU's compute "
-                    f"capability {cap} (sm_{sm}): use a torch build that includes sm_{sm}"
+                    f"torch {torch.__version__} has kernels for {' '.join(arches)}, not for this "
+                    f"GPU's compute capability {cap} (sm_{sm}): use a torch build that includes "
+                    f"sm_{sm}"
                 )
 
 for module in args.get("modules", []):

@@ -13,7 +13,8 @@ model_dirs = sys.argv[2:]
 
 FIELDS = (
     "index,uuid,name,compute_cap,memory.total,memory.used,driver_version,pci.bus_id,"
-    "ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure"
+    "ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,"
+    "remapped_rows.failure"
 )
 BASIC_FIELDS = "index,uuid,name,compute_cap,memory.total,memory.used,driver_version,pci.bus_id"
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -23,7 +24,8 @@ MANAGED = "# Managed by sglang-deploy"
 def start(argv):
     """A command started now: its output is collected by `finish` (several run side by side)."""
     try:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), argv
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True), argv
     except OSError as exc:
         return exc, argv
 
@@ -46,29 +48,34 @@ def run(argv):
 
 
 def which(name, path):
-    """shutil.which(name, path=path), without importing shutil (and the bz2, lzma and fnmatch it imports) into
-    every host's read."""
+    """shutil.which(name, path=path), without importing shutil (and the bz2, lzma and fnmatch it
+    imports) into every host's read."""
     for directory in path.split(os.pathsep):
         candidate = os.path.join(directory, name)
-        if os.path.exists(candidate) and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+        if (os.path.exists(candidate) and os.access(candidate, os.X_OK)
+                and not os.path.isdir(candidate)):
             return candidate
     return None
 
 
-smi = which("nvidia-smi", os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
+smi = which("nvidia-smi",
+            os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
 out = {"nvidia_smi": smi, "query": None, "apps": None, "table": None, "units": {}, "models": {}}
 # Our units: their GPUs (CUDA_VISIBLE_DEVICES) and every process in their cgroup.
 paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))
 names = [os.path.basename(p) for p in paths]
 # nvidia-smi takes from tens of milliseconds to seconds per call on a loaded 8-GPU host: its three
-# calls and systemd's answer run side by side, so this read costs the slowest of them, not their sum.
+# calls and systemd's answer run side by side, so this read costs the slowest of them, not their
+# sum.
 started = {}
 if smi:
     started["query"] = start([smi, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"])
-    started["apps"] = start([smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"])
+    started["apps"] = start(
+        [smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"])
     started["table"] = start([smi])
 if names:
-    started["show"] = start(["systemctl", "show", "-p", "Id,ActiveState,MainPID,ControlGroup", *names])
+    started["show"] = start(
+        ["systemctl", "show", "-p", "Id,ActiveState,MainPID,ControlGroup", *names])
 done = {key: finish(value) for key, value in started.items()}
 if smi:
     query = done["query"]

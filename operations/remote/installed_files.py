@@ -6,7 +6,11 @@ import json
 import os
 import sys
 
-from _common import norm, sha256_file, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    norm,
+    sha256_file,
+    why_untrusted,
+)
 
 site, dist, backup_dir, record_path = sys.argv[1:5]
 paths = sys.argv[5:]

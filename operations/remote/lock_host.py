@@ -1,21 +1,21 @@
 # One deploy at a time per host: take, look at, or give back the host's deploy lock.
-# The lock is a directory holding owner.json and an `owner-<token>` marker (the token names one take of the
-# lock); /run is emptied on reboot. A lock directory never exists without its owner record: it is built
-# complete beside (`<lock>.new-<token>`, mode 0700) and renamed into place with RENAME_NOREPLACE, which
-# fails while anything is there (even an empty directory, which a plain rename(2) would replace: one left by
-# a deploy from before this rule, or being filled by one right now). It is removed by renaming it aside
-# (`<lock>.old-<token>`) first, so no one ever sees it half-removed. A crash at any point leaves no lock or
-# a complete one, plus at worst a stray `.new-*` / `.old-*` directory, which is no lock and which a later
-# take tidies away.
+# The lock is a directory holding owner.json and an `owner-<token>` marker (the token names one take
+# of the lock); /run is emptied on reboot. A lock directory never exists without its owner record:
+# it is built complete beside (`<lock>.new-<token>`, mode 0700) and renamed into place with
+# RENAME_NOREPLACE, which fails while anything is there (even an empty directory, which a plain
+# rename(2) would replace: one left by a deploy from before this rule, or being filled by one right
+# now). It is removed by renaming it aside (`<lock>.old-<token>`) first, so no one ever sees it
+# half-removed. A crash at any point leaves no lock or a complete one, plus at worst a stray
+# `.new-*` / `.old-*` directory, which is no lock and which a later take tidies away.
 # A side file is flock()ed around a takeover, so that two runs taking over the same stale
 # lock cannot both win (the second would otherwise remove the first's fresh lock).
 # Every wait is bounded by WAIT_S: the control side waits in short commands and decides
 # between them (it never holds another host's lock while a command here waits).
-# Every answer is one line, and says which machine answered (/etc/machine-id and the boot id): the control
-# side knows machines by what they report (operations/lock.py).
+# Every answer is one line, and says which machine answered (/etc/machine-id and the boot id): the
+# control side knows machines by what they report (operations/lock.py).
 # argv: acquire OWNER_JSON WAIT_S [TAKEOVER_TOKEN]  |  peek  |  release TOKEN
-# SGLANG_DEPLOY_LOCK moves the lock, SGLANG_DEPLOY_MACHINE_ID and SGLANG_DEPLOY_BOOT_ID the identity files
-# (unit tests run this script on the control machine, one directory per pretended machine).
+# SGLANG_DEPLOY_LOCK moves the lock, SGLANG_DEPLOY_MACHINE_ID and SGLANG_DEPLOY_BOOT_ID the identity
+# files (unit tests run this script on the control machine, one directory per pretended machine).
 import fcntl
 import json
 import os
@@ -29,9 +29,10 @@ OWNER = os.path.join(LOCK, "owner.json")
 MACHINE_ID = os.environ.get("SGLANG_DEPLOY_MACHINE_ID", "/etc/machine-id")
 BOOT_ID = os.environ.get("SGLANG_DEPLOY_BOOT_ID", "/proc/sys/kernel/random/boot_id")
 TOKEN = re.compile(r"[0-9a-f]{32}")
-# A `.new-*` directory younger than this may still be on its way into place (its maker renames it within a
-# command of at most WAIT_S); older ones are strays. Even a young one taken away only makes its maker's
-# rename fail (it then answers "not acquired" or tries again): nothing is removed in place.
+# A `.new-*` directory younger than this may still be on its way into place (its maker renames it
+# within a command of at most WAIT_S); older ones are strays. Even a young one taken away only makes
+# its maker's rename fail (it then answers "not acquired" or tries again): nothing is removed in
+# place.
 STRAY_AGE_S = 120
 
 
@@ -55,8 +56,8 @@ def holder():
         with open(OWNER) as handle:
             return json.load(handle)
     except (OSError, ValueError):
-        # never made by this version: a hand-made directory, or one left by a deploy from before owner records
-        # were renamed in with their directory
+        # never made by this version: a hand-made directory, or one left by a deploy from before
+        # owner records were renamed in with their directory
         return {"id": "?", "who": "unknown (no owner.json)"}
 
 
@@ -65,7 +66,8 @@ def exists():
 
 
 def rename_noreplace(src, dst):
-    """rename(2) that fails when anything is at `dst` (an empty directory included). True if renamed."""
+    """rename(2) that fails when anything is at `dst` (an empty directory included). True if
+    renamed."""
     import ctypes
     import errno
 
@@ -78,9 +80,11 @@ def rename_noreplace(src, dst):
         err = ctypes.get_errno()
         if err in (errno.EEXIST, errno.ENOTEMPTY):
             return False
-        if err not in (errno.EINVAL, errno.ENOSYS):  # EINVAL, ENOSYS: the kernel or filesystem lacks the flag
+        # EINVAL, ENOSYS: the kernel or filesystem lacks the flag
+        if err not in (errno.EINVAL, errno.ENOSYS):
             raise OSError(err, os.strerror(err), f"{src} -> {dst}")
-    if os.path.lexists(dst):  # without the flag: checked first (racing only a pre-rule deploy's mkdir)
+    # without the flag: checked first (racing only a pre-rule deploy's mkdir)
+    if os.path.lexists(dst):
         return False
     try:
         os.rename(src, dst)
@@ -92,11 +96,13 @@ def rename_noreplace(src, dst):
 
 
 def build(owner, token):
-    """The lock as it will be in place: a new directory (0700) with the owner's marker and owner.json."""
+    """The lock as it will be in place: a new directory (0700) with the owner's marker and
+    owner.json."""
     new = f"{LOCK}.new-{token}"
     shutil.rmtree(new, ignore_errors=True)
     os.mkdir(new, 0o700)
-    # A marker named by the take's token: the release (operations/lock.py: release_command) checks it in sh.
+    # A marker named by the take's token: the release (operations/lock.py: release_command) checks
+    # it in sh.
     open(os.path.join(new, "owner-" + token), "w").close()
     with open(os.path.join(new, "owner.json"), "w") as handle:
         json.dump(owner, handle)
@@ -114,7 +120,8 @@ def remove(path, token):
 
 
 def tidy():
-    """Remove the strays of crashed takes and releases beside the lock (called with the guard held)."""
+    """Remove the strays of crashed takes and releases beside the lock (called with the guard
+    held)."""
     parent, base = os.path.split(LOCK)
     now = time.time()
     for name in os.listdir(parent or "."):
@@ -127,7 +134,8 @@ def tidy():
                 continue
             aside = path if kind == "old-" else f"{LOCK}.old-{name[len(base) + 5:]}"
             if aside != path:
-                os.rename(path, aside)  # its maker's rename now fails: it never places a half-removed lock
+                # its maker's rename now fails: it never places a half-removed lock
+                os.rename(path, aside)
             shutil.rmtree(aside, ignore_errors=True)
         except OSError:
             continue

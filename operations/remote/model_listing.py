@@ -1,9 +1,10 @@
 # Fact script: {relpath: size} of a model directory, leaving out our own marker, manifest
 # and journal files; null when the directory is absent or empty.
 # argv: PATH
-# A store's model directory may itself be a link of the operator's, and hold links into a download cache: those
-# are followed for their sizes (files only, as the control machine's listing does). Nothing is walked through a
-# link, and the walk is bounded (_common.walk_files): a tree too deep or too large fails the read, naming it.
+# A store's model directory may itself be a link of the operator's, and hold links into a download
+# cache: those are followed for their sizes (files only, as the control machine's listing does).
+# Nothing is walked through a link, and the walk is bounded (_common.walk_files): a tree too deep or
+# too large fails the read, naming it.
 import json
 import os
 import stat

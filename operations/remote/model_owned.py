@@ -4,9 +4,9 @@
 # argv: SHM_DIR MARKER_NAME JOURNAL_NAME UNITS_DIR
 # {"<entry>": "staged" | "partial" | "old"}: a staged model carries the marker; an interrupted
 # copy (`.NAME.partial`) the journal; `.NAME.old` is a replaced copy not yet deleted. Anything
-# without our marker or journal is not listed, so it is never removed; nor is anything that is not root's
-# throughout (the directory and the marker or journal: no symlink, no other owner, no write bit for others):
-# the shm dir is world-writable, and a copy of our marker proves nothing.
+# without our marker or journal is not listed, so it is never removed; nor is anything that is not
+# root's throughout (the directory and the marker or journal: no symlink, no other owner, no write
+# bit for others): the shm dir is world-writable, and a copy of our marker proves nothing.
 import json
 import os
 import stat
@@ -49,7 +49,8 @@ for entry in entries:
 in_units = set()
 prefix = shm_dir.rstrip("/") + "/"
 try:
-    unit_names = sorted(n for n in os.listdir(units_dir) if n.startswith("sglang-") and n.endswith(".service"))
+    unit_names = sorted(n for n in os.listdir(units_dir)
+                        if n.startswith("sglang-") and n.endswith(".service"))
 except OSError:
     unit_names = []
 for unit_name in unit_names:

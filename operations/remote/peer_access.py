@@ -1,28 +1,34 @@
-# One-time access from one inventory host to another for one transfer (operations/peer_keys.py), both ends, as root.
-# Sent as `python3 -I -c SCRIPT MODE ARGS` (stdin is free for the mode's input).
+# One-time access from one inventory host to another for one transfer (operations/peer_keys.py),
+# both ends, as root. Sent as `python3 -I -c SCRIPT MODE ARGS` (stdin is free for the mode's input).
 #
 # On the receiving host:
-#   keys ID ADDRESS PORT     (stdin: the owner record, JSON) makes PEER_KEYS/ID (0700), a new ed25519 key there (no
-#                            passphrase, it never leaves this host), and finds the address this host reaches ADDRESS
-#                            from (the source's `from=`); prints {"pub", "from", "ours"}, or {"unreachable": why}.
-#   trust ID                 (stdin: {"hostkeys": [...], "argv": [...]}) writes the source's host keys, as the
-#                            pyinfra connection to the source read them, into PEER_KEYS/ID/known_hosts under the
-#                            key's alias, then asks the source `probe` with ARGV; prints {"ok", "said"}.
-#   fetch ARGV RECEIVE       (stdin: NUL-separated names) runs ARGV + `send` (the names on its stdin) and relays what it
-#                            writes into `sh -c RECEIVE` (root's unpacker); prints the bytes relayed so far, a line
-#                            at a time; exit 0 only when both ends did.
+#   keys ID ADDRESS PORT
+#       (stdin: the owner record, JSON) makes PEER_KEYS/ID (0700), a new ed25519 key there (no
+#       passphrase, it never leaves this host), and finds the address this host reaches ADDRESS
+#       from (the source's `from=`); prints {"pub", "from", "ours"}, or {"unreachable": why}.
+#   trust ID
+#       (stdin: {"hostkeys": [...], "argv": [...]}) writes the source's host keys, as the pyinfra
+#       connection to the source read them, into PEER_KEYS/ID/known_hosts under the key's alias,
+#       then asks the source `probe` with ARGV; prints {"ok", "said"}.
+#   fetch ARGV RECEIVE
+#       (stdin: NUL-separated names) runs ARGV + `send` (the names on its stdin) and relays what it
+#       writes into `sh -c RECEIVE` (root's unpacker); prints the bytes relayed so far, a line at a
+#       time; exit 0 only when both ends did.
 # On the source host:
-#   grant                    (stdin: {"id", "pub", "from", "root", "names", "owner", "sender"}) writes the
-#                            grant (PEER_GRANTS/ID: grant.json, the forced command send.py) and appends to root's
-#                            authorized_keys one entry: `restrict`, `from=` the receiver, `expiry-time=`,
-#                            `command=` send.py with grant.json's sha256, the key, the comment MARK:ID; prints
-#                            {"hostkeys", "user", "ours"}, or {"refused": why}. The owner record's `ttl_s` becomes
-#                            its `expires` (this host's clock), on either host.
+#   grant
+#       (stdin: {"id", "pub", "from", "root", "names", "owner", "sender"}) writes the grant
+#       (PEER_GRANTS/ID: grant.json, the forced command send.py) and appends to root's
+#       authorized_keys one entry: `restrict`, `from=` the receiver, `expiry-time=`, `command=`
+#       send.py with grant.json's sha256, the key, the comment MARK:ID; prints {"hostkeys", "user",
+#       "ours"}, or {"refused": why}. The owner record's `ttl_s` becomes its `expires` (this host's
+#       clock), on either host.
 # On either:
-#   remove ID...             removes those grants' entries (only lines of exactly our form with that ID: no other
-#                            line of authorized_keys is touched, byte for byte) and their directories on this host.
-# "ours": {ID: {"owner", "expired", "entry", "record"}} for every grant or key of ours found here besides the new one,
-# which the control machine judges (a stale one, of a run that died, is then removed).
+#   remove ID...
+#       removes those grants' entries (only lines of exactly our form with that ID: no other line
+#       of authorized_keys is touched, byte for byte) and their directories on this host.
+# "ours": {ID: {"owner", "expired", "entry", "record"}} for every grant or key of ours found here
+# besides the new one, which the control machine judges (a stale one, of a run that died, is then
+# removed).
 import fcntl
 import hashlib
 import ipaddress
@@ -76,7 +82,8 @@ def read_keys(path):
 
 
 def rewrite_keys(path, text):
-    """authorized_keys replaced whole by `text` (a file beside it, same owner and mode, renamed over it)."""
+    """authorized_keys replaced whole by `text` (a file beside it, same owner and mode, renamed over
+    it)."""
     try:
         st = os.lstat(path)
         mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
@@ -128,7 +135,8 @@ def ours(directory, keys_text=None, but=None):
             continue
         owner = record(os.path.join(directory, name, "owner.json"))
         expires = (owner or {}).get("expires")
-        found[name] = {"owner": owner, "expired": not isinstance(expires, (int, float)) or time.time() > expires,
+        found[name] = {"owner": owner,
+                       "expired": not isinstance(expires, (int, float)) or time.time() > expires,
                        "entry": name in listed, "record": owner is not None}
     return found
 
@@ -147,7 +155,7 @@ def new_dir(parent, ident):
     return path
 
 
-# The receiving host --------------------------------------------------------------------------------------------------
+# The receiving host -------------------------------------------------------------------------------
 
 
 def keys(ident, address, port):
@@ -172,8 +180,9 @@ def keys(ident, address, port):
     directory = new_dir(PEER_KEYS, ident)
     owner["expires"] = int(time.time()) + int(owner.pop("ttl_s"))
     write_private(os.path.join(directory, "owner.json"), json.dumps(owner).encode())
-    made = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARK}:{ident}", "-f",
-                           os.path.join(directory, "key")], capture_output=True, text=True)
+    made = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARK}:{ident}", "-f",
+         os.path.join(directory, "key")], capture_output=True, text=True)
     if made.returncode != 0:
         shutil.rmtree(directory, ignore_errors=True)
         return answer({"unreachable": f"ssh-keygen failed: {made.stderr.strip()[-300:]}"})
@@ -186,21 +195,26 @@ def trust(ident):
     given = json.load(sys.stdin)
     directory = os.path.join(PEER_KEYS, ident)
     alias = f"{MARK}-{ident}"
-    lines = [f"{alias} {key}\n" for key in given["hostkeys"] if re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}", key)]
+    lines = [f"{alias} {key}\n" for key in given["hostkeys"]
+             if re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}", key)]
     write_private(os.path.join(directory, "known_hosts"), "".join(lines).encode())
     try:
-        probe = subprocess.run([*given["argv"], "probe"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        probe = subprocess.run([*given["argv"], "probe"], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return answer({"ok": False, "said": "no answer within 60 s"})
     said = " ".join((probe.stderr or probe.stdout).strip().splitlines()[-2:])[-300:]
-    answer({"ok": probe.returncode == 0 and probe.stdout.strip() == f"{MARK} ok", "said": said or f"exit {probe.returncode}"})
+    answer({"ok": probe.returncode == 0 and probe.stdout.strip() == f"{MARK} ok",
+            "said": said or f"exit {probe.returncode}"})
 
 
 def fetch(argv_json, receive):
     names = sys.stdin.buffer.read()
     said = tempfile.TemporaryFile()
-    sender = subprocess.Popen([*json.loads(argv_json), "send"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=said)
-    receiver = subprocess.Popen(["/bin/sh", "-c", receive], stdin=subprocess.PIPE, stdout=said, stderr=said)
+    sender = subprocess.Popen([*json.loads(argv_json), "send"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=said)
+    receiver = subprocess.Popen(["/bin/sh", "-c", receive], stdin=subprocess.PIPE,
+                                stdout=said, stderr=said)
     sender.stdin.write(names)
     sender.stdin.close()
     source, sink = sender.stdout.fileno(), receiver.stdin.fileno()
@@ -217,8 +231,9 @@ def fetch(argv_json, receive):
                     view = view[os.write(sink, view):]
                 moved = len(block)
         except (BrokenPipeError, ConnectionResetError):
-            # The receiving end stopped taking bytes. Having read the archive's end it exits 0 before the sender's last
-            # padding: the rest is read here to its end. Having failed, it says why, and the sender is stopped.
+            # The receiving end stopped taking bytes. Having read the archive's end it exits 0
+            # before the sender's last padding: the rest is read here to its end. Having failed, it
+            # says why, and the sender is stopped.
             gone = receiver.wait() != 0
             if gone:
                 sender.kill()
@@ -234,7 +249,8 @@ def fetch(argv_json, receive):
             try:
                 sys.stdout.write(f"{total}\n")
                 sys.stdout.flush()
-            except (BrokenPipeError, OSError):  # the control machine has gone (the deploy was stopped): stop too
+            # the control machine has gone (the deploy was stopped): stop too
+            except (BrokenPipeError, OSError):
                 sender.kill()
                 receiver.kill()
                 sys.exit(1)
@@ -254,7 +270,7 @@ def fetch(argv_json, receive):
         sys.exit(1)
 
 
-# The source host -----------------------------------------------------------------------------------------------------
+# The source host ----------------------------------------------------------------------------------
 
 
 def keys_file_ok(path):
@@ -262,11 +278,13 @@ def keys_file_ok(path):
     try:
         shown = subprocess.run(["sshd", "-T"], capture_output=True, text=True, timeout=30,
                                env={**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-        files = [line.split()[1:] for line in shown.stdout.splitlines() if line.lower().startswith("authorizedkeysfile ")]
+        files = [line.split()[1:] for line in shown.stdout.splitlines()
+                 if line.lower().startswith("authorizedkeysfile ")]
     except (OSError, subprocess.SubprocessError):
         files = []
     home = os.path.dirname(os.path.dirname(path))
-    if files and not any(os.path.join(home, f.replace("%h/", "").replace("~/", "")) == path for f in files[0]):
+    if files and not any(os.path.join(home, f.replace("%h/", "").replace("~/", "")) == path
+                         for f in files[0]):
         return f"sshd reads keys from {' '.join(files[0])}, not {path}"
     for each in (os.path.dirname(path), path):
         try:
@@ -301,18 +319,22 @@ def grant():
         owner = dict(given["owner"])
         owner["expires"] = int(time.time()) + int(owner.pop("ttl_s"))
         write_private(os.path.join(directory, "owner.json"), json.dumps(owner).encode())
-        body = json.dumps({"root": os.path.realpath(given["root"]), "names": given["names"]}).encode()
+        body = json.dumps(
+            {"root": os.path.realpath(given["root"]), "names": given["names"]}).encode()
         write_private(os.path.join(directory, "grant.json"), body)
         write_private(os.path.join(directory, "send.py"), given["sender"].encode())
-        expiry = time.strftime("%Y%m%d%H%M%S", time.localtime(owner["expires"]))  # sshd reads it in this host's zone
+        # sshd reads it in this host's zone
+        expiry = time.strftime("%Y%m%d%H%M%S", time.localtime(owner["expires"]))
         command = f"{sys.executable} -I {directory}/send.py {hashlib.sha256(body).hexdigest()}"
-        line = f'restrict,from="{peer}",expiry-time="{expiry}",command="{command}" {pub} {MARK}:{ident}'
+        line = (f'restrict,from="{peer}",expiry-time="{expiry}",command="{command}" {pub} '
+                f'{MARK}:{ident}')
         if not ENTRY.fullmatch(line):
             shutil.rmtree(directory, ignore_errors=True)
             return answer({"refused": "the entry would not be one of ours"})
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         text = read_keys(path)
-        rewrite_keys(path, text + (b"\n" if text and not text.endswith(b"\n") else b"") + line.encode() + b"\n")
+        rewrite_keys(path, text + (b"\n" if text and not text.endswith(b"\n") else b"")
+                           + line.encode() + b"\n")
         answer({"hostkeys": hostkeys, "user": pwd.getpwuid(os.geteuid()).pw_name,
                 "ours": ours(PEER_GRANTS, read_keys(path), but=ident)})
 
@@ -324,7 +346,9 @@ def remove(idents):
         with locked():
             text = read_keys(path)
             lines = text.split(b"\n")
-            kept = [line for line in lines if not ((found := ENTRY.fullmatch(line.decode("utf-8", "replace"))) and found.group(1) in idents)]
+            kept = [line for line in lines
+                    if not ((found := ENTRY.fullmatch(line.decode("utf-8", "replace")))
+                            and found.group(1) in idents)]
             if len(kept) != len(lines):
                 rewrite_keys(path, b"\n".join(kept))
     for parent in (PEER_GRANTS, PEER_KEYS):

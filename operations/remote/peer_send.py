@@ -1,14 +1,17 @@
-# The forced command of a one-time key (operations/peer_keys.py): the only thing the receiving host may run on the
-# source host with it. Installed, root's and 0600, beside its grant (grant.json: the directory it may read and the
-# exact list of names under it) in a directory only root may enter; the authorized_keys entry runs it as
+# The forced command of a one-time key (operations/peer_keys.py): the only thing the receiving host
+# may run on the source host with it. Installed, root's and 0600, beside its grant (grant.json: the
+# directory it may read and the exact list of names under it) in a directory only root may enter;
+# the authorized_keys entry runs it as
 #     PYTHON -I GRANT_DIR/send.py SHA256_OF_GRANT_JSON
-# so the list is fixed by the entry itself: a grant.json that is not byte for byte the one granted is refused.
-# What the receiver asked for is in SSH_ORIGINAL_COMMAND, and only two requests are known:
+# so the list is fixed by the entry itself: a grant.json that is not byte for byte the one granted
+# is refused. What the receiver asked for is in SSH_ORIGINAL_COMMAND, and only two requests are
+# known:
 #   probe   prints one line (the receiver can reach this host with this key) and reads nothing;
-#   send    reads NUL-separated names on stdin, each exactly one of the granted names, no `..`, no absolute name,
-#           no symlink on the way to it, and writes one tar stream of those names (`tar --no-recursion`).
-# Anything else (a shell, `scp -f`, sftp, another name, a name outside the list) is refused, naming it, exit 1.
-# The source is only read. argv: SHA256 of grant.json
+#   send    reads NUL-separated names on stdin, each exactly one of the granted names, no `..`, no
+#           absolute name, no symlink on the way to it, and writes one tar stream of those names
+#           (`tar --no-recursion`).
+# Anything else (a shell, `scp -f`, sftp, another name, a name outside the list) is refused, naming
+# it, exit 1. The source is only read. argv: SHA256 of grant.json
 import hashlib
 import json
 import os
@@ -72,8 +75,9 @@ for raw_name in names:
         refuse(f"{shown(name)!r} is not a file")
     checked.append(b"./" + raw_name)
 
-tar = subprocess.Popen(["tar", "-C", root, "--null", "--verbatim-files-from", "--no-recursion", "-T", "-", "-cf", "-"],
-                       stdin=subprocess.PIPE)
+tar = subprocess.Popen(
+    ["tar", "-C", root, "--null", "--verbatim-files-from", "--no-recursion", "-T", "-", "-cf", "-"],
+    stdin=subprocess.PIPE)
 tar.stdin.write(b"\0".join(checked) + b"\0")
 tar.stdin.close()
 sys.exit(tar.wait())

@@ -1,7 +1,8 @@
-# Preflight, run with the service's own venv Python, as the service user in the service's sandbox (a transient
-# unit, operations/preflight.py), with the unit's GPUs and the few variables the preflight allows: parse the exact
-# flags with the installed sglang's own `prepare_server_args`, then import the launcher and the server entry point.
-# Prints one JSON line (with the user it ran as); exits 0 either way.
+# Preflight, run with the service's own venv Python, as the service user in the service's sandbox (a
+# transient unit, operations/preflight.py), with the unit's GPUs and the few variables the preflight
+# allows: parse the exact flags with the installed sglang's own `prepare_server_args`, then import
+# the launcher and the server entry point. Prints one JSON line (with the user it ran as); exits 0
+# either way.
 # argv: ARGV_JSON LAUNCHER
 import contextlib
 import importlib
@@ -43,11 +44,16 @@ else:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(io.StringIO()):
             prepare_server_args(list(argv))
     except SystemExit as exc:
-        result["parse_error"] = last_error_line(captured.getvalue(), f"the parser exited with {exc.code}")
+        result["parse_error"] = last_error_line(captured.getvalue(),
+                                                f"the parser exited with {exc.code}")
     except Exception as exc:
         result["parse_error"] = f"{type(exc).__name__}: {exc}"
 
-modules = [launcher] + (["sglang.launch_server"] if result["parser"] and result["parser"].startswith("sglang ") and launcher != "sglang.launch_server" else [])
+modules = [launcher] + (
+    ["sglang.launch_server"]
+    if (result["parser"] and result["parser"].startswith("sglang ")
+        and launcher != "sglang.launch_server")
+    else [])
 for module in modules:
     if result["import_error"]:
         break

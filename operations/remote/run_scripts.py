@@ -1,12 +1,12 @@
 """Run several of our read-only remote scripts from one python start (stdlib only).
 
-The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD, IMPORTS, EARLY)`
-appended: a zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs as
-it would alone (`python3 - ARGS`: a fresh globals dict named __main__, its own sys.argv, its
-stdout captured) in a child forked from this process, so the scripts share one interpreter
-start-up and their imports (made here, before the forks), and run side by side on the host's
-CPUs (reading two venvs' files takes two CPUs as long as one). Outputs are printed in job order, each after a marker line
-that names its id and exit status.
+The host reads batch (operations/host_reads.py) sends this file with `run_all(PAYLOAD, IMPORTS,
+EARLY)` appended: a zlib-compressed, base64 JSON list of [id, script body, argv]. Each script runs
+as it would alone (`python3 - ARGS`: a fresh globals dict named __main__, its own sys.argv, its
+stdout captured) in a child forked from this process, so the scripts share one interpreter start-up
+and their imports (made here, before the forks), and run side by side on the host's CPUs (reading
+two venvs' files takes two CPUs as long as one). Outputs are printed in job order, each after a
+marker line that names its id and exit status.
 """
 
 import base64
@@ -19,7 +19,8 @@ import sys
 import zlib
 
 MARK = "@@sglang-deploy-read"
-SHARED_MARK = "#@@sglang-deploy-shared@@"  # operations/remote/__init__.py: SHARED_MARK (tests/unit/test_host_reads.py keeps them equal)
+# operations/remote/__init__.py: SHARED_MARK (tests/unit/test_host_reads.py keeps them equal)
+SHARED_MARK = "#@@sglang-deploy-shared@@"
 
 
 def _child(code, argv, out_fd):
@@ -38,7 +39,8 @@ def _child(code, argv, out_fd):
             status = 1
     except BaseException:
         # This read is answered by its own call later, which reports the error as pyinfra does.
-        import traceback  # only here: its imports (linecache, tokenize, textwrap) are paid by a failing read alone
+        # only here: its imports (linecache, tokenize, textwrap) are paid by a failing read alone
+        import traceback
 
         traceback.print_exc(file=sys.stderr)
         status = 1
@@ -52,11 +54,13 @@ def _child(code, argv, out_fd):
 
 
 def _output_file(index):
-    """A file for job `index`'s output, as a descriptor that the forked child writes and this process reads back.
+    """A file for job `index`'s output, as a descriptor that the forked child writes and this
+    process reads back.
 
-    An anonymous memory file where the kernel has them (Linux 3.17): nothing is made on the host's disks and
-    nothing is left behind. Else an unnamed temporary file (tempfile, and the shutil, bz2, lzma and random it
-    imports, are loaded only then: a fifth of the imports that every host's read paid before any script ran)."""
+    An anonymous memory file where the kernel has them (Linux 3.17): nothing is made on the host's
+    disks and nothing is left behind. Else an unnamed temporary file (tempfile, and the shutil, bz2,
+    lzma and random it imports, are loaded only then: a fifth of the imports that every host's read
+    paid before any script ran)."""
     try:
         return os.memfd_create(f"sglang-deploy-read-{index}", getattr(os, "MFD_CLOEXEC", 0))
     except (AttributeError, OSError):
@@ -89,16 +93,21 @@ def _import(modules):
 
 
 def run_all(payload, imports=(), early=()):
-    """Run the jobs of `payload`, after importing `imports` (the modules the scripts import at their top level).
+    """Run the jobs of `payload`, after importing `imports` (the modules the scripts import at their
+    top level).
 
-    `early` is what the first jobs (the longest reads: a venv's file check) import: only those are made before
-    the first forks, and the rest while those first jobs run, so the longest start as soon as they can.
+    `early` is what the first jobs (the longest reads: a venv's file check) import: only those are
+    made before the first forks, and the rest while those first jobs run, so the longest start as
+    soon as they can.
     """
     jobs = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
-    if isinstance(jobs, dict):  # {"shared": _common.py's text, "jobs": [...]}: each body holds a mark where it was
+    # {"shared": _common.py's text, "jobs": [...]}: each body holds a mark where it was
+    if isinstance(jobs, dict):
         shared = jobs["shared"]
-        jobs = [[job_id, body.replace(SHARED_MARK, shared, 1), argv] for job_id, body, argv in jobs["jobs"]]
-    # Imported here, before the forks: every child finds them loaded, instead of each paying for its own.
+        jobs = [[job_id, body.replace(SHARED_MARK, shared, 1), argv]
+                for job_id, body, argv in jobs["jobs"]]
+    # Imported here, before the forks: every child finds them loaded, instead of each paying for its
+    # own.
     _import(early or imports)
     rest_imported = not early
     compiled = {}

@@ -16,9 +16,10 @@
 # an input that differs from the record counts only if it changed after that start. Without a
 # record (a deploy older than this one), inputs modified after the process started count as changed.
 #
-# The records hold the sha256 of the key file: their directory and its parent are root's alone (0700, an
-# existing one tightened when a record is written), each record 0600. A record that is not root's alone
-# (another owner, a symlink, a parent others can write) is not read: as if there were none.
+# The records hold the sha256 of the key file: their directory and its parent are root's alone
+# (0700, an existing one tightened when a record is written), each record 0600. A record that is not
+# root's alone (another owner, a symlink, a parent others can write) is not read: as if there were
+# none.
 #
 # argv: UNIT ADDRESS PORT [PATH...]          read (prints JSON)
 #       --record UNIT [PATH...]              write the record for the running process
@@ -29,29 +30,40 @@ import stat
 import sys
 import time
 
-from _common import STAMP, file_digest, peer_untrusted, private_dir, systemctl_show, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    STAMP,
+    file_digest,
+    peer_untrusted,
+    private_dir,
+    systemctl_show,
+    why_untrusted,
+)
 
 RECORD_DIR = "/var/lib/sglang-deploy/started"
 MARKER = ".sglang-deploy-staged.json"  # operations/models.py: MARKER
 
 
 class NotTheService(Exception):
-    """The port answered from a socket no process of the unit holds (docs/threat-model.md: peer identity)."""
+    """The port answered from a socket no process of the unit holds (docs/threat-model.md: peer
+    identity)."""
 
 
 def http_status(address, port, path, unit, control_group, timeout=5):
-    """The status code of `GET path` (redirects not followed: /health answers for itself), asked only of the
-    unit's own process: NotTheService (why) when another one holds the connection's server end.
+    """The status code of `GET path` (redirects not followed: /health answers for itself), asked
+    only of the unit's own process: NotTheService (why) when another one holds the connection's
+    server end.
 
-    A socket and one request, not urllib: http.client's imports (the email package) cost about 45 ms
-    of CPU, a tenth of a one-service host's whole read, on every converged run. Raises OSError when nothing
-    answers or the connection drops before a status line, ValueError when what answers is not HTTP.
+    A socket and one request, not urllib: http.client's imports (the email package) cost a good
+    share of a one-service host's whole read in CPU, on every converged run (bench/HISTORY.md).
+    Raises OSError when nothing answers or the connection drops before a status line, ValueError
+    when what answers is not HTTP.
     """
     with socket.create_connection((address, port), timeout=timeout) as conn:
         stranger = peer_untrusted(conn, unit, control_group)
         if stranger:
             raise NotTheService(stranger)
-        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}:{port}\r\nConnection: close\r\n\r\n".encode())
+        conn.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {address}:{port}\r\nConnection: close\r\n\r\n".encode())
         head = b""
         while b"\n" not in head and len(head) < 8192:
             chunk = conn.recv(4096)
@@ -62,19 +74,21 @@ def http_status(address, port, path, unit, control_group, timeout=5):
         raise ConnectionResetError("the connection closed before any answer")
     first = head.split(b"\n", 1)[0]
     parts = first.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or len(parts[1]) != 3 or not parts[1].isdigit():
+    if (len(parts) < 2 or not parts[0].startswith(b"HTTP/") or len(parts[1]) != 3
+            or not parts[1].isdigit()):
         raise ValueError(f"its first line is {first[:40]!r}")
     return int(parts[1])
 
 
 def show(unit):
-    props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic",
-             "UnitFileState", "NeedDaemonReload", "ControlGroup")
+    props = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts",
+             "ActiveEnterTimestampMonotonic", "UnitFileState", "NeedDaemonReload", "ControlGroup")
     return systemctl_show([unit], props).get(unit, {})
 
 
 def identity(path):
-    """What the process loads from `path`, as a string that changes only when that does (None: absent)."""
+    """What the process loads from `path`, as a string that changes only when that does (None:
+    absent)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -87,7 +101,8 @@ def identity(path):
             stamp = None
         return f"link {target} installed {stamp}"
     if not stat.S_ISREG(st.st_mode):
-        # Never opened: a FIFO planted where a marker should be (a squatted shm dir) would hold the read forever.
+        # Never opened: a FIFO planted where a marker should be (a squatted shm dir) would hold the
+        # read forever.
         return f"not a file {stat.S_IFMT(st.st_mode):o} {st.st_ino}"
     try:
         digest = file_digest(path)
@@ -99,7 +114,8 @@ def identity(path):
 
 
 def changed_at(path):
-    """When `path` last changed, for a process started outside the deploy (seconds; 0 when absent)."""
+    """When `path` last changed, for a process started outside the deploy (seconds; 0 when
+    absent)."""
     try:
         when = os.lstat(path).st_mtime
     except OSError:
@@ -123,12 +139,14 @@ if sys.argv[1] == "--record":
         private_dir(os.path.dirname(RECORD_DIR))
         private_dir(RECORD_DIR)
     except PermissionError as exc:
-        sys.exit(f"{exc}: no record of what the service started with is written there (it holds the key file's sha256)")
+        sys.exit(f"{exc}: no record of what the service started with is written there (it holds "
+                 "the key file's sha256)")
     body = {"pid": pid, "inputs": {path: identity(path) for path in paths}}
     tmp = record_path(unit) + ".tmp"
     if os.path.lexists(tmp):
         os.unlink(tmp)  # left by a run that died: made again, 0600
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as handle:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+                   "w") as handle:
         json.dump(body, handle, sort_keys=True)
     os.rename(tmp, record_path(unit))
     print(json.dumps(body))
@@ -147,7 +165,8 @@ except OSError:
 except ValueError as exc:
     # Something that is not an HTTP server holds the port (sshd on 22 answers with its banner).
     health_error = f"the port answers, but not with HTTP ({exc})"
-health_ms = round((time.monotonic() - asked) * 1000, 1)  # how long /health took to answer (the status view shows it)
+# how long /health took to answer (the status view shows it)
+health_ms = round((time.monotonic() - asked) * 1000, 1)
 uptime = None
 try:
     with open("/proc/uptime") as handle:
@@ -175,22 +194,23 @@ if entered and props.get("ActiveState") == "active":
         if record is not None:
             if path in record["inputs"] and identity(path) == record["inputs"][path]:
                 continue
-            # Content differs from the record. The process the deploy started (same PID) did not load
-            # it; one started since (a reboot: the boot unit re-stages, then the service starts) did,
-            # if the change came before its start.
+            # Content differs from the record. The process the deploy started (same PID) did not
+            # load it; one started since (a reboot: the boot unit re-stages, then the service
+            # starts) did, if the change came before its start.
             if record.get("pid") != pid and changed_at(path) <= started + 1:
                 continue
             newer.append(path)
         elif changed_at(path) > started + 1:
             newer.append(path)
 print(json.dumps({
-    "load": props.get("LoadState"), "active": props.get("ActiveState"), "sub": props.get("SubState"),
-    "pid": pid, "restarts": int(props.get("NRestarts") or 0),
+    "load": props.get("LoadState"), "active": props.get("ActiveState"),
+    "sub": props.get("SubState"), "pid": pid, "restarts": int(props.get("NRestarts") or 0),
     # Whether the unit starts at boot, and whether its file changed since systemd loaded it
     # (a run that died between writing the unit and `daemon-reload`): operations/lifecycle.py.
     "enabled": props.get("UnitFileState"), "need_reload": props.get("NeedDaemonReload") == "yes",
-    "health": health, "health_error": health_error, "health_ms": health_ms, "uptime_s": uptime, "newer": newer,
-    "recorded": record is not None,
-    # Set when another process than the unit's holds the port (its uid, pid, cgroup): no answer of it counts.
+    "health": health, "health_error": health_error, "health_ms": health_ms,
+    "uptime_s": uptime, "newer": newer, "recorded": record is not None,
+    # Set when another process than the unit's holds the port (its uid, pid, cgroup): no answer of
+    # it counts.
     "stranger": stranger,
 }))

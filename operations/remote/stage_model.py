@@ -2,39 +2,43 @@
 # Stage a model directory from the model store into the shm dir: verified, atomic, incremental.
 #
 #   stage_model.py SRC DEST MARKER [--verify fast|full] [--also SRC2 DEST2]... [--progress SECONDS]
-#   stage_model.py --list /etc/sglang-deploy/models.json      (the boot unit: every model in the list)
+#   stage_model.py --list /etc/sglang-deploy/models.json (the boot unit: every model in the list)
 #
 # Run by the deploy (`python3 - ARGS`, stdlib only) and, installed on the host, by the boot unit:
 # the same code, manifest and verification in both places.
 #
 # Manifest: per file of SRC its size, mtime, sha256 (identity) and crc32 (copy check), cached in
-# SRC/.sglang-deploy-manifest.json (or under /var/cache/sglang-deploy/manifests/ if SRC is read-only)
-# and reused for every file whose size and mtime are unchanged. The cache file is the only thing
-# ever written into SRC.
+# SRC/.sglang-deploy-manifest.json (or under /var/cache/sglang-deploy/manifests/ if SRC is
+# read-only) and reused for every file whose size and mtime are unchanged. The cache file is the
+# only thing ever written into SRC.
 #
 # Atomic: the new copy is built in DEST's sibling `.NAME.partial`. Files that are already right in
 # DEST are hard-linked (same inode, no copy); the others are copied to `<file>.sglang-part`, checked
 # against the manifest and renamed; each finished file is journaled, so an interrupted run resumes
 # where it stopped. The marker (the staged manifest, our ownership mark) is written last, then the
-# directory replaces DEST by rename. DEST is always either the previous copy or the complete new one.
+# directory replaces DEST by rename. DEST is always either the previous copy or the complete new
+# one.
 #
-# Trust (README "Models in RAM"): the shm dir is world-writable. A DEST, `.NAME.partial` or `.NAME.old` that
-# is not root's throughout (a symlink, another owner, writable by others: made by another local user or by
-# the engine) is never served, resumed or deleted: it is renamed aside (`.NAME.untrusted-TIME`) and the model
-# staged afresh. The source and the directories above it must be root's too (root reads them, and writes
-# the manifest beside them); a symlink in the source is refused (root would copy what it points at into a
-# directory others can read). Staged files keep the source's read bits, never a write bit but root's.
-# What root makes here it makes exclusively and checks on the handle (_common.make_dirs, make_dir, new_file):
-# the shm dir itself when missing (a name another user took first in a world-writable directory is moved aside
-# the same way), `.NAME.partial`, every directory and file in it. Trees are read without following a link and
-# only so deep and so large (_common.walk_files): past that, a judgement, never a crash. The staging lock lies
-# in a directory of root's alone (RUN_DIR), never in a world-writable one where anyone could take its name.
+# Trust (README "Models in RAM"): the shm dir is world-writable. A DEST, `.NAME.partial` or
+# `.NAME.old` that is not root's throughout (a symlink, another owner, writable by others: made by
+# another local user or by the engine) is never served, resumed or deleted: it is renamed aside
+# (`.NAME.untrusted-TIME`) and the model staged afresh. The source and the directories above it must
+# be root's too (root reads them, and writes the manifest beside them); a symlink in the source is
+# refused (root would copy what it points at into a directory others can read). Staged files keep
+# the source's read bits, never a write bit but root's. What root makes here it makes exclusively
+# and checks on the handle (_common.make_dirs, make_dir, new_file): the shm dir itself when missing
+# (a name another user took first in a world-writable directory is moved aside the same way),
+# `.NAME.partial`, every directory and file in it. Trees are read without following a link and only
+# so deep and so large (_common.walk_files): past that, a judgement, never a crash. The staging lock
+# lies in a directory of root's alone (RUN_DIR), never in a world-writable one where anyone could
+# take its name.
 #
 # Test hook (tests/lab/test_faults.py): a file /run/sglang-deploy-test/hold-staging whose first line
 # names the model (DEST's basename) holds that model's staging once its `.NAME.partial` exists and
-# before the first byte is copied: the script writes .../reached-staging ("NAME PID") and waits until
-# the hold file is removed, at most HOLD_LIMIT_S. Nothing in the deploy creates that directory; /run is
-# a root-only tmpfs, emptied at boot; a hold that is never released only delays, and says so on stderr.
+# before the first byte is copied: the script writes .../reached-staging ("NAME PID") and waits
+# until the hold file is removed, at most HOLD_LIMIT_S. Nothing in the deploy creates that
+# directory; /run is a root-only tmpfs, emptied at boot; a hold that is never released only delays,
+# and says so on stderr.
 import argparse
 import errno
 import fcntl
@@ -68,11 +72,13 @@ from _common import (  # noqa: E402 - remote.script puts _common.py here
     why_untrusted,
 )
 
-# One staging at a time per host (the deploy's and the boot unit's): a lock file in a directory of the deploy's
-# own that root alone may enter (0700, made by private_dir). Never in /run/lock or the shm dir: a name there
-# anyone can make first, and hold, and staging, the boot unit and the deploy would wait on it. /run empties at
-# boot. (Run unprivileged, as some unit tests are, a directory of that user's.)
-RUN_DIR = "/run/sglang-deploy" if os.geteuid() == 0 else os.path.join(os.path.expanduser("~"), ".cache", "sglang-deploy", "run")
+# One staging at a time per host (the deploy's and the boot unit's): a lock file in a directory of
+# the deploy's own that root alone may enter (0700, made by private_dir). Never in /run/lock or the
+# shm dir: a name there anyone can make first, and hold, and staging, the boot unit and the deploy
+# would wait on it. /run empties at boot. (Run unprivileged, as some unit tests are, a directory of
+# that user's.)
+RUN_DIR = ("/run/sglang-deploy" if os.geteuid() == 0
+           else os.path.join(os.path.expanduser("~"), ".cache", "sglang-deploy", "run"))
 LOCK_PATH = os.path.join(RUN_DIR, "stage.lock")
 BLOCK = 1 << 22
 WORKERS = max(1, min(8, os.cpu_count() or 1))
@@ -103,12 +109,14 @@ def walk(root, skip=()):
         raise StageError(f"{exc}: a model is a few levels of files") from None
     for rel, st in out.items():
         if not stat.S_ISREG(st.st_mode):
-            raise StageError(f"{os.path.join(root, rel)}: only regular files can be staged (found a link or special file)")
+            raise StageError(f"{os.path.join(root, rel)}: only regular files can be staged (found "
+                             "a link or special file)")
     return out
 
 
 def load_manifest(src):
-    """The cached manifest's file entries (the first readable and trusted of the two places), or {}."""
+    """The cached manifest's file entries (the first readable and trusted of the two places), or
+    {}."""
     for path in manifest_paths(src):
         if why_untrusted(path):
             continue  # another user's file would tell root which hashes to skip
@@ -153,7 +161,8 @@ def save_manifest(src, entries):
 
 
 def fresh(entry, st):
-    return bool(entry) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns and "sha256" in entry and "crc32" in entry
+    return (bool(entry) and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns and "sha256" in entry and "crc32" in entry)
 
 
 def hash_file(path, want_sha=True, want_crc=True):
@@ -197,11 +206,13 @@ def read_journal(path):
 
 
 def ours(path, marker_name):
-    return os.path.isfile(os.path.join(path, marker_name)) or os.path.isfile(os.path.join(path, JOURNAL_NAME))
+    return (os.path.isfile(os.path.join(path, marker_name))
+            or os.path.isfile(os.path.join(path, JOURNAL_NAME)))
 
 
 def tree_distrusted(path):
-    """Why a directory (`.NAME.partial`, `.NAME.old`, a source) and everything in it may not be trusted, or None."""
+    """Why a directory (`.NAME.partial`, `.NAME.old`, a source) and everything in it may not be
+    trusted, or None."""
     why = why_untrusted(path)  # judged before anything in it is read
     if why or not os.path.isdir(path):
         return why
@@ -216,10 +227,10 @@ def tree_distrusted(path):
 def staged_distrusted(dest, marker_name):
     """(why DEST may not be used at all, or None; its files to copy again instead of linking).
 
-    DEST, its subdirectories and its marker must be root's (a copied marker in another user's directory
-    proves nothing). A regular file in it that is not (another owner, a write bit for others: only root can
-    have done that, e.g. an older deploy that kept a 0666 source's mode) is copied again; without our
-    marker any such file makes the directory untrusted.
+    DEST, its subdirectories and its marker must be root's (a copied marker in another user's
+    directory proves nothing). A regular file in it that is not (another owner, a write bit for
+    others: only root can have done that, e.g. an older deploy that kept a 0666 source's mode) is
+    copied again; without our marker any such file makes the directory untrusted.
     """
     why = why_untrusted(dest)
     if why:
@@ -241,17 +252,21 @@ def staged_distrusted(dest, marker_name):
 
 
 def set_aside(path, why):
-    """Rename an untrusted entry of the shm dir out of the way: never deleted, it may be someone's data."""
+    """Rename an untrusted entry of the shm dir out of the way: never deleted, it may be someone's
+    data."""
     parent, name = os.path.split(path.rstrip("/"))
-    aside = os.path.join(parent, f".{name.lstrip('.')}.untrusted-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    aside = os.path.join(
+        parent, f".{name.lstrip('.')}.untrusted-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
     os.rename(path, aside)
-    print(f"{why}: not trusted, so never served, resumed or deleted; moved aside to {aside} (remove it once you know whose it is)")
+    print(f"{why}: not trusted, so never served, resumed or deleted; moved aside to {aside} "
+          "(remove it once you know whose it is)")
     return aside
 
 
 def rename_noreplace(src, dst):
-    """rename(2) that fails (FileExistsError) where anything is at `dst`: a name in the shm dir is never taken over
-    from whoever made it since it was judged (a plain rename would replace an empty directory, and fail on others)."""
+    """rename(2) that fails (FileExistsError) where anything is at `dst`: a name in the shm dir is
+    never taken over from whoever made it since it was judged (a plain rename would replace an empty
+    directory, and fail on others)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -273,19 +288,23 @@ def rename_noreplace(src, dst):
 
 
 def place(src, dst):
-    """Rename `src` to the name `dst` in the shm dir; whatever someone made there meanwhile is moved aside first."""
+    """Rename `src` to the name `dst` in the shm dir; whatever someone made there meanwhile is moved
+    aside first."""
     for _attempt in range(3):
         try:
             return rename_noreplace(src, dst)
         except OSError as exc:
             if exc.errno != errno.EEXIST:
                 raise
-        set_aside(dst, why_untrusted(dst) or f"{dst}: appeared while staging (not made by this run)")
-    raise StageError(f"{dst} keeps appearing while staging (not made by this run): find whose it is, then run again")
+        set_aside(dst,
+                  why_untrusted(dst) or f"{dst}: appeared while staging (not made by this run)")
+    raise StageError(f"{dst} keeps appearing while staging (not made by this run): find whose it "
+                     "is, then run again")
 
 
 def test_hold(name):
-    """The test hook described at the top: hold this model's staging while the test's hold file names it."""
+    """The test hook described at the top: hold this model's staging while the test's hold file
+    names it."""
     hold = os.path.join(TEST_HOOK_DIR, "hold-staging")
     try:
         with open(hold) as handle:
@@ -329,7 +348,8 @@ class Progress:
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         pct = 100 * self.done / self.total if self.total else 100
         eta_text = f"{eta:.0f} s" if eta != float("inf") else "?"
-        return f"staging {self.name}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), {human(rate)}/s, ETA {eta_text}"
+        return (f"staging {self.name}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), "
+                f"{human(rate)}/s, ETA {eta_text}")
 
     def run(self):
         while not self.stop.wait(self.interval):
@@ -345,7 +365,8 @@ class Progress:
 
 
 def copy_file(src_path, target, st, entry, want_sha, progress):
-    """Copy src_path to target's temp name, checking it against the manifest entry; then rename to target."""
+    """Copy src_path to target's temp name, checking it against the manifest entry; then rename to
+    target."""
     make_dirs(os.path.dirname(target), 0o755)
     tmp = target + PART_SUFFIX
     sha = hashlib.sha256() if want_sha else None
@@ -372,31 +393,37 @@ def copy_file(src_path, target, st, entry, want_sha, progress):
             progress.add(n)
     if written != st.st_size:
         os.unlink(tmp)
-        raise StageError(f"{src_path} changed while it was copied ({st.st_size} bytes listed, {written} read): run again")
+        raise StageError(f"{src_path} changed while it was copied ({st.st_size} bytes listed, "
+                         f"{written} read): run again")
     if entry is not None and entry["crc32"] != crc:
         os.unlink(tmp)
         raise StageError(
-            f"{src_path} does not match its manifest (crc32 {crc:08x}, manifest {entry['crc32']:08x}) although its size and "
-            f"mtime are unchanged: the source is damaged or was edited in place; check it, then delete its manifest "
+            f"{src_path} does not match its manifest (crc32 {crc:08x}, manifest "
+            f"{entry['crc32']:08x}) although its size and mtime are unchanged: the source is "
+            "damaged or was edited in place; check it, then delete its manifest "
             f"({' or '.join(manifest_paths(os.path.dirname(src_path)))}) to hash it again"
         )
     os.chmod(tmp, served_mode(st.st_mode))
     os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.rename(tmp, target)
     if entry is None:
-        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha.hexdigest(), "crc32": crc}
+        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "sha256": sha.hexdigest(), "crc32": crc}
     elif sha is not None and sha.hexdigest() != entry["sha256"]:
-        raise StageError(f"{src_path} does not match its manifest (sha256): the source is damaged or was edited in place")
+        raise StageError(f"{src_path} does not match its manifest (sha256): the source is damaged "
+                         "or was edited in place")
     return entry
 
 
 def served_mode(mode):
-    """A staged file's mode: the source's read (and execute) bits; writable by root alone, no set-id bits."""
+    """A staged file's mode: the source's read (and execute) bits; writable by root alone, no set-id
+    bits."""
     return stat.S_IMODE(mode) & 0o755
 
 
 def swapped(a, b):
-    """Swap two paths atomically, so that b is never missing; False where the kernel or libc cannot."""
+    """Swap two paths atomically, so that b is never missing; False where the kernel or libc
+    cannot."""
     try:
         exchange(a, b)
         return True
@@ -413,10 +440,13 @@ def pending_bytes(src, dest, marker_name):
         return 0
     listing = walk(src)
     # An untrusted copy is staged afresh: all of it counts.
-    marker = read_json(os.path.join(dest, marker_name)) if os.path.isdir(dest) and not why_untrusted(dest) else None
+    marker = (read_json(os.path.join(dest, marker_name))
+              if os.path.isdir(dest) and not why_untrusted(dest) else None)
     staged = (marker or {}).get("files") or {}
-    partial = os.path.join(os.path.dirname(dest.rstrip("/")), f".{os.path.basename(dest.rstrip('/'))}.partial")
-    journal = (read_journal(os.path.join(partial, JOURNAL_NAME)) if not why_untrusted(partial) else None) or {}
+    partial = os.path.join(os.path.dirname(dest.rstrip("/")),
+                           f".{os.path.basename(dest.rstrip('/'))}.partial")
+    journal = (read_journal(os.path.join(partial, JOURNAL_NAME)) if not why_untrusted(partial)
+               else None) or {}
     need = 0
     for rel, st in listing.items():
         present = (rel in staged and _size(os.path.join(dest, rel)) == st.st_size) or (
@@ -453,7 +483,8 @@ def hash_many(paths, want_crc=True):
 
 
 def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
-    # What root writes here the service reads: never writable by others, whatever umask the shell gave.
+    # What root writes here the service reads: never writable by others, whatever umask the shell
+    # gave.
     umask = os.umask(0o022)
     try:
         return stage_model(src, dest, marker_name, verify, others, interval)
@@ -469,21 +500,24 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     old = os.path.join(parent, f".{name}.old")
     started = time.monotonic()
     if not os.path.isdir(src):
-        raise StageError(f"model source {src} does not exist on this host: put the model there, or fix `model`/`model_store` in the data")
+        raise StageError(f"model source {src} does not exist on this host: put the model there, or "
+                         "fix `model`/`model_store` in the data")
     listing = walk(src, skip={marker_name})
     why = tree_distrusted(src)
     if not why:
         try:
-            # The shm dir, made here when missing: exclusively and checked (a name another user made first in a
-            # world-writable directory is moved aside), never judged by its path before a later makedirs.
+            # The shm dir, made here when missing: exclusively and checked (a name another user made
+            # first in a world-writable directory is moved aside), never judged by its path before a
+            # later makedirs.
             make_dirs(parent, 0o755, set_aside=set_aside)
         except UntrustedPath as exc:
             why = str(exc)
     why = why or parents_untrusted(dest)
     if why:
         raise StageError(
-            f"{why}: root copies the model from {src} into {parent}, which the service reads; it must be root's and "
-            f"writable by root alone, and so must the directories above both (chown root: / chmod go-w), then run again"
+            f"{why}: root copies the model from {src} into {parent}, which the service reads; it "
+            "must be root's and writable by root alone, and so must the directories above both "
+            "(chown root: / chmod go-w), then run again"
         )
     cache = load_manifest(src)
     known = {rel: cache[rel] for rel, st in listing.items() if fresh(cache.get(rel), st)}
@@ -497,12 +531,15 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     if os.path.isdir(partial):
         if not os.path.isfile(os.path.join(partial, JOURNAL_NAME)):
             if ours(partial, marker_name) or not os.listdir(partial):
-                shutil.rmtree(partial)  # a previous copy parked by an interrupted swap, or an empty start
+                # a previous copy parked by an interrupted swap, or an empty start
+                shutil.rmtree(partial)
             else:
-                raise StageError(f"{partial} exists and was not made by sglang-deploy: move it away, then run again")
+                raise StageError(f"{partial} exists and was not made by sglang-deploy: move it "
+                                 "away, then run again")
 
     staged = None  # marker of DEST: {rel: [size, sha256, crc32]}
-    copy_again = set()  # files of DEST that are root's data but not fit to serve as they are (a write bit for others)
+    # files of DEST that are root's data but not fit to serve as they are (a write bit for others)
+    copy_again = set()
     if os.path.lexists(dest):
         why, copy_again = staged_distrusted(dest, marker_name)
         if why:
@@ -525,20 +562,24 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     hashed = hash_many([os.path.join(src, rel) for rel in unknown])
     for rel in unknown:
         sha, crc = hashed[os.path.join(src, rel)]
-        known[rel] = {"size": listing[rel].st_size, "mtime_ns": listing[rel].st_mtime_ns, "sha256": sha, "crc32": crc}
+        known[rel] = {"size": listing[rel].st_size, "mtime_ns": listing[rel].st_mtime_ns,
+                      "sha256": sha, "crc32": crc}
     dest_sha = {}
     if verify == "full" and staged:
-        candidates = [r for r in listing if r in staged and r in known and staged[r][1] == known[r]["sha256"]]
+        candidates = [r for r in listing
+                      if r in staged and r in known and staged[r][1] == known[r]["sha256"]]
         hashed = hash_many([os.path.join(dest, r) for r in candidates], want_crc=False)
         dest_sha = {os.path.relpath(p, dest): v[0] for p, v in hashed.items()}
 
     keep, link, copy = [], [], []
     for rel, st in listing.items():
         entry = known.get(rel)
-        if entry and rel in journal and tuple(journal[rel][:2]) == (st.st_size, entry["sha256"]) and _size(os.path.join(partial, rel)) == st.st_size:
+        if (entry and rel in journal and tuple(journal[rel][:2]) == (st.st_size, entry["sha256"])
+                and _size(os.path.join(partial, rel)) == st.st_size):
             keep.append(rel)
         elif (
-            entry and staged and rel in staged and rel not in copy_again and list(staged[rel][:2]) == [st.st_size, entry["sha256"]]
+            entry and staged and rel in staged and rel not in copy_again
+            and list(staged[rel][:2]) == [st.st_size, entry["sha256"]]
             and _size(os.path.join(dest, rel)) == st.st_size
             and (verify != "full" or dest_sha.get(rel) == entry["sha256"])
         ):
@@ -547,16 +588,20 @@ def stage_model(src, dest, marker_name, verify, others, interval):
             copy.append(rel)
 
     dest_files = walk(dest, skip={marker_name}) if staged is not None else {}
-    if staged is not None and not copy and not keep and set(dest_files) == set(listing) and set(staged) == set(listing):
+    if (staged is not None and not copy and not keep and set(dest_files) == set(listing)
+            and set(staged) == set(listing)):
         save_manifest(src, {rel: known[rel] for rel in listing})
         if os.path.isdir(partial):
             shutil.rmtree(partial)
-        print(f"{name}: already staged, {len(listing)} files verified against the manifest ({verify})")
+        print(f"{name}: already staged, {len(listing)} files verified against the manifest "
+              f"({verify})")
         return {"copied": 0, "bytes": 0}
 
-    # Free space: everything this host must still stage, this model and the others, before copying anything.
+    # Free space: everything this host must still stage, this model and the others, before copying
+    # anything.
     need_here = sum(listing[rel].st_size for rel in copy)
-    need_others = {os.path.basename(d.rstrip("/")): pending_bytes(s, d, marker_name) for s, d in others}
+    need_others = {os.path.basename(d.rstrip("/")): pending_bytes(s, d, marker_name)
+                   for s, d in others}
     need = need_here + sum(need_others.values())
     st = os.statvfs(parent)
     free = st.f_bavail * st.f_frsize
@@ -565,22 +610,28 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     if memory is not None and need > memory:
         short.append(f"the host has {human(memory)} of memory available")
     if short:
-        parts = [f"{name} {human(need_here)}"] + [f"{n} {human(b)}" for n, b in need_others.items() if b]
+        parts = ([f"{name} {human(need_here)}"]
+                 + [f"{n} {human(b)}" for n, b in need_others.items() if b])
         raise StageError(
-            f"not enough space to stage: {' and '.join(short)}, this host must stage {human(need)} more "
-            f"({', '.join(parts)}): free space there, give {parent} more room, or load a model from the store (`model_in: store`)"
+            f"not enough space to stage: {' and '.join(short)}, this host must stage {human(need)} "
+            f"more ({', '.join(parts)}): free space there, give {parent} more room, or load a "
+            "model from the store (`model_in: store`)"
         )
 
     if not os.path.isdir(partial):
         try:
-            make_dir(partial, 0o755)  # not exist_ok: one made by someone else since the check above is not ours
+            # not exist_ok: one made by someone else since the check above is not ours
+            make_dir(partial, 0o755)
         except FileExistsError:
-            raise StageError(f"{partial} appeared while staging (not made by this run): run again") from None
+            raise StageError(
+                f"{partial} appeared while staging (not made by this run): run again") from None
     journal_path = os.path.join(partial, JOURNAL_NAME)
     # Appended to (a resumed copy's journal is root's: judged above); never through a link.
-    journal_file = os.fdopen(os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a")
+    journal_file = os.fdopen(
+        os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a")
     try:
-        leftovers = walk_files(partial, skip=lambda rel, entry_name: not entry_name.endswith(PART_SUFFIX)) or {}
+        leftovers = walk_files(
+            partial, skip=lambda rel, entry_name: not entry_name.endswith(PART_SUFFIX)) or {}
     except Unwalkable as exc:
         journal_file.close()
         raise StageError(str(exc)) from None
@@ -590,7 +641,8 @@ def stage_model(src, dest, marker_name, verify, others, interval):
 
     def journaled(rel, entry):
         with journal_lock:
-            journal_file.write(json.dumps([rel, entry["size"], entry["sha256"], entry["crc32"]]) + "\n")
+            journal_file.write(
+                json.dumps([rel, entry["size"], entry["sha256"], entry["crc32"]]) + "\n")
             journal_file.flush()
 
     for rel in link:
@@ -605,13 +657,15 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     progress = Progress(name, need_here, interval)
 
     def one(rel):
-        entry = copy_file(os.path.join(src, rel), os.path.join(partial, rel), listing[rel], known.get(rel), verify == "full" or rel not in known, progress)
+        entry = copy_file(os.path.join(src, rel), os.path.join(partial, rel), listing[rel],
+                          known.get(rel), verify == "full" or rel not in known, progress)
         known[rel] = entry
         journaled(rel, entry)
 
     try:
         with ThreadPoolExecutor(WORKERS) as pool:
-            for future in [pool.submit(one, rel) for rel in sorted(copy, key=lambda r: -listing[r].st_size)]:
+            for future in [pool.submit(one, rel)
+                           for rel in sorted(copy, key=lambda r: -listing[r].st_size)]:
                 future.result()
     finally:
         progress.close()
@@ -622,10 +676,13 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     for rel in set(walk(partial, skip={JOURNAL_NAME, marker_name})) - set(listing):
         os.unlink(os.path.join(partial, rel))
     built = walk(partial, skip={JOURNAL_NAME, marker_name})
-    wrong = sorted(rel for rel, st in listing.items() if rel not in built or built[rel].st_size != st.st_size)
+    wrong = sorted(rel for rel, st in listing.items()
+                   if rel not in built or built[rel].st_size != st.st_size)
     if wrong:
-        raise StageError(f"{partial}: {', '.join(wrong[:3])} missing or of the wrong size after copying; nothing was replaced")
-    files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
+        raise StageError(f"{partial}: {', '.join(wrong[:3])} missing or of the wrong size after "
+                         "copying; nothing was replaced")
+    files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]]
+             for rel in listing}
     tmp_marker = os.path.join(partial, marker_name + ".tmp")
     with new_file(tmp_marker) as handle:
         json.dump({"source": src, "files": files}, handle, sort_keys=True)
@@ -646,8 +703,8 @@ def stage_model(src, dest, marker_name, verify, others, interval):
     elapsed = time.monotonic() - started
     rate = f", {human(need_here / elapsed)}/s" if need_here and elapsed > 0 else ""
     print(
-        f"{name}: staged {len(listing)} files: {len(copy)} copied ({human(need_here)}), {len(link) + len(keep)} kept; "
-        f"checked against the manifest in {elapsed:.1f} s{rate}"
+        f"{name}: staged {len(listing)} files: {len(copy)} copied ({human(need_here)}), "
+        f"{len(link) + len(keep)} kept; checked against the manifest in {elapsed:.1f} s{rate}"
     )
     return {"copied": len(copy), "bytes": need_here}
 
@@ -655,16 +712,19 @@ def stage_model(src, dest, marker_name, verify, others, interval):
 def adopt(src, dest, marker_name, listing, known):
     """DEST exists without our marker: take it over only if it is an exact copy; never delete it."""
     dest_files = walk(dest, skip={marker_name})
-    same_names = set(dest_files) == set(listing) and all(dest_files[r].st_size == listing[r].st_size for r in listing)
+    same_names = (set(dest_files) == set(listing)
+                  and all(dest_files[r].st_size == listing[r].st_size for r in listing))
     if same_names:
         for rel in [r for r in listing if r not in known]:
             sha, crc = hash_file(os.path.join(src, rel))
             st = listing[rel]
-            known[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha, "crc32": crc}
+            known[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                          "sha256": sha, "crc32": crc}
         hashed = hash_many([os.path.join(dest, r) for r in listing], want_crc=False)
         if all(hashed[os.path.join(dest, r)][0] == known[r]["sha256"] for r in listing):
             save_manifest(src, known)
-            files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]] for rel in listing}
+            files = {rel: [listing[rel].st_size, known[rel]["sha256"], known[rel]["crc32"]]
+                     for rel in listing}
             tmp_marker = os.path.join(dest, marker_name + ".tmp")
             with new_file(tmp_marker) as handle:
                 json.dump({"source": src, "files": files, "adopted": True}, handle, sort_keys=True)
@@ -672,8 +732,8 @@ def adopt(src, dest, marker_name, listing, known):
             print(f"{os.path.basename(dest)}: an exact copy was already there; marked as staged")
             return {"copied": 0, "bytes": 0}
     raise StageError(
-        f"{dest} exists but was not staged by sglang-deploy (no {marker_name}) and differs from {src}: "
-        f"it is never removed by the deploy; move it away (or delete it), then run again"
+        f"{dest} exists but was not staged by sglang-deploy (no {marker_name}) and differs from "
+        f"{src}: it is never removed by the deploy; move it away (or delete it), then run again"
     )
 
 
@@ -684,7 +744,8 @@ def main(argv):
     parser.add_argument("marker", nargs="?")
     parser.add_argument("--verify", choices=("fast", "full"), default="fast")
     parser.add_argument("--also", nargs=2, action="append", default=[], metavar=("SRC", "DEST"))
-    parser.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines on stderr (0: none)")
+    parser.add_argument("--progress", type=float, default=5.0,
+                        help="seconds between progress lines on stderr (0: none)")
     parser.add_argument("--list", help="stage every model of this JSON list (the boot unit)")
     args = parser.parse_args(argv)
     if args.list:
@@ -702,11 +763,14 @@ def main(argv):
     try:
         private_dir(RUN_DIR)
     except UntrustedPath as exc:
-        raise StageError(f"{exc}: the staging lock is kept there; move it away, then run again") from None
-    with os.fdopen(os.open(LOCK_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a") as lock:
+        raise StageError(
+            f"{exc}: the staging lock is kept there; move it away, then run again") from None
+    with os.fdopen(os.open(LOCK_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                           0o600), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for i, (src, dest) in enumerate(jobs if args.list else jobs_to_run):
-            # The first model checks free space for all of them, so a shortfall stops before any copy.
+            # The first model checks free space for all of them, so a shortfall stops before any
+            # copy.
             others = [j for j in jobs[i + 1:]] if args.list else jobs[1:]
             stage(src, dest, marker, verify, others, args.progress)
 

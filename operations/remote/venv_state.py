@@ -1,5 +1,6 @@
 # Fact script: the serving venv's generations, read with the host's own python3 (stdlib only),
-# so it works before any venv exists; on a converged host it comes in the host's one read (host_reads).
+# so it works before any venv exists; on a converged host it comes in the host's one read
+# (host_reads).
 # argv: LIVE_PATH GENERATION_PATH HOST_CACHE UV_BINARY [fast|full|write-index]
 #
 # LIVE_PATH is what units run (`LIVE_PATH/bin/python`): a symlink to the live generation, or a
@@ -10,7 +11,8 @@
 # - `fast` (the default): missing, another size than RECORD's, or - in a generation the deploy
 #   stamped when it last installed into it (STAMP) - modified after that stamp and then
 #   found to differ from RECORD's sha256 (only such files are hashed). A same-size edit whose mtime
-#   was put back is not seen: that needs `full`. Without a stamp (a venv we did not build), size only.
+#   was put back is not seen: that needs `full`. Without a stamp (a venv we did not build), size
+#   only.
 # - `full`: every file is hashed and compared with RECORD's sha256.
 # Left out: bytecode; files a patch set replaced (the patch sets check their own sha256); files
 # outside site-packages (bin/ scripts: a generation's copy rewrites their paths): presence only.
@@ -19,19 +21,20 @@
 # change them unseen, so the deploy reinstalls them as copies of their own.
 # Files that two distributions both claim (two kernel builds owning `sgl_kernel/`) are reported.
 #
-# The listing (every RECORD's rows, each distribution's name, version and installer) comes, in a fast check,
-# from the generation's index (INDEX) when its .dist-info files are still those it was written from (their
-# inode, size, mtime and ctime; the answer says "index": used, missing or stale); otherwise they are read.
-# Either way the answer is the same: the index only spares reading and splitting every RECORD. The deploy
-# writes it (`write-index`: the one mode that writes, run as a command of the venv operation, never as a
-# read) after each install into a generation, and again where a check found it missing or stale.
+# The listing (every RECORD's rows, each distribution's name, version and installer) comes, in a
+# fast check, from the generation's index (INDEX) when its .dist-info files are still those it was
+# written from (their inode, size, mtime and ctime; the answer says "index": used, missing or
+# stale); otherwise they are read. Either way the answer is the same: the index only spares reading
+# and splitting every RECORD. The deploy writes it (`write-index`: the one mode that writes, run as
+# a command of the venv operation, never as a read) after each install into a generation, and again
+# where a check found it missing or stale.
 #
-# Trust (`untrusted`: a list of reasons, empty when none): root later runs LIVE_PATH/bin/python and installs
-# from HOST_CACHE (uv and the wheels). LIVE_PATH (and where its link leads), the generations directory, the
-# wanted generation and its bin/, HOST_CACHE, uv and every wheel in it must be root's, no symlink of another
-# user, writable by root alone, as every directory above them: else another user (the service user, whose
-# StateDirectory may hold a venv_path) could swap the interpreter. A few lstat calls; the wheels' lstat
-# replaces the stat the cache listing made anyway.
+# Trust (`untrusted`: a list of reasons, empty when none): root later runs LIVE_PATH/bin/python and
+# installs from HOST_CACHE (uv and the wheels). LIVE_PATH (and where its link leads), the
+# generations directory, the wanted generation and its bin/, HOST_CACHE, uv and every wheel in it
+# must be root's, no symlink of another user, writable by root alone, as every directory above them:
+# else another user (the service user, whose StateDirectory may hold a venv_path) could swap the
+# interpreter. A few lstat calls; the wheels' lstat replaces the stat the cache listing made anyway.
 import base64
 import bisect
 import csv
@@ -42,7 +45,16 @@ import os
 import stat
 import sys
 
-from _common import STAMP, UntrustedPath, file_digest, make_dirs, new_file, norm, stat_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    STAMP,
+    UntrustedPath,
+    file_digest,
+    make_dirs,
+    new_file,
+    norm,
+    stat_untrusted,
+    why_untrusted,
+)
 
 live, wanted, host_cache, uv_binary = sys.argv[1:5]
 mode = (sys.argv[5:6] or ["fast"])[0]
@@ -81,7 +93,8 @@ def patched_files(venv):
 def metadata(dist_info):
     name = version = None
     try:
-        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="replace") as handle:
+        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8",
+                  errors="replace") as handle:
             for line in handle:
                 if not line.strip():
                     break
@@ -95,8 +108,8 @@ def metadata(dist_info):
 
 
 def read_record(path):
-    """A RECORD's rows (path, hash, size), or None without one. Quotes (a path with a comma) need the csv module;
-    without any, splitting each line is the same and several times faster."""
+    """A RECORD's rows (path, hash, size), or None without one. Quotes (a path with a comma) need
+    the csv module; without any, splitting each line is the same and several times faster."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             text = handle.read()
@@ -115,14 +128,16 @@ def lstat_or_none(path, dir_fd=None):
 
 
 def stat_pass(site, rels, sizes, hash_after, workers=None):
-    """(stats, suspects): os.lstat of each RECORD path (None where it fails), and the sorted indexes of the rows
-    that need the row-by-row rules: missing, another size than RECORD's (-1: none given), linked, or modified
-    after `hash_after`. Where workers stat'ed the files, the others are only known to be there (PRESENT).
+    """(stats, suspects): os.lstat of each RECORD path (None where it fails), and the sorted indexes
+    of the rows that need the row-by-row rules: missing, another size than RECORD's (-1: none
+    given), linked, or modified after `hash_after`. Where workers stat'ed the files, the others are
+    only known to be there (PRESENT).
 
-    This is most of a converged run's read (tens of thousands of files per venv): each directory is opened
-    once and its files are stat'ed relative to it, by a C-level map where none fails. On a host with CPUs to
-    spare (a GPU host has dozens) the rows are split in equal runs among forked workers, which group their
-    own by directory and send back their suspects alone; on a small host, one pass here.
+    This is most of a converged run's read (tens of thousands of files per venv): each directory is
+    opened once and its files are stat'ed relative to it, by a C-level map where none fails. On a
+    host with CPUs to spare (a GPU host has dozens) the rows are split in equal runs among forked
+    workers, which group their own by directory and send back their suspects alone; on a small host,
+    one pass here.
     """
     if workers is None:
         workers = stat_workers(len(rels))
@@ -136,9 +151,10 @@ PRESENT = True  # a file a worker saw and found no suspect: only its presence is
 
 
 def stat_workers(files):
-    """Forked workers for a venv's stat pass: one below a few thousand files (a fork costs as much as some
-    hundreds of stat calls), else half the CPUs this process may run on (the host's read runs other jobs beside it), at
-    most 8. SGLANG_DEPLOY_STAT_WORKERS sets it (the unit tests compare both ways on a 2-CPU machine)."""
+    """Forked workers for a venv's stat pass: one below a few thousand files (a fork costs as much
+    as some hundreds of stat calls), else half the CPUs this process may run on (the host's read
+    runs other jobs beside it), at most 8. SGLANG_DEPLOY_STAT_WORKERS sets it (the unit tests
+    compare both ways on a 2-CPU machine)."""
     forced = os.environ.get("SGLANG_DEPLOY_STAT_WORKERS", "")
     if forced.isdigit() and int(forced) > 0:
         return int(forced)
@@ -154,8 +170,8 @@ def stat_workers(files):
 def stat_rows(site, rels):
     """The lstat of each of `rels` (None where the file is not there), in order.
 
-    Each directory is opened once and its files stat'ed by name; a path outside site-packages (`..`) or not
-    normalised is stat'ed whole."""
+    Each directory is opened once and its files stat'ed by name; a path outside site-packages (`..`)
+    or not normalised is stat'ed whole."""
     out = [None] * len(rels)
     groups = {}
     for i, rel in enumerate(rels):
@@ -170,12 +186,14 @@ def stat_rows(site, rels):
         group[1].append(name)
     for head, (indexes, names) in groups.items():
         try:
-            fd = os.open(os.path.join(site, head), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
+            fd = os.open(os.path.join(site, head),
+                         os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
         except OSError:
             continue  # a directory gone: none of its files is there
         try:
             try:
-                stats = list(map(functools.partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
+                stats = list(
+                    map(functools.partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
             except OSError:
                 stats = [lstat_or_none(name, fd) for name in names]
         finally:
@@ -192,12 +210,14 @@ def suspects_among(stats, sizes, hash_after):
 
 
 def run_suspects(site, rels, sizes, hash_after, start, end):
-    """A worker's answer for rows [start, end): {index: None (missing) | (mode, size, nlink, mtime_ns)} of its suspects."""
+    """A worker's answer for rows [start, end): {index: None (missing) | (mode, size, nlink,
+    mtime_ns)} of its suspects."""
     stats = stat_rows(site, rels[start:end])
     sent = {}
     for i in suspects_among(stats, sizes[start:end], hash_after):
         st = stats[i]
-        sent[start + i] = None if st is None else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
+        sent[start + i] = (None if st is None
+                           else (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns))
     return sent
 
 
@@ -207,12 +227,13 @@ class Seen:
     __slots__ = ("st_mode", "st_size", "st_nlink", "st_mtime_ns")
 
     def __init__(self, st_mode, st_size, st_nlink, st_mtime_ns):
-        self.st_mode, self.st_size, self.st_nlink, self.st_mtime_ns = st_mode, st_size, st_nlink, st_mtime_ns
+        self.st_mode, self.st_size, self.st_nlink, self.st_mtime_ns = (st_mode, st_size,
+                                                                       st_nlink, st_mtime_ns)
 
 
 def forked_stat_pass(site, rels, sizes, hash_after, workers):
-    """stat_pass over `workers` forked processes, each given an equal run of rows; a run whose worker could not
-    start or failed is stat'ed here."""
+    """stat_pass over `workers` forked processes, each given an equal run of rows; a run whose
+    worker could not start or failed is stat'ed here."""
     import marshal
 
     bounds = [len(rels) * k // workers for k in range(workers + 1)]
@@ -232,12 +253,14 @@ def forked_stat_pass(site, rels, sizes, hash_after, workers):
             status = 1
             try:
                 os.close(read_end)
-                view = memoryview(marshal.dumps(run_suspects(site, rels, sizes, hash_after, start, end)))
+                view = memoryview(
+                    marshal.dumps(run_suspects(site, rels, sizes, hash_after, start, end)))
                 while view:
                     view = view[os.write(write_end, view):]
                 status = 0
             finally:
-                os._exit(status)  # never the parent's exit path: its buffered output is the parent's to write
+                # never the parent's exit path: its buffered output is the parent's to write
+                os._exit(status)
         os.close(write_end)
         children.append((pid, read_end, start, end))
     stats = [PRESENT] * len(rels)
@@ -262,7 +285,8 @@ def forked_stat_pass(site, rels, sizes, hash_after, workers):
     return stats, suspects
 
 
-INDEX = os.path.join(".sglang-deploy", "record-index.json")  # beside STAMP: the generation's listing, written by the deploy
+# beside STAMP: the generation's listing, written by the deploy
+INDEX = os.path.join(".sglang-deploy", "record-index.json")
 INDEX_FORMAT = 1
 KEY_FILES = ("METADATA", "INSTALLER", "RECORD")
 
@@ -277,9 +301,10 @@ def dist_infos(site):
 
 
 def listing_key(site, infos):
-    """What a listing is read from: every .dist-info's METADATA, INSTALLER and RECORD as (inode, size, mtime,
-    ctime). Writing one, replacing one, putting an mtime back (which sets the ctime), adding or removing a
-    distribution: each changes it. A few hundred stat calls, against reading and splitting every RECORD."""
+    """What a listing is read from: every .dist-info's METADATA, INSTALLER and RECORD as (inode,
+    size, mtime, ctime). Writing one, replacing one, putting an mtime back (which sets the ctime),
+    adding or removing a distribution: each changes it. A few hundred stat calls, against reading
+    and splitting every RECORD."""
     key = [site]
     for dist_info in infos:
         entry = [os.path.basename(dist_info)]
@@ -294,10 +319,10 @@ def listing_key(site, infos):
 
 
 def parse_listing(infos):
-    """(dists, rels, hashes, sizes) read from the .dist-info directories: each distribution with a name and a version
-    as [normalised name, version, installer, has a RECORD, its number of rows], and the RECORD rows of all of
-    them in one flat list, in that order (path, hash and size as RECORD writes them, "" where absent; bytecode
-    left out)."""
+    """(dists, rels, hashes, sizes) read from the .dist-info directories: each distribution with a
+    name and a version as [normalised name, version, installer, has a RECORD, its number of rows],
+    and the RECORD rows of all of them in one flat list, in that order (path, hash and size as
+    RECORD writes them, "" where absent; bytecode left out)."""
     dists, rels, hashes, sizes = [], [], [], []
     for dist_info in infos:
         name, version = metadata(dist_info)
@@ -318,8 +343,9 @@ def parse_listing(infos):
 
 
 def indexed_listing(venv, key):
-    """(listing, how): the generation's index when it was written from exactly the files of `key` ("used"), else
-    None and why not: "missing", or "stale" (the .dist-info files changed since, or it cannot be read)."""
+    """(listing, how): the generation's index when it was written from exactly the files of `key`
+    ("used"), else None and why not: "missing", or "stale" (the .dist-info files changed since, or
+    it cannot be read)."""
     try:
         with open(os.path.join(venv, INDEX), encoding="utf-8") as handle:
             index = json.load(handle)
@@ -339,10 +365,11 @@ def indexed_listing(venv, key):
 
 
 def write_index(venv):
-    """Write `venv`'s index (INDEX) of its distributions' RECORD rows, for the fast checks after this one.
+    """Write `venv`'s index (INDEX) of its distributions' RECORD rows, for the fast checks after
+    this one.
 
-    What it says, as (written, why not): not written when the .dist-info files changed while they were read
-    (the next check finds the index stale and the deploy writes it again)."""
+    What it says, as (written, why not): not written when the .dist-info files changed while they
+    were read (the next check finds the index stale and the deploy writes it again)."""
     site = site_of(venv)
     if site is None:
         return False, "no site-packages"
@@ -351,15 +378,17 @@ def write_index(venv):
     dists, rels, hashes, sizes = parse_listing(infos)
     if dist_infos(site) != infos or listing_key(site, infos) != key:
         return False, "its .dist-info files changed while they were read"
-    index = {"format": INDEX_FORMAT, "key": key, "dists": dists, "rels": rels, "hashes": hashes, "sizes": sizes}
+    index = {"format": INDEX_FORMAT, "key": key, "dists": dists, "rels": rels,
+             "hashes": hashes, "sizes": sizes}
     path = os.path.join(venv, INDEX)
     try:
-        make_dirs(os.path.dirname(path), 0o755)  # exclusively where missing, checked on its handle: root's
+        # exclusively where missing, checked on its handle: root's
+        make_dirs(os.path.dirname(path), 0o755)
     except UntrustedPath as exc:
         return False, str(exc)
-    # Written beside and renamed in: a reader finds the old index or the new one, never part of one (and a
-    # part left by a crash is unreadable JSON: stale, so the RECORDs are read instead). Made afresh, never
-    # written through a link.
+    # Written beside and renamed in: a reader finds the old index or the new one, never part of one
+    # (and a part left by a crash is unreadable JSON: stale, so the RECORDs are read instead). Made
+    # afresh, never written through a link.
     with new_file(path + ".tmp") as handle:
         json.dump(index, handle)
     os.replace(path + ".tmp", path)
@@ -376,26 +405,30 @@ def read_venv(venv):
         stamp = os.lstat(os.path.join(venv, STAMP)).st_mtime_ns
     except OSError:
         stamp = None
-    # Files modified after this are hashed (`fast`); `full` hashes every file (a time no file reaches = none).
+    # Files modified after this are hashed (`fast`); `full` hashes every file (a time no file
+    # reaches = none).
     hash_after = -1 if mode == "full" else stamp if stamp is not None else float("inf")
-    # Every distribution's RECORD rows: from the index the deploy wrote at its last install into this
-    # generation, while the .dist-info files are those it was written from; else (and in a `full` check) read.
+    # Every distribution's RECORD rows: from the index the deploy wrote at its last install into
+    # this generation, while the .dist-info files are those it was written from; else (and in a
+    # `full` check) read.
     infos = dist_infos(site)
     listing, index = None, "not used"
-    if mode != "full" and site is not None:  # without site-packages there is nothing to index (nor to write)
+    # without site-packages there is nothing to index (nor to write)
+    if mode != "full" and site is not None:
         listing, index = indexed_listing(venv, listing_key(site, infos))
     dists_listed, all_rels, all_hashes, size_texts = listing or parse_listing(infos)
     all_sizes = [int(text) if text.isdigit() else -1 for text in size_texts]
-    # Tens of thousands of files per venv, on every converged run: every distribution's files are stat'ed
-    # in one pass (split among forked workers on a host with CPUs to spare), and only the rows that pass a
-    # one-line test (missing, other size, linked, modified after the stamp, or no size in RECORD) go
-    # through the row-by-row rules below.
+    # Tens of thousands of files per venv, on every converged run: every distribution's files are
+    # stat'ed in one pass (split among forked workers on a host with CPUs to spare), and only the
+    # rows that pass a one-line test (missing, other size, linked, modified after the stamp, or no
+    # size in RECORD) go through the row-by-row rules below.
     all_stats, all_suspects = stat_pass(site, all_rels, all_sizes, hash_after)
     bounds, start = [], 0
     for dist in dists_listed:
         bounds.append((start, start + dist[4]))
         start += dist[4]
-    # Paths that more than one distribution lists: {rel: {distribution's position: its (last) row listing rel}}.
+    # Paths that more than one distribution lists: {rel: {distribution's position: its (last) row
+    # listing rel}}.
     multi = {}
     if len(set(all_rels)) < len(all_rels):
         seen, twice = set(), set()
@@ -410,7 +443,8 @@ def read_venv(venv):
         multi = {rel: rows for rel, rows in multi.items() if len(rows) > 1}
     dists, to_hash = {}, []
     for (dist_name, version, installer, has_record, _), (first, end) in zip(dists_listed, bounds):
-        suspects = all_suspects[bisect.bisect_left(all_suspects, first):bisect.bisect_left(all_suspects, end)]
+        suspects = all_suspects[
+            bisect.bisect_left(all_suspects, first):bisect.bisect_left(all_suspects, end)]
         damaged, linked = [], []
         for i in suspects:
             rel, st = all_rels[i], all_stats[i]
@@ -423,7 +457,8 @@ def read_venv(venv):
             # copy rewrites: for them only presence counts.
             if not stat.S_ISREG(st.st_mode):
                 if not rel.startswith(".."):
-                    damaged.append((rel, None, None))  # a wheel installs files only: a symlink or directory is not its
+                    # a wheel installs files only: a symlink or directory is not its
+                    damaged.append((rel, None, None))
                 continue
             if st.st_nlink > 1:
                 linked.append(rel)
@@ -448,15 +483,18 @@ def read_venv(venv):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-            for (path, expected, damaged, rel), digest in zip(to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
+            for (path, expected, damaged, rel), digest in zip(
+                    to_hash, pool.map(record_hash, [t[0] for t in to_hash])):
                 if digest != expected:
                     damaged.append((rel, None, digest))
 
     def claims(rel):
-        """(distribution, RECORD size, RECORD hash) of each that ships `rel`, present, with a size (a claim)."""
+        """(distribution, RECORD size, RECORD hash) of each that ships `rel`, present, with a size
+        (a claim)."""
         out = []
         for position, i in sorted(multi.get(rel, {}).items()):
-            if all_stats[i] is not None and size_texts[i] not in ("", "0") and not rel.startswith("..") and ".dist-info/" not in rel:
+            if (all_stats[i] is not None and size_texts[i] not in ("", "0")
+                    and not rel.startswith("..") and ".dist-info/" not in rel):
                 out.append((dists_listed[position][0], size_texts[i], all_hashes[i]))
         return out
 
@@ -467,7 +505,8 @@ def read_venv(venv):
         damaged = [
             rel for rel, size, digest in dist["damaged"]
             if (size is None and digest is None)
-            or not any((size is not None and size == s) or (digest is not None and digest == h) for _, s, h in claims(rel))
+            or not any((size is not None and size == s) or (digest is not None and digest == h)
+                       for _, s, h in claims(rel))
         ]
         dist["damaged_count"] = len(damaged)
         dist["damaged"] = damaged[:5]
@@ -483,7 +522,8 @@ def read_venv(venv):
     return {
         "path": venv,
         "python": python,
-        # What the check compared, for the log: a fast check of an unstamped venv compares sizes only.
+        # What the check compared, for the log: a fast check of an unstamped venv compares sizes
+        # only.
         "checked": "sha256" if mode == "full" else "size, mtime" if stamp is not None else "size",
         "hashed": len(to_hash),
         "index": index,
@@ -509,17 +549,19 @@ else:
 
 
 def untrusted_paths():
-    """Why root may not run or install from what this read covers (see the top): one line per path, [] when none."""
-    # A symlink of root's (venv_path itself; a donor's venv read through it; bin/python) is followed and where
-    # it leads judged the same way.
-    paths = [live, live + ".generations", wanted, os.path.join(wanted, "bin"), os.path.join(wanted, "bin", "python"),
-             host_cache, uv_binary]
+    """Why root may not run or install from what this read covers (see the top): one line per path,
+    [] when none."""
+    # A symlink of root's (venv_path itself; a donor's venv read through it; bin/python) is followed
+    # and where it leads judged the same way.
+    paths = [live, live + ".generations", wanted, os.path.join(wanted, "bin"),
+             os.path.join(wanted, "bin", "python"), host_cache, uv_binary]
     found = [why_untrusted(path, link_ok=True) for path in paths]
     return list(dict.fromkeys(why for why in found if why))
 
 
 def wheel_cache():
-    """{wheel: size} of the host's wheel cache, and why root may not install any of them (lstat: never followed)."""
+    """{wheel: size} of the host's wheel cache, and why root may not install any of them (lstat:
+    never followed)."""
     sizes, untrusted = {}, []
     try:
         names = [n for n in os.listdir(host_cache) if n.endswith(".whl")]

@@ -2,11 +2,11 @@
 # LIVE.generations/ID in one rename, so a process starting at any moment sees either the old
 # or the new environment, whole. The generation it replaces is kept as `previous` (for
 # rollback, which is this same switch back); older generations are deleted.
-# A plain venv directory at LIVE (from before generations) is moved in as a generation, but only a venv
-# (pyvenv.cfg, bin/python) of root's: anything else is refused, named, and never moved or deleted.
-# Root runs what LIVE leads to: LIVE, the generations directory and the generation switched to must be
-# root's and writable by root alone, as every directory above them (_common.why_untrusted); a generation
-# that is not is never deleted either.
+# A plain venv directory at LIVE (from before generations) is moved in as a generation, but only a
+# venv (pyvenv.cfg, bin/python) of root's: anything else is refused, named, and never moved or
+# deleted. Root runs what LIVE leads to: LIVE, the generations directory and the generation switched
+# to must be root's and writable by root alone, as every directory above them
+# (_common.why_untrusted); a generation that is not is never deleted either.
 # argv: LIVE ID, or LIVE --previous (roll back to the kept generation)
 import json
 import os
@@ -14,7 +14,12 @@ import shutil
 import sys
 import time
 
-from _common import exchange, new_file, parents_untrusted, why_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import (  # noqa: E402 - remote.script puts _common.py here
+    exchange,
+    new_file,
+    parents_untrusted,
+    why_untrusted,
+)
 
 live, wanted = sys.argv[1:3]
 generations = live + ".generations"
@@ -22,8 +27,10 @@ state_path = os.path.join(generations, "state.json")
 
 
 def refuse(why):
-    sys.exit(f"{why}: root runs {live}/bin/python; refusing to switch (nothing was moved or deleted): "
-             f"make it root's and writable by root alone (chown root: / chmod go-w), or move it away, and re-run")
+    sys.exit(
+        f"{why}: root runs {live}/bin/python; refusing to switch (nothing was moved or deleted): "
+        "make it root's and writable by root alone (chown root: / chmod go-w), or move it away, "
+        "and re-run")
 
 
 def legacy_venv_problem(path):
@@ -31,10 +38,13 @@ def legacy_venv_problem(path):
     why = why_untrusted(path)
     if why:
         return why
-    missing = [name for name in ("pyvenv.cfg", "bin/python") if not os.path.lexists(os.path.join(path, name))]
+    missing = [name for name in ("pyvenv.cfg", "bin/python")
+               if not os.path.lexists(os.path.join(path, name))]
     if missing:
-        return f"{path}: expected a venv (pyvenv.cfg, bin/python) or a symlink to a generation; found a directory without {' or '.join(missing)}"
-    return why_untrusted(os.path.join(path, "pyvenv.cfg")) or why_untrusted(os.path.join(path, "bin"))
+        return (f"{path}: expected a venv (pyvenv.cfg, bin/python) or a symlink to a generation; "
+                f"found a directory without {' or '.join(missing)}")
+    return (why_untrusted(os.path.join(path, "pyvenv.cfg"))
+            or why_untrusted(os.path.join(path, "bin")))
 
 
 why = why_untrusted(generations) or parents_untrusted(live)
@@ -50,7 +60,8 @@ except (OSError, ValueError):
 if wanted == "--previous":
     wanted = state.get("previous")
     if not wanted:
-        sys.exit(f"{live}: no previous generation is recorded in {state_path}: nothing to roll back to")
+        sys.exit(
+            f"{live}: no previous generation is recorded in {state_path}: nothing to roll back to")
 target = os.path.join(generations, wanted)
 if not os.path.isdir(target):
     sys.exit(f"{target} does not exist: nothing to switch to")
@@ -83,7 +94,8 @@ else:
 if previous == wanted:
     previous = state.get("previous")
 state = {"live": wanted, "previous": previous, "switched_at": int(time.time())}
-with new_file(state_path + ".tmp") as handle:  # made afresh (O_EXCL|O_NOFOLLOW), never through a link
+# made afresh (O_EXCL|O_NOFOLLOW), never through a link
+with new_file(state_path + ".tmp") as handle:
     json.dump(state, handle)
 os.rename(state_path + ".tmp", state_path)
 

@@ -21,7 +21,18 @@ import pytest
 
 from configuration.stacks import load_stack
 from operations.venv import generation
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, http_get, lab_hosts, main_pid, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    SPARE,
+    clean_host,
+    deploy,
+    http_get,
+    lab_hosts,
+    main_pid,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

@@ -28,7 +28,18 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, STATE, clean_host, deploy, lab, lab_hosts, ssh, wait_until, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    STATE,
+    clean_host,
+    deploy,
+    lab,
+    lab_hosts,
+    ssh,
+    wait_until,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

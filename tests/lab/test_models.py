@@ -16,7 +16,17 @@ import time
 import pytest
 
 from operations import models, remote
-from tests.lab.labutil import PYINFRA, ROOT, DeployResult, clean_host, deploy, http_get, lab_hosts, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    DeployResult,
+    clean_host,
+    deploy,
+    http_get,
+    lab_hosts,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

@@ -13,7 +13,17 @@ import pytest
 import yaml
 
 from operations.patches import PATCHES_DIR, load_patch_set
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, deploy, http_get, main_pid, repo_copy, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    SPARE,
+    deploy,
+    http_get,
+    main_pid,
+    repo_copy,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

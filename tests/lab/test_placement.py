@@ -13,7 +13,17 @@ import time
 
 import pytest
 
-from tests.lab.labutil import ROOT, clean_host, deploy, http_get, lab_hosts, main_pid, repo_copy, ssh, write_inventory
+from tests.lab.labutil import (
+    ROOT,
+    clean_host,
+    deploy,
+    http_get,
+    lab_hosts,
+    main_pid,
+    repo_copy,
+    ssh,
+    write_inventory,
+)
 from tests.served_sets import served_copy
 
 pytestmark = pytest.mark.lab

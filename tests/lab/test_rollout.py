@@ -23,7 +23,16 @@ import urllib.request
 
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, clean_host, deploy, lab_hosts, main_pid, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    clean_host,
+    deploy,
+    lab_hosts,
+    main_pid,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

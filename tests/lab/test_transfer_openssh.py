@@ -11,7 +11,16 @@ import time
 
 import pytest
 
-from tests.lab.labutil import SPARE, STATE, deploy, lab_hosts, ssh, start_deploy, wait_until, write_inventory
+from tests.lab.labutil import (
+    SPARE,
+    STATE,
+    deploy,
+    lab_hosts,
+    ssh,
+    start_deploy,
+    wait_until,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 

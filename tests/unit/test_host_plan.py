@@ -18,7 +18,19 @@ from configuration import settings, stacks
 from configuration.host_paths import SECRETS_DIR
 from configuration.patch_sets import load_patch_set
 from configuration.secrets import config_path
-from operations import gpus, host_plan, models, patches, placement, readiness, rollback, secrets, service_user, transfer, venv
+from operations import (
+    gpus,
+    host_plan,
+    models,
+    patches,
+    placement,
+    readiness,
+    rollback,
+    secrets,
+    service_user,
+    transfer,
+    venv,
+)
 from operations.plan import Change, HostPlan
 from tests.unit.test_units import LAB_GPUS, lab_config
 

@@ -289,7 +289,16 @@ def load_remote_script(name: str) -> str:
 
 # The venv root runs, and the wheels it installs ---------------------------------------------------
 
-from tests.unit.test_venv import _fake_venv, _remote, facts, gen_of, house, run_env, stack, venv_facts  # noqa: E402, F401 - fixtures
+from tests.unit.test_venv import (  # noqa: E402, F401 - fixtures
+    _fake_venv,
+    _remote,
+    facts,
+    gen_of,
+    house,
+    run_env,
+    stack,
+    venv_facts,
+)
 
 
 def venv_read(live: Path, wanted: Path, cache: Path) -> dict:
