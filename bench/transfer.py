@@ -33,7 +33,8 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--ours"]:
-    from gevent import monkey  # the deploy's side runs as pyinfra's CLI runs it, patched before anything else loads
+    # the deploy's side runs as pyinfra's CLI runs it, patched before anything else loads
+    from gevent import monkey
 
     monkey.patch_all()
 

@@ -1,36 +1,47 @@
-"""Host to host, not through the control machine: one transfer between two inventory hosts on a one-time key.
+"""Host to host, not through the control machine: one transfer between two inventory hosts on a
+one-time key.
 
-When a model (`model_sources`) or a donor's venv files move from one inventory host (the source) to another (the
-receiver), the receiver reads them from the source itself, over OpenSSH, and no byte crosses the control machine.
-It may do exactly that and nothing else, for this one transfer (`granted`):
+When a model (`model_sources`) or a donor's venv files move from one inventory host (the source) to
+another (the receiver), the receiver reads them from the source itself, over OpenSSH, and no byte
+crosses the control machine. It may do exactly that and nothing else, for this one transfer
+(`granted`):
 
-1. On the receiver, a new ed25519 key (no passphrase) in `/run/sglang-deploy/peer-keys/ID/` (root's, 0700; a tmpfs,
-   so a reboot forgets it); its private half never leaves the receiver. The receiver also says which of its
-   addresses reaches the source (the kernel's route: a UDP socket connected, no packet sent).
-2. On the source, the grant in `/run/sglang-deploy/peer-grants/ID/` (root's, 0700): `grant.json` (the directory and
-   the exact list of names under it that may be read) and `send.py` (operations/remote/peer_send.py), and one line
-   appended to the login user's (root's) `~/.ssh/authorized_keys`:
-       restrict,from="RECEIVER",expiry-time="...",command="PYTHON -I .../ID/send.py SHA256" ssh-ed25519 KEY sglang-deploy-peer:ID
-   `restrict` (no terminal, no forwarding of any kind, no `~/.ssh/rc`); `from=` the receiver's address alone; the
-   forced command, whatever the client asks, is send.py, which checks that grant.json is byte for byte the one whose
-   sha256 the entry names and sends a tar of only names on that list (no `..`, no absolute name, no link on the
-   way); anything else (a shell, `scp`, sftp, another file) is refused. `expiry-time` (TTL_S on the source's clock)
-   bounds an entry nobody removes.
-3. The receiver learns the source's host keys as the pyinfra connection to the source (whose key was checked) read
-   them, keeps them under the key's own alias (`HostKeyAlias`) with strict checking, and asks the source `probe`.
-4. The transfer's streams are run on the receiver (operations/remote/peer_access.py `fetch`: `ssh SOURCE send` into
-   root's unpacker, the bytes counted back to the control machine for the progress line).
+1. On the receiver, a new ed25519 key (no passphrase) in `/run/sglang-deploy/peer-keys/ID/` (root's,
+   0700; a tmpfs, so a reboot forgets it); its private half never leaves the receiver. The receiver
+   also says which of its addresses reaches the source (the kernel's route: a UDP socket connected,
+   no packet sent).
+2. On the source, the grant in `/run/sglang-deploy/peer-grants/ID/` (root's, 0700): `grant.json`
+   (the directory and the exact list of names under it that may be read) and `send.py`
+   (operations/remote/peer_send.py), and one line appended to the login user's (root's)
+   `~/.ssh/authorized_keys`:
+       restrict,from="RECEIVER",expiry-time="...",command="PYTHON -I .../ID/send.py SHA256"
+           ssh-ed25519 KEY sglang-deploy-peer:ID
+   `restrict` (no terminal, no forwarding of any kind, no `~/.ssh/rc`); `from=` the receiver's
+   address alone; the forced command, whatever the client asks, is send.py, which checks that
+   grant.json is byte for byte the one whose sha256 the entry names and sends a tar of only names on
+   that list (no `..`, no absolute name, no link on the way); anything else (a shell, `scp`, sftp,
+   another file) is refused. `expiry-time` (TTL_S on the source's clock) bounds an entry nobody
+   removes.
+3. The receiver learns the source's host keys as the pyinfra connection to the source (whose key was
+   checked) read them, keeps them under the key's own alias (`HostKeyAlias`) with strict checking,
+   and asks the source `probe`.
+4. The transfer's streams are run on the receiver (operations/remote/peer_access.py `fetch`:
+   `ssh SOURCE send` into root's unpacker, the bytes counted back to the control machine for the
+   progress line).
 5. `Grant.close()` removes the entry (only lines of exactly that form with that ID: no other line of
-   authorized_keys changes, byte for byte), the grant and the key, on both hosts, as soon as the streams end.
+   authorized_keys changes, byte for byte), the grant and the key, on both hosts, as soon as the
+   streams end.
 
-Each grant records its owner (this control machine, boot, pid and its start time, as a deploy lock does) and its
-expiry. A run that died leaves its grant; the next grant made on either host removes every grant of ours there that
-is provably dead: expired, without its record (the source rebooted), or owned by a deploy of this control machine
-that is gone (`lock.is_stale`). A live grant of another run is left alone.
+Each grant records its owner (this control machine, boot, pid and its start time, as a deploy lock
+does) and its expiry. A run that died leaves its grant; the next grant made on either host removes
+every grant of ours there that is provably dead: expired, without its record (the source rebooted),
+or owned by a deploy of this control machine that is gone (`lock.is_stale`). A live grant of another
+run is left alone.
 
-Where the direct path cannot be made (the hosts do not reach each other: no route, a firewall, NAT between them, a
-jump host; the source's sshd reads other key files; no `ssh`, `ssh-keygen` or `python3` on one end), the grant is
-taken back and the bytes go through this machine, as before; the run says so, and why, once per pair of hosts.
+Where the direct path cannot be made (the hosts do not reach each other: no route, a firewall, NAT
+between them, a jump host; the source's sshd reads other key files; no `ssh`, `ssh-keygen` or
+`python3` on one end), the grant is taken back and the bytes go through this machine, as before; the
+run says so, and why, once per pair of hosts.
 """
 
 from __future__ import annotations
@@ -47,8 +58,10 @@ from configuration import ssh_login
 from operations import lock, openssh, remote, streaming
 
 MARK = "sglang-deploy-peer"
-TTL_S = 6 * 3600  # an entry nobody removed stops working after this (sshd's expiry-time, the source's clock)
-CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
+# an entry nobody removed stops working after this (sshd's expiry-time, the source's clock)
+TTL_S = 6 * 3600
+CIPHERS = ("aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com,"
+           "aes128-ctr,aes192-ctr,aes256-ctr")
 KEYS_DIR = "/run/sglang-deploy/peer-keys"
 
 # What was said, once per (run, source, receiver), of a pair that goes through this machine.
@@ -56,11 +69,13 @@ _TOLD: set[tuple] = set()
 
 
 def _script_command(mode: str, *args: str) -> str:
-    return f"python3 -I -c {shlex.quote(remote.script('peer_access'))} {mode} {' '.join(shlex.quote(a) for a in args)}"
+    return (f"python3 -I -c {shlex.quote(remote.script('peer_access'))} {mode} "
+            f"{' '.join(shlex.quote(a) for a in args)}")
 
 
 def _ask(host, command: str, stdin: bytes = b"") -> tuple[int, str, str]:
-    """`command` on `host` over its pyinfra connection, `stdin` given to it: (exit status, stdout, stderr)."""
+    """`command` on `host` over its pyinfra connection, `stdin` given to it: (exit status, stdout,
+    stderr)."""
     channel = streaming.open_session(host)
     if channel is None:
         return 255, "", f"{host.name}: no SSH connection"
@@ -73,7 +88,8 @@ def _ask(host, command: str, stdin: bytes = b"") -> tuple[int, str, str]:
 
 
 def _answer(host, mode: str, *args: str, given=None) -> dict:
-    status, out, err = _ask(host, _script_command(mode, *args), json.dumps(given).encode() if given is not None else b"")
+    status, out, err = _ask(host, _script_command(mode, *args),
+                            json.dumps(given).encode() if given is not None else b"")
     try:
         return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -81,25 +97,32 @@ def _answer(host, mode: str, *args: str, given=None) -> dict:
 
 
 def receiver_argv(ident: str, user: str, address: str, port: int) -> list[str]:
-    """The `ssh` the receiver runs to reach the source with the one-time key: that key alone (no agent, no other key
-    file, no config file), the source's host keys alone under the key's alias, strict, batch mode, nothing forwarded;
-    the cipher list is one any OpenSSH of the last ten years knows."""
+    """The `ssh` the receiver runs to reach the source with the one-time key: that key alone (no
+    agent, no other key file, no config file), the source's host keys alone under the key's alias,
+    strict, batch mode, nothing forwarded; the cipher list is one any OpenSSH of the last ten years
+    knows."""
     directory = f"{KEYS_DIR}/{ident}"
     argv = ["ssh", "-F", "/dev/null", "-T", "-x", "-a", "-i", f"{directory}/key"]
-    for name, value in (("IdentitiesOnly", "yes"), ("IdentityAgent", "none"), ("UserKnownHostsFile", f"{directory}/known_hosts"),
-                        ("GlobalKnownHostsFile", "none"), ("StrictHostKeyChecking", "yes"), ("HostKeyAlias", f"{MARK}-{ident}"),
-                        ("UpdateHostKeys", "no"), ("VerifyHostKeyDNS", "no"), ("CheckHostIP", "no"), ("BatchMode", "yes"),
-                        ("PasswordAuthentication", "no"), ("KbdInteractiveAuthentication", "no"), ("GSSAPIAuthentication", "no"),
-                        ("Ciphers", CIPHERS), ("Compression", "no"), ("ForwardAgent", "no"), ("ForwardX11", "no"),
-                        ("ClearAllForwardings", "yes"), ("ControlMaster", "no"), ("ControlPath", "none"),
-                        ("PermitLocalCommand", "no"), ("ServerAliveInterval", openssh.ALIVE_INTERVAL_S),
-                        ("ServerAliveCountMax", openssh.ALIVE_COUNT), ("ConnectTimeout", 10), ("ConnectionAttempts", 1)):
+    for name, value in (("IdentitiesOnly", "yes"), ("IdentityAgent", "none"),
+                        ("UserKnownHostsFile", f"{directory}/known_hosts"),
+                        ("GlobalKnownHostsFile", "none"), ("StrictHostKeyChecking", "yes"),
+                        ("HostKeyAlias", f"{MARK}-{ident}"), ("UpdateHostKeys", "no"),
+                        ("VerifyHostKeyDNS", "no"), ("CheckHostIP", "no"), ("BatchMode", "yes"),
+                        ("PasswordAuthentication", "no"), ("KbdInteractiveAuthentication", "no"),
+                        ("GSSAPIAuthentication", "no"), ("Ciphers", CIPHERS), ("Compression", "no"),
+                        ("ForwardAgent", "no"), ("ForwardX11", "no"),
+                        ("ClearAllForwardings", "yes"), ("ControlMaster", "no"),
+                        ("ControlPath", "none"), ("PermitLocalCommand", "no"),
+                        ("ServerAliveInterval", openssh.ALIVE_INTERVAL_S),
+                        ("ServerAliveCountMax", openssh.ALIVE_COUNT), ("ConnectTimeout", 10),
+                        ("ConnectionAttempts", 1)):
         argv += ["-o", f"{name}={value}"]
     return [*argv, "-l", user, "-p", str(port), "--", address]
 
 
 def _stale(ours: dict, me: dict) -> dict[str, str]:
-    """{ID: why} of the grants of ours a host holds that are provably dead (see the module's text)."""
+    """{ID: why} of the grants of ours a host holds that are provably dead (see the module's
+    text)."""
     out = {}
     for ident, found in (ours or {}).items():
         owner = found.get("owner") or {}
@@ -135,7 +158,8 @@ class Grant:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def job(self, what: str, size: int, names: list[str], receive: str) -> streaming.Job:
-        """One stream: the receiver fetches `names` (each on the grant's list) from the source into `receive`."""
+        """One stream: the receiver fetches `names` (each on the grant's list) from the source into
+        `receive`."""
         fetch = _script_command("fetch", json.dumps(self.argv), receive)
         listed = b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in names)
         ends = streaming.sending_end(self.receiver, fetch, listed, small=True)
@@ -151,16 +175,19 @@ class Grant:
             _answer(host, "remove", self.ident)
 
 
-def granted(source, receiver, root: str, names: list[str], log: Callable[[str], None]) -> Grant | None:
-    """Access for `receiver` to read `names` under `root` on `source`, for one transfer; None where the receiver cannot
-    reach the source directly (said once per pair and run, through `log`): the bytes then go through this machine."""
+def granted(source, receiver, root: str, names: list[str],
+            log: Callable[[str], None]) -> Grant | None:
+    """Access for `receiver` to read `names` under `root` on `source`, for one transfer; None where
+    the receiver cannot reach the source directly (said once per pair and run, through `log`): the
+    bytes then go through this machine."""
     why = _make(source, receiver, root, names, log)
     if isinstance(why, Grant):
         return why
     told = (id(getattr(source, "state", None)), source.name, receiver.name)
     if told not in _TOLD:
         _TOLD.add(told)
-        log(f"{receiver.name} does not read from {source.name} directly ({why}): the bytes go through this machine")
+        log(f"{receiver.name} does not read from {source.name} directly ({why}): the bytes go "
+            "through this machine")
     return None
 
 
@@ -176,27 +203,32 @@ def _make(source, receiver, root: str, names: list[str], log) -> Grant | str:
         return f"{source.name} is reached through a jump host"
     ident = uuid.uuid4().hex
     me = lock.control_identity()
-    owner = {**lock.new_owner(), "token": ident, "source": source.name, "receiver": receiver.name, "ttl_s": TTL_S}
+    owner = {**lock.new_owner(), "token": ident, "source": source.name,
+             "receiver": receiver.name, "ttl_s": TTL_S}
     grant = Grant(ident, source, receiver, root, [])
     made = _answer(receiver, "keys", ident, address, str(port), given=owner)
     if "pub" not in made:  # nothing was left on either host
-        return made.get("unreachable") or f"the key could not be made on {receiver.name}: {made.get('failed')}"
+        return (made.get("unreachable")
+                or f"the key could not be made on {receiver.name}: {made.get('failed')}")
     _sweep(receiver, made.get("ours"), me, log)
-    given = {"id": ident, "pub": made["pub"], "from": made["from"], "root": root, "names": names, "owner": owner,
-             "sender": remote.script("peer_send")}
+    given = {"id": ident, "pub": made["pub"], "from": made["from"], "root": root,
+             "names": names, "owner": owner, "sender": remote.script("peer_send")}
     entry = _answer(source, "grant", given=given)
     if "hostkeys" not in entry:
         grant.close()
-        return entry.get("refused") or f"the key could not be authorised on {source.name}: {entry.get('failed')}"
+        return (entry.get("refused")
+                or f"the key could not be authorised on {source.name}: {entry.get('failed')}")
     _sweep(source, entry.get("ours"), me, log)
     grant.argv = receiver_argv(ident, entry["user"], address, port)
     start = time.monotonic()
-    probe = _answer(receiver, "trust", ident, given={"hostkeys": entry["hostkeys"], "argv": grant.argv})
+    probe = _answer(receiver, "trust", ident,
+                    given={"hostkeys": entry["hostkeys"], "argv": grant.argv})
     if not probe.get("ok"):
         grant.close()
-        return f"{receiver.name} cannot reach {source.name} at {address}:{port}: {probe.get('said') or probe.get('failed')}"
-    log(f"{receiver.name} reads from {source.name} directly: a one-time key for {len(names)} file(s) under {root} "
-        f"(from {made['from']}, reached in {time.monotonic() - start:.1f} s)")
+        return (f"{receiver.name} cannot reach {source.name} at {address}:{port}: "
+                f"{probe.get('said') or probe.get('failed')}")
+    log(f"{receiver.name} reads from {source.name} directly: a one-time key for {len(names)} "
+        f"file(s) under {root} (from {made['from']}, reached in {time.monotonic() - start:.1f} s)")
     return grant
 
 

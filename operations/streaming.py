@@ -10,11 +10,12 @@ The same channels serve a command whose output is wanted as it comes, not only w
 pyinfra gives): lock.py reads the deploy lock's answer as the first line of the command that goes
 on to read the host (`open_session`, `first_line`, `rest_of_output`).
 
-Bytes in bulk (below, "Bulk bytes") go through OpenSSH processes where OpenSSH reaches the host with its pyinfra
-settings (operations/openssh.py), several streams at once: a model's files from another host or from this machine
-(transfer.py), the wheels pushed from the wheelhouse (`Pushes`, for venv.py), a donor's venv files. The receiving end
-is always `unpack_command` (root's unpacker, each file renamed into place only once whole), run as the host's pyinfra
-login (root); where OpenSSH cannot carry a host's bytes, the same streams go through pyinfra's paramiko connection.
+Bytes in bulk (below, "Bulk bytes") go through OpenSSH processes where OpenSSH reaches the host with
+its pyinfra settings (operations/openssh.py), several streams at once: a model's files from another
+host or from this machine (transfer.py), the wheels pushed from the wheelhouse (`Pushes`, for
+venv.py), a donor's venv files. The receiving end is always `unpack_command` (root's unpacker, each
+file renamed into place only once whole), run as the host's pyinfra login (root); where OpenSSH
+cannot carry a host's bytes, the same streams go through pyinfra's paramiko connection.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ PROGRESS_EVERY_S = 5.0
 
 
 def channel(host, command: str):
-    """Run `command` on `host` over its pyinfra SSH connection; the paramiko channel to stream through.
+    """Run `command` on `host` over its pyinfra SSH connection; the paramiko channel to stream
+    through.
 
     What the command writes is not in the answers host_reads keeps for that host: they are dropped.
     """
@@ -59,13 +61,15 @@ def channel(host, command: str):
 
 
 def open_session(host):
-    """A new session channel on `host`'s SSH connection; None where it has none (another connector)."""
+    """A new session channel on `host`'s SSH connection; None where it has none (another
+    connector)."""
     transport = ssh_transport(host)
     if transport is None or not hasattr(transport, "open_session") or not transport.is_active():
         return None
     try:
         return transport.open_session()
-    except Exception:  # the server refused another channel: the caller goes through pyinfra's command path
+    # the server refused another channel: the caller goes through pyinfra's command path
+    except Exception:
         return None
 
 
@@ -82,9 +86,11 @@ def first_line(channel) -> tuple[str, bytes]:
 
 
 def rest_of_output(channel, head: bytes) -> tuple[int, list[str], str]:
-    """Read `channel` to its end: (exit status, its output lines after the first, its stderr). Both streams are
-    read as they come (as pyinfra does), so a command writing much to one never waits on the other."""
-    channel.settimeout(None)  # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
+    """Read `channel` to its end: (exit status, its output lines after the first, its stderr). Both
+    streams are read as they come (as pyinfra does), so a command writing much to one never waits on
+    the other."""
+    # as long as the command runs; a dead peer ends the connection (DEAD_PEER_S)
+    channel.settimeout(None)
     try:
         errors = gevent.spawn(_read_to_end, channel.recv_stderr)
         out = _read_to_end(channel.recv, head)
@@ -105,8 +111,8 @@ def _read_to_end(recv, head: bytes = b"") -> bytes:
 
 
 class Reader:
-    """The sending end: `read(n)` gives the next bytes (b"" at the end), `close()` its (exit status, stderr),
-    `stop()` ends it early (the receiving end has gone: nothing more is read)."""
+    """The sending end: `read(n)` gives the next bytes (b"" at the end), `close()` its (exit status,
+    stderr), `stop()` ends it early (the receiving end has gone: nothing more is read)."""
 
     read: Callable[[int], bytes]
 
@@ -123,7 +129,8 @@ class HostReader(Reader):
         self.read = self._channel.recv
 
     def close(self) -> tuple[int, str]:
-        return self._channel.recv_exit_status(), self._channel.recv_stderr(4096).decode(errors="replace")
+        return (self._channel.recv_exit_status(),
+                self._channel.recv_stderr(4096).decode(errors="replace"))
 
     def stop(self) -> None:
         self._channel.close()
@@ -142,24 +149,27 @@ class LocalReader(Reader):
 
 
 def unpack_command(dest: str, suffix: str = "") -> str:
-    """The command that unpacks a tar stream from another host (a model, a donor's venv files) into the directory
-    `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky bit, no write for group or
-    others), refusing by name what `tar -x` would make as the sender said (a device node, a fifo, a name or a
-    link out of the tree): operations/remote/untar_as_root.py. The script travels as an argument: stdin is the stream.
-    `suffix` is appended to every regular file's name (wheels from another host land as `NAME.part`, to be checked)."""
+    """The command that unpacks a tar stream from another host (a model, a donor's venv files) into
+    the directory `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky
+    bit, no write for group or others), refusing by name what `tar -x` would make as the sender said
+    (a device node, a fifo, a name or a link out of the tree): operations/remote/untar_as_root.py.
+    The script travels as an argument: stdin is the stream. `suffix` is appended to every regular
+    file's name (wheels from another host land as `NAME.part`, to be checked)."""
     command = f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
     return f"{command} {shlex.quote(suffix)}" if suffix else command
 
 
-# Bulk bytes ---------------------------------------------------------------------------------------------------------
+# Bulk bytes ---------------------------------------------------------------------------------------
 #
-# A transfer is a list of jobs, run `streams` at a time; each job is one stream: a sending end (a `tar` on another host,
-# or files of this machine made into a tar stream here) relayed here into a receiving end (a command on the target host
-# reading its stdin). Each end is an OpenSSH process where `openssh.route` has one for its host, else a channel of
-# pyinfra's own connection. The first job that fails stops the others (their sending ends are ended; their receiving
-# ends see their input end and say so), and the transfer says why.
+# A transfer is a list of jobs, run `streams` at a time; each job is one stream: a sending end (a
+# `tar` on another host, or files of this machine made into a tar stream here) relayed here into a
+# receiving end (a command on the target host reading its stdin). Each end is an OpenSSH process
+# where `openssh.route` has one for its host, else a channel of pyinfra's own connection. The first
+# job that fails stops the others (their sending ends are ended; their receiving ends see their
+# input end and say so), and the transfer says why.
 
-PIPE_SIZE = 1 << 20  # the kernel pipes between us and the ssh processes (Linux; best effort): fewer, larger reads
+# the kernel pipes between us and the ssh processes (Linux; best effort): fewer, larger reads
+PIPE_SIZE = 1 << 20
 F_SETPIPE_SZ = 1031
 
 
@@ -171,7 +181,8 @@ def _bigger_pipe(stream) -> None:
 
 
 class ReceiverGone(OSError):
-    """The receiving end stopped taking bytes (it refused the stream, failed, or its connection ended)."""
+    """The receiving end stopped taking bytes (it refused the stream, failed, or its connection
+    ended)."""
 
 
 class Stopped(OSError):
@@ -199,9 +210,11 @@ class ProcessSink(Sink):
 
     def __init__(self, argv: list[str], host=None):
         if host is not None:
-            host_reads.forget(host)  # what the command writes is not in the answers host_reads keeps for that host
+            # what the command writes is not in the answers host_reads keeps for that host
+            host_reads.forget(host)
         self._said = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._said, stderr=self._said, start_new_session=True,
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._said,
+                                      stderr=self._said, start_new_session=True,
                                       env=openssh.environment())
         _bigger_pipe(self._proc.stdin)
 
@@ -225,7 +238,8 @@ class ProcessSink(Sink):
 
 
 class ChannelSink(Sink):
-    """The command on a channel of the host's pyinfra connection (where OpenSSH does not reach it)."""
+    """The command on a channel of the host's pyinfra connection (where OpenSSH does not reach
+    it)."""
 
     def __init__(self, host, command: str):
         self._channel = channel(host, command)
@@ -247,8 +261,8 @@ class ChannelSink(Sink):
 
 
 class Source:
-    """A sending end: `send(sink, count)` gives it everything (`count(n)` after each block), `finish()` its (exit
-    status, what it said), `stop()` ends it early from another stream."""
+    """A sending end: `send(sink, count)` gives it everything (`count(n)` after each block),
+    `finish()` its (exit status, what it said), `stop()` ends it early from another stream."""
 
     def send(self, sink: Sink, count: Callable[[int], None]) -> None:
         raise NotImplementedError
@@ -261,7 +275,8 @@ class Source:
 
 
 def _feed(write, close, data: bytes) -> None:
-    """Give a sending command its stdin (a list of names) beside the relay of its stdout, so that neither waits on the other."""
+    """Give a sending command its stdin (a list of names) beside the relay of its stdout, so that
+    neither waits on the other."""
 
     def run():
         try:
@@ -295,16 +310,17 @@ class _Relay(Source):
 
 
 def _splice(source: int, sink: int, count: Callable[[int], None]) -> None:
-    """Move everything from pipe `source` to pipe `sink` inside the kernel (Linux `splice`: no copy through this
-    process), `count(n)` after each move; returns at the source's end. Both ends are made non-blocking and waited on
-    with `select`, which gevent makes cooperative under pyinfra."""
+    """Move everything from pipe `source` to pipe `sink` inside the kernel (Linux `splice`: no copy
+    through this process), `count(n)` after each move; returns at the source's end. Both ends are
+    made non-blocking and waited on with `select`, which gevent makes cooperative under pyinfra."""
     os.set_blocking(source, False)
     os.set_blocking(sink, False)
     while True:
         select.select([source], [], [])
         try:
             moved = os.splice(source, sink, CHUNK, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
-        except BlockingIOError:  # the receiving end's pipe is full (the source had bytes): wait until it takes more
+        # the receiving end's pipe is full (the source had bytes): wait until it takes more
+        except BlockingIOError:
             select.select([], [sink], [])
             continue
         except (BrokenPipeError, ConnectionResetError) as exc:
@@ -317,8 +333,9 @@ def _splice(source: int, sink: int, count: Callable[[int], None]) -> None:
 
 
 class ProcessSource(_Relay):
-    """`ssh HOST COMMAND` (or a local process): what it writes on stdout; `stdin` given to it. Into another process
-    (`ProcessSink`: ssh to the receiving host) the bytes move between the two pipes inside the kernel (Linux)."""
+    """`ssh HOST COMMAND` (or a local process): what it writes on stdout; `stdin` given to it. Into
+    another process (`ProcessSink`: ssh to the receiving host) the bytes move between the two pipes
+    inside the kernel (Linux)."""
 
     def send(self, sink: Sink, count: Callable[[int], None]) -> None:
         if isinstance(sink, ProcessSink) and hasattr(os, "splice"):
@@ -328,7 +345,8 @@ class ProcessSource(_Relay):
 
     def __init__(self, argv: list[str], stdin: bytes = b""):
         self._said = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._said, start_new_session=True,
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._said, start_new_session=True,
                                       env=openssh.environment())
         _bigger_pipe(self._proc.stdout)
         out = self._proc.stdout
@@ -355,7 +373,8 @@ class ChannelSource(_Relay):
         _feed(self._channel.sendall, self._channel.shutdown_write, stdin)
 
     def finish(self) -> tuple[int, str]:
-        return self._channel.recv_exit_status(), self._channel.recv_stderr(1 << 16).decode(errors="replace").strip()
+        return (self._channel.recv_exit_status(),
+                self._channel.recv_stderr(1 << 16).decode(errors="replace").strip())
 
     def stop(self) -> None:
         self._channel.close()
@@ -376,9 +395,10 @@ class ReaderSource(_Relay):
 
 
 class Fetched(Source):
-    """A receiving host that fetches the bytes itself, from the source host (operations/peer_keys.py): the command
-    there (`inner`, a sending end of this machine's) writes back only how many bytes it has received so far, a line at a
-    time, which are counted as they come. Nothing of the transfer's own bytes passes through this machine."""
+    """A receiving host that fetches the bytes itself, from the source host
+    (operations/peer_keys.py): the command there (`inner`, a sending end of this machine's) writes
+    back only how many bytes it has received so far, a line at a time, which are counted as they
+    come. Nothing of the transfer's own bytes passes through this machine."""
 
     def __init__(self, inner: _Relay):
         self._inner = inner
@@ -416,8 +436,9 @@ class Nowhere(Sink):
 
 
 class FilesSource(Source):
-    """Files of this machine, made into a tar stream here (no `tar` needed here): [(path, member name)], each added as
-    what it is (a link as a link, a fifo as a fifo: the receiving end judges it)."""
+    """Files of this machine, made into a tar stream here (no `tar` needed here): [(path, member
+    name)], each added as what it is (a link as a link, a fifo as a fifo: the receiving end judges
+    it)."""
 
     def __init__(self, files: list[tuple[str, str]]):
         self._files = files
@@ -430,7 +451,8 @@ class FilesSource(Source):
                 self._send_into_pipe(sink.fileno(), count)
             except (ReceiverGone, Stopped):
                 raise
-            except OSError as exc:  # a file of ours could not be read: the stream stops short, and says why
+            # a file of ours could not be read: the stream stops short, and says why
+            except OSError as exc:
                 self._failed = f"{exc.filename or ''}: {exc.strerror or exc}"
             return
         source = self
@@ -444,17 +466,20 @@ class FilesSource(Source):
                 return len(data)
 
         try:
-            with tarfile.open(fileobj=Out(), mode="w|", bufsize=CHUNK, format=tarfile.GNU_FORMAT, copybufsize=CHUNK) as archive:
+            with tarfile.open(fileobj=Out(), mode="w|", bufsize=CHUNK, format=tarfile.GNU_FORMAT,
+                              copybufsize=CHUNK) as archive:
                 for path, name in self._files:
                     archive.add(path, arcname=name, recursive=False)
         except (ReceiverGone, Stopped):
             raise
-        except OSError as exc:  # a file of ours could not be read: the stream stops short, and says why
+        # a file of ours could not be read: the stream stops short, and says why
+        except OSError as exc:
             self._failed = f"{exc.filename or ''}: {exc.strerror or exc}"
 
     def _send_into_pipe(self, pipe: int, count: Callable[[int], None]) -> None:
-        """The same tar stream as `tarfile` writes (its own headers, hard links as links), each file's bytes moved from
-        the page cache into the pipe by the kernel (`sendfile`: no copy through this process)."""
+        """The same tar stream as `tarfile` writes (its own headers, hard links as links), each
+        file's bytes moved from the page cache into the pipe by the kernel (`sendfile`: no copy
+        through this process)."""
         os.set_blocking(pipe, False)
 
         def put(data: bytes) -> None:
@@ -472,7 +497,8 @@ class FilesSource(Source):
                 view = view[wrote:]
                 count(wrote)
 
-        archive = tarfile.TarFile(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT)  # headers, and links seen
+        # headers, and links seen
+        archive = tarfile.TarFile(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT)
         for path, name in self._files:
             info = archive.gettarinfo(path, arcname=name)
             if info is None:
@@ -514,9 +540,11 @@ def _connected(host) -> bool:
     return transport is not None and hasattr(transport, "is_active") and transport.is_active()
 
 
-def receiving_end(host, command: str, log: Callable[[str], None] | None = None, small: bool = False) -> Callable[[], Sink]:
-    """How to open `command` on `host` as a receiving end: over OpenSSH where it reaches the host, else pyinfra's channel
-    (`small`: a few bytes, which pyinfra's open connection carries without a handshake of their own)."""
+def receiving_end(host, command: str, log: Callable[[str], None] | None = None,
+                  small: bool = False) -> Callable[[], Sink]:
+    """How to open `command` on `host` as a receiving end: over OpenSSH where it reaches the host,
+    else pyinfra's channel (`small`: a few bytes, which pyinfra's open connection carries without a
+    handshake of their own)."""
     argv = None if small and _connected(host) else openssh.route(host, log)
     if argv is None:
         return lambda: ChannelSink(host, command)
@@ -525,7 +553,8 @@ def receiving_end(host, command: str, log: Callable[[str], None] | None = None, 
 
 def sending_end(host, command: str, stdin: bytes = b"", log: Callable[[str], None] | None = None,
                 small: bool = False) -> Callable[[], Source]:
-    """How to open `command` on `host` (another host: a model's source, a donor) as a sending end."""
+    """How to open `command` on `host` (another host: a model's source, a donor) as a sending
+    end."""
     argv = None if small and _connected(host) else openssh.route(host, log)
     if argv is not None:
         return lambda: ProcessSource([*argv, command], stdin)
@@ -535,13 +564,15 @@ def sending_end(host, command: str, stdin: bytes = b"", log: Callable[[str], Non
 
 
 def carried_by(*hosts) -> str:
-    """What carried bytes between these hosts (and this machine): OpenSSH where it reaches every one of them."""
+    """What carried bytes between these hosts (and this machine): OpenSSH where it reaches every one
+    of them."""
     return "OpenSSH" if all(openssh.route(h) is not None for h in hosts) else "pyinfra's connection"
 
 
 @dataclass
 class Job:
-    """One stream: `size` bytes (about) from `source()` into `sink()`; `what` names it in messages."""
+    """One stream: `size` bytes (about) from `source()` into `sink()`; `what` names it in
+    messages."""
 
     what: str
     size: int
@@ -554,20 +585,24 @@ class Moved:
     ok: bool
     sent: int
     elapsed_s: float
-    failures: list[str] = field(default_factory=list)  # the first is the cause; the others were stopped by it
+    # the first is the cause; the others were stopped by it
+    failures: list[str] = field(default_factory=list)
 
     def after(self, earlier: "Moved") -> "Moved":
         """This transfer counted with the one before it."""
-        return Moved(self.ok and earlier.ok, earlier.sent + self.sent, earlier.elapsed_s + self.elapsed_s, earlier.failures + self.failures)
+        return Moved(self.ok and earlier.ok, earlier.sent + self.sent,
+                     earlier.elapsed_s + self.elapsed_s, earlier.failures + self.failures)
 
     @property
     def refused(self) -> bool:
-        """The receiving end refused what a source sent (a link out of the tree, a device, ...: untar_as_root.py)."""
+        """The receiving end refused what a source sent (a link out of the tree, a device, ...:
+        untar_as_root.py)."""
         return any("untar: refused" in failure for failure in self.failures)
 
     @property
     def why(self) -> str:
-        more = f" (and {len(self.failures) - 1} other stream(s) stopped)" if len(self.failures) > 1 else ""
+        more = (f" (and {len(self.failures) - 1} other stream(s) stopped)"
+                if len(self.failures) > 1 else "")
         return (self.failures[0] if self.failures else "") + more
 
 
@@ -585,7 +620,8 @@ def _one(job: Job, count: Callable[[int], None], live: set) -> tuple[bool, str]:
     gone = ""
     try:
         source.send(sink, count)
-    except OSError as exc:  # the receiving end has gone (its status says why), or another stream failed
+    # the receiving end has gone (its status says why), or another stream failed
+    except OSError as exc:
         gone = str(exc)
         source.stop()
     finally:
@@ -598,8 +634,10 @@ def _one(job: Job, count: Callable[[int], None], live: set) -> tuple[bool, str]:
     return False, f"{job.what} ({read_status}/{write_status}): {said}"
 
 
-def transfer(jobs: list[Job], streams: int, progress: Callable[[int, float], None] | None = None) -> Moved:
-    """Run `jobs`, `streams` at a time; `progress(bytes sent, seconds)` every PROGRESS_EVERY_S over them all."""
+def transfer(jobs: list[Job], streams: int,
+             progress: Callable[[int, float], None] | None = None) -> Moved:
+    """Run `jobs`, `streams` at a time; `progress(bytes sent, seconds)` every PROGRESS_EVERY_S over
+    them all."""
     lock = threading.Lock()
     queue, failures, live = list(jobs), [], set()
     start = time.monotonic()
@@ -629,7 +667,8 @@ def transfer(jobs: list[Job], streams: int, progress: Callable[[int, float], Non
                 for source in others:
                     source.stop()
 
-    workers = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(streams, len(jobs))))]
+    workers = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(streams, len(jobs))))]
     for thread in workers:
         thread.start()
     for thread in workers:
@@ -637,9 +676,11 @@ def transfer(jobs: list[Job], streams: int, progress: Callable[[int, float], Non
     return Moved(not failures, sent[0], time.monotonic() - start, failures)
 
 
-def batches(sizes: dict[str, int], streams: int, together: Callable[[str], object] = lambda name: name) -> list[list[str]]:
-    """The names in `sizes` as at most `streams` lists of about equal bytes (largest first, each to the lightest list),
-    each in name order; a file is never split, and names with one `together(name)` go in one list."""
+def batches(sizes: dict[str, int], streams: int,
+            together: Callable[[str], object] = lambda name: name) -> list[list[str]]:
+    """The names in `sizes` as at most `streams` lists of about equal bytes (largest first, each to
+    the lightest list), each in name order; a file is never split, and names with one
+    `together(name)` go in one list."""
     units: dict[object, list[str]] = {}
     for name in sizes:
         units.setdefault(together(name), []).append(name)
@@ -655,14 +696,16 @@ def rate_line(what: str, sent: int, total: int, elapsed: float, streams: int) ->
     """The progress line: bytes, rate and ETA over the whole transfer."""
     rate = sent / max(elapsed, 1e-6)
     eta = max(total - sent, 0) / rate if rate else 0
-    return (f"{what}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, {rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s"
+    return (f"{what}: {sent / 2**20:.0f} MiB of ~{total / 2**20:.0f} MiB, "
+            f"{rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s"
             f" ({streams} stream{'s' if streams != 1 else ''})")
 
 
-# Wheels pushed from the wheelhouse --------------------------------------------------------------------------------
+# Wheels pushed from the wheelhouse ----------------------------------------------------------------
 
-# Run on the host before a push: which `NAME.part` files a run that died half way left whole and right (root's, not a
-# link, writable by root alone, the size and the pinned sha256 of the file to push): those are not sent again.
+# Run on the host before a push: which `NAME.part` files a run that died half way left whole and
+# right (root's, not a link, writable by root alone, the size and the pinned sha256 of the file to
+# push): those are not sent again.
 VERIFIED_PARTS = r"""
 import hashlib, json, os, stat, sys
 ok = []
@@ -673,7 +716,8 @@ for path, size, sha256 in json.load(sys.stdin):
         continue
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size != size:
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size != size):
             continue
         digest = hashlib.sha256()
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -691,14 +735,16 @@ def with_stdin(command: str, data) -> str:
 
 
 class Pushes:
-    """Files of this machine that one operation pushes to one host, in one transfer (`transfer`: several streams at
-    once, over OpenSSH where it reaches the host) when the first of its `Upload` commands runs. Each file lands whole
-    under its remote name (`unpack_command`: written beside it, renamed once whole). A file whose remote name already
-    holds it whole, root's, and with its pinned sha256 (a run that died half way) is not sent again."""
+    """Files of this machine that one operation pushes to one host, in one transfer (`transfer`:
+    several streams at once, over OpenSSH where it reaches the host) when the first of its `Upload`
+    commands runs. Each file lands whole under its remote name (`unpack_command`: written beside it,
+    renamed once whole). A file whose remote name already holds it whole, root's, and with its
+    pinned sha256 (a run that died half way) is not sent again."""
 
     def __init__(self, what: str = "wheel"):
         self.what = what
-        self.files: list[tuple[str, str, str | None]] = []  # (local path, remote path, pinned sha256)
+        # (local path, remote path, pinned sha256)
+        self.files: list[tuple[str, str, str | None]] = []
         self._done: dict[str, bool] | None = None
         self._verified: set[str] | None = None
 
@@ -712,21 +758,25 @@ class Pushes:
             pinned = [[dest, file_size(src), sha] for src, dest, sha in self.files if sha]
             self._verified = set()
             if pinned:
-                ok, output = host.run_shell_command(with_stdin(f"python3 -I -c {shlex.quote(VERIFIED_PARTS)}", pinned), print_output=False)
+                ok, output = host.run_shell_command(
+                    with_stdin(f"python3 -I -c {shlex.quote(VERIFIED_PARTS)}", pinned),
+                    print_output=False)
                 if ok:
                     try:
-                        self._verified = set(json.loads(output.stdout.strip().splitlines()[-1])) & {p[0] for p in pinned}
+                        self._verified = (set(json.loads(output.stdout.strip().splitlines()[-1]))
+                                          & {p[0] for p in pinned})
                     except (ValueError, IndexError):
                         self._verified = set()
             if self._verified:
-                host.log(f"{len(self._verified)} {self.what} file(s) already whole on the host with their sha256 (a run that "
-                         "stopped half way): not sent again")
+                host.log(f"{len(self._verified)} {self.what} file(s) already whole on the host "
+                         "with their sha256 (a run that stopped half way): not sent again")
         return self._verified
 
     def landed(self, state, host, dest: str, fallback: Callable[[], bool]) -> bool:
-        """Whether `dest` is pushed: the whole transfer runs at the first file asked for; where OpenSSH does not reach
-        the host, each file goes by `fallback` (pyinfra's own upload)."""
-        if self._verified is None:  # the route's probe (an SSH handshake) beside the check of what is there already
+        """Whether `dest` is pushed: the whole transfer runs at the first file asked for; where
+        OpenSSH does not reach the host, each file goes by `fallback` (pyinfra's own upload)."""
+        # the route's probe (an SSH handshake) beside the check of what is there already
+        if self._verified is None:
             probe = threading.Thread(target=openssh.decide, args=([host],), daemon=True)
             probe.start()
             self.verified(host)
@@ -740,7 +790,8 @@ class Pushes:
         return self._done.get(dest, False)
 
     def _pushed(self, state, host) -> dict[str, bool]:
-        """The transfer (`fanout.WheelPushes` reads from another host of the run where one holds the files)."""
+        """The transfer (`fanout.WheelPushes` reads from another host of the run where one holds the
+        files)."""
         return self._push(host)
 
     def _push(self, host) -> dict[str, bool]:
@@ -752,17 +803,22 @@ class Pushes:
         for names in batches(sizes, streams):
             directories = {str(PurePosixPath(d).parent) for d in names}
             for directory in sorted(directories):
-                files = [(local[d], PurePosixPath(d).name) for d in names if str(PurePosixPath(d).parent) == directory]
+                files = [(local[d], PurePosixPath(d).name) for d in names
+                         if str(PurePosixPath(d).parent) == directory]
                 jobs.append(Job(f"{self.what}s to {directory}", sum(sizes[d] for d in names),
-                                (lambda files=files: FilesSource(files)), receiving_end(host, unpack_command(directory))))
+                                (lambda files=files: FilesSource(files)),
+                                receiving_end(host, unpack_command(directory))))
         total = sum(sizes.values())
         label = f"pushing {len(todo)} {self.what}(s) over OpenSSH"
-        moved = transfer(jobs, streams, lambda sent, elapsed: host.log(rate_line(label, sent, total, elapsed, min(streams, len(jobs)))))
+        moved = transfer(jobs, streams, lambda sent, elapsed: host.log(
+            rate_line(label, sent, total, elapsed, min(streams, len(jobs)))))
         if not moved.ok:
-            host.log_styled(f"pushing {self.what}s failed: {moved.why}", fg="red", log_func=logger.error)
+            host.log_styled(f"pushing {self.what}s failed: {moved.why}", fg="red",
+                            log_func=logger.error)
             return {}
-        host.log(f"pushed {len(todo)} {self.what}(s), {total / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over OpenSSH "
-                 f"({min(streams, len(jobs))} stream(s), {total / 2**20 / max(moved.elapsed_s, 1e-6):.0f} MiB/s)")
+        host.log(f"pushed {len(todo)} {self.what}(s), {total / 2**20:.0f} MiB in "
+                 f"{moved.elapsed_s:.1f} s over OpenSSH ({min(streams, len(jobs))} stream(s), "
+                 f"{total / 2**20 / max(moved.elapsed_s, 1e-6):.0f} MiB/s)")
         return {dest: True for dest in sizes}
 
 
@@ -771,12 +827,13 @@ def file_size(path: str) -> int:
 
 
 class Upload(FileUploadCommand):
-    """pyinfra's upload of one file, carried by its `Pushes` (all of an operation's files in one parallel transfer
-    over OpenSSH; pyinfra's own upload where OpenSSH does not reach the host)."""
+    """pyinfra's upload of one file, carried by its `Pushes` (all of an operation's files in one
+    parallel transfer over OpenSSH; pyinfra's own upload where OpenSSH does not reach the host)."""
 
     def __init__(self, pushes: Pushes, src: str, dest: str):
         super().__init__(src, dest)
         self.pushes = pushes
 
     def execute(self, state, host, connector_arguments):
-        return self.pushes.landed(state, host, self.dest, lambda: super(Upload, self).execute(state, host, connector_arguments))
+        return self.pushes.landed(state, host, self.dest, lambda: super(Upload, self).execute(
+            state, host, connector_arguments))

@@ -4,16 +4,16 @@ A host moved to after a GPU failure often has no models. When the data names a s
 a model - another host of the inventory (`model_sources: {Qwen3.6-27B: gpu-a}`) or a
 directory on the control machine (`model_sources: {Qwen3.6-27B: /data/models/Qwen3.6-27B}`) -
 the model is streamed from there into this host's store: host to host, this host reading from the
-source itself on a one-time key for exactly the model's files (operations/peer_keys.py), or, where it
-cannot reach the source, through the control machine (a `tar` on the source, relayed here between two
-OpenSSH processes, nothing written on the control machine; pyinfra's own connections where OpenSSH does
-not reach a host: operations/openssh.py), or from the control machine's directory made into a tar stream here,
-into a temporary sibling `.NAME.partial` that is renamed into place only when complete and
-checked (every file's relative path and size). The files go in several streams at once
-(`transfer_streams`, 4 by default; a file is never split, the largest first, each to the
-lightest stream), then the directories (their modes and mtimes) in one more. SSH's own
-integrity check covers the bytes in flight; the staged copy in shm is then built and verified
-from this store as usual. The source is only read.
+source itself on a one-time key for exactly the model's files (operations/peer_keys.py), or, where
+it cannot reach the source, through the control machine (a `tar` on the source, relayed here between
+two OpenSSH processes, nothing written on the control machine; pyinfra's own connections where
+OpenSSH does not reach a host: operations/openssh.py), or from the control machine's directory made
+into a tar stream here, into a temporary sibling `.NAME.partial` that is renamed into place only
+when complete and checked (every file's relative path and size). The files go in several streams at
+once (`transfer_streams`, 4 by default; a file is never split, the largest first, each to the
+lightest stream), then the directories (their modes and mtimes) in one more. SSH's own integrity
+check covers the bytes in flight; the staged copy in shm is then built and verified from this store
+as usual. The source is only read.
 The receiving end is not `tar -x` but `streaming.unpack_command`: the files land as root's, without
 the source's owners or setuid bits, and a device node, a fifo or a link out of the tree stops the
 copy, naming it; the temporary sibling is then removed. A transfer cut any other way (a
@@ -43,7 +43,8 @@ OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never par
 
 @host_reads.batched()
 class StoreListing(FactBase):
-    """``{relpath: size}`` of a model directory (marker and manifest files left out), or None if absent."""
+    """``{relpath: size}`` of a model directory (marker and manifest files left out), or None if
+    absent."""
 
     def command(self, path: str) -> str:
         return remote.command("model_listing", shlex.quote(path))
@@ -66,8 +67,8 @@ def local_listing(path: str) -> dict[str, int] | None:
 
 
 class _HostSource:
-    """A model in another host's store, read by `tar` on that host (over OpenSSH where it reaches the host, else over
-    pyinfra's connection to it)."""
+    """A model in another host's store, read by `tar` on that host (over OpenSSH where it reaches
+    the host, else over pyinfra's connection to it)."""
 
     def __init__(self, state, target, name: str, path: str):
         self.label, self.path = f"{name}:{path}", path
@@ -85,27 +86,37 @@ class _HostSource:
 
     def times(self, rels: list[str]) -> dict[str, list[int]]:
         ok, output = self.host.run_shell_command(
-            streaming.with_stdin(f"python3 -I -c {shlex.quote(SOURCE_TIMES)} {shlex.quote(self.path)}", rels), print_output=False)
+            streaming.with_stdin(
+                f"python3 -I -c {shlex.quote(SOURCE_TIMES)} {shlex.quote(self.path)}", rels),
+            print_output=False)
         return _last_json(output.stdout) if ok else {}
 
     def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
-        # Names from stdin (NUL-separated, taken as they are), each as `./NAME` (the member names a whole-tree tar gives).
-        tar = f"tar -C {shlex.quote(self.path)} --null --verbatim-files-from --no-recursion -T - -cf -"
-        return streaming.sending_end(self.host, tar, b"".join(f"./{n}".encode() + b"\0" for n in names), log)
+        # Names from stdin (NUL-separated, taken as they are), each as `./NAME` (the member names a
+        # whole-tree tar gives).
+        tar = (f"tar -C {shlex.quote(self.path)} --null --verbatim-files-from --no-recursion "
+               "-T - -cf -")
+        return streaming.sending_end(self.host, tar,
+                                     b"".join(f"./{n}".encode() + b"\0" for n in names), log)
 
     def together(self, rel: str):
-        return rel  # the listing says nothing of hard links: each file on its own (a link's files arrive as copies)
+        # the listing says nothing of hard links: each file on its own (a link's files arrive as
+        # copies)
+        return rel
 
     def dirs_sender(self, log) -> Callable[[], streaming.Source]:
-        """The model's directories alone (their modes and mtimes, empty ones too), sent once every file is in."""
-        tar = f"cd {shlex.quote(self.path)} && find . -type d -print0 | tar --null --verbatim-files-from --no-recursion -T - -cf -"
+        """The model's directories alone (their modes and mtimes, empty ones too), sent once every
+        file is in."""
+        tar = (f"cd {shlex.quote(self.path)} && find . -type d -print0 | tar --null "
+               "--verbatim-files-from --no-recursion -T - -cf -")
         return streaming.sending_end(self.host, tar, log=log, small=True)
 
     def hosts(self) -> tuple:
         return (self.host,)
 
     def direct(self, target, names: list[str], log) -> peer_keys.Grant | None:
-        """`target` reading `names` from this host itself, on a one-time key (operations/peer_keys.py); None: through here."""
+        """`target` reading `names` from this host itself, on a one-time key
+        (operations/peer_keys.py); None: through here."""
         return peer_keys.granted(self.host, target, self.path, names, log)
 
 
@@ -119,8 +130,8 @@ class _LocalSource:
         return local_listing(self.path)
 
     def names(self, listing: dict[str, int]) -> list[str]:
-        """Every entry under the directory that is not a directory (links and special files too: the receiving end
-        refuses what it must), our own files left out."""
+        """Every entry under the directory that is not a directory (links and special files too: the
+        receiving end refuses what it must), our own files left out."""
         out = []
         for top, dirs, files in os.walk(self.path):
             for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
@@ -144,15 +155,19 @@ class _LocalSource:
         return lambda: streaming.FilesSource(files)
 
     def together(self, rel: str):
-        """Files that are hard links of one another go in one stream (the receiving end links them again)."""
+        """Files that are hard links of one another go in one stream (the receiving end links them
+        again)."""
         st = os.lstat(os.path.join(self.path, rel))
         return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else rel
 
     def dirs_sender(self, log) -> Callable[[], streaming.Source]:
-        """The model's directories alone (their modes and mtimes, empty ones too), sent once every file is in."""
-        dirs = [os.path.relpath(os.path.join(top, d), self.path) for top, names, _ in os.walk(self.path) for d in names
+        """The model's directories alone (their modes and mtimes, empty ones too), sent once every
+        file is in."""
+        dirs = [os.path.relpath(os.path.join(top, d), self.path)
+                for top, names, _ in os.walk(self.path) for d in names
                 if not os.path.islink(os.path.join(top, d))]
-        return lambda: streaming.FilesSource([(os.path.join(self.path, d), f"./{d}") for d in sorted(dirs)])
+        return lambda: streaming.FilesSource(
+            [(os.path.join(self.path, d), f"./{d}") for d in sorted(dirs)])
 
     def hosts(self) -> tuple:
         return ()
@@ -161,11 +176,12 @@ class _LocalSource:
         return None  # the control machine's own files: through here
 
 
-# Run on the receiving host before a model is streamed into `.NAME.partial`: keep what a run that stopped half way
-# left there whole (a regular file, root's, not a link, writable by root alone, one link, named and sized as in the
-# source's listing: the unpacker renames a file into place only once whole), remove everything else (the unpacker's
-# temporary names among it); a `.NAME.partial` that is not root's own directory is removed whole, and one is made
-# where there is none. Prints {relpath: [size, mtime]} of what it kept. argv: PARTIAL; stdin: {relpath: size}.
+# Run on the receiving host before a model is streamed into `.NAME.partial`: keep what a run that
+# stopped half way left there whole (a regular file, root's, not a link, writable by root alone, one
+# link, named and sized as in the source's listing: the unpacker renames a file into place only once
+# whole), remove everything else (the unpacker's temporary names among it); a `.NAME.partial` that
+# is not root's own directory is removed whole, and one is made where there is none. Prints
+# {relpath: [size, mtime]} of what it kept. argv: PARTIAL; stdin: {relpath: size}.
 RESUME = r"""
 import json, os, shutil, stat, sys
 partial = sys.argv[1]
@@ -206,7 +222,8 @@ for top, dirs, files in os.walk(partial):
             os.unlink(path)
 print(json.dumps(kept))
 """
-# Run on the source host: {relpath: [size, mtime]} of the regular files named on stdin (JSON), under ROOT. argv: ROOT
+# Run on the source host: {relpath: [size, mtime]} of the regular files named on stdin (JSON), under
+# ROOT. argv: ROOT
 SOURCE_TIMES = r"""
 import json, os, stat, sys
 root = sys.argv[1]
@@ -231,15 +248,19 @@ def _last_json(text: str):
 
 def _resumable(host, partial: str, listing: dict[str, int]) -> dict[str, list[int]] | None:
     """What `partial` holds whole already (RESUME), or None where it could not be prepared."""
-    ok, output = host.run_shell_command(streaming.with_stdin(f"python3 -I -c {shlex.quote(RESUME)} {shlex.quote(partial)}", listing),
-                                        print_output=False)
+    ok, output = host.run_shell_command(
+        streaming.with_stdin(
+            f"python3 -I -c {shlex.quote(RESUME)} {shlex.quote(partial)}", listing),
+        print_output=False)
     kept = _last_json(output.stdout) if ok else None
     return kept if isinstance(kept, dict) else None
 
 
 def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
-    source = _LocalSource(state, host, src) if is_local(source_name) else _HostSource(state, host, source_name, src)
-    # The routes' probes (an SSH handshake each) beside the listings and the `.NAME.partial`'s preparation.
+    source = (_LocalSource(state, host, src) if is_local(source_name)
+              else _HostSource(state, host, source_name, src))
+    # The routes' probes (an SSH handshake each) beside the listings and the `.NAME.partial`'s
+    # preparation.
     probes = threading.Thread(target=openssh.decide, args=([host, *source.hosts()],), daemon=True)
     probes.start()
     try:
@@ -248,42 +269,52 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
         host.log_styled(f"cannot stream {source.label}: {exc}", fg="red", log_func=logger.error)
         return False
     if not src_listing:
-        host.log_styled(f"cannot stream: no model at {source.label}", fg="red", log_func=logger.error)
+        host.log_styled(f"cannot stream: no model at {source.label}", fg="red",
+                        log_func=logger.error)
         return False
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
     kept = _resumable(host, partial, src_listing)
     if kept is None:
-        host.log_styled(f"streaming {name}: {partial} could not be prepared", fg="red", log_func=logger.error)
+        host.log_styled(f"streaming {name}: {partial} could not be prepared", fg="red",
+                        log_func=logger.error)
         return False
     theirs = source.times(sorted(kept)) if kept else {}
     already = {rel for rel, seen in kept.items() if theirs.get(rel) == seen}
     if already:
-        host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} already (a run that stopped "
-                 "half way), as in the source (size and mtime): not sent again")
-    sizes = {rel: src_listing.get(rel, 0) for rel in source.names(src_listing) if rel not in already}
+        host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} "
+                 "already (a run that stopped half way), as in the source (size and mtime): not "
+                 "sent again")
+    sizes = {rel: src_listing.get(rel, 0) for rel in source.names(src_listing)
+             if rel not in already}
     streams = openssh.streams(host)
-    # Host to host where the receiver reaches the source (a one-time key for exactly these files), else through here.
+    # Host to host where the receiver reaches the source (a one-time key for exactly these files),
+    # else through here.
     direct = source.direct(host, sorted(sizes), host.log) if sizes else None
     probes.join()
-    openssh.decide([host, *source.hosts()], host.log)  # says, once, where a host's bytes go over pyinfra's connection
+    # says, once, where a host's bytes go over pyinfra's connection
+    openssh.decide([host, *source.hosts()], host.log)
     unpack = streaming.unpack_command(partial)
     jobs = [
-        direct.job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), names, unpack) if direct else
-        streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), source.sender(names, host.log),
+        direct.job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), names, unpack)
+        if direct else
+        streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names),
+                      source.sender(names, host.log),
                       streaming.receiving_end(host, unpack, host.log))
         for names in streaming.batches(sizes, streams, source.together)
     ] if sizes else []
     total = sum(sizes.values())
     label = f"streaming {name} from {source.label}{' directly' if direct else ''}"
     try:
-        moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+        moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(
+            streaming.rate_line(label, sent, total, elapsed, len(jobs))))
     finally:
         if direct:
             direct.close()
     if moved.ok:
         dirs = streaming.Job(f"{name}: its directories", 0, source.dirs_sender(host.log),
-                             streaming.receiving_end(host, streaming.unpack_command(partial), host.log, small=True))
+                             streaming.receiving_end(host, streaming.unpack_command(partial),
+                                                     host.log, small=True))
         moved = streaming.transfer([dirs], 1).after(moved)
     if not moved.ok:
         if moved.refused:
@@ -291,27 +322,34 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
             left = "nothing of it is kept"
         else:
             left = f"what came whole stays in {partial}: the next run sends only the rest"
-        host.log_styled(f"streaming {name} from {source.label} failed: {moved.why}; {left}", fg="red", log_func=logger.error)
+        host.log_styled(f"streaming {name} from {source.label} failed: {moved.why}; {left}",
+                        fg="red", log_func=logger.error)
         return False
     got = host.get_fact(StoreListing, path=partial)
     if got != src_listing:
-        host.log_styled(f"streamed copy of {name} differs from {source.label} (files or sizes); left at {partial}", fg="red", log_func=logger.error)
+        host.log_styled(f"streamed copy of {name} differs from {source.label} (files or sizes); "
+                        f"left at {partial}", fg="red", log_func=logger.error)
         return False
-    ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}", print_output=False)
+    ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}",
+                                        print_output=False)
     if not ok:
         return False
-    via = f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct else streaming.carried_by(*source.hosts(), host)
-    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s "
-             f"over {via} ({len(jobs)} stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
+    via = (f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct
+           else streaming.carried_by(*source.hosts(), host))
+    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, "
+             f"{moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via} ({len(jobs)} "
+             f"stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
     return True
 
 
 def receive_command(partial: str) -> str:
-    """Unpack a model's whole stream, in one piece (names relative to the model's directory), into `partial`, made
-    afresh; a stream refused or cut leaves no `partial` behind. (`_stream` sends a model in several streams into a
-    `partial` RESUME prepared, each through `streaming.unpack_command` itself.)"""
+    """Unpack a model's whole stream, in one piece (names relative to the model's directory), into
+    `partial`, made afresh; a stream refused or cut leaves no `partial` behind. (`_stream` sends a
+    model in several streams into a `partial` RESUME prepared, each through
+    `streaming.unpack_command` itself.)"""
     q = shlex.quote(partial)
-    return f"rm -rf {q} && mkdir -p {q} && {streaming.unpack_command(partial)} || {{ status=$?; rm -rf {q}; exit $status; }}"
+    return (f"rm -rf {q} && mkdir -p {q} && {streaming.unpack_command(partial)} "
+            f"|| {{ status=$?; rm -rf {q}; exit $status; }}")
 
 
 def is_local(source: str) -> bool:
@@ -334,7 +372,8 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
 
     .. code:: python
 
-        transfer.in_store(name="Qwen3.6-27B in the store", model="Qwen3.6-27B", path="/root/models/Qwen3.6-27B", source="gpu-a",
+        transfer.in_store(name="Qwen3.6-27B in the store", model="Qwen3.6-27B",
+                          path="/root/models/Qwen3.6-27B", source="gpu-a",
                           source_store="/root/models")
     """
     listing = host_reads.get(host, StoreListing, path=path)
@@ -343,7 +382,8 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
         return
     if source is None:
         raise OperationError(
-            f"model {model} is not in {path} on {host.name}, and `model_sources` names no host to stream it from: "
+            f"model {model} is not in {path} on {host.name}, and `model_sources` names no host "
+            "to stream it from: "
             f"copy it there, or set model_sources: {{{model}: <a host that has it>}}"
         )
     if source == host.name:
@@ -351,7 +391,8 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
     if is_local(source):
         source_path = source
     elif source_store is None:
-        raise OperationError(f"model {model}: the model store of {source} is not known: pass `source_store`")
+        raise OperationError(f"model {model}: the model store of {source} is not known: pass "
+                             "`source_store`")
     else:
         source_path = f"{source_store}/{model}"
     host.log(f"model {model} is missing from {path}: streaming it from {source}:{source_path}")
@@ -359,22 +400,26 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
 
 
 def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
-    """`_stream`, from another host of the run that got the same model (same source, same path) in this run where one
-    did or is getting it now, else from the source (operations/fanout.py); a copy that fails from another host is
-    resumed from the source. Once its listing matched, this host serves the next ones."""
+    """`_stream`, from another host of the run that got the same model (same source, same path) in
+    this run where one did or is getting it now, else from the source (operations/fanout.py); a copy
+    that fails from another host is resumed from the source. Once its listing matched, this host
+    serves the next ones."""
     if not fanout.ENABLED:
         return _stream(state, host, source_name, src, dest)
-    swarm = fanout.swarm(state, ("model", source_name, src), f"model {src}", control_origin=is_local(source_name))
+    swarm = fanout.swarm(state, ("model", source_name, src), f"model {src}",
+                         control_origin=is_local(source_name))
     if not is_local(source_name):
         swarm.seed(fanout.Holder(state.inventory.get_host(source_name), src, origin=True))
     with swarm.lease(host.name, {}) as lease:
         peer = lease.source is not None and not lease.source.origin
         if peer:
-            host.log(f"{PurePosixPath(dest).name}: {lease.source.name} got it in this run: read from there, not from {source_name}")
+            host.log(f"{PurePosixPath(dest).name}: {lease.source.name} got it in this run: read "
+                     f"from there, not from {source_name}")
         ok = _stream(state, host, lease.source.name, lease.source.root, dest) if peer else \
             _stream(state, host, source_name, src, dest)
     if not ok and peer:
-        host.log(f"{PurePosixPath(dest).name}: reading from {lease.source.name} failed: resuming from {source_name}")
+        host.log(f"{PurePosixPath(dest).name}: reading from {lease.source.name} failed: resuming "
+                 f"from {source_name}")
         ok = _stream(state, host, source_name, src, dest)
     if ok:
         swarm.hold(fanout.Holder(host, dest))

@@ -12,20 +12,20 @@ pins and the patch sets applied in it). A deploy that changes the environment:
    An interrupted build leaves a generation that is not live; the next run completes it.
 2. `patches.applied` applies the patch sets inside it.
 3. `venv.probed` runs the ABI probe (operations/remote/abi_probe.py) in it and, only if
-   the probe passes, `venv.switched` points `venv_path` at it in one rename. The previous generation is
-   kept (one) for rollback; older ones are deleted.
+   the probe passes, `venv.switched` points `venv_path` at it in one rename. The previous generation
+   is kept (one) for rollback; older ones are deleted.
 
-Trust: root runs `<venv_path>/bin/python` and installs from `host_wheel_cache`. The venv fact also says
-why any of them (the link and where it leads, the generations, the wheel cache, uv, each wheel, and every
-directory above them) is not root's alone; the host then stops before anything runs from them
-(`refuse_untrusted`). The switch adopts only a venv of root's, and never deletes what is not.
+Trust: root runs `<venv_path>/bin/python` and installs from `host_wheel_cache`. The venv fact also
+says why any of them (the link and where it leads, the generations, the wheel cache, uv, each wheel,
+and every directory above them) is not root's alone; the host then stops before anything runs from
+them (`refuse_untrusted`). The switch adopts only a venv of root's, and never deletes what is not.
 
 Facts read every installed distribution (name, version with its local tag, installer, and
 the files its RECORD names that are damaged: `verify_env: fast` compares sizes, and hashes
 files modified after the generation's install stamp; `full` compares every file's sha256
 with RECORD) of the wanted and the live generation in one fact, which a converged host's one
-read returns with the others (operations/host_reads.py). A damaged distribution is reinstalled from its
-sha256-checked wheel, re-extracted (its uv cache entry is dropped first).
+read returns with the others (operations/host_reads.py). A damaged distribution is reinstalled from
+its sha256-checked wheel, re-extracted (its uv cache entry is dropped first).
 """
 
 from __future__ import annotations
@@ -83,19 +83,21 @@ def generation(live: str, stack: Stack, patch_digests: dict[str, str]) -> Genera
 
 @dataclass(frozen=True)
 class Source:
-    """One place a stack's files can come from: `wheelhouse` (a control-machine dir), `index` (a URL),
-    or `donor` (an inventory host whose live venv - or the venv at `path` there - holds the same
-    pins: its installed files are copied)."""
+    """One place a stack's files can come from: `wheelhouse` (a control-machine dir), `index` (a
+    URL), or `donor` (an inventory host whose live venv - or the venv at `path` there - holds the
+    same pins: its installed files are copied)."""
 
     kind: str
     location: str
     path: str | None = None
-    # A donor named without `path`: its host's `venv_path` (its live venv), from that host's validated configuration.
+    # A donor named without `path`: its host's `venv_path` (its live venv), from that host's
+    # validated configuration.
     live_venv: str | None = None
 
     @property
     def key(self) -> str:
-        """How `resolve`'s `donors` map names this source: the host, or HOST:PATH for a venv at a path."""
+        """How `resolve`'s `donors` map names this source: the host, or HOST:PATH for a venv at a
+        path."""
         return f"{self.location}:{self.path}" if self.path else self.location
 
     def __str__(self) -> str:
@@ -103,9 +105,11 @@ class Source:
 
 
 def resolve(
-    stack: Stack, packages: list[Package], sources: tuple[Source, ...], donors: dict[str, dict | None] | None = None
+    stack: Stack, packages: list[Package], sources: tuple[Source, ...],
+    donors: dict[str, dict | None] | None = None
 ) -> dict[str, tuple[Source, Path | None]]:
-    """Pick, per distribution, the first source that has its pinned file; fail naming the file and every source tried.
+    """Pick, per distribution, the first source that has its pinned file; fail naming the file and
+    every source tried.
 
     `donors` maps a donor source's `key` to its venv as `VenvState` reads it (None: no venv there).
     """
@@ -132,15 +136,19 @@ def resolve(
                     chosen[package.name] = (source, None)
                     break
                 if have and have.get("damaged_count"):
-                    # e.g. the GPU image's replaced certifi/cacert.pem: a copy would fail our own check on every run.
-                    why = f"{have['damaged_count']} of its installed file(s) differ from their RECORD: {', '.join(have['damaged'][:3])}"
+                    # e.g. the GPU image's replaced certifi/cacert.pem: a copy would fail our own
+                    # check on every run.
+                    why = (f"{have['damaged_count']} of its installed file(s) differ from their "
+                           f"RECORD: {', '.join(have['damaged'][:3])}")
                 else:
-                    why = "no venv" if donor is None else f"has {have['version']}" if have else "lacks it"
+                    why = ("no venv" if donor is None
+                           else f"has {have['version']}" if have else "lacks it")
                 tried.append(f"{source} ({why})")
         else:
             wanted = package.file or f"a wheel of {package.spec}"
             raise OperationError(
-                f"stack {stack.name}: {wanted} is in none of the sources tried: {'; '.join(tried)}. "
+                f"stack {stack.name}: {wanted} is in none of the sources tried: "
+                f"{'; '.join(tried)}. "
                 f"Fill a wheelhouse with: python -m tools.wheelhouse {stack.name} DIR"
             )
     for name, (source, path) in chosen.items():
@@ -148,7 +156,8 @@ def resolve(
         if path is not None and package.sha256 and wheels.sha256_of(path) != package.sha256:
             raise OperationError(
                 f"stack {stack.name}: {path} has sha256 {wheels.sha256_of(path)}, the stack pins "
-                f"{package.sha256}; delete the file and rebuild the wheelhouse, or correct files/stacks/{stack.name}.yml"
+                f"{package.sha256}; delete the file and rebuild the wheelhouse, or correct "
+                f"files/stacks/{stack.name}.yml"
             )
     return chosen
 
@@ -163,7 +172,8 @@ class VenvState(FactBase):
     ``{"live": {"kind": "link"|"dir"|"absent", "target": ...}, "wanted": VENV|None,
     "live_state": VENV|None, "cache": {file: size},
     "uv": bool, "machine": "x86_64"}`` where VENV is ``{"python": "3.11.2", "dists":
-    {name: {"version", "installer", "damaged": [...], "damaged_count"}}, "shared": {top: [dists]}}``.
+    {name: {"version", "installer", "damaged": [...], "damaged_count"}},
+    "shared": {top: [dists]}}``.
     """
 
     def command(self, live: str, wanted: str, host_cache: str, verify: str = "fast") -> str:
@@ -173,15 +183,19 @@ class VenvState(FactBase):
         return json.loads("\n".join(output))
 
 
-# What a fast check said of a generation's RECORD index (remote/venv_state.py) that the deploy writes again.
+# What a fast check said of a generation's RECORD index (remote/venv_state.py) that the deploy
+# writes again.
 INDEX_REWRITTEN = {
-    "missing": "missing (a generation from before the deploy wrote indexes, or one it did not finish)",
-    "stale": "stale (written for other .dist-info files than the generation holds now, or unreadable)",
+    "missing": "missing (a generation from before the deploy wrote indexes, "
+               "or one it did not finish)",
+    "stale": "stale (written for other .dist-info files than the generation holds now, "
+             "or unreadable)",
 }
 
 
 def _venv_script(live: str, wanted: str, host_cache: str, mode: str) -> str:
-    """remote/venv_state.py with its arguments: a read (`fast`, `full`: the fact), or `write-index`."""
+    """remote/venv_state.py with its arguments: a read (`fast`, `full`: the fact), or
+    `write-index`."""
     return remote.command(
         "venv_state", shlex.quote(live), shlex.quote(wanted), shlex.quote(host_cache),
         shlex.quote(installer_mod.uv_binary(host_cache)), shlex.quote(mode),
@@ -194,17 +208,21 @@ def index_command(gen: Generation, host_cache: str) -> str:
 
 
 def unread(what: str, where: str) -> OperationError:
-    """A fact that came back empty: pyinfra has already failed the host (its connection dropped, or the command died)."""
+    """A fact that came back empty: pyinfra has already failed the host (its connection dropped, or
+    the command died)."""
     return OperationError(
-        f"{host.name}: could not read {what} ({where}): the connection dropped or the command failed "
-        f"(pyinfra's error above says which); nothing was changed on the host by this step: run the deploy again once it answers"
+        f"{host.name}: could not read {what} ({where}): the connection dropped or the command "
+        "failed (pyinfra's error above says which); nothing was changed on the host by this step: "
+        "run the deploy again once it answers"
     )
 
 
 def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
-    if verify not in VERIFY_MODES:  # the data's `verify_env` is validated before any host is touched
+    # the data's `verify_env` is validated before any host is touched
+    if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, not {verify!r}")
-    facts = host_reads.get(host, VenvState, live=gen.live, wanted=gen.path, host_cache=host_cache, verify=verify)
+    facts = host_reads.get(host, VenvState, live=gen.live, wanted=gen.path,
+                           host_cache=host_cache, verify=verify)
     if facts is None:
         raise unread("the serving venv", gen.live)
     refuse_untrusted(facts, gen, host_cache)
@@ -212,15 +230,17 @@ def state_of(gen: Generation, host_cache: str, verify: str = "fast") -> dict:
 
 
 def refuse_untrusted(facts: dict, gen: Generation, host_cache: str) -> None:
-    """Stop the host before anything runs from a venv, or installs from a wheel cache, that another user could
-    have written or swapped (remote/venv_state.py: `untrusted`)."""
+    """Stop the host before anything runs from a venv, or installs from a wheel cache, that another
+    user could have written or swapped (remote/venv_state.py: `untrusted`)."""
     found = facts.get("untrusted") or []
     if found:
         raise OperationError(
-            f"{host.name}: root runs {gen.live}/bin/python and installs from {host_cache}, so they, what they hold "
-            f"and every directory above them must be root's and writable by root alone: {'; '.join(found[:3])}"
-            f"{f' (and {len(found) - 3} more)' if len(found) > 3 else ''}. Nothing was run or changed: make them "
-            f"root's (chown root:, chmod go-w), or set venv_path / host_wheel_cache to a place only root can write"
+            f"{host.name}: root runs {gen.live}/bin/python and installs from {host_cache}, so "
+            "they, what they hold and every directory above them must be root's and writable by "
+            f"root alone: {'; '.join(found[:3])}"
+            f"{f' (and {len(found) - 3} more)' if len(found) > 3 else ''}. "
+            "Nothing was run or changed: make them root's (chown root:, chmod go-w), or set "
+            "venv_path / host_wheel_cache to a place only root can write"
         )
 
 
@@ -252,16 +272,19 @@ def plan(stack: Stack, venv_state: dict | None) -> StackDiff:
             reasons.append(f"{p.name} {found['version']} -> {p.version}")
         elif found.get("damaged_count"):
             install.append(p.name)
-            shown = ", ".join(found["damaged"][:3]) + (", ..." if found["damaged_count"] > 3 else "")
-            reasons.append(f"{p.name} {p.version}: {found['damaged_count']} installed file(s) missing or altered ({shown}): reinstalling")
+            shown = (", ".join(found["damaged"][:3])
+                     + (", ..." if found["damaged_count"] > 3 else ""))
+            reasons.append(f"{p.name} {p.version}: {found['damaged_count']} installed file(s) "
+                           f"missing or altered ({shown}): reinstalling")
         elif found.get("linked_count"):
             # Hard links into uv's cache or another generation (a build by an older deploy): an edit
             # there would change this file unseen. Reinstalled as files of its own.
             install.append(p.name)
             shown = ", ".join(found["linked"][:3]) + (", ..." if found["linked_count"] > 3 else "")
             reasons.append(
-                f"{p.name} {p.version}: {found['linked_count']} installed file(s) share their inode with another path "
-                f"(uv's cache or another generation: {shown}): reinstalling as copies"
+                f"{p.name} {p.version}: {found['linked_count']} installed file(s) share their "
+                f"inode with another path (uv's cache or another generation: {shown}): "
+                "reinstalling as copies"
             )
     remove = sorted(set(dists) - set(stack.wanted()) - BOOTSTRAP)
     if remove:
@@ -270,7 +293,8 @@ def plan(stack: Stack, venv_state: dict | None) -> StackDiff:
 
 
 def shared_after(venv_state: dict | None, stack: Stack, removed: list[str]) -> dict[str, list[str]]:
-    """Files claimed by two distributions that both stay: refused (e.g. two kernels owning `sgl_kernel/`)."""
+    """Files claimed by two distributions that both stay: refused (e.g. two kernels owning
+    `sgl_kernel/`)."""
     out = {}
     for top, owners in ((venv_state or {}).get("shared") or {}).items():
         staying = [o for o in owners if o not in removed and o in stack.wanted()]
@@ -280,16 +304,19 @@ def shared_after(venv_state: dict | None, stack: Stack, removed: list[str]) -> d
 
 
 def planned_overlaps(
-    stack: Stack, install: list[str], sources: tuple[Source, ...], chosen: dict[str, tuple[Source, Path | None]], donors: dict[str, dict | None]
+    stack: Stack, install: list[str], sources: tuple[Source, ...],
+    chosen: dict[str, tuple[Source, Path | None]], donors: dict[str, dict | None]
 ) -> list[str]:
-    """What `shared_after` cannot see yet: files two of the stack's distributions will both install, one per pair.
+    """What `shared_after` cannot see yet: files two of the stack's distributions will both install,
+    one per pair.
 
-    Read only when something is to be installed (`install` not empty; a converged venv opens no wheel): every
-    distribution of the stack whose pinned wheel is on the control machine (the one chosen to push, or for those
-    that stay, the same pinned file in a wheelhouse source) has its RECORD read; and a donor whose venv holds
-    two of the stack's distributions, at the stack's versions, that own one package directory (its own `shared`,
-    read on the host) would hand over the same conflict. Distributions fetched from an index by the host, or
-    installed and found in no wheelhouse, are not seen here: the installed venv's check still finds them.
+    Read only when something is to be installed (`install` not empty; a converged venv opens no
+    wheel): every distribution of the stack whose pinned wheel is on the control machine (the one
+    chosen to push, or for those that stay, the same pinned file in a wheelhouse source) has its
+    RECORD read; and a donor whose venv holds two of the stack's distributions, at the stack's
+    versions, that own one package directory (its own `shared`, read on the host) would hand over
+    the same conflict. Distributions fetched from an index by the host, or installed and found in no
+    wheelhouse, are not seen here: the installed venv's check still finds them.
     """
     if not install:
         return []
@@ -298,19 +325,24 @@ def planned_overlaps(
     for package in stack.packages:
         path = (chosen.get(package.name) or (None, None))[1]
         if path is None and package.name not in chosen:
-            path = next((found for house in houses if (found := wheels.find(package, house)) is not None), None)
+            path = next((found for house in houses
+                         if (found := wheels.find(package, house)) is not None), None)
         if path is not None:
             wheel_paths[package] = path
     try:
-        found = [f"{o.describe()} (read from their wheels' RECORD)" for o in wheels.overlaps(wheel_paths)]
+        found = [f"{o.describe()} (read from their wheels' RECORD)"
+                 for o in wheels.overlaps(wheel_paths)]
     except wheels.WheelhouseError as exc:
         raise OperationError(f"stack {stack.name}: {exc}") from exc
     wanted = stack.wanted()
     for key, donor in donors.items():
         for top, owners in ((donor or {}).get("shared") or {}).items():
-            same = [o for o in owners if wanted.get(o) is not None and (donor["dists"].get(o) or {}).get("version") == wanted[o]]
-            if len(same) > 1 and any(chosen.get(o, (None,))[0] is not None and chosen[o][0].kind == "donor" for o in same):
-                found.append(f"{top}/ is installed by both {' and '.join(same)} (as donor {key}'s venv holds them)")
+            same = [o for o in owners if wanted.get(o) is not None
+                    and (donor["dists"].get(o) or {}).get("version") == wanted[o]]
+            if len(same) > 1 and any(chosen.get(o, (None,))[0] is not None
+                                     and chosen[o][0].kind == "donor" for o in same):
+                found.append(f"{top}/ is installed by both {' and '.join(same)} (as donor {key}'s "
+                             "venv holds them)")
     return found
 
 
@@ -326,7 +358,8 @@ for name in os.listdir(bindir):
         data = handle.read()
     new = data
     for prefix in old:
-        new = new.replace(prefix.encode() + b"/", venv.encode() + b"/").replace(b"'" + prefix.encode() + b"'", b"'" + venv.encode() + b"'")
+        new = new.replace(prefix.encode() + b"/", venv.encode() + b"/").replace(
+            b"'" + prefix.encode() + b"'", b"'" + venv.encode() + b"'")
     if new != data:  # a new file: the old one may be a hard link shared with the live generation
         with open(path + ".tmp", "wb") as handle:
             handle.write(new)
@@ -336,15 +369,17 @@ for name in os.listdir(bindir):
 
 
 def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
-    """A copy of `source` as the new generation; scripts' paths pointed at it; renamed in when whole.
+    """A copy of `source` as the new generation; scripts' paths pointed at it; renamed in when
+    whole.
 
     `--reflink=auto` shares extents only where the filesystem copies on write (btrfs, XFS): an
     edit there writes new blocks. Never hard links: a hand edit in one generation would reach
     the other, and a repair would find nothing to compare against.
     """
-    # One partial directory per attempt: the copy of a deploy killed mid-build can go on running on the
-    # host (it takes seconds for a real venv), and would refill a shared name while the next run empties it.
-    # Whichever attempt completes first is renamed in; a later one finds the generation there and leaves.
+    # One partial directory per attempt: the copy of a deploy killed mid-build can go on running on
+    # the host (it takes seconds for a real venv), and would refill a shared name while the next run
+    # empties it. Whichever attempt completes first is renamed in; a later one finds the generation
+    # there and leaves.
     partial = '"$partial"'
     prefixes = " ".join(shlex.quote(p) for p in old_prefixes)
     target = shlex.quote(gen.path)
@@ -355,7 +390,8 @@ def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
         f"cp -a --reflink=auto {shlex.quote(source)} {partial} && "
         f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {target} {prefixes} && "
         f"sed -i '/^command *=/d' {partial}/pyvenv.cfg && "
-        f"{{ mv -T {partial} {target} 2>/dev/null || {{ test -d {target} && rm -rf {partial}; }}; }}"
+        f"{{ mv -T {partial} {target} 2>/dev/null "
+        f"|| {{ test -d {target} && rm -rf {partial}; }}; }}"
     )
 
 
@@ -376,11 +412,13 @@ def environment(
 
     + gen: the wanted `Generation` (from `venv.generation`)
     + stack: the `Stack` to install (from `configuration.stacks.load_stack`)
-    + sources: where files come from, tried in order (`Source("wheelhouse", dir)`, `Source("index", url)`)
+    + sources: where files come from, tried in order (`Source("wheelhouse", dir)`,
+      `Source("index", url)`)
     + host_cache: directory on the host where pushed wheels (and uv) are kept
-    + installer: ``auto`` (uv when the wheelhouse ships it for the host's architecture), ``uv`` or ``pip``
-    + verify: ``fast`` or ``full``, how the installed files are checked against their RECORD (the validated
-      ``verify_env``)
+    + installer: ``auto`` (uv when the wheelhouse ships it for the host's architecture), ``uv`` or
+      ``pip``
+    + verify: ``fast`` or ``full``, how the installed files are checked against their RECORD (the
+      validated ``verify_env``)
 
     Exactness:
         Every distribution is installed ``--no-deps`` from a pinned file; versions are
@@ -400,209 +438,359 @@ def environment(
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
-    facts = state_of(gen, host_cache, verify)
-    wanted, live_state = facts["wanted"], facts["live_state"]
-    kind = _installer_kind(installer, sources, facts)
-    tool = installer_mod.Installer(kind, gen.path, host_cache)
-    log = lambda text: host.log(f"venv {gen.live}: {text}")  # noqa: E731
-
-    # Decide everything first: a file that no source has, or two kernels owning one package,
-    # stops the host here, before anything on it changes.
-    base, build = wanted, []
-    if wanted is not None and not python_matches(stack, wanted):
-        raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} needs {stack.python}: remove it and re-run")
-    if wanted is None:
-        python = f"python{stack.python}"
-        # One command per step: each is a round trip.
-        build.append(
-            f"{{ command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack {stack.name} needs it' >&2; exit 1; }}; }} && "
-        )
-        if python_matches(stack, live_state):
-            build.append(clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live})))
-            build_why = f"building generation {gen.id} beside the live {live_state['path']} (a copy of it; only what differs is installed)"
-            base = live_state
-        else:
-            why = "no venv yet" if live_state is None else f"the live one has Python {live_state['python']}"
-            build.append(None)  # the new venv: with pip only if pip is to install into it (below)
-            build_why = f"building generation {gen.id} from scratch ({why}; stack {stack.name} needs Python {stack.python})"
-            base = {"dists": {}}
-
-    todo = plan(stack, base)
-    conflicts = shared_after(base, stack, todo.remove)
-    if conflicts:
-        top, owners = next(iter(conflicts.items()))
-        raise OperationError(
-            f"{gen.path}: {top}/ is installed by both {' and '.join(owners)}: a stack may name only one of them; "
-            f"drop the other from files/stacks/{stack.name}.yml"
-        )
-    packages = [p for p in stack.packages if p.name in todo.install]
-    chosen = {}
-    if packages:
-        donors = {s.key: _donor_state(s, verify) for s in sources if s.kind == "donor"}
-        chosen = resolve(stack, packages, sources, donors)
-        # What the venv holds is checked above; what it will hold once these are in, here, before anything is:
-        # found only on the installed venv, a second deploy would refuse the generation the first one built.
-        ahead = planned_overlaps(stack, todo.install, sources, chosen, donors)
-        if ahead:
-            more = f" (and {len(ahead) - 1} more pair(s))" if len(ahead) > 1 else ""
-            raise OperationError(
-                f"{gen.path}: stack {stack.name}: {ahead[0]}{more}; nothing was installed: a stack may name only one "
-                f"distribution of a file: drop the other from files/stacks/{stack.name}.yml"
-            )
-    if None in build:
-        installs = any(source.kind != "donor" for source, _ in chosen.values())
-        new_venv = tool.new_venv(f"python{stack.python}", with_pip=installs and kind == "pip")
-        build[build.index(None)] = f"mkdir -p {shlex.quote(gen.live + '.generations')} && rm -rf {shlex.quote(gen.path)} && {new_venv}"
-    if not build and not todo.install and not todo.remove:
-        # Say what was compared: a fast check does not see a same-size edit whose mtime was put back.
-        hashed = f", {wanted['hashed']} file(s) hashed" if wanted.get("hashed") else ""
-        checked = f"{wanted.get('checked', 'size')}{hashed}"
-        host.noop(f"venv generation {gen.id} holds stack {stack.name} ({len(stack.packages)} distributions; checked: {checked})")
+    install = _decided(gen, stack, sources, host_cache, installer, verify)
+    if not install.needed:
+        host.noop(install.held())
         return
-    yield from _changes(gen, stack, facts, base, build, build_why if build else "", todo, packages, chosen, kind, tool, sources, host_cache, log)
-    # Once everything is in: the index a later fast check reads instead of every RECORD, then, last, the stamp:
-    # that check hashes the files modified after it.
-    yield index_command(gen, host_cache)
-    stamp = f"{gen.path}/{STAMP}"
-    yield f"mkdir -p {shlex.quote(str(Path(stamp).parent))} && touch {shlex.quote(stamp)}"
+    yield from _changes(install)
+    yield from _stamped(gen, host_cache)
 
 
 @operation()
 def record_index(gen: Generation, host_cache: str, verify: str = "fast"):
     """
-    Keep the generation's RECORD index current: the list of every distribution's files that a fast check reads
-    instead of each RECORD (remote/venv_state.py). `environment` writes it after each install; this writes it
-    where a check found it missing (a generation from before indexes) or stale (a .dist-info file changed
-    since). Only a cache of what the RECORDs say: writing it changes nothing the services run, and restarts
-    nothing.
+    Keep the generation's RECORD index current: the list of every distribution's files that a fast
+    check reads instead of each RECORD (remote/venv_state.py). `environment` writes it after each
+    install; this writes it where a check found it missing (a generation from before indexes) or
+    stale (a .dist-info file changed since). Only a cache of what the RECORDs say: writing it
+    changes nothing the services run, and restarts nothing.
 
     + gen: the `Generation` whose index to keep
     + host_cache, verify: as for `environment` (the venv read is the same, shared with it)
     """
     wanted = state_of(gen, host_cache, verify)["wanted"]
     if wanted is None or wanted.get("index") not in INDEX_REWRITTEN:
-        host.noop(f"generation {gen.id}'s RECORD index: {(wanted or {}).get('index', 'no generation')}")
+        host.noop(f"generation {gen.id}'s RECORD index: "
+                  f"{(wanted or {}).get('index', 'no generation')}")
         return
-    host.log(f"venv {gen.live}: generation {gen.id}: its RECORD index is {INDEX_REWRITTEN[wanted['index']]}: writing it")
+    host.log(f"venv {gen.live}: generation {gen.id}: its RECORD index is "
+             f"{INDEX_REWRITTEN[wanted['index']]}: writing it")
     yield index_command(gen, host_cache)
 
 
-def _changes(gen, stack, facts, base, build, build_why, todo, packages, chosen, kind, tool, sources, host_cache, log):
+# `environment`, decided ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Install:
+    """What `environment` decided for one host before anything on it changes (`_decided`); its
+    commands are `_changes`."""
+
+    gen: Generation
+    stack: Stack
+    facts: dict  # the venv as `VenvState` reads it (`state_of`)
+    base: dict  # the venv the install starts from (VENV of `VenvState`; no dists when new)
+    build: tuple[str, ...]  # the commands that build the generation where it is not there yet
+    build_why: str  # the log line that says why it is built ("" when it is there)
+    todo: StackDiff
+    packages: list[Package]  # the distributions to install
+    chosen: dict[str, tuple[Source, Path | None]]  # where each comes from (`resolve`)
+    kind: str  # the installer: "uv" or "pip"
+    tool: installer_mod.Installer
+    sources: tuple[Source, ...]
+    host_cache: str
+
+    @property
+    def needed(self) -> bool:
+        """Anything to do: a generation to build, distributions to install or to remove."""
+        return bool(self.build or self.todo.install or self.todo.remove)
+
+    def held(self) -> str:
+        """The noop's text where nothing is needed."""
+        wanted = self.facts["wanted"]
+        # Say what was compared: a fast check does not see a same-size edit whose mtime was put
+        # back.
+        hashed = f", {wanted['hashed']} file(s) hashed" if wanted.get("hashed") else ""
+        checked = f"{wanted.get('checked', 'size')}{hashed}"
+        return (f"venv generation {self.gen.id} holds stack {self.stack.name} "
+                f"({len(self.stack.packages)} distributions; checked: {checked})")
+
+    def log(self, text: str) -> None:
+        host.log(f"venv {self.gen.live}: {text}")
+
+
+def _decided(gen: Generation, stack: Stack, sources: tuple[Source, ...], host_cache: str,
+             installer: str, verify: str) -> _Install:
+    """Everything `environment` will do, read and decided first: a file that no source has, or two
+    kernels owning one package, stops the host here, before anything on it changes."""
+    facts = state_of(gen, host_cache, verify)
+    kind = _installer_kind(installer, sources, facts)
+    tool = installer_mod.Installer(kind, gen.path, host_cache)
+    base, build, build_why = _build_steps(gen, stack, facts)
+    todo = plan(stack, base)
+    _refuse_shared(gen, stack, base, todo)
+    packages = [p for p in stack.packages if p.name in todo.install]
+    chosen = _chosen_sources(gen, stack, packages, todo, sources, verify) if packages else {}
+    if None in build:
+        build[build.index(None)] = _new_venv_command(gen, stack, chosen, kind, tool)
+    return _Install(gen, stack, facts, base, tuple(build), build_why, todo, packages, chosen, kind,
+                    tool, sources, host_cache)
+
+
+def _build_steps(gen: Generation, stack: Stack, facts: dict) -> tuple[dict, list, str]:
+    """The venv the install starts from, the commands that build the generation where it is not
+    there yet (None in place of a new venv's: `_new_venv_command`), and why it is built."""
+    wanted, live_state = facts["wanted"], facts["live_state"]
+    if wanted is not None and not python_matches(stack, wanted):
+        raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} "
+                             f"needs {stack.python}: remove it and re-run")
+    if wanted is not None:
+        return wanted, [], ""
+    python = f"python{stack.python}"
+    # One command per step: each is a round trip.
+    build = [
+        f"{{ command -v {python} >/dev/null || {{ echo '{python} not found on the host: stack "
+        f"{stack.name} needs it' >&2; exit 1; }}; }} && "
+    ]
+    if python_matches(stack, live_state):
+        build.append(
+            clone_command(live_state["path"], gen, sorted({live_state["path"], gen.live})))
+        build_why = (f"building generation {gen.id} beside the live {live_state['path']} (a "
+                     "copy of it; only what differs is installed)")
+        return live_state, build, build_why
+    why = ("no venv yet" if live_state is None
+           else f"the live one has Python {live_state['python']}")
+    build.append(None)  # the new venv: with pip only if pip is to install into it
+    build_why = (f"building generation {gen.id} from scratch ({why}; stack {stack.name} "
+                 f"needs Python {stack.python})")
+    return {"dists": {}}, build, build_why
+
+
+def _refuse_shared(gen: Generation, stack: Stack, base: dict, todo: StackDiff) -> None:
+    """Stop where two distributions that both stay would own one package directory."""
+    conflicts = shared_after(base, stack, todo.remove)
+    if conflicts:
+        top, owners = next(iter(conflicts.items()))
+        raise OperationError(
+            f"{gen.path}: {top}/ is installed by both {' and '.join(owners)}: a stack may name "
+            f"only one of them; drop the other from files/stacks/{stack.name}.yml"
+        )
+
+
+def _chosen_sources(gen: Generation, stack: Stack, packages: list[Package], todo: StackDiff,
+                    sources: tuple[Source, ...],
+                    verify: str) -> dict[str, tuple[Source, Path | None]]:
+    """Where each of `packages` comes from (`resolve`); stops the host where two of the stack's
+    distributions would install one file."""
+    donors = {s.key: _donor_state(s, verify) for s in sources if s.kind == "donor"}
+    chosen = resolve(stack, packages, sources, donors)
+    # What the venv holds is checked before (`_refuse_shared`); what it will hold once these are in,
+    # here, before anything is: found only on the installed venv, a second deploy would refuse the
+    # generation the first one built.
+    ahead = planned_overlaps(stack, todo.install, sources, chosen, donors)
+    if ahead:
+        more = f" (and {len(ahead) - 1} more pair(s))" if len(ahead) > 1 else ""
+        raise OperationError(
+            f"{gen.path}: stack {stack.name}: {ahead[0]}{more}; nothing was installed: a stack "
+            "may name only one distribution of a file: drop the other from "
+            f"files/stacks/{stack.name}.yml"
+        )
+    return chosen
+
+
+def _new_venv_command(gen: Generation, stack: Stack, chosen: dict[str, tuple[Source, Path | None]],
+                      kind: str, tool: installer_mod.Installer) -> str:
+    """The generation made a new venv: with pip only if pip is to install into it."""
+    installs = any(source.kind != "donor" for source, _ in chosen.values())
+    new_venv = tool.new_venv(f"python{stack.python}", with_pip=installs and kind == "pip")
+    return (f"mkdir -p {shlex.quote(gen.live + '.generations')} && "
+            f"rm -rf {shlex.quote(gen.path)} && {new_venv}")
+
+
+# `environment`'s commands ----------------------------------------------------------------
+
+
+def _changes(install: _Install):
     """The commands of `environment` once everything is decided."""
-    if build:
-        log(build_why)
-        yield "".join(build)
+    todo, tool = install.todo, install.tool
+    if install.build:
+        install.log(install.build_why)
+        yield "".join(install.build)
     for line in todo.reasons:
-        log(line)
-    if kind == "pip" and "pip" not in base["dists"] and base.get("path"):
-        yield f"{shlex.quote(gen.python)} -m ensurepip --default-pip"  # a generation uv built has no pip
+        install.log(line)
+    if install.kind == "pip" and "pip" not in install.base["dists"] and install.base.get("path"):
+        # a generation uv built has no pip
+        yield f"{shlex.quote(install.gen.python)} -m ensurepip --default-pip"
     if todo.remove:
         yield tool.uninstall(todo.remove)
     if not todo.install:
         return
-    if kind == "uv" and not facts["uv"]:
-        wheel = installer_mod.uv_wheel(Path(_wheelhouse(sources)), facts["machine"])
-        remote_wheel = f"{host_cache}/{wheel.name}"
-        yield f"mkdir -p {shlex.quote(host_cache)}"
-        if facts["cache"].get(wheel.name) != wheel.stat().st_size:
-            yield streaming.Pushes("uv wheel").upload(str(wheel), remote_wheel)  # over OpenSSH where it reaches the host
-        yield installer_mod.unpack_uv_command(remote_wheel, host_cache)
-
-    local = {name: path for name, (source, path) in chosen.items() if path is not None}
+    if install.kind == "uv" and not install.facts["uv"]:
+        yield from _uv_unpacked(install)
+    local = {name: path for name, (source, path) in install.chosen.items() if path is not None}
     if local:
-        if any(facts["cache"].get(path.name) != path.stat().st_size for path in local.values()) and not (kind == "uv" and not facts["uv"]):
-            yield f"mkdir -p {shlex.quote(host_cache)}"  # pushes need it (the uv step above made it already)
-        remote_files, pushed, uploads = [], set(), []
-        # Every push of this operation in one transfer, several streams at once over OpenSSH where it reaches the host
-        # (streaming.Pushes); a `.part` a run that stopped half way left whole, with its pinned sha256, is not sent again.
-        pushes = fanout.WheelPushes("wheel")  # from a host of this run that holds them, where one does
-        pins = {p.name: p.sha256 for p in packages}
-        for name, path in sorted(local.items()):
-            dest = f"{host_cache}/{path.name}"
-            if facts["cache"].get(path.name) != path.stat().st_size:
-                uploads.append(pushes.upload(str(path), f"{dest}.part", pins.get(name) or None))
-                pushed.add(name)
-            remote_files.append(dest)
-        yield from uploads
-        pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in pushed and p.sha256]
-        if pinned:
-            # The host checks each pushed file against its pin before it takes the file's name, so
-            # the cache holds only checked files (and a push cut short is never mistaken for one).
-            check = "\n".join(f"{sha}  {path}.part" for sha, path in pinned)
-            renames = " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for _, path in pinned)
-            # Once it passed, this host may serve the same files to the next hosts of the run (operations/fanout.py).
-            yield fanout.CheckedWheels(f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict - && {renames}",
-                                       host_cache, {Path(path).name: sha for sha, path in pinned})
-        unpinned = [f"{host_cache}/{local[n].name}" for n in pushed if not next(p for p in packages if p.name == n).sha256]
-        if unpinned:
-            yield " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}" for path in unpinned)
-        repair = sorted(n for n in local if (base["dists"].get(n) or {}).get("version") == stack.wanted()[n])
-        recheck = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages if p.name in repair and p.name not in pushed and p.sha256]
-        if recheck:
-            # A repair re-extracts from the wheel: check the cached wheel against its pin first.
-            check = "\n".join(f"{sha}  {path}" for sha, path in recheck)
-            yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
-        yield tool.install_files(remote_files, repair)
+        yield from _from_wheels(install, local)
+    by_index, by_donor = _by_source(install)
+    yield from _from_donors(install, by_donor)
+    yield from _from_indexes(install, by_index)
+
+
+def _uv_unpacked(install: _Install):
+    """uv on the host, from its wheel in the wheelhouse (pushed where the host's cache lacks it)."""
+    host_cache, facts = install.host_cache, install.facts
+    wheel = installer_mod.uv_wheel(Path(_wheelhouse(install.sources)), facts["machine"])
+    remote_wheel = f"{host_cache}/{wheel.name}"
+    yield f"mkdir -p {shlex.quote(host_cache)}"
+    if facts["cache"].get(wheel.name) != wheel.stat().st_size:
+        # over OpenSSH where it reaches the host
+        yield streaming.Pushes("uv wheel").upload(str(wheel), remote_wheel)
+    yield installer_mod.unpack_uv_command(remote_wheel, host_cache)
+
+
+def _from_wheels(install: _Install, local: dict[str, Path]):
+    """The distributions whose wheels are on this machine (`local`): pushed where the host's cache
+    lacks them, then installed from that cache."""
+    stack, base, facts, host_cache = install.stack, install.base, install.facts, install.host_cache
+    if (any(facts["cache"].get(path.name) != path.stat().st_size for path in local.values())
+            and not (install.kind == "uv" and not facts["uv"])):
+        # pushes need it (the uv step above made it already)
+        yield f"mkdir -p {shlex.quote(host_cache)}"
+    remote_files, pushed, uploads = _uploads(install, local)
+    yield from uploads
+    yield from _pushed_named(install, local, pushed)
+    repair = sorted(n for n in local
+                    if (base["dists"].get(n) or {}).get("version") == stack.wanted()[n])
+    recheck = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in install.packages
+               if p.name in repair and p.name not in pushed and p.sha256]
+    if recheck:
+        # A repair re-extracts from the wheel: check the cached wheel against its pin first.
+        check = "\n".join(f"{sha}  {path}" for sha, path in recheck)
+        yield f"printf '%s\\n' {shlex.quote(check)} | sha256sum --check --quiet --strict -"
+    yield install.tool.install_files(remote_files, repair)
+
+
+def _uploads(install: _Install, local: dict[str, Path]) -> tuple[list[str], set[str], list]:
+    """The wheels' paths in the host's cache, the distributions whose wheel is pushed there (as
+    `NAME.part`), and those pushes."""
+    remote_files, pushed, uploads = [], set(), []
+    # Every push of this operation in one transfer, several streams at once over OpenSSH where it
+    # reaches the host (streaming.Pushes); a `.part` a run that stopped half way left whole, with
+    # its pinned sha256, is not sent again.
+    pushes = fanout.WheelPushes("wheel")  # from a host of this run that holds them, where one does
+    pins = {p.name: p.sha256 for p in install.packages}
+    for name, path in sorted(local.items()):
+        dest = f"{install.host_cache}/{path.name}"
+        if install.facts["cache"].get(path.name) != path.stat().st_size:
+            uploads.append(pushes.upload(str(path), f"{dest}.part", pins.get(name) or None))
+            pushed.add(name)
+        remote_files.append(dest)
+    return remote_files, pushed, uploads
+
+
+def _pushed_named(install: _Install, local: dict[str, Path], pushed: set[str]):
+    """The pushed wheels given their names: a pinned one only once the host checked it."""
+    host_cache, packages = install.host_cache, install.packages
+    pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages
+              if p.name in pushed and p.sha256]
+    if pinned:
+        # The host checks each pushed file against its pin before it takes the file's name, so
+        # the cache holds only checked files (and a push cut short is never mistaken for one).
+        check = "\n".join(f"{sha}  {path}.part" for sha, path in pinned)
+        renames = " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}"
+                              for _, path in pinned)
+        # Once it passed, this host may serve the same files to the next hosts of the run
+        # (operations/fanout.py).
+        yield fanout.CheckedWheels(f"printf '%s\\n' {shlex.quote(check)} "
+                                   f"| sha256sum --check --quiet --strict - && {renames}",
+                                   host_cache, {Path(path).name: sha for sha, path in pinned})
+    unpinned = [f"{host_cache}/{local[n].name}" for n in pushed
+                if not next(p for p in packages if p.name == n).sha256]
+    if unpinned:
+        yield " && ".join(f"mv -f {shlex.quote(path)}.part {shlex.quote(path)}"
+                          for path in unpinned)
+
+
+def _by_source(install: _Install) -> tuple[dict[str, list[Package]], dict[Source, list[Package]]]:
+    """The distributions that come without a wheel of this machine: by index URL, and by donor."""
     by_index: dict[str, list[Package]] = {}
-    by_donor: dict[str, list[Package]] = {}
-    for name, (source, path) in chosen.items():
+    by_donor: dict[Source, list[Package]] = {}
+    for name, (source, path) in install.chosen.items():
         if path is None:
             group = by_index if source.kind == "index" else by_donor
-            group.setdefault(source.location if source.kind == "index" else source, []).append(next(p for p in packages if p.name == name))
+            group.setdefault(source.location if source.kind == "index" else source,
+                             []).append(next(p for p in install.packages if p.name == name))
+    return by_index, by_donor
+
+
+def _from_donors(install: _Install, by_donor: dict[Source, list[Package]]):
+    """Each donor's distributions: the installed files of its venv, copied into the generation."""
+    gen = install.gen
     for donor, group in by_donor.items():
-        present = [p.name for p in group if p.name in base["dists"]]
+        present = [p.name for p in group if p.name in install.base["dists"]]
         if present:
-            yield tool.uninstall(present)  # the donor's files replace these whole
-        log(f"copying {len(group)} installed distribution(s) from {donor.location}:{_donor_path(donor)}: {', '.join(p.name for p in group)}")
+            yield install.tool.uninstall(present)  # the donor's files replace these whole
+        install.log(f"copying {len(group)} installed distribution(s) from "
+                    f"{donor.location}:{_donor_path(donor)}: {', '.join(p.name for p in group)}")
         specs = [p.spec for p in group]
         if donor.location == host.name:
             # A venv on this very host: one pipe there, nothing through the control machine.
             yield _copy_within_host(_donor_path(donor), gen, specs)
         else:
-            yield FunctionCommand(_stream_from_donor, (donor.location, _donor_path(donor), gen, specs), {})
+            yield FunctionCommand(_stream_from_donor,
+                                  (donor.location, _donor_path(donor), gen, specs), {})
+
+
+def _from_indexes(install: _Install, by_index: dict[str, list[Package]]):
+    """Each index's distributions, fetched by the host: a requirements file of their pins."""
+    host_cache = install.host_cache
     for url, group in by_index.items():
-        reqs = f"{host_cache}/requirements-{gen.id}.txt"
+        reqs = f"{host_cache}/requirements-{install.gen.id}.txt"
         text = "\n".join(f"{p.spec} --hash=sha256:{p.sha256}" for p in group)
-        yield f"mkdir -p {shlex.quote(host_cache)} && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(reqs)}"
-        yield tool.install_from_index(url, reqs)
+        yield (f"mkdir -p {shlex.quote(host_cache)} && printf '%s\\n' {shlex.quote(text)} "
+               f"> {shlex.quote(reqs)}")
+        yield install.tool.install_from_index(url, reqs)
+
+
+def _stamped(gen: Generation, host_cache: str):
+    """Once everything is in: the index a later fast check reads instead of every RECORD, then,
+    last, the stamp: that check hashes the files modified after it."""
+    yield index_command(gen, host_cache)
+    stamp = f"{gen.path}/{STAMP}"
+    yield f"mkdir -p {shlex.quote(str(Path(stamp).parent))} && touch {shlex.quote(stamp)}"
 
 
 def _donor_path(source: Source) -> str:
     """The donor's venv to copy from: the one at `path`, else its host's live venv."""
     path = source.path or source.live_venv
     if path is None:
-        raise OperationError(f"{host.name}: donor {source.location}: no venv to copy from (neither `path` nor its host's `venv_path` given)")
+        raise OperationError(f"{host.name}: donor {source.location}: no venv to copy from (neither "
+                             "`path` nor its host's `venv_path` given)")
     return path
 
 
 def _donor_host(name: str):
     donor = host.inventory.get_host(name)
     if not donor.connected:
-        donor.connect(reason=f"to copy installed distributions to {host.name}", raise_exceptions=False)
+        donor.connect(reason=f"to copy installed distributions to {host.name}",
+                      raise_exceptions=False)
     return donor
 
 
 def _donor_state(source: Source, verify: str = "fast") -> dict | None:
-    """The donor's venv, as `VenvState` reads it (one call to the donor); None when unreachable or absent.
+    """The donor's venv, as `VenvState` reads it (one call to the donor); None when unreachable or
+    absent.
 
-    Read with this host's `verify_env`, so that a file the donor has altered (the GPU image's replaced
-    `certifi/cacert.pem`) keeps its distribution from being copied: a copy would fail our own check
-    on every run.
+    Read with this host's `verify_env`, so that a file the donor has altered (the GPU image's
+    replaced `certifi/cacert.pem`) keeps its distribution from being copied: a copy would fail our
+    own check on every run.
     """
     donor = _donor_host(source.location)
     if not donor.connected:
         return None
     path = _donor_path(source)
-    facts = host_reads.get(donor, VenvState, live=path, wanted=path, host_cache="/nonexistent", verify=verify)
+    facts = host_reads.get(donor, VenvState, live=path, wanted=path,
+                           host_cache="/nonexistent", verify=verify)
     if facts is not None and facts.get("untrusted"):
         # Its files would become this generation's, run by root: a donor's venv must be root's too.
-        logger.warning(f"{host.name}: donor {source.location}'s venv {path} is not used: {'; '.join(facts['untrusted'][:2])}")
+        logger.warning(f"{host.name}: donor {source.location}'s venv {path} is not used: "
+                       f"{'; '.join(facts['untrusted'][:2])}")
         return None
     return None if facts is None else facts["wanted"]
 
 
 def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str:
-    """Copy the donor venv's files of `specs` into the generation on the same host, then point its scripts at it.
+    """Copy the donor venv's files of `specs` into the generation on the same host, then point its
+    scripts at it.
 
     `cp -a` (not a pipe, so any failure is the command's status) makes new inodes: the
     generation shares no file with the donor, whose owner may edit or delete it.
@@ -611,16 +799,20 @@ def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str
     prefixes = f"{shlex.quote(donor_venv)} \"$(readlink -f {shlex.quote(donor_venv)})\""
     return (
         f"list=$(mktemp) && python3 - {args} > \"$list\" <<'PYEOF' && "
-        f"(cd {shlex.quote(donor_venv)}/ && xargs -d '\\n' -a \"$list\" cp -a --parents -t {shlex.quote(gen.path)}) && rm -f \"$list\" && "
-        f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}\n"
+        f"(cd {shlex.quote(donor_venv)}/ && xargs -d '\\n' -a \"$list\" cp -a --parents "
+        f"-t {shlex.quote(gen.path)}) && rm -f \"$list\" && "
+        f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} "
+        f"{prefixes}\n"
         f"{remote.script('donor_files')}\nPYEOF"
     )
 
 
-def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation, specs: list[str]) -> bool:
-    """tar on the donor -> root's unpacker into the generation (no owner, setuid bit, device or link out of the tree of
-    the donor's: streaming.unpack_command), relayed here between two OpenSSH processes (each over pyinfra's connection
-    where OpenSSH does not reach that host); nothing lands on disk twice."""
+def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Generation,
+                       specs: list[str]) -> bool:
+    """tar on the donor -> root's unpacker into the generation (no owner, setuid bit, device or link
+    out of the tree of the donor's: streaming.unpack_command), relayed here between two OpenSSH
+    processes (each over pyinfra's connection where OpenSSH does not reach that host); nothing lands
+    on disk twice."""
     donor = _donor_host(donor_name)
     if not donor.connected:
         host.log_styled(f"donor {donor_name} is unreachable", fg="red", log_func=logger.error)
@@ -630,7 +822,8 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     def listing(then: str = "") -> str:  # the donor's file list, `then` piped on
         return f"python3 - {args} <<'PYEOF'{then}\n{remote.script('donor_files')}\nPYEOF"
 
-    # Host to host where this host reaches the donor: a one-time key for exactly the distributions' files, listed first.
+    # Host to host where this host reaches the donor: a one-time key for exactly the distributions'
+    # files, listed first.
     listed, output = donor.run_shell_command(listing(), print_output=False)
     names = [line for line in output.stdout.splitlines() if line] if listed else []
     direct = peer_keys.granted(donor, host, donor_live, names, host.log) if names else None
@@ -638,22 +831,30 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
         job = direct.job(f"from donor {donor_name}", 0, names, streaming.unpack_command(gen.path))
     else:
         tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
-        job = streaming.Job(f"from donor {donor_name}", 0, streaming.sending_end(donor, listing(f" | {tar}"), log=host.log),
-                            streaming.receiving_end(host, streaming.unpack_command(gen.path), host.log))  # as root's files
+        job = streaming.Job(f"from donor {donor_name}", 0,
+                            streaming.sending_end(donor, listing(f" | {tar}"), log=host.log),
+                            # as root's files
+                            streaming.receiving_end(host, streaming.unpack_command(gen.path),
+                                                    host.log))
     try:
         moved = streaming.transfer([job], 1)
     finally:
         if direct:
             direct.close()
     if not moved.ok:
-        host.log_styled(f"copy from donor {donor_name} failed: {moved.why}", fg="red", log_func=logger.error)
+        host.log_styled(f"copy from donor {donor_name} failed: {moved.why}", fg="red",
+                        log_func=logger.error)
         return False
     # Console scripts name the donor's interpreter; point them at this generation's.
-    resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}", print_output=False)[1].stdout.strip()
+    resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}",
+                                       print_output=False)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
-    ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} {prefixes}", print_output=False)
-    via = f"OpenSSH, {host.name} reading from {donor_name} directly" if direct else streaming.carried_by(donor, host)
-    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via}")
+    ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
+                                   f"{shlex.quote(gen.path)} {prefixes}", print_output=False)
+    via = (f"OpenSSH, {host.name} reading from {donor_name} directly" if direct
+           else streaming.carried_by(donor, host))
+    host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB "
+             f"in {moved.elapsed_s:.1f} s over {via}")
     return ok
 
 
@@ -665,20 +866,23 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
     if choice == "pip":
         return "pip"
     house = _wheelhouse(sources)
-    available = facts["uv"] or (house is not None and installer_mod.uv_wheel(Path(house), facts["machine"]) is not None)
+    available = facts["uv"] or (
+        house is not None and installer_mod.uv_wheel(Path(house), facts["machine"]) is not None)
     if available:
         return "uv"
     if choice == "uv":
         raise OperationError(
-            f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} is in the wheelhouse "
-            f"({house}); rebuild it with python -m tools.wheelhouse, or set installer: auto"
+            f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} "
+            f"is in the wheelhouse ({house}); rebuild it with python -m tools.wheelhouse, "
+            "or set installer: auto"
         )
     return "pip"
 
 
 def probe_for(stack: Stack, launcher: str, gpu_args: dict) -> dict:
-    """The ABI probe's arguments: the GPUs' (`gpus.GpuDecisions.probe_args`), the stack's kernel distributions,
-    and the modules to import (the unit's launcher, and sglang's server entry point when the stack has sglang)."""
+    """The ABI probe's arguments: the GPUs' (`gpus.GpuDecisions.probe_args`), the stack's kernel
+    distributions, and the modules to import (the unit's launcher, and sglang's server entry point
+    when the stack has sglang)."""
     modules = [launcher, "sglang.launch_server"] if "sglang" in stack.wanted() else [launcher]
     return {
         **gpu_args,
@@ -718,11 +922,13 @@ def switched(gen: Generation, live_target: str | None):
     if live_target == gen.path:
         host.noop(f"{gen.live} is generation {gen.id}")
         return
-    host.log(f"venv {gen.live}: switching from {live_target or 'nothing'} to generation {gen.id} (the previous one is kept for rollback)")
+    host.log(f"venv {gen.live}: switching from {live_target or 'nothing'} to generation {gen.id} "
+             "(the previous one is kept for rollback)")
     yield remote.command("venv_switch", shlex.quote(gen.live), shlex.quote(gen.id))
 
 
 def live_target(gen: Generation, host_cache: str) -> str | None:
-    """The generation `venv_path` points at, read at deploy load, so that `venv.switched` need not read the venv again."""
+    """The generation `venv_path` points at, read at deploy load, so that `venv.switched` need not
+    read the venv again."""
     facts = state_of(gen, host_cache, "fast")
     return facts["live"]["target"]
