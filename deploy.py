@@ -61,7 +61,8 @@ else:
     # then the rollout's waves, the same list on every host (operations/rollout.py): a wave's
     # restarts, then its gates.
     prepared = {placed.name: service(config, placed, stack, patch_sets,
-                                     envs[placed.environment.path], copies, device_groups)
+                                     envs[placed.environment.path], copies, device_groups,
+                                     gpu_decisions.after_staging.get(placed.name))
                 for placed in config.services}
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):

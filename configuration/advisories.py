@@ -14,7 +14,11 @@ Where it is checked:
   sglang's default);
 - in the host's GPU check (operations/gpus.py): the entries that need the GPU, with its compute
   capability and the backend `attention-backend: auto` resolves to there. An entry with `prefer`
-  says what `auto` resolves to where it holds (sm 12.x: triton).
+  says what `auto` resolves to where it holds (sm 12.x: triton);
+- an entry on the target model's kind (`target`: hybrid or dense, read from the model's own
+  config.json where its bytes are: `model_kind` in operations/remote/_common.py) by the GPU check
+  where the host's store holds the model, else by the preflight once the model is staged
+  (operations/preflight.py), before the unit is written.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from configuration.yamlload import load_file
 FILE = Path(__file__).resolve().parent.parent / "files" / "engine_advisories.yml"
 EFFECTS = ("refuse", "warn")
 DEFAULT_BACKEND = "default"  # sglang's own choice: no attention-backend flag
-_KEYS = {"id", "summary", "engine", "flags", "compute_capability", "attention_backend", "effect",
-         "replaced_by", "prefer", "reference", "fix"}
+_KEYS = {"id", "summary", "engine", "patch_set", "flags", "compute_capability",
+         "attention_backend", "target", "effect", "replaced_by", "prefer", "reference", "fix"}
+# What a target model is, read from its config.json (operations/remote/_common.py: model_kind):
+# `hybrid` has layers that keep a recurrent state (linear attention, Mamba, short convolutions)
+# beside its attention layers; `dense` has attention layers only.
+TARGET_KINDS = ("hybrid", "dense")
 _MATCH_WORDS = ("set", "unset")
 
 
@@ -49,6 +57,9 @@ class Advisory:
     flags: tuple[tuple[str, tuple[str, ...]], ...] = ()
     compute_capability: tuple[str, ...] | None = None
     attention_backend: tuple[str, ...] | None = None
+    # the service's patch sets, one of which it must use ("none": it uses none)
+    patch_set: tuple[str, ...] | None = None
+    target: tuple[str, ...] | None = None  # the target model's kind (TARGET_KINDS)
     replaced_by: str | None = None
     prefer: str | None = None
 
@@ -66,6 +77,7 @@ class EngineUse:
     version: str | None
     args: dict[str, Any]
     engine: Any = None
+    patch_sets: tuple[str, ...] = ()
 
     def value(self, flag: str) -> Any:
         """The value the engine reads for `flag` (None when not given)."""
@@ -92,10 +104,6 @@ class EngineUse:
 
 
 
-# The old name of EngineUse (it shared `Service` with configuration.settings.Service, the deploy's
-# own service), kept while operations/gpus.py still reads it: remove once that reads EngineUse.
-Service = EngineUse
-
 def _matches(value: Any, words: tuple[str, ...]) -> bool:
     unset = value is None or value is False
     return any((w == "unset" and unset) or (w == "set" and not unset)
@@ -103,19 +111,27 @@ def _matches(value: Any, words: tuple[str, ...]) -> bool:
 
 
 def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None = None,
-          backend: str | None = None) -> bool | None:
+          backend: str | None = None, target: str | None = None) -> bool | None:
     """Whether `advisory` holds for `service`: True, False, or None when that depends on what only
-    the host knows (its GPU's compute capability, or the backend `auto` resolves to). `backend`
-    overrides the data's (the host's)."""
+    the host knows (its GPU's compute capability, the backend `auto` resolves to, the target model's
+    kind). `backend` overrides the data's (the host's)."""
     if advisory.engine is not None:
         try:
             if service.version is None or Version(service.version) not in advisory.engine:
                 return False
         except InvalidVersion:
             return False
+    if advisory.patch_set is not None and not any(
+            p in advisory.patch_set for p in (service.patch_sets or ("none",))):
+        return False
     if not all(_matches(service.value(flag), words) for flag, words in advisory.flags):
         return False
     unknown = False
+    if advisory.target is not None:
+        if target is None:
+            unknown = True
+        elif target not in advisory.target:
+            return False
     if advisory.compute_capability is not None:
         if compute_capability is None:
             unknown = True
@@ -131,11 +147,25 @@ def holds(advisory: Advisory, service: EngineUse, compute_capability: str | None
 
 
 def applying(service: EngineUse, compute_capability: str | None = None, backend: str | None = None,
-             entries: Iterable[Advisory] | None = None) -> list[Advisory]:
-    """The advisories that hold for `service` (on this GPU and backend, where given), in the file's
-    order."""
+             entries: Iterable[Advisory] | None = None,
+             target: str | None = None) -> list[Advisory]:
+    """The advisories that hold for `service` (on this GPU and backend, and for this target model's
+    kind, where given), in the file's order."""
     return [a for a in (load_advisories() if entries is None else entries)
-            if holds(a, service, compute_capability, backend)]
+            if holds(a, service, compute_capability, backend, target)]
+
+
+def by_target(service: EngineUse, compute_capability: str | None = None,
+              backend: str | None = None) -> dict[str, tuple[Advisory, ...]]:
+    """For a target model whose kind is not known yet (not on the host when it was read): per kind,
+    the advisories that would hold for it and name a target (the rest are decided without it)."""
+    out = {}
+    for kind in TARGET_KINDS:
+        held = tuple(a for a in applying(service, compute_capability, backend, target=kind)
+                     if a.target is not None)
+        if held:
+            out[kind] = held
+    return out
 
 
 def deferred(service: EngineUse, entries: Iterable[Advisory] | None = None) -> list[Advisory]:
@@ -211,15 +241,21 @@ def _entry(shown: str, i: int, entry: Any) -> Advisory:
         raise DataError(shown, f"{at}.flags", flags,
                         "a map of flag (no dashes) -> a list of `set`, `unset` or values")
     caps, backends = entry.get("compute_capability"), entry.get("attention_backend")
-    for key, value in (("compute_capability", caps), ("attention_backend", backends)):
+    patch, target = entry.get("patch_set"), entry.get("target")
+    for key, value in (("compute_capability", caps), ("attention_backend", backends),
+                       ("patch_set", patch), ("target", target)):
         if value is not None and (not isinstance(value, list) or not value
                                   or not all(isinstance(v, str) for v in value)):
             raise DataError(shown, f"{at}.{key}", value, "a list of strings")
+    if target is not None and not set(target) <= set(TARGET_KINDS):
+        raise DataError(shown, f"{at}.target", target,
+                        f"a list of the target model's kinds: {', '.join(TARGET_KINDS)}")
     return Advisory(
         id=entry["id"], summary=" ".join(entry["summary"].split()), effect=entry["effect"],
         reference=entry["reference"], fix=entry["fix"], engine=engine,
         flags=tuple((k, tuple(v)) for k, v in flags.items()),
         compute_capability=tuple(caps) if caps else None,
         attention_backend=tuple(backends) if backends else None,
+        patch_set=tuple(patch) if patch else None, target=tuple(target) if target else None,
         replaced_by=entry.get("replaced_by"), prefer=entry.get("prefer"),
     )

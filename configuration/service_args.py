@@ -117,12 +117,12 @@ def _known_to_the_engine(src: str, key_path: str, flag: str, flag_value: Any, re
 
 
 def advisories_refused(src: str, args_path: str, args: list[Arg], engine,
-                       version: str | None) -> None:
+                       version: str | None, patch_sets: tuple[str, ...] = ()) -> None:
     """An engine advisory (files/engine_advisories.yml) with effect `refuse` whose condition the
     data decides and which holds: refused before connecting, naming the flag it is about, the
     reference and the fix. Those that need the GPU (or warn) are the host's GPU check's
     (operations/gpus.py)."""
-    judged = advisories.EngineUse(version, {a.flag: a.value for a in args}, engine)
+    judged = advisories.EngineUse(version, {a.flag: a.value for a in args}, engine, patch_sets)
     for advisory in advisories.applying(judged):
         if advisory.effect != "refuse":
             continue

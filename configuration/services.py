@@ -83,7 +83,7 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
                         judge_unknown=whole)
     check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
     served_backends(*origin["args"], args, patch_sets)
-    advisories_refused(*origin["args"], args, engine, ctx.engine_version)
+    advisories_refused(*origin["args"], args, engine, ctx.engine_version, patch_sets)
     listening = listens_beyond_loopback(at("bind"), args)
     exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(

@@ -3,7 +3,8 @@
 - `GpuState` (fact): one remote call per host runs `nvidia-smi --query-gpu` (index, UUID, name,
   compute capability, memory, driver, health fields), `--query-compute-apps` and the plain table
   (its header carries the CUDA version the driver supports; a GPU in trouble shows `ERR!`), and
-  reads our units' GPUs and processes and the models' sizes. The command always exits 0: a
+  reads our units' GPUs and processes and the models' sizes and kinds (hybrid or dense, from their
+  config.json: the engine advisories' `target`). The command always exits 0: a
   missing GPU makes nvidia-smi print "Unable to determine the device handle ..." and exit
   non-zero, which would otherwise fail the host before anything could be said about it.
 - `decide(config, facts)` (pure) resolves `gpu: auto` and `attention-backend: auto`, checks each
@@ -93,6 +94,8 @@ class GpuFacts:
     apps: tuple[App, ...]
     units: dict[str, Unit] = field(default_factory=dict)
     model_bytes: dict[str, int | None] = field(default_factory=dict)
+    # a model dir -> `hybrid`, `dense`, or None (no readable config.json); absent: no such dir
+    model_kinds: dict[str, str | None] = field(default_factory=dict)
 
     def by_index(self) -> dict[int, Gpu]:
         return {g.index: g for g in self.gpus}
@@ -241,6 +244,7 @@ def facts_from(raw: dict) -> GpuFacts:
         apps=tuple(parse_compute_apps(apps["stdout"])),
         units=units,
         model_bytes=models,
+        model_kinds=raw.get("kinds", {}),
     )
 
 
@@ -268,6 +272,11 @@ class GpuDecisions:
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     facts: GpuFacts | None = None  # what nvidia-smi said (None: not read, nothing placed here)
+    # A service whose target model the host did not hold when read (a first deploy, a move): per
+    # target kind, the advisories that hold for that kind (`advisories.by_target`), for its
+    # preflight to decide once the model is staged.
+    after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = field(
+        default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -358,11 +367,12 @@ def _free_text(free: list[int]) -> str:
             else "no healthy free GPU on this host")
 
 
-def _engine(service: Service, engine: str | None) -> advisories.Service:
+def _engine(service: Service, engine: str | None) -> advisories.EngineUse:
     """`service` as the advisories judge it: its engine version, its flags as that engine's parser
-    reads them."""
-    return advisories.Service(engine, dict(service.args),
-                              engine_flags.for_engine(engine, service.patch_sets))
+    reads them, its patch sets."""
+    return advisories.EngineUse(engine, dict(service.args),
+                                engine_flags.for_engine(engine, service.patch_sets),
+                                service.patch_sets)
 
 
 def _caps(service: Service, facts: GpuFacts) -> list[str]:
@@ -392,19 +402,33 @@ def _backend(service: Service, facts: GpuFacts, engine: str | None,
 
 
 def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: list[str],
-             errors: list[str]) -> None:
+             errors: list[str], decisions: list[str],
+             after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]]) -> None:
     """The engine advisories that hold for `service` on this host's GPU, with the backend it runs
-    here (`auto` resolved): a refusal is an error (before any change), a warning is shown (also
-    under --dry)."""
+    here (`auto` resolved) and its target model's kind: a refusal is an error (before any change),
+    a warning is shown (also under --dry). Where the host does not hold the target yet, those that
+    depend on its kind go to `after_staging`, for the preflight."""
     judged = _engine(service, engine)
+    kind = facts.model_kinds.get(service.target.store_path)
     seen: set[str] = set()
+    pending: dict[str, tuple[advisories.Advisory, ...]] = {}
     for cap in _caps(service, facts) or [None]:
-        for advisory in advisories.applying(judged, cap):
+        for advisory in advisories.applying(judged, cap, target=kind):
             if advisory.id in seen:
                 continue
             seen.add(advisory.id)
             (errors if advisory.effect == "refuse" else warnings).append(
                 f"{service.name}: {advisory.text()}")
+        for target, held in (advisories.by_target(judged, cap) if kind is None else {}).items():
+            pending[target] = tuple(dict.fromkeys(pending.get(target, ()) + held))
+    if pending:
+        after_staging[service.name] = pending
+        ids = sorted({a.id for held in pending.values() for a in held})
+        where = (f"{service.target.store_path} has no readable config.json"
+                 if service.target.store_path in facts.model_kinds
+                 else f"{service.target.name} is not in {service.target.store_path} yet")
+        decisions.append(f"{service.name}: {where}: advisories on the target's kind "
+                         f"({', '.join(ids)}) are decided by its preflight, once staged")
 
 
 def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str],
@@ -550,6 +574,7 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
             resolved[service.name] = dataclasses.replace(service, gpus=(free[0],))
 
     services = []
+    after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = {}
     for service in config.services:
         auto_backend = _arg(resolved[service.name], "attention-backend") == "auto"
         service = _backend(resolved[service.name], facts, engine, decisions)
@@ -557,10 +582,10 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
             _served_backends(service, facts, errors)
         if service.gpus:
             _memory(service, facts, decisions, warnings, errors)
-            _advised(service, facts, engine, warnings, errors)
+            _advised(service, facts, engine, warnings, errors, decisions, after_staging)
         services.append(service)
     return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions),
-                        tuple(warnings), tuple(errors))
+                        tuple(warnings), tuple(errors), after_staging=after_staging)
 
 
 def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:

@@ -27,6 +27,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 from pyinfra.facts.files import Sha1File
 
+from configuration.advisories import Advisory
 from configuration.errors import fail_dry_run, is_dry_run
 from operations import (
     host_reads,
@@ -139,7 +140,26 @@ def ran_as(result: dict) -> str:
             else str(result.get("parser")))
 
 
-def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
+def advised(result: dict, by_target: dict[str, tuple[Advisory, ...]]) -> tuple[str | None,
+                                                                               list[str]]:
+    """What the engine advisories on the target's kind say once the preflight read the staged
+    model (`by_target`: `gpus.GpuDecisions.after_staging` of the service): the refusal, if one
+    holds, and the warnings. A target whose kind cannot be read is said, not guessed."""
+    if not by_target:
+        return None, []
+    kind = result.get("target")
+    if kind is None:
+        ids = sorted({a.id for held in by_target.values() for a in held})
+        return None, [f"the target's kind could not be read (no readable config.json at its "
+                      f"--model-path): advisories {', '.join(ids)} not checked"]
+    held = by_target.get(kind, ())
+    refusals = [f"{a.text()} (the target is {kind})" for a in held if a.effect == "refuse"]
+    warnings = [f"{a.text()} (the target is {kind})" for a in held if a.effect != "refuse"]
+    return (refusals[0] if refusals else None), warnings
+
+
+def _run(state, host, service: str, endpoint: str, cmd: str,
+         by_target: dict[str, tuple[Advisory, ...]]) -> bool:
     ok, output = host.run_shell_command(cmd, print_output=False, _timeout=PREFLIGHT_TIMEOUT_S)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
@@ -147,6 +167,10 @@ def _run(state, host, service: str, endpoint: str, cmd: str) -> bool:
         result = {"import_error": "preflight did not run: "
                                   f"{(output.stderr or output.stdout).strip()[-500:]}"}
     reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
+    refusal, warnings = advised(result, by_target)
+    for warning in warnings:
+        host.log_styled(f"{service}: {warning}", fg="yellow", log_func=logger.warning)
+    reason = reason or refusal
     if reason:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: "
                         f"{reason}", fg="red", log_func=logger.error)
@@ -204,6 +228,7 @@ def passed(
     unit_path: str,
     unit_text: str,
     inputs_changed: Callable[[], bool] | None = None,
+    by_target: dict[str, tuple[Advisory, ...]] | None = None,
 ):
     """
     Require the exact flags and environment of a unit to pass the engine's own parser.
@@ -218,6 +243,8 @@ def passed(
       differ, and the unit in use is then saved for rollback (`operations/rollback.py`); the
       preflight runs as the user and in the sandbox this unit names (`units.sandbox_properties`)
     + inputs_changed: callable, true when the venv, patch sets or models changed in this run
+    + by_target: the engine advisories that depend on the target model's kind where the GPU check
+      could not read it (`gpus.GpuDecisions.after_staging`): decided here from the staged model
 
     **Example:**
 
@@ -245,7 +272,7 @@ def passed(
     if is_dry_run(host):
         _preview(service, venv_path, cmd, _planned_changes(inputs_changed),
                  None if user == "DynamicUser" else user)
-    yield FunctionCommand(_run, (service, endpoint, cmd), {})
+    yield FunctionCommand(_run, (service, endpoint, cmd, by_target or {}), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.
         yield rollback.save_command(unit_path, PurePosixPath(unit_path).name)

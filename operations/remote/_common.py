@@ -5,6 +5,7 @@
 # ctypes is imported where it is used (a venv switch): the converged read, which imports every
 # script's top-level imports once before it forks (remote/run_scripts.py), never needs it.
 import hashlib as _hashlib
+import json as _json
 import os as _os
 import re as _re
 import stat as _stat
@@ -17,6 +18,10 @@ MANIFEST_FALLBACK_DIR = "/var/cache/sglang-deploy/manifests"
 JOURNAL_NAME = ".sglang-deploy-partial.jsonl"
 PART_SUFFIX = ".sglang-part"
 HASH_BLOCK = 1 << 22
+# A model's layer kinds that are attention (all a dense model has): any other kind in its config's
+# `layer_types` (Qwen3-Next/3.5's linear_attention, LFM2's conv, ...) keeps a recurrent state.
+ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention", "attention",
+                    "global", "local")
 # Touched by the deploy after each install into a venv generation (operations/venv.py: STAMP).
 STAMP = _os.path.join(".sglang-deploy", "installed")
 
@@ -595,3 +600,29 @@ def peer_untrusted(sock, unit, control_group, wait_s=5.0):
             return f"port {server_port}: no process accepted the connection within {wait_s:.0f} s"
         time.sleep(0.02)
         pids = _cgroup_pids(control_group) if control_group else set()
+
+
+def model_kind(model_dir):
+    """What the model's own config.json says of its layers: `hybrid` (layers that keep a recurrent
+    state - linear attention, Mamba, short convolutions - beside attention), `dense`, or None where
+    there is no readable config.json. The engine advisories' `target` (configuration/advisories.py).
+    """
+    try:
+        with open(_os.path.join(model_dir, "config.json"), "rb") as handle:
+            config = _json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for part in (config, config.get("text_config")):  # a multimodal wrapper holds its text model's
+        if not isinstance(part, dict):
+            continue
+        layers = part.get("layer_types")
+        if isinstance(layers, list) and any(str(k) not in ATTENTION_LAYERS for k in layers):
+            return "hybrid"
+        pattern = part.get("hybrid_override_pattern")  # Nemotron-H: M is a Mamba layer
+        if isinstance(pattern, str) and "M" in pattern:
+            return "hybrid"
+        if any(key.startswith(("mamba_", "ssm_", "linear_conv_")) for key in part):
+            return "hybrid"
+    return "dense"

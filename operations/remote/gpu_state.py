@@ -1,5 +1,6 @@
 # Fact script: what nvidia-smi says about the host's GPUs, our units' GPUs and processes, and the
-# models' sizes, as JSON. Always exits 0: a missing or failing nvidia-smi is data, not an error.
+# models' sizes and kinds (_common.model_kind), as JSON. Always exits 0: a missing or failing
+# nvidia-smi is data, not an error.
 # argv: UNIT_DIR [MODEL_DIR ...]
 import glob
 import json
@@ -7,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+
+from _common import model_kind  # noqa: E402 - remote.script puts _common.py here
 
 unit_dir = sys.argv[1]
 model_dirs = sys.argv[2:]
@@ -60,7 +63,8 @@ def which(name, path):
 
 smi = which("nvidia-smi",
             os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin:/usr/local/nvidia/bin")
-out = {"nvidia_smi": smi, "query": None, "apps": None, "table": None, "units": {}, "models": {}}
+out = {"nvidia_smi": smi, "query": None, "apps": None, "table": None, "units": {}, "models": {},
+       "kinds": {}}
 # Our units: their GPUs (CUDA_VISIBLE_DEVICES) and every process in their cgroup.
 paths = sorted(glob.glob(os.path.join(unit_dir, "sglang-*.service")))
 names = [os.path.basename(p) for p in paths]
@@ -139,6 +143,7 @@ for model_dir in model_dirs:
     if not os.path.isdir(model_dir):
         out["models"][model_dir] = None
         continue
+    out["kinds"][model_dir] = model_kind(model_dir)
     weights = total = 0
     for root, _dirs, files in os.walk(model_dir):
         for name in files:

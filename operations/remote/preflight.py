@@ -1,8 +1,9 @@
 # Preflight, run with the service's own venv Python, as the service user in the service's sandbox (a
 # transient unit, operations/preflight.py), with the unit's GPUs and the few variables the preflight
 # allows: parse the exact flags with the installed sglang's own `prepare_server_args`, then import
-# the launcher and the server entry point. Prints one JSON line (with the user it ran as); exits 0
-# either way.
+# the launcher and the server entry point; and read what the target model is (hybrid or dense, from
+# its config.json at --model-path: the engine advisories' `target`). Prints one JSON line (with the
+# user it ran as); exits 0 either way.
 # argv: ARGV_JSON LAUNCHER
 import contextlib
 import importlib
@@ -13,8 +14,12 @@ import pwd
 import sys
 import traceback
 
+from _common import model_kind  # noqa: E402 - remote.script puts _common.py here
+
 argv, launcher = json.loads(sys.argv[1]), sys.argv[2]
 result = {"parser": None, "parse_error": None, "import_error": None, "uid": os.getuid()}
+if "--model-path" in argv[:-1]:
+    result["target"] = model_kind(argv[argv.index("--model-path") + 1])
 try:
     result["user"] = pwd.getpwuid(os.getuid()).pw_name
 except KeyError:

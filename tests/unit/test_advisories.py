@@ -21,14 +21,17 @@ from tests.unit.test_units import lab_data
 STACKS = {"0.5.11": "sglang-0.5.11-cu130", "0.5.13": "sglang-0.5.13-cu130", "0.5.23": None}  # None: the lab's own (0.5.23)
 
 
-def facts(cap: str) -> gpus.GpuFacts:
+def facts(cap: str, kinds: dict[str, str | None] | None = None) -> gpus.GpuFacts:
     return gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
-                         (gpus.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {})
+                         (gpus.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {},
+                         kinds or {})
 
 
-def verdict(engine: str, args: dict, cap: str = "9.0", patch: tuple[str, ...] = ()) -> str:
+def verdict(engine: str, args: dict, cap: str = "9.0", patch: tuple[str, ...] = (), target: str | None = "absent") -> str:
     """What the deploy says of one DFLASH service on `engine` with `args` (and patch sets `patch`) on a GPU of compute
-    capability `cap`: `refused: ...` (validation), `gpu error: ...`, `gpu warning: ...`, or `fine`."""
+    capability `cap`, its target model `target` (hybrid, dense, None: no config.json, absent: not on the host yet):
+    `refused: ...` (validation), `gpu error: ...`, `gpu warning: ...`, `after staging: ...` (left to the preflight),
+    or `fine`."""
     data = lab_data()
     if STACKS[engine]:
         data["stack"] = STACKS[engine]
@@ -38,8 +41,11 @@ def verdict(engine: str, args: dict, cap: str = "9.0", patch: tuple[str, ...] = 
         config = settings.host_config(make_host(data, {"run_services": ["svc"]}))
     except DataError as error:
         return f"refused: {error}"
-    plan = gpus.decide(config, facts(cap), engine)
+    kinds = {} if target == "absent" else {config.services[0].target.store_path: target}
+    plan = gpus.decide(config, facts(cap, kinds), engine)
     said = [f"gpu error: {e}" for e in plan.errors] + [f"gpu warning: {w}" for w in plan.warnings]
+    said += [f"after staging: {kind}: {a.effect}: {a.text()}" for kind, held in plan.after_staging.get("svc", {}).items()
+             for a in held]
     return "\n".join(said) or "fine"
 
 
@@ -72,11 +78,15 @@ THROUGH_THE_DEPLOY = [
                          ids=[case[0] for case in THROUGH_THE_DEPLOY])
 def test_each_advisory_is_said_inside_its_condition_and_not_just_outside(name, engine, inside, cap, says, outside, cap_outside):
     advisory = by_id(name)
-    said = verdict(engine, inside, cap)
+    target = (advisory.target or ("absent",))[0]  # an entry on the target's kind: a target of that kind on the host
+    said = verdict(engine, inside, cap, target=target)
     assert said.startswith(says), said
     assert f"[{advisory.id}; {advisory.reference}]: {advisory.fix}" in said, said
     if outside is not None:
-        assert advisory.id not in verdict(engine, outside, cap), "just outside its flags"
+        assert advisory.id not in verdict(engine, outside, cap, target=target), "just outside its flags"
+    if advisory.target is not None:
+        other = next(k for k in advisories.TARGET_KINDS if k not in advisory.target)
+        assert advisory.id not in verdict(engine, inside, cap, target=other), "just outside its target"
     if cap_outside is not None:
         assert advisory.id not in verdict(engine, inside, cap_outside), "just outside its GPU"
 
@@ -93,7 +103,7 @@ def test_a_flag_renamed_in_0_5_20_is_still_the_old_engines(flag):
 BY_VERSION = [
     ("mamba-scheduler-strategy-deprecated", {"mamba-scheduler-strategy": "extra_buffer"}, "0.5.17", "0.5.13"),
     ("extra-buffer-lazy-with-dflash-radix", {"mamba-radix-cache-strategy": "extra_buffer_lazy"}, "0.5.15", "0.5.18"),
-    ("dflash-mamba-track-boundary", {}, "0.5.19", "0.5.20"),
+    ("dflash-mamba-track-boundary", {}, "0.5.19", "0.5.20"),  # on a hybrid target (below: on a dense one)
 ]
 
 
@@ -101,13 +111,18 @@ BY_VERSION = [
 def test_each_advisory_for_an_unpinned_version_holds_inside_and_not_just_outside(name, args, inside, outside):
     advisory = by_id(name)
     service = {"speculative-algorithm": "DFLASH", **args}
-    assert advisories.holds(advisory, advisories.EngineUse(inside, service)) is True
-    assert advisories.holds(advisory, advisories.EngineUse(outside, service)) is False
+    target = (advisory.target or (None,))[0]
+    assert advisories.holds(advisory, advisories.EngineUse(inside, service), target=target) is True
+    assert advisories.holds(advisory, advisories.EngineUse(outside, service), target=target) is False
 
 
-def test_the_track_boundary_advisory_is_outside_with_the_radix_cache_off():
+def test_the_track_boundary_advisory_is_outside_with_the_radix_cache_off_or_a_dense_target():
+    advisory = by_id("dflash-mamba-track-boundary")
     service = advisories.EngineUse("0.5.19", {"speculative-algorithm": "DFLASH", "disable-radix-cache": True})
-    assert advisories.holds(by_id("dflash-mamba-track-boundary"), service) is False
+    assert advisories.holds(advisory, service, target="hybrid") is False
+    service = advisories.EngineUse("0.5.19", {"speculative-algorithm": "DFLASH"})
+    assert advisories.holds(advisory, service, target="dense") is False
+    assert advisories.holds(advisory, service) is None, "the target's kind unknown: the host decides"
 
 
 @pytest.fixture
@@ -129,32 +144,53 @@ def ddtree_0_5_13(tmp_path, monkeypatch):
     patch_sets.load_patch_set.cache_clear()
 
 
-# DDTREE exists only with the patch set (bench/results/h100-2026-12-05-*-hybrid-*.txt): the mamba-* flags name the
-# hybrid target; just outside, the same DDTREE service on a dense target (no mamba flags), and DFLASH on the hybrid one.
-DDTREE_HYBRID = {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "attention-backend": "triton",
-                 "mamba-scheduler-strategy": "extra_buffer"}
+# DDTREE exists only with the patch set (bench/results/h100-2026-12-05-*-hybrid-*.txt). The target's kind is read from
+# its config.json on the host, not guessed from the flags: a hybrid target served with no mamba-* flag (sglang's
+# defaults) is refused too; just outside, the same service on a dense target, and DFLASH on the hybrid one.
+DDTREE = {"speculative-algorithm": "DDTREE", "speculative-ddtree-budget": 15, "attention-backend": "triton"}
 
 
-def test_ddtree_on_a_hybrid_target_is_refused_and_not_just_outside(ddtree_0_5_13):
+@pytest.mark.parametrize("mamba", [{}, {"mamba-scheduler-strategy": "extra_buffer"}], ids=["no mamba flag", "mamba flag"])
+def test_ddtree_on_a_hybrid_target_is_refused_and_not_just_outside(ddtree_0_5_13, mamba):
     advisory = by_id("ddtree-hybrid-linear-state")
-    said = verdict("0.5.13", DDTREE_HYBRID, "9.0", (ddtree_0_5_13,))
-    assert said.startswith("refused"), said
-    assert "services.svc.args.mamba-scheduler-strategy" in said or "services.svc.args.speculative-algorithm" in said, said
+    said = verdict("0.5.13", {**DDTREE, **mamba}, "9.0", (ddtree_0_5_13,), target="hybrid")
+    assert said.startswith("gpu error: svc: "), said
     assert f"[{advisory.id}; {advisory.reference}]: {advisory.fix}" in said, said
-    dense = {k: v for k, v in DDTREE_HYBRID.items() if k != "mamba-scheduler-strategy"}
-    assert advisory.id not in verdict("0.5.13", dense, "9.0", (ddtree_0_5_13,)), "just outside: a dense target"
-    dflash = {**DDTREE_HYBRID, "speculative-algorithm": "DFLASH"}
+    assert advisory.id not in verdict("0.5.13", {**DDTREE, **mamba}, "9.0", (ddtree_0_5_13,), target="dense"), "a dense target"
+    dflash = {**DDTREE, **mamba, "speculative-algorithm": "DFLASH"}
     del dflash["speculative-ddtree-budget"]
-    assert advisory.id not in verdict("0.5.13", dflash, "9.0", (ddtree_0_5_13,)), "just outside: DFLASH"
+    assert advisory.id not in verdict("0.5.13", dflash, "9.0", (ddtree_0_5_13,), target="hybrid"), "DFLASH"
 
 
-def test_the_ddtree_hybrid_advisory_reads_the_flags_as_the_patched_parser_does():
-    """A prefix of --mamba-scheduler-strategy is that flag to the patched engine's parser; another engine: not held."""
+def test_a_target_not_on_the_host_yet_leaves_its_kind_to_the_preflight(ddtree_0_5_13):
+    """A first deploy or a move: the store does not hold the target when the host is read; the advisories on its kind
+    are not dropped (nor guessed): the preflight decides them once the model is staged."""
+    advisory = by_id("ddtree-hybrid-linear-state")
+    said = verdict("0.5.13", DDTREE, "9.0", (ddtree_0_5_13,), target="absent")
+    assert said == f"after staging: hybrid: refuse: {advisory.text()}", said
+    assert verdict("0.5.13", DDTREE, "9.0", (ddtree_0_5_13,), target=None).startswith("after staging: hybrid: refuse")
+    data = lab_data()
+    data["stack"] = STACKS["0.5.13"]
+    data["services"] = {"svc": {**data["services"]["dflash"], "gpu": 0, "port": 30100, "patch_sets": [ddtree_0_5_13],
+                                "args": {**data["services"]["dflash"]["args"], **DDTREE}}}
+    config = settings.host_config(make_host(data, {"run_services": ["svc"]}))
+    plan = gpus.decide(config, facts("9.0"), "0.5.13")
+    assert any("is not in" in d and "ddtree-hybrid-linear-state" in d and "decided by its preflight" in d
+               for d in plan.decisions), plan.decisions
+
+
+def test_the_ddtree_hybrid_advisory_holds_for_its_patch_set_and_engine_only():
+    """The flags as the patched engine's parser reads them (a prefix is the flag); the patch set and engine as named."""
     engine = engine_flags.for_engine("0.5.13", ("ddtree-0_5_13",))
     advisory = by_id("ddtree-hybrid-linear-state")
-    prefixed = advisories.EngineUse("0.5.13", {"speculative-algorithm": "DDTREE", "mamba-scheduler-strat": "extra_buffer"}, engine)
-    assert advisories.holds(advisory, prefixed) is True
-    assert advisories.holds(advisory, advisories.EngineUse("0.5.23", dict(DDTREE_HYBRID))) is False
+    prefixed = advisories.EngineUse("0.5.13", {"speculative-algor": "DDTREE"}, engine, ("ddtree-0_5_13",))
+    assert advisories.holds(advisory, prefixed, target="hybrid") is True
+    assert advisories.holds(advisory, prefixed) is None, "the target's kind unknown: the host decides"
+    other_set = dataclasses.replace(prefixed, patch_sets=("ddtree-0_5_13-copy",))
+    assert advisories.holds(advisory, other_set, target="hybrid") is False, "another patch set"
+    assert advisories.holds(advisory, dataclasses.replace(prefixed, patch_sets=()), target="hybrid") is False
+    assert advisories.holds(advisory, advisories.EngineUse("0.5.23", dict(DDTREE), None, ("ddtree-0_5_13",)),
+                            target="hybrid") is False, "another engine"
 
 
 def test_every_advisory_has_a_case_here():
@@ -193,6 +229,8 @@ def test_an_alias_or_prefix_is_the_flag_it_resolves_to():
     ({"id": "x", "summary": "s", "effect": "warn", "reference": "r"}, "fix: None: required"),
     ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "flags": {"a": "set"}}, "a list of `set`"),
     ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "when": 1}, "unknown key"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "target": ["moe"]}, "hybrid, dense"),
+    ({"id": "x", "summary": "s", "effect": "warn", "reference": "r", "fix": "f", "patch_set": "ddtree"}, "a list of strings"),
 ])
 def test_a_wrong_entry_is_refused_naming_its_key(tmp_path, entry, message):
     import yaml

@@ -145,7 +145,7 @@ def run_fact_script(tmp_path: Path, config: Path | None, units: dict[str, str] |
         folder = tmp_path / "models" / model
         folder.mkdir(parents=True)
         for rel, size in files.items():
-            (folder / rel).write_bytes(b"\0" * size)
+            (folder / rel).write_bytes(size if isinstance(size, bytes) else b"\0" * size)  # content, or a size
         model_paths.append(str(folder))
     script = remote.script("gpu_state")
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
