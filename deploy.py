@@ -7,48 +7,31 @@ Each step is a component in deploys/ (a pyinfra @deploy; its operations are name
 `<Component> | <operation>`), each operation idempotent: nothing changes on a converged host.
 """
 
-import os
-
 from pyinfra import host, state
 
-from configuration import settings, stacks
-from configuration.patch_sets import load_patch_set
 from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
+from deploys.run import HostRun
 from deploys.service import gated, gates_checked, restarted, service, service_account, wave_opened
-from operations import converged, gpus, host_plan, host_reads, lock, rollout
-from report import health_timer, plan_view, summary
+from operations import converged, gpus, host_plan, host_reads, rollout
+from report import plan_view
 
-# The whole inventory (every host, every service placed or not, its stacks and patch sets) is
-# validated once per run by the first host to get here; every host's load raises the same DataError,
-# so a bad value anywhere stops the run before any host's lock is taken (configuration/settings.py).
-config = settings.host_config(host)
-stack = stacks.load_stack(config.stack)
-patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
-summary.install_summary(state)
-# From here every fact of this host is read once (one batched call on a converged host, begun as
-# soon as the run holds the host's lock) and again only after a command ran there
-# (operations/host_reads.py).
-host_reads.prepare(state, host, config_digest=repr(config))
-lock.acquire(host, state, config.lock_wait_s, on_held=host_reads.start_read,
-             read=host_reads.lock_read,
-             waits={name: c.lock_wait_s
-                    for name, c in settings.validate_inventory(host.state).items()})
-host_reads.install(state, host, config_digest=repr(config))
-health_timer.install_timer(state)
-# last: under --dry with PLAN_JSON it ends the process with the plan's code
-plan_view.install(state, os.environ)
+# The validated data (a bad value anywhere stops the run before any host is touched), then the
+# run's machinery: the summary, the host's one read, its lock, the timers, the plan view.
+run = HostRun.of(host)
+run.deploying(state)
+config, stack, patch_sets = run.config, run.stack, run.patch_sets
 
 # Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions
 # the operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON
 # print it.
 gpu_decisions = gpus.plan_for_host(config, stack)
 plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets,
-                           read=host_reads.reader(host))
+                           read=host_reads.reader(run.host))
 plan_view.record(plan.record())
-rollouts = rollout.fleet(settings.validate_inventory(state))
+rollouts = rollout.fleet(run.inventory)
 plan_view.record_rollouts({name: r.described() for name, r in rollouts.items()})
 if plan.converged:
     converged.record(host, gpu_decisions, plan)

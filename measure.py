@@ -23,14 +23,14 @@ from pathlib import Path
 
 from pyinfra import host, state
 
-from configuration import settings
+from deploys.run import HostRun
 from operations import measure
 
-config = settings.host_config(host)
+run = HostRun.of(host)
+config = run.config
 # A service's name measures every replica of it (a row each, `host/replica`); `host/replica` one of
 # them.
-rows = measure.replicas(measure.requested(os.environ.get("MEASURE_SERVICES")),
-                        settings.validate_inventory(state))
+rows = measure.replicas(measure.requested(os.environ.get("MEASURE_SERVICES")), run.inventory)
 options = measure.options_from(os.environ)
 out = os.environ.get("MEASURE_OUT")
 report = measure.install(state, [label for label, _, _ in rows], options,

@@ -20,25 +20,22 @@ import shutil
 
 from pyinfra import host, state
 
-from configuration import settings, stacks
-from configuration.patch_sets import load_patch_set
+from deploys.run import HostRun
 from operations import status as status_reads
 from operations.host_plan import watched_inputs
 from report import status_view
 
 options = status_view.options_from(os.environ)
-config = settings.host_config(host)
-# validated with config
-addresses = {name: c.ssh_address for name, c in settings.validate_inventory(host.state).items()}
-stack = stacks.load_stack(config.stack)
-patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
-watched = {s.name: watched_inputs(s, s.unit_path) for s in config.services}
-status_view.record(host.name,
-                   status_reads.read_host(state, host, config, stack, patch_sets, watched))
+run = HostRun.of(host)
+run.observing(state, also=status_reads.also_read(run.config))
+watched = {s.name: watched_inputs(s, s.unit_path) for s in run.config.services}
+status_view.record(host.name, status_reads.read_host(run.host, run.config, run.stack,
+                                                     run.patch_sets, watched))
 # Added last (after the host read's own callbacks): its host_disconnect ends the process with the
 # status's code.
 if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):
     width = shutil.get_terminal_size((120, 24)).columns
+    addresses = {name: c.ssh_address for name, c in run.inventory.items()}
     state.add_callback_handler(status_view.StatusPrinter(
         options, status_reads.COVERS, width,
         lambda h: status_reads.unreachable_reason(*addresses[h.name])))

@@ -7,11 +7,12 @@ the deploy imports them from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from configuration import host_paths, kinds
+from configuration.schema import GroupData
 from configuration.secrets import Secret, config_path
 
 
@@ -136,25 +137,17 @@ class Arg:
 
 @dataclass(frozen=True)
 class HostConfig:
+    """One host's validated configuration: the schema's own model of the group data (`data`, a
+    `schema.GroupData`: its fields - `venv_path`, `shm_dir`, `service_user`, ... - read through as
+    this object's, with the schema's defaults, never copied), and what is resolved per host."""
+
     host: str
-    stack: str
-    venv_path: str
-    model_store: str
-    shm_dir: str
+    data: GroupData
+    # `data.wheelhouse` as a path, and `data.stack_sources` resolved (configuration/sources.py)
     wheelhouse: Path
-    host_wheel_cache: str
-    launcher: str
-    readiness_timeout_s: int
-    smoke_test: bool
-    lock_wait_s: int = 300
-    model_sources: dict = field(default_factory=dict)
-    services: tuple[Service, ...] = field(default_factory=tuple)
-    verify_models: str = "fast"
-    failed_gpus: tuple[int, ...] = ()
-    stack_sources: tuple = (("wheelhouse", "wheelhouse"),)
-    installer: str = "auto"
-    service_user: str = "sglang"
-    verify_env: str = "fast"
+    stack_sources: tuple
+    services: tuple[Service, ...]  # the replicas placed on this host (`data.services` defines them)
+    failed_gpus: tuple[int, ...]
     # Where SSH reaches the host: (`ssh_hostname`, else the inventory name; `ssh_port`, else 22).
     ssh_address: tuple[str, int] | None = None
     # What this host reads of other hosts, from their validated configurations
@@ -162,6 +155,16 @@ class HostConfig:
     # without a `path`, the store (`model_store`) of each host `model_sources` names.
     peer_venvs: dict = field(default_factory=dict)
     peer_stores: dict = field(default_factory=dict)
+
+    def with_data(self, **changes: Any) -> HostConfig:
+        """This configuration with some of the schema's fields changed (not validated again)."""
+        return replace(self, data=self.data.model_copy(update=changes))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the dataclass lacks: the schema's fields, read from its model.
+        if name in GroupData.model_fields and name != "services":
+            return getattr(self.data, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
     def staged_models(self) -> tuple[ModelUse, ...]:

@@ -33,14 +33,12 @@ from operations import (
     host_plan,
     host_reads,
     lifecycle,
-    lock,
     models,
     patches,
     readiness,
     remote,
     venv,
 )
-from operations.pyinfra_adapter import real_host
 
 COVERS = (
     "DEPLOY WOULD is the deploy's own plan from this read (operations/host_plan.py): every step, "
@@ -121,28 +119,23 @@ def _ok(value) -> bool:
     return value is not None and not isinstance(value, _Unread)
 
 
-def read_host(state, host, config, stack, patch_sets: dict,
+def also_read(config) -> tuple[tuple[type, dict], ...]:
+    """The status view's own small reads, in the host's one read beside the deploy's facts
+    (`deploys.run.HostRun.observing`): the lock's holder, and where nothing is placed (the deploy
+    reads no GPUs there), the GPUs. /health and its latency come with the deploy's own
+    ServiceState read."""
+    return ((StatusProbe, {}),) + (((gpus.GpuState, {"models": ()}),) if not config.services
+                                   else ())
+
+
+def read_host(host, config, stack, patch_sets: dict,
               watched: dict[str, tuple[str, ...]]) -> list[dict]:
-    """`host`'s rows: one per placed service, or one for the host when none is placed.
+    """`host`'s rows (its one read installed with `also_read`): one per placed service, or one for
+    the host when none is placed.
 
     `watched`: service name -> the paths its process loads (deploys/service.py `watched_inputs`),
     the arguments the deploy reads `ServiceState` with (so the answer comes from the same read).
     """
-    # the Host itself: pyinfra's `host` names it only in the greenlet loading this file
-    host = real_host(host)
-    # each command otherwise waits for a delayed ACK (operations/lock.py)
-    lock.send_without_delay(host)
-    # a host that stops answering is dropped within seconds, not waited for
-    lock.watch_connection(host)
-    digest = repr(config)
-    # The status keeps nothing on the control machine: what it asks is not saved as the next read
-    # set.
-    host_reads.prepare(state, host, config_digest=digest, keep_read_set=False)
-    # Our own small reads go into the host's one read, beside the deploy's facts: the lock's holder,
-    # and where nothing is placed (the deploy reads no GPUs there), the GPUs. /health and its
-    # latency come with the deploy's own ServiceState read.
-    also = [(StatusProbe, {})] + ([(gpus.GpuState, {"models": ()})] if not config.services else [])
-    host_reads.install(state, host, config_digest=digest, also=tuple(also))
     probe = _fact(host, StatusProbe)
     bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
     return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)

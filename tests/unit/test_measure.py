@@ -329,7 +329,11 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
         return found
 
     assert imports(ROOT / "measure.py") == {"os", "pathlib.Path", "pyinfra.host", "pyinfra.state",
-                                            "configuration.settings", "operations.measure"}
+                                            "deploys.run.HostRun", "operations.measure"}
+    # Of the run's machinery (deploys/run.py) the validated data only: not a deploy's lock and read, nor a view's read.
+    called = {node.func.attr for node in ast.walk(ast.parse((ROOT / "measure.py").read_text()))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert "of" in called and not called & {"deploying", "observing"}, called
     # Of the deploy's own modules only the redaction of what it prints, the unit's rendering (the sandbox the client
     # runs in), the transient run's command line, where a home directory hides a path and the remote scripts (the
     # read-only check of the port's holder): none locks, reads for a deploy or changes.

@@ -89,11 +89,10 @@ def test_the_preflight_sandbox_is_the_units_whole_sandbox():
     assert {p.split("=", 1)[0] for p in sandbox} == named - units.NOT_SANDBOX
     assert not any(p.startswith(("Environment=", "ExecStart=", "WorkingDirectory=")) for p in sandbox)
     # As root where the data says so (`service_user: root`): the same sandbox, no Group=.
-    import dataclasses
 
     from tests.unit.test_units import render
 
-    root = units.sandbox_properties(render(dataclasses.replace(config, service_user="root")))
+    root = units.sandbox_properties(render(config.with_data(service_user="root")))
     assert "User=root" in root and not any(p.startswith("Group=") for p in root)
 
 

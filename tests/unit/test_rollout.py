@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from configuration.schema import GroupData
 from configuration.typed import Environment, HostConfig, ModelUse, Service
 from operations import rollout
 from operations.rollout import Replica
@@ -46,8 +47,8 @@ def service(name: str, replica: str, port: int, **rollout_keys) -> Service:
 
 
 def config(host: str, *services: Service) -> HostConfig:
-    return HostConfig(host=host, stack="s", venv_path="/root/venv", model_store="/root/models", shm_dir="/dev/shm", wheelhouse=None,
-                      host_wheel_cache="/c", launcher="l", readiness_timeout_s=60, smoke_test=True, services=services)
+    return HostConfig(host=host, data=GroupData.model_construct(stack="s"), wheelhouse=None, stack_sources=(),
+                      services=services, failed_gpus=())
 
 
 def test_every_host_gets_as_many_waves_so_they_line_up():

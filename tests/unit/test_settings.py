@@ -105,17 +105,24 @@ def test_valid_data_gives_typed_host_config():
     data = merged(base_data(), {"services": {"ddtree": {"gpu": [0, 1]}}})
     cfg = config(data, {"run_services": ["ddtree"]})
 
+    # The schema's fields read through from its own model (`data`), with the schema's defaults.
+    read = {key: getattr(cfg, key) for key in ("stack", "venv_path", "model_store", "shm_dir", "host_wheel_cache",
+                                               "launcher", "readiness_timeout_s", "smoke_test", "lock_wait_s",
+                                               "verify_models", "installer", "service_user", "verify_env")}
+    assert read == {"stack": "lab-standin", "venv_path": "/root/venv_sglang", "model_store": "/root/models",
+                    "shm_dir": "/dev/shm", "host_wheel_cache": "/var/cache/sglang-deploy/wheels",
+                    "launcher": "sglang.launch_server", "readiness_timeout_s": 1800, "smoke_test": True,
+                    "lock_wait_s": 300, "verify_models": "fast", "installer": "auto", "service_user": "sglang",
+                    "verify_env": "fast"}
+    assert all(getattr(cfg, key) == getattr(cfg.data, key) for key in read)
+    with pytest.raises(AttributeError):
+        cfg.no_such_key  # noqa: B018
     assert cfg == HostConfig(
         host="gpu-a",
-        stack="lab-standin",
-        venv_path="/root/venv_sglang",
-        model_store="/root/models",
-        shm_dir="/dev/shm",
+        data=cfg.data,
         wheelhouse=Path("wheelhouse"),
-        host_wheel_cache="/var/cache/sglang-deploy/wheels",
-        launcher="sglang.launch_server",
-        readiness_timeout_s=1800,
-        smoke_test=True,
+        stack_sources=(("wheelhouse", "wheelhouse"),),
+        failed_gpus=(),
         ssh_address=("gpu-a", 22),
         services=(
             Service(

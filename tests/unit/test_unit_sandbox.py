@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import pytest
@@ -124,7 +123,7 @@ def test_hidden_paths():
 
 def test_root_keeps_the_sandbox():
     config = lab_config()
-    lines = directives(render(dataclasses.replace(config, service_user="root")))
+    lines = directives(render(config.with_data(service_user="root")))
     assert "User=root" in lines and not any(line.startswith("Group=") for line in lines)
     for directive in HARDENING:
         assert directive in lines, directive
