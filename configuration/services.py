@@ -89,10 +89,9 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     return Service(
         name=replica or name,
         definition=name,
+        spec=spec,
         environment=environment_for(ctx.data.venv_path, patch_sets),
         gpus=gpus,
-        port=spec.port,
-        bind=spec.bind,
         target=target,
         draft=draft,
         patch_sets=patch_sets,
@@ -100,12 +99,9 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
         env=tuple(spec.env.items()),
         api_key=secrets["api_key_secret"],
         admin_api_key=secrets["admin_api_key_secret"],
-        allow_unauthenticated=spec.allow_unauthenticated,
         listens_beyond_loopback=tuple((where, why) for (_, where, _value, why) in listening
                                       if where != origin["bind"][1]),
-        max_unavailable=spec.max_unavailable,
         canary=spec.canary if isinstance(spec.canary, int) else tuple(spec.canary),
-        canary_soak_s=spec.canary_soak_s,
     )
 
 

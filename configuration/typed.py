@@ -3,6 +3,11 @@ service's `Environment` (venv) and `ModelUse`s; and, while a service is judged, 
 flags as the engine's parser reads it (`Arg`). Built from validated data only
 (configuration/host.py, configuration/services.py); configuration/settings.py is where the rest of
 the deploy imports them from.
+
+A `HostConfig` and a `Service` hold the schema's own validated model (`schema.GroupData`,
+`schema.ServiceSpec`) and read its fields through: a value and its default are the schema's, in
+one place; these classes add only what is resolved (a service's GPUs, models, venv, flags as the
+engine reads them, secrets; a host's placed services, its sources, its SSH address).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from configuration import host_paths, kinds
-from configuration.schema import GroupData
+from configuration.schema import GroupData, ServiceSpec
 from configuration.secrets import Secret, config_path
 
 
@@ -49,13 +54,18 @@ class Service:
     """One replica of a service on its host. `name` is the replica's (its unit, key file, summary
     row and the status view's row), unique on the host: the service's own name, or `<service>@<n>`
     for a host's n-th replica of it; `definition` is the service's (`services.<definition>`), which
-    its replicas on every host share."""
+    its replicas on every host share.
+
+    `spec` is the schema's own model of the service as this host runs it (its definition with this
+    host's overrides, `schema.ServiceSpec`): its fields - `port`, `bind`, `max_unavailable`, ... -
+    read through as this object's, with the schema's defaults, never copied. The rest is resolved:
+    GPUs, models, venv, flags as the engine reads them, secrets."""
 
     name: str
+    definition: str  # the service's name in `services`
+    spec: ServiceSpec
     environment: Environment
     gpus: tuple[int, ...]
-    port: int
-    bind: str
     target: ModelUse
     draft: ModelUse | None
     patch_sets: tuple[str, ...]
@@ -63,19 +73,17 @@ class Service:
     env: tuple[tuple[str, str], ...]
     api_key: Secret | None = None
     admin_api_key: Secret | None = None
-    allow_unauthenticated: bool = False
     # Every way the data makes the service listen beyond loopback (key path, why): `bind`, engine
     # flags.
     listens_beyond_loopback: tuple[tuple[str, str], ...] = ()
-    definition: str = ""  # the service's name in `services` (the replica's `name` where empty)
-    # The service's rollout over its replicas (operations/rollout.py).
-    max_unavailable: int | str = 1
+    # The service's canary (operations/rollout.py): a count, or the hosts named.
     canary: int | tuple[str, ...] = 0
-    canary_soak_s: int = 0
 
-    def __post_init__(self) -> None:
-        if not self.definition:
-            object.__setattr__(self, "definition", self.name)
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the dataclass lacks: the schema's fields, read from its model.
+        if name in ServiceSpec.model_fields:
+            return getattr(self.spec, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
     def config_file(self) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from configuration.schema import GroupData
+from configuration.schema import GroupData, ServiceSpec
 from configuration.typed import Environment, HostConfig, ModelUse, Service
 from operations import rollout
 from operations.rollout import Replica
@@ -40,10 +40,11 @@ def test_canaries_go_first_and_alone():
     assert shown(rollout.service_waves(reps("a", "b", "c"), 3, ("b",))) == [["b/s"], ["a/s", "c/s"]]
 
 
-def service(name: str, replica: str, port: int, **rollout_keys) -> Service:
+def service(name: str, replica: str, port: int, canary: int | tuple[str, ...] = 0, **rollout_keys) -> Service:
     model = ModelUse("m", "store", "/root/models/m", "/root/models/m")
-    return Service(name=replica, definition=name, environment=Environment("/root/venv", ()), gpus=(0,), port=port, bind="127.0.0.1",
-                   target=model, draft=None, patch_sets=(), args=(), env=(), **rollout_keys)
+    spec = ServiceSpec.model_construct(port=port, bind="127.0.0.1", **{"max_unavailable": 1, "canary_soak_s": 0, **rollout_keys})
+    return Service(name=replica, definition=name, spec=spec, environment=Environment("/root/venv", ()), gpus=(0,),
+                   target=model, draft=None, patch_sets=(), args=(), env=(), canary=canary)
 
 
 def config(host: str, *services: Service) -> HostConfig:

@@ -117,6 +117,8 @@ def test_valid_data_gives_typed_host_config():
     assert all(getattr(cfg, key) == getattr(cfg.data, key) for key in read)
     with pytest.raises(AttributeError):
         cfg.no_such_key  # noqa: B018
+    assert (cfg.services[0].port, cfg.services[0].bind, cfg.services[0].max_unavailable, cfg.services[0].canary_soak_s,
+            cfg.services[0].allow_unauthenticated) == (30000, "127.0.0.1", 1, 0, False)  # the schema's, read through
     assert cfg == HostConfig(
         host="gpu-a",
         data=cfg.data,
@@ -127,10 +129,10 @@ def test_valid_data_gives_typed_host_config():
         services=(
             Service(
                 name="ddtree",
+                definition="ddtree",
+                spec=cfg.services[0].spec,
                 environment=settings.Environment("/root/venv_sglang", ()),
                 gpus=(0, 1),
-                port=30000,
-                bind="127.0.0.1",
                 target=ModelUse(TARGET, "shm", f"/root/models/{TARGET}", f"/dev/shm/{TARGET}"),
                 draft=ModelUse(DRAFT, "store", f"/root/models/{DRAFT}", f"/root/models/{DRAFT}"),
                 patch_sets=(),
