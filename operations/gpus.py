@@ -513,79 +513,115 @@ def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None
         names = ", ".join(s.name for s in config.services)
         error = (facts.error if facts else "no GPU facts")
         return GpuDecisions(config, errors=(f"{error}: services {names} need a GPU",))
-    decisions = [f"GPUs: {_summary(facts)}"]
-    for gpu in facts.gpus:
-        if not gpu.healthy:
-            decisions.append(f"GPU {gpu.index} ({gpu.bus_id}) unhealthy: {'; '.join(gpu.problems)}")
-    if facts.missing:
-        decisions.append(f"nvidia-smi cannot reach {', '.join(facts.missing)} (fell off the bus?)")
-    warnings: list[str] = []
-    errors: list[str] = []
-    failed = config.failed_gpus
-    taken: dict[int, str] = {}
-    resolved: dict[str, Service] = {}
+    placing = _Placing(config, facts)
+    placing.fixed()
+    placing.auto()
+    return placing.checked(engine)
 
-    # Fixed GPUs first: they are the operator's word; `auto` fits around them.
-    for service in config.services:
-        if not service.gpus:
-            continue
-        users = _users(facts, config, service)
-        others = {i: name for i, name in taken.items()}
-        for index in service.gpus:
-            why = _why_not(index, facts, failed, users, others)
-            if why:
-                free = [i for i in _free(facts, failed, users, others)
-                        if i not in service.gpus or i == index]
-                errors.append(f"{service.name}: GPU {index} {why}; {_free_text(free)}")
-        for index in service.gpus:
-            taken.setdefault(index, service.name)
-        resolved[service.name] = service
-    autos = [s for s in config.services if not s.gpus]
-    # Then `auto` services that can keep their current GPU, then the others, lowest GPU first.
-    for keep_pass in (True, False):
+
+@dataclass
+class _Placing:
+    """`decide` under way: what is said so far, the GPUs taken (index -> service) and each
+    service as resolved."""
+
+    config: HostConfig
+    facts: GpuFacts
+    decisions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    taken: dict[int, str] = field(default_factory=dict)
+    resolved: dict[str, Service] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        facts = self.facts
+        self.decisions.append(f"GPUs: {_summary(facts)}")
+        for gpu in facts.gpus:
+            if not gpu.healthy:
+                self.decisions.append(f"GPU {gpu.index} ({gpu.bus_id}) unhealthy: "
+                                      f"{'; '.join(gpu.problems)}")
+        if facts.missing:
+            self.decisions.append(f"nvidia-smi cannot reach {', '.join(facts.missing)} (fell off "
+                                  "the bus?)")
+
+    def _why_not(self, index: int, users, taken) -> str | None:
+        return _why_not(index, self.facts, self.config.failed_gpus, users, taken)
+
+    def fixed(self) -> None:
+        """Fixed GPUs first: they are the operator's word; `auto` fits around them."""
+        for service in self.config.services:
+            if not service.gpus:
+                continue
+            users = _users(self.facts, self.config, service)
+            others = dict(self.taken)
+            for index in service.gpus:
+                why = self._why_not(index, users, others)
+                if why:
+                    free = [i for i in _free(self.facts, self.config.failed_gpus, users, others)
+                            if i not in service.gpus or i == index]
+                    self.errors.append(f"{service.name}: GPU {index} {why}; {_free_text(free)}")
+            for index in service.gpus:
+                self.taken.setdefault(index, service.name)
+            self.resolved[service.name] = service
+
+    def auto(self) -> None:
+        """Then `auto` services that can keep their current GPU, then the others, lowest GPU
+        first."""
+        autos = [s for s in self.config.services if not s.gpus]
         for service in autos:
-            if service.name in resolved:
-                continue
-            users = _users(facts, config, service)
-            unit = facts.units.get(service.unit_name)
-            current = (unit.gpus
-                       if unit and unit.managed and unit.gpus and len(unit.gpus) == 1 else None)
-            if keep_pass:
-                if current and _why_not(current[0], facts, failed, users, taken) is None:
-                    decisions.append(f"{service.name}: gpu auto -> GPU {current[0]} (kept: its "
-                                     "current unit's GPU)")
-                    taken[current[0]] = service.name
-                    resolved[service.name] = dataclasses.replace(service, gpus=current)
-                continue
-            free = _free(facts, failed, users, taken)
-            if not free:
-                reasons = "; ".join(f"GPU {g.index} "
-                                    f"{_why_not(g.index, facts, failed, users, taken)}"
-                                    for g in facts.gpus)
-                errors.append(f"{service.name}: gpu auto: no healthy free GPU on this host "
-                              f"({reasons or 'no GPUs listed'})")
-                resolved[service.name] = service
-                continue
-            moved = (f" (its current GPU {current[0]} "
-                     f"{_why_not(current[0], facts, failed, users, taken)})" if current else "")
-            decisions.append(
-                f"{service.name}: gpu auto -> GPU {free[0]} (lowest healthy free GPU{moved})")
-            taken[free[0]] = service.name
-            resolved[service.name] = dataclasses.replace(service, gpus=(free[0],))
+            self._keep(service)
+        for service in autos:
+            if service.name not in self.resolved:
+                self._lowest_free(service)
 
-    services = []
-    after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = {}
-    for service in config.services:
-        auto_backend = _arg(resolved[service.name], "attention-backend") == "auto"
-        service = _backend(resolved[service.name], facts, engine, decisions)
-        if auto_backend:
-            _served_backends(service, facts, errors)
-        if service.gpus:
-            _memory(service, facts, decisions, warnings, errors)
-            _advised(service, facts, engine, warnings, errors, decisions, after_staging)
-        services.append(service)
-    return GpuDecisions(dataclasses.replace(config, services=tuple(services)), tuple(decisions),
-                        tuple(warnings), tuple(errors), after_staging=after_staging)
+    def _current(self, service: Service) -> tuple[int, ...] | None:
+        unit = self.facts.units.get(service.unit_name)
+        return unit.gpus if unit and unit.managed and unit.gpus and len(unit.gpus) == 1 else None
+
+    def _keep(self, service: Service) -> None:
+        current = self._current(service)
+        users = _users(self.facts, self.config, service)
+        if current and self._why_not(current[0], users, self.taken) is None:
+            self.decisions.append(f"{service.name}: gpu auto -> GPU {current[0]} (kept: its "
+                                  "current unit's GPU)")
+            self.taken[current[0]] = service.name
+            self.resolved[service.name] = dataclasses.replace(service, gpus=current)
+
+    def _lowest_free(self, service: Service) -> None:
+        current = self._current(service)
+        users = _users(self.facts, self.config, service)
+        free = _free(self.facts, self.config.failed_gpus, users, self.taken)
+        if not free:
+            reasons = "; ".join(f"GPU {g.index} {self._why_not(g.index, users, self.taken)}"
+                                for g in self.facts.gpus)
+            self.errors.append(f"{service.name}: gpu auto: no healthy free GPU on this host "
+                               f"({reasons or 'no GPUs listed'})")
+            self.resolved[service.name] = service
+            return
+        moved = (f" (its current GPU {current[0]} "
+                 f"{self._why_not(current[0], users, self.taken)})" if current else "")
+        self.decisions.append(
+            f"{service.name}: gpu auto -> GPU {free[0]} (lowest healthy free GPU{moved})")
+        self.taken[free[0]] = service.name
+        self.resolved[service.name] = dataclasses.replace(service, gpus=(free[0],))
+
+    def checked(self, engine: str | None) -> GpuDecisions:
+        """Each service with its GPUs placed: `attention-backend: auto` resolved, the backends its
+        patch sets served on, its memory, the engine advisories."""
+        services = []
+        after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = {}
+        for placed in self.config.services:
+            auto_backend = _arg(self.resolved[placed.name], "attention-backend") == "auto"
+            service = _backend(self.resolved[placed.name], self.facts, engine, self.decisions)
+            if auto_backend:
+                _served_backends(service, self.facts, self.errors)
+            if service.gpus:
+                _memory(service, self.facts, self.decisions, self.warnings, self.errors)
+                _advised(service, self.facts, engine, self.warnings, self.errors, self.decisions,
+                         after_staging)
+            services.append(service)
+        return GpuDecisions(dataclasses.replace(self.config, services=tuple(services)),
+                            tuple(self.decisions), tuple(self.warnings), tuple(self.errors),
+                            after_staging=after_staging)
 
 
 def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
