@@ -39,16 +39,7 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
                       override_path: str | None = None) -> Service:
     """Service `name` (one replica of it: `replica`, by default the service's own name) with this
     host's overrides."""
-    base_path = f"services.{name}"
-    origin = {key: (ctx.src, f"{base_path}.{key}") for key in SERVICE_KEYS}
-    merged = {**definition}
-    for key, value in overrides.items():
-        merged[key] = value
-        origin[key] = (ctx.override_src, f"{override_path or f'run_services.{name}'}.{key}")
-    # A required key given as null is missing, as if it were not written.
-    merged = {k: v for k, v in merged.items() if not (SERVICE_KEYS[k].required and v is None)}
-    spec: schema.ServiceSpec = validated(
-        schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
+    spec, origin = _merged(ctx, name, definition, overrides, override_path)
 
     def at(key: str) -> tuple[str, str, Any]:
         return origin[key][0], origin[key][1], getattr(spec, key)
@@ -60,30 +51,13 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     require(spec.port >= 1024, *at("port"),
             "is a privileged port (below 1024): the service runs without capabilities and could "
             "not bind it; use a port from 1024 to 65535, e.g. 30000")
-    target = _model_use(ctx.data, spec.model, spec.model_in)
-    draft = (_model_use(ctx.data, spec.draft_model, spec.draft_in)
-             if spec.draft_model is not None else None)
-    if draft is not None and draft.name == target.name:
-        raise DataError(*at("draft_model"), f"the draft model is the target model ({target.name}): "
-                                            "name the smaller draft model (e.g. "
-                                            "Qwen3.6-27B-DFlash), or null for no speculative "
-                                            "decoding")
+    target, draft = _models(ctx, spec, at)
     secrets = {key: resolve_secret(getattr(spec, key), ctx.secrets_file, *origin[key])
                if getattr(spec, key) is not None else None
                for key in ("api_key_secret", "admin_api_key_secret")}
     patch_sets = tuple(spec.patch_sets)
-    s, p, _ = at("patch_sets")
-    check_patch_sets(s, p, patch_sets, ctx.data.stack, ctx.pins)
-    engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
-    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy,
-    # a new set) may add some.
-    whole = (engine is not None
-             and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets))
-    args = resolve_args(*at("args"), engine, ctx.engine_version if whole else None,
-                        judge_unknown=whole)
-    check_arg_values(origin["args"][0], args, gpus, patch_sets, engine, ctx.engine_version)
-    served_backends(*origin["args"], args, patch_sets)
-    advisories_refused(*origin["args"], args, engine, ctx.engine_version, patch_sets)
+    check_patch_sets(*at("patch_sets")[:2], patch_sets, ctx.data.stack, ctx.pins)
+    args = _judged_args(ctx, at, origin["args"], gpus, patch_sets)
     listening = listens_beyond_loopback(at("bind"), args)
     exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
@@ -103,6 +77,54 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
                                       if where != origin["bind"][1]),
         canary=spec.canary if isinstance(spec.canary, int) else tuple(spec.canary),
     )
+
+
+def _merged(ctx: ServiceContext, name: str, definition: dict[str, Any],
+            overrides: dict[str, Any], override_path: str | None
+            ) -> tuple[schema.ServiceSpec, dict[str, tuple[str, str]]]:
+    """The service's definition with this host's overrides, validated by the schema, and where each
+    key came from (file, key path)."""
+    base_path = f"services.{name}"
+    origin = {key: (ctx.src, f"{base_path}.{key}") for key in SERVICE_KEYS}
+    merged = {**definition}
+    for key, value in overrides.items():
+        merged[key] = value
+        origin[key] = (ctx.override_src, f"{override_path or f'run_services.{name}'}.{key}")
+    # A required key given as null is missing, as if it were not written.
+    merged = {k: v for k, v in merged.items() if not (SERVICE_KEYS[k].required and v is None)}
+    spec: schema.ServiceSpec = validated(
+        schema.ServiceSpec, merged, lambda key: origin.get(key, (ctx.src, f"{base_path}.{key}")))
+    return spec, origin
+
+
+def _models(ctx: ServiceContext, spec: schema.ServiceSpec, at) -> tuple[ModelUse, ModelUse | None]:
+    """The target and the draft, each with the directory it is loaded from."""
+    target = _model_use(ctx.data, spec.model, spec.model_in)
+    draft = (_model_use(ctx.data, spec.draft_model, spec.draft_in)
+             if spec.draft_model is not None else None)
+    if draft is not None and draft.name == target.name:
+        raise DataError(*at("draft_model"), f"the draft model is the target model ({target.name}): "
+                                            "name the smaller draft model (e.g. "
+                                            "Qwen3.6-27B-DFlash), or null for no speculative "
+                                            "decoding")
+    return target, draft
+
+
+def _judged_args(ctx: ServiceContext, at, args_origin: tuple[str, str], gpus: tuple[int, ...],
+                 patch_sets: tuple[str, ...]) -> list:
+    """`args` as the engine's parser (with the service's patch sets) reads them, each judged: its
+    value, the backends its patch sets served on, the engine advisories the data decides."""
+    engine = engine_flags.for_engine(ctx.engine_version, patch_sets)
+    # Unknown flags are judged only against a whole flag list: a patch set without its own (a copy,
+    # a new set) may add some.
+    whole = (engine is not None
+             and all(engine_flags.load(ctx.engine_version, p) is not None for p in patch_sets))
+    args = resolve_args(*at("args"), engine, ctx.engine_version if whole else None,
+                        judge_unknown=whole)
+    check_arg_values(args_origin[0], args, gpus, patch_sets, engine, ctx.engine_version)
+    served_backends(*args_origin, args, patch_sets)
+    advisories_refused(*args_origin, args, engine, ctx.engine_version, patch_sets)
+    return args
 
 
 def _model_use(data: schema.GroupData, model: str, location: str) -> ModelUse:
