@@ -49,6 +49,24 @@ def validate_host(host) -> HostConfig:
         lambda key: (src(key), key))
     context = ServiceContext(data, engine_version, secrets_file, src("services"),
                              src("run_services"), stack.wanted())
+    services = _placed_services(context, data, host_data, src, host.name)
+    return HostConfig(
+        host=host.name,
+        data=data,
+        wheelhouse=Path(data.wheelhouse),
+        stack_sources=stack_sources,
+        services=tuple(services),
+        failed_gpus=tuple(host_data.failed_gpus),
+        ssh_address=(str(host.data.get("ssh_hostname") or host.name),
+                     int(host.data.get("ssh_port") or 22)),
+    )
+
+
+def _placed_services(context: ServiceContext, data: schema.GroupData,
+                     host_data: schema.HostData, src, host_name: str) -> list:
+    """Each replica `run_services` places on this host, validated with its overrides (no two
+    clashing); then the services defined but placed nowhere, validated too: the next edit of
+    run_services must not be the first time their values are read."""
     placed = placement(host_data.run_services)
     counts = Counter(name for name, _, _ in placed)
     services = []
@@ -61,22 +79,11 @@ def validate_host(host) -> HostConfig:
         services.append(validated_service(
             context, name, data.services[name].given(), overrides, replica=replica,
             override_path=f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")))
-    no_clashes(services, src("run_services"), host.name)
-    # Services defined but placed nowhere are validated too: the next edit of run_services
-    # must not be the first time their values are read.
+    no_clashes(services, src("run_services"), host_name)
     for name, definition in data.services.items():
         if name not in counts:
             validated_service(context, name, definition.given(), {})
-    return HostConfig(
-        host=host.name,
-        data=data,
-        wheelhouse=Path(data.wheelhouse),
-        stack_sources=stack_sources,
-        services=tuple(services),
-        failed_gpus=tuple(host_data.failed_gpus),
-        ssh_address=(str(host.data.get("ssh_hostname") or host.name),
-                     int(host.data.get("ssh_port") or 22)),
-    )
+    return services
 
 
 def _host_paths_apart(src, data: schema.GroupData) -> None:
