@@ -45,7 +45,7 @@ else:
     # restarts, then its gates.
     prepared = {placed.name: service(config, placed, stack, patch_sets,
                                      envs[placed.environment.path], copies, device_groups,
-                                     gpu_decisions.after_staging.get(placed.name))
+                                     gpu_decisions.after_staging.get(placed.name, {}))
                 for placed in config.services}
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):

@@ -65,7 +65,7 @@ class Prepared:
 @deploy("Service")
 def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment,
             model_copies: ModelCopies, device_groups: tuple[str, ...],
-            by_target: dict | None = None) -> Prepared:
+            by_target: dict) -> Prepared:
     """Add the operations that prepare one replica before any wave restarts: its key file, and its
     exact flags through the engine's own parser in its venv (what its unit will say), with the
     engine advisories on its target's kind that the GPU check left to it (`by_target`:
@@ -95,7 +95,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         unit_path=unit_path,
         unit_text=unit_text,
         inputs_changed=inputs,
-        by_target=by_target or {},
+        by_target=by_target,
     )
     return Prepared(service, unit_text, inputs, environment,
                     host_plan.watched_inputs(service, unit_path))

@@ -401,36 +401,6 @@ def _backend(service: Service, facts: GpuFacts, engine: str | None,
     return dataclasses.replace(service, args=tuple(args))
 
 
-def _advised(service: Service, facts: GpuFacts, engine: str | None, warnings: list[str],
-             errors: list[str], decisions: list[str],
-             after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]]) -> None:
-    """The engine advisories that hold for `service` on this host's GPU, with the backend it runs
-    here (`auto` resolved) and its target model's kind: a refusal is an error (before any change),
-    a warning is shown (also under --dry). Where the host does not hold the target yet, those that
-    depend on its kind go to `after_staging`, for the preflight."""
-    judged = _engine(service, engine)
-    kind = facts.model_kinds.get(service.target.store_path)
-    seen: set[str] = set()
-    pending: dict[str, tuple[advisories.Advisory, ...]] = {}
-    for cap in _caps(service, facts) or [None]:
-        for advisory in advisories.applying(judged, cap, target=kind):
-            if advisory.id in seen:
-                continue
-            seen.add(advisory.id)
-            (errors if advisory.effect == "refuse" else warnings).append(
-                f"{service.name}: {advisory.text()}")
-        for target, held in (advisories.by_target(judged, cap) if kind is None else {}).items():
-            pending[target] = tuple(dict.fromkeys(pending.get(target, ()) + held))
-    if pending:
-        after_staging[service.name] = pending
-        ids = sorted({a.id for held in pending.values() for a in held})
-        where = (f"{service.target.store_path} has no readable config.json"
-                 if service.target.store_path in facts.model_kinds
-                 else f"{service.target.name} is not in {service.target.store_path} yet")
-        decisions.append(f"{service.name}: {where}: advisories on the target's kind "
-                         f"({', '.join(ids)}) are decided by its preflight, once staged")
-
-
 def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str],
             errors: list[str]) -> None:
     gpus = [facts.by_index()[i] for i in service.gpus if i in facts.by_index()]
@@ -531,6 +501,9 @@ class _Placing:
     errors: list[str] = field(default_factory=list)
     taken: dict[int, str] = field(default_factory=dict)
     resolved: dict[str, Service] = field(default_factory=dict)
+    # per service whose target the host did not hold: GpuDecisions.after_staging
+    after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
         facts = self.facts
@@ -604,11 +577,37 @@ class _Placing:
         self.taken[free[0]] = service.name
         self.resolved[service.name] = dataclasses.replace(service, gpus=(free[0],))
 
+    def _advised(self, service: Service, engine: str | None) -> None:
+        """The engine advisories that hold for `service` on this host's GPU, with the backend it
+        runs here (`auto` resolved) and its target model's kind: a refusal is an error (before any
+        change), a warning is shown (also under --dry). Where the host does not hold the target
+        yet, those that depend on its kind go to `after_staging`, for the preflight."""
+        judged = _engine(service, engine)
+        kind = self.facts.model_kinds.get(service.target.store_path)
+        seen: set[str] = set()
+        pending: dict[str, tuple[advisories.Advisory, ...]] = {}
+        for cap in _caps(service, self.facts) or [None]:
+            for advisory in advisories.applying(judged, cap, target=kind):
+                if advisory.id not in seen:
+                    seen.add(advisory.id)
+                    (self.errors if advisory.effect == "refuse" else self.warnings).append(
+                        f"{service.name}: {advisory.text()}")
+            for target, held in (advisories.by_target(judged, cap) if kind is None
+                                 else {}).items():
+                pending[target] = tuple(dict.fromkeys(pending.get(target, ()) + held))
+        if pending:
+            self.after_staging[service.name] = pending
+            ids = sorted({a.id for held in pending.values() for a in held})
+            where = (f"{service.target.store_path} has no readable config.json"
+                     if service.target.store_path in self.facts.model_kinds
+                     else f"{service.target.name} is not in {service.target.store_path} yet")
+            self.decisions.append(f"{service.name}: {where}: advisories on the target's kind "
+                                  f"({', '.join(ids)}) are decided by its preflight, once staged")
+
     def checked(self, engine: str | None) -> GpuDecisions:
         """Each service with its GPUs placed: `attention-backend: auto` resolved, the backends its
         patch sets served on, its memory, the engine advisories."""
         services = []
-        after_staging: dict[str, dict[str, tuple[advisories.Advisory, ...]]] = {}
         for placed in self.config.services:
             auto_backend = _arg(self.resolved[placed.name], "attention-backend") == "auto"
             service = _backend(self.resolved[placed.name], self.facts, engine, self.decisions)
@@ -616,12 +615,11 @@ class _Placing:
                 _served_backends(service, self.facts, self.errors)
             if service.gpus:
                 _memory(service, self.facts, self.decisions, self.warnings, self.errors)
-                _advised(service, self.facts, engine, self.warnings, self.errors, self.decisions,
-                         after_staging)
+                self._advised(service, engine)
             services.append(service)
         return GpuDecisions(dataclasses.replace(self.config, services=tuple(services)),
                             tuple(self.decisions), tuple(self.warnings), tuple(self.errors),
-                            after_staging=after_staging)
+                            after_staging=self.after_staging)
 
 
 def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:

@@ -608,7 +608,11 @@ def model_kind(model_dir):
     there is no readable config.json. The engine advisories' `target` (configuration/advisories.py).
     """
     try:
-        with open(_os.path.join(model_dir, "config.json"), "rb") as handle:
+        # Read by root in the GPU check: never wait on a fifo or read a device, whatever the name.
+        fd = _os.open(_os.path.join(model_dir, "config.json"), _os.O_RDONLY | _os.O_NONBLOCK)
+        with open(fd, "rb") as handle:
+            if not _stat.S_ISREG(_os.fstat(fd).st_mode):
+                return None
             config = _json.loads(handle.read(1 << 20))
     except (OSError, ValueError):
         return None

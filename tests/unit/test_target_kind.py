@@ -56,6 +56,17 @@ def test_no_readable_config_is_not_a_kind(tmp_path, content):
     assert model_kind(tmp_path) is None
 
 
+def test_a_config_json_that_is_no_file_is_not_read(tmp_path):
+    """The GPU check reads it as root: a fifo would block the host's read, a device would be read."""
+    import os
+
+    os.mkfifo(tmp_path / "config.json")
+    assert model_kind(tmp_path) is None
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").symlink_to("/dev/zero")
+    assert model_kind(tmp_path) is None
+
+
 def test_the_gpu_checks_read_says_each_models_kind(tmp_path):
     facts = run_fact_script(tmp_path, standin_config(tmp_path), models={
         "hy": {"config.json": json.dumps(tiny_models.hybrid_target_config()).encode(), "model.safetensors": 64},
