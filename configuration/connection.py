@@ -1,8 +1,8 @@
 """The keys pyinfra itself reads from the data, judged before any host is touched.
 
 pyinfra's own keys (its connectors' `data_meta` and its global arguments) pass the unknown-key
-check; of those, the arguments that change who runs the deploy's commands are refused
-(`refused_connector_arguments`), and every key a connector reads is classified by one rule
+check; of those, pyinfra's operation arguments are refused wherever the data sets them
+(`refused_operation_arguments`: pyinfra applies them to every operation, ours included), and every key a connector reads is classified by one rule
 (`CONNECTOR_KEYS`): fine, weakening authentication (host-key checking off, a known_hosts that keeps
 no key, agent forwarding), or carrying a credential (a password, a passphrase), refused with the
 reason and the fix, the value never shown. A key pyinfra reads that the table has not classified is
@@ -49,26 +49,54 @@ def connector_data_keys() -> dict[str, str]:
     return keys
 
 
+# Why each of pyinfra's operation arguments is refused in the data. A rule, not a list: every global
+# argument the installed pyinfra takes (`all_global_arguments`) is refused wherever the data sets it;
+# these say why for the ones whose harm is known, the rest get OPERATION_ARGUMENT.
+OPERATION_ARGUMENT = ("is one of pyinfra's operation arguments, which pyinfra takes from the data "
+                      "for every operation, the deploy's own checks and scripts included: the "
+                      "deploy sets them per operation where they are needed; remove it")
+_OPERATION_ARGUMENT_WHY = {
+    "_env": ("puts variables into every command root runs on the host (a loader or interpreter "
+             "variable would run code as root): remove it; a service's variables go in its `env`"),
+    "_shell_executable": ("runs root's commands under another shell than the one the deploy's "
+                          "scripts are written for: remove it"),
+    "_chdir": ("runs every command root runs on the host from that directory, where a script could "
+               "import or read what a local user left there: remove it; the deploy runs its "
+               "scripts from `/`"),
+    "_temp_dir": ("makes pyinfra stage root's uploads (key files, units) in a directory the deploy "
+                  "neither makes nor verifies: remove it"),
+    "_stdin": "feeds its text to every command root runs on the host: remove it",
+    "_success_exit_codes": ("turns a failed command (a check, a probe, a readiness gate) into a "
+                            "pass on every operation: remove it"),
+    "_ignore_errors": ("turns every failed operation (a check, a probe, a readiness gate) into a "
+                       "warning and goes on: remove it"),
+    "_continue_on_error": ("runs the rest of a failed operation's commands (after a failed check "
+                           "or gate): remove it"),
+    "_retry_until": "decides when a failed operation counts as done: remove it",
+    "_if": "decides whether each of the deploy's operations runs at all: remove it",
+    "_run_once": ("runs each of the deploy's operations on the first host only; every host needs "
+                  "its own: remove it"),
+}
+
+
 @functools.lru_cache(maxsize=None)
-def refused_connector_arguments() -> dict[str, str]:
-    """pyinfra's arguments that change who runs the deploy's commands, or how: the deploy lock and
-    the host's read are one command of their own that does not take them, so a deploy under `_sudo`
-    would lock and read as one user and change the host as another; and pyinfra stages uploads under
-    them in a predictable /tmp path (the API-key files among them). Every privilege-escalation
-    argument pyinfra lists (`auth_argument_meta`) is refused, and the shell arguments that would put
-    variables or another shell into root's commands."""
-    from pyinfra.api.arguments import auth_argument_meta
+def refused_operation_arguments() -> dict[str, str]:
+    """Every pyinfra global argument (`_sudo`, `_chdir`, `_success_exit_codes`, ...) with why the
+    data may not set it. pyinfra reads each from the data for every operation it runs, ours
+    included: in the data it would change how root runs the deploy's checks and scripts (from a
+    directory others write, with failures counted as passes, as another user). The deploy's
+    operation arguments are its own."""
+    from pyinfra.api.arguments import all_global_arguments, auth_argument_meta
 
     escalation = ("switches the user the deploy's commands run as, which the deploy lock and the "
                   "host's read ignore, and stages uploads (key files) in a predictable /tmp path: "
                   "log in as root instead (`ssh_user: root`, or a root login through your SSH "
                   "config) and remove it")
-    refused = {name: escalation for name in auth_argument_meta}
-    refused["_env"] = ("puts variables into every command root runs on the host (a loader or "
-                       "interpreter variable would run code as root): remove it; a service's "
-                       "variables go in its `env`")
-    refused["_shell_executable"] = ("runs root's commands under another shell than the one the "
-                                    "deploy's scripts are written for: remove it")
+    refused = {}
+    for name, _ in all_global_arguments():
+        if name.startswith("_"):
+            refused[name] = (escalation if name in auth_argument_meta
+                             else _OPERATION_ARGUMENT_WHY.get(name, OPERATION_ARGUMENT))
     return refused
 
 

@@ -106,6 +106,9 @@ RETIRED_KEYS = {
 def _unknown_key_message(key: Any, known, extra: str = "") -> str:
     if key in RETIRED_KEYS:
         return RETIRED_KEYS[key]
+    refused = connection.refused_operation_arguments()
+    if key in refused:
+        return f"`{key}` {refused[key]}"
     return f"unknown key; allowed: {', '.join(sorted(known))}{extra}{_did_you_mean(key, known)}"
 
 
@@ -163,8 +166,9 @@ def precedence(source: str) -> int:
 
 
 def no_unknown_keys(host) -> None:
-    """Typos in the inventory or in --data would otherwise be silently ignored; pyinfra's privilege
-    arguments, in any layer, would make the deploy lock one user and act as another."""
+    """Typos in the inventory or in --data would otherwise be silently ignored; pyinfra's operation
+    arguments, in any layer, would change how root runs every operation of the deploy (as another
+    user, from a directory others write, with failed checks counted as passes)."""
     known = {**GLOBAL_KEYS, **HOST_KEYS}
     pyinfra_keys = connection.pyinfra_keys()
     layers = (
@@ -175,14 +179,14 @@ def no_unknown_keys(host) -> None:
         for key in data:
             if key not in known and key not in pyinfra_keys:
                 if key in RETIRED_KEYS:
-                    raise DataError(source, key, data[key], RETIRED_KEYS[key])
+                    raise DataError(source, key, data[key], _unknown_key_message(key, known))
                 hint = _did_you_mean(key, [*known, *pyinfra_keys])
                 raise DataError(source, key, _shown_under(key, data[key]),
                                 f"unknown key; allowed: {', '.join(sorted(known))}, or one of "
                                 "pyinfra's own (ssh_hostname, ssh_user, ssh_port, ssh_key, "
                                 f"...){hint}")
     reader = Reader(host)
-    for key, why in connection.refused_connector_arguments().items():
+    for key, why in connection.refused_operation_arguments().items():
         if connection.set_in_any_layer(host, key):
             raise DataError(reader.source(key), key, _shown_under(key, host.data.get(key)),
                             f"`{key}` {why}")

@@ -180,3 +180,30 @@ def test_the_lab_inventorys_connection_settings_pass():
 ], ids=["accept-new", "ask", "agent-not-forwarded", "empty-password", "paramiko-fine", "fine"])
 def test_settings_that_keep_the_bar_pass(data):
     validate(data)
+
+
+# pyinfra's operation arguments: none from the data ---------------------------------------------------------------
+
+
+def _operation_arguments():
+    from pyinfra.api.arguments import all_global_arguments
+
+    return [name for name, _ in all_global_arguments() if name.startswith("_")]
+
+
+@pytest.mark.parametrize("key", _operation_arguments())
+@pytest.mark.parametrize("layer", ["host", "--data"])
+def test_every_operation_argument_pyinfra_takes_is_refused_in_the_data(key, layer):
+    """A rule over pyinfra's own list: each global argument it reads from the data (a later pyinfra's new ones too)
+    changes how root runs every operation, so none passes, and the message names the key."""
+    value = [0, 1] if key == "_success_exit_codes" else True
+    error = refused({key: value}) if layer == "host" else refused({}, override={key: value})
+    assert error.key_path == key and f"`{key}`" in error.fix
+    assert error.source == (HOST if layer == "host" else "--data")
+
+
+def test_the_known_harms_say_why_and_the_rest_say_what_they_are():
+    why = connection.refused_operation_arguments()
+    assert "from that directory" in why["_chdir"] and "into a pass" in why["_success_exit_codes"]
+    assert why["_serial"] == connection.OPERATION_ARGUMENT
+    assert set(why) == set(_operation_arguments())
