@@ -64,7 +64,9 @@ from operations.private_dir import cache_root, private_dir
 from operations.pyinfra_adapter import connector_arguments, connector_context, real_host
 
 MARK = "@@sglang-deploy-read"
-_SCRIPT_SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
+# remote.command's shape
+_SCRIPT_SHAPE = re.compile(
+    r"\A\(cd / && exec python3 -I - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\n\)\Z", re.S)
 
 # Facts cheap enough to read in every batch, by 'module:Class' (`batched`), and the slow share of
 # them.
@@ -454,7 +456,7 @@ def batch_command(entries: list[tuple[int, FactBase, dict]],
     The same fact object must process the output: some keep what their command was given (Sha1File's
     path).
 
-    Our remote scripts (`python3 - ARGS <<'PYEOF'`) run from one python start
+    Our remote scripts (`remote.command`) run from one python start
     (remote/run_scripts.py); every other fact is a shell segment. All run at once, each into a file
     of a private temporary directory; then the files are printed in order: shell facts' output
     followed by a marker line with the id and exit status, then the python jobs, each marker first.
@@ -501,7 +503,7 @@ def batch_command(entries: list[tuple[int, FactBase, dict]],
         early = sorted({module for job_id, body, _ in scripts if job_id in slow
                         for module in remote.top_level_imports(body)})
         runner = remote.script("run_scripts") + f"\nrun_all({payload!r}, {imports!r}, {early!r})\n"
-        parts.append(f"python3 - > \"$d/python\" <<'PYEOF' &\n{runner}\nPYEOF")
+        parts.append(remote.heredoc("python3", "", runner) + ' > "$d/python" &')
     parts.append("wait")
     parts.append(f"echo '{MARK} start'")
     parts += [f"cat \"$d/s{job_id}\"" for job_id in shell_ids]

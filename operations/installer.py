@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from configuration.stacks import Package
+from operations import remote
 
 UV_VERSION = "0.13.9"
 # The uv wheel per host architecture (`uname -m`), pinned like a stack's files.
@@ -62,8 +63,8 @@ def unpack_uv_command(wheel: str, host_cache: str) -> str:
         "os.rename(binary + '.tmp', binary)\n"
     )
     member = f"uv-{UV_VERSION}.data/scripts/uv"
-    return (f"python3 -c {shlex.quote(script)} {shlex.quote(wheel)} {shlex.quote(binary)} "
-            f"{shlex.quote(member)}")
+    return remote.isolated("python3", f"-c {shlex.quote(script)} {shlex.quote(wheel)} "
+                                      f"{shlex.quote(binary)} {shlex.quote(member)}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Installer:
     @property
     def python(self) -> str:
         return shlex.quote(f"{self.venv}/bin/python")
+
+    def _pip(self, rest: str) -> str:
+        """The venv's pip with `rest`, run as root isolated (remote.isolated): `-m` would put the
+        working directory first on `sys.path`."""
+        return remote.isolated(self.python, f"-m pip {rest}")
 
     def _uv(self, subcommand: str) -> str:
         return (f"{shlex.quote(uv_binary(self.host_cache))} pip {subcommand} --quiet --no-config "
@@ -107,27 +113,24 @@ class Installer:
                 clean = (f"{self._env()}{shlex.quote(uv_binary(self.host_cache))} cache clean "
                          f"--quiet --no-config {names} && ")
             return f"{clean}{self._uv_install()}--no-deps --no-index --offline {again}{quoted}"
-        return (
-            f"{self.python} -m pip install --quiet --no-index --no-deps --force-reinstall "
-            f"--disable-pip-version-check {quoted}"
-        )
+        return self._pip(f"install --quiet --no-index --no-deps --force-reinstall "
+                         f"--disable-pip-version-check {quoted}")
 
     def install_from_index(self, index_url: str, requirements: str) -> str:
         url, reqs = shlex.quote(index_url), shlex.quote(requirements)
         if self.kind == "uv":
             return (f"{self._uv_install()}--no-deps --reinstall --require-hashes --index-url {url} "
                     f"-r {reqs}")
-        return (
-            f"{self.python} -m pip install --quiet --no-deps --force-reinstall --require-hashes "
-            f"--disable-pip-version-check --index-url {url} -r {reqs}"
-        )
+        return self._pip(f"install --quiet --no-deps --force-reinstall --require-hashes "
+                         f"--disable-pip-version-check --index-url {url} -r {reqs}")
 
     def uninstall(self, names: list[str]) -> str:
         if self.kind == "uv":
             return f"{self._env()}{self._uv('uninstall')}" + " ".join(names)
-        return f"{self.python} -m pip uninstall --quiet --yes " + " ".join(names)
+        return self._pip("uninstall --quiet --yes " + " ".join(names))
 
     def new_venv(self, python: str, with_pip: bool | None = None) -> str:
         """Create the venv; uv's installs (and copies from a donor) need no pip inside it."""
         with_pip = self.kind == "pip" if with_pip is None else with_pip
-        return f"{python} -m venv{'' if with_pip else ' --without-pip'} {shlex.quote(self.venv)}"
+        return remote.isolated(python, f"-m venv{'' if with_pip else ' --without-pip'} "
+                                       f"{shlex.quote(self.venv)}")

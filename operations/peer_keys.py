@@ -69,8 +69,8 @@ _TOLD: set[tuple] = set()
 
 
 def _script_command(mode: str, *args: str) -> str:
-    return (f"python3 -I -c {shlex.quote(remote.script('peer_access'))} {mode} "
-            f"{' '.join(shlex.quote(a) for a in args)}")
+    return remote.isolated("python3", f"-c {shlex.quote(remote.script('peer_access'))} {mode} "
+                                      f"{' '.join(shlex.quote(a) for a in args)}")
 
 
 def _ask(host, command: str, stdin: bytes = b"") -> tuple[int, str, str]:

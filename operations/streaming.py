@@ -155,8 +155,8 @@ def unpack_command(dest: str, suffix: str = "") -> str:
     (a device node, a fifo, a name or a link out of the tree): operations/remote/untar_as_root.py.
     The script travels as an argument: stdin is the stream. `suffix` is appended to every regular
     file's name (wheels from another host land as `NAME.part`, to be checked)."""
-    command = f"python3 -I -c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
-    return f"{command} {shlex.quote(suffix)}" if suffix else command
+    rest = f"-c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
+    return remote.isolated("python3", f"{rest} {shlex.quote(suffix)}" if suffix else rest)
 
 
 # Bulk bytes ---------------------------------------------------------------------------------------
@@ -759,7 +759,7 @@ class Pushes:
             self._verified = set()
             if pinned:
                 ok, output = host.run_shell_command(
-                    with_stdin(f"python3 -I -c {shlex.quote(VERIFIED_PARTS)}", pinned),
+                    with_stdin(remote.isolated("python3", f"-c {shlex.quote(VERIFIED_PARTS)}"), pinned),
                     print_output=False)
                 if ok:
                     try:

@@ -87,7 +87,8 @@ class _HostSource:
     def times(self, rels: list[str]) -> dict[str, list[int]]:
         ok, output = self.host.run_shell_command(
             streaming.with_stdin(
-                f"python3 -I -c {shlex.quote(SOURCE_TIMES)} {shlex.quote(self.path)}", rels),
+                remote.isolated("python3", f"-c {shlex.quote(SOURCE_TIMES)} "
+                                           f"{shlex.quote(self.path)}"), rels),
             print_output=False)
         return _last_json(output.stdout) if ok else {}
 
@@ -250,7 +251,8 @@ def _resumable(host, partial: str, listing: dict[str, int]) -> dict[str, list[in
     """What `partial` holds whole already (RESUME), or None where it could not be prepared."""
     ok, output = host.run_shell_command(
         streaming.with_stdin(
-            f"python3 -I -c {shlex.quote(RESUME)} {shlex.quote(partial)}", listing),
+            remote.isolated("python3", f"-c {shlex.quote(RESUME)} {shlex.quote(partial)}"),
+            listing),
         print_output=False)
     kept = _last_json(output.stdout) if ok else None
     return kept if isinstance(kept, dict) else None

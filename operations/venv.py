@@ -383,12 +383,14 @@ def clone_command(source: str, gen: Generation, old_prefixes: list[str]) -> str:
     partial = '"$partial"'
     prefixes = " ".join(shlex.quote(p) for p in old_prefixes)
     target = shlex.quote(gen.path)
+    fix_paths = remote.isolated("python3",
+                                f"-c {shlex.quote(_FIX_PATHS)} {partial} {target} {prefixes}")
     return (
         f"mkdir -p {shlex.quote(gen.live + '.generations')} && "
         f"{{ rm -rf {shlex.quote(gen.path)}.partial-* 2>/dev/null; true; }} && "
         f"partial=$(mktemp -d {target}.partial-XXXXXX) && rmdir \"$partial\" && "
         f"cp -a --reflink=auto {shlex.quote(source)} {partial} && "
-        f"python3 -c {shlex.quote(_FIX_PATHS)} {partial} {target} {prefixes} && "
+        f"{fix_paths} && "
         f"sed -i '/^command *=/d' {partial}/pyvenv.cfg && "
         f"{{ mv -T {partial} {target} 2>/dev/null "
         f"|| {{ test -d {target} && rm -rf {partial}; }}; }}"
@@ -610,7 +612,7 @@ def _changes(install: _Install):
         install.log(line)
     if install.kind == "pip" and "pip" not in install.base["dists"] and install.base.get("path"):
         # a generation uv built has no pip
-        yield f"{shlex.quote(install.gen.python)} -m ensurepip --default-pip"
+        yield remote.isolated(shlex.quote(install.gen.python), "-m ensurepip --default-pip")
     if todo.remove:
         yield tool.uninstall(todo.remove)
     if not todo.install:
@@ -797,13 +799,13 @@ def _copy_within_host(donor_venv: str, gen: Generation, specs: list[str]) -> str
     """
     args = " ".join(shlex.quote(a) for a in (donor_venv, *specs))
     prefixes = f"{shlex.quote(donor_venv)} \"$(readlink -f {shlex.quote(donor_venv)})\""
+    fix_paths = remote.isolated("python3", f"-c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
+                                           f"{shlex.quote(gen.path)} {prefixes}")
     return (
-        f"list=$(mktemp) && python3 - {args} > \"$list\" <<'PYEOF' && "
+        f"list=$(mktemp) && {remote.heredoc('python3', args, remote.script('donor_files'))}"
+        f" > \"$list\" && "
         f"(cd {shlex.quote(donor_venv)}/ && xargs -d '\\n' -a \"$list\" cp -a --parents "
-        f"-t {shlex.quote(gen.path)}) && rm -f \"$list\" && "
-        f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} {shlex.quote(gen.path)} "
-        f"{prefixes}\n"
-        f"{remote.script('donor_files')}\nPYEOF"
+        f"-t {shlex.quote(gen.path)}) && rm -f \"$list\" && {fix_paths}"
     )
 
 
@@ -820,7 +822,7 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     args = " ".join(shlex.quote(a) for a in (donor_live, *specs))
 
     def listing(then: str = "") -> str:  # the donor's file list, `then` piped on
-        return f"python3 - {args} <<'PYEOF'{then}\n{remote.script('donor_files')}\nPYEOF"
+        return remote.heredoc("python3", args, remote.script("donor_files")) + then
 
     # Host to host where this host reaches the donor: a one-time key for exactly the distributions'
     # files, listed first.
@@ -849,8 +851,9 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}",
                                        print_output=False)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
-    ok, _ = host.run_shell_command(f"python3 -c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
-                                   f"{shlex.quote(gen.path)} {prefixes}", print_output=False)
+    ok, _ = host.run_shell_command(
+        remote.isolated("python3", f"-c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
+                                   f"{shlex.quote(gen.path)} {prefixes}"), print_output=False)
     via = (f"OpenSSH, {host.name} reading from {donor_name} directly" if direct
            else streaming.carried_by(donor, host))
     host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB "
@@ -905,7 +908,7 @@ def probed(gen: Generation, probe: dict):
     Run it with ``_if`` set to "the generation or its patch sets changed, or it is not live yet".
     """
     args = shlex.quote(json.dumps(probe, sort_keys=True))
-    yield f"{shlex.quote(gen.python)} - {args} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF"
+    yield remote.heredoc(shlex.quote(gen.python), args, remote.script("abi_probe"))
 
 
 @operation()

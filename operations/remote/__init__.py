@@ -1,7 +1,10 @@
 """Scripts that run on the managed hosts with the host's own `python3` (stdlib only).
 
-They are sent inline (`python3 - ARGS <<'EOF'`), so nothing of ours is installed on a
-host just to inspect it. What several scripts share lives in `_common.py`; a script's
+They are sent inline (`python3 -I - ARGS <<'EOF'`, from `/`: `heredoc`), so nothing of ours is
+installed on a host just to inspect it. Every python that root starts on a host runs isolated
+(`isolated`): `-I` (no `PYTHON*` variable, no user site, neither the working directory nor the
+script's on `sys.path`) and from `/`, so no directory a local user writes and no variable of the
+session reaches what root imports; tests/unit/test_isolated.py holds every command to it. What several scripts share lives in `_common.py`; a script's
 `from _common import ...` statement is replaced by that file's text here, so each script
 still travels, and runs, as one file.
 """
@@ -120,8 +123,20 @@ def _clear() -> None:
 script.cache_clear = _clear  # tests that swap the scripts' directory
 
 
+def isolated(interpreter: str, rest: str) -> str:
+    """A shell command that runs `interpreter -I REST` from `/`, in a subshell of its own (the
+    shell's own directory is left as it was for what follows). `rest`: already shell-quoted."""
+    return f"(cd / && exec {interpreter} -I {rest})"
+
+
+def heredoc(interpreter: str, args: str, body: str) -> str:
+    """A shell command that runs the python source `body` as `interpreter -I - ARGS` from `/`, the
+    source on stdin (a here-document). Redirections and pipes may follow it."""
+    assert "\nPYEOF\n" not in body and not body.endswith("\nPYEOF")
+    return f"(cd / && exec {interpreter} -I - {args} <<'PYEOF'\n{body}\nPYEOF\n)"
+
+
 def command(name: str, *args: str) -> str:
-    """A shell command that runs remote script `name` with `args` (already shell-quoted)."""
-    body = script(name)
-    assert "\nPYEOF\n" not in body
-    return f"python3 - {' '.join(args)} <<'PYEOF'\n{body}\nPYEOF"
+    """A shell command that runs remote script `name` with `args` (already shell-quoted), with the
+    host's own python3, isolated."""
+    return heredoc("python3", " ".join(args), script(name))

@@ -61,7 +61,7 @@ def lock_owner(host: str) -> str | None:
 def in_readiness_gate(host: str) -> list[int]:
     """PIDs of the readiness gate's wait for sglang-slow.service on the host (empty when it is not waiting)."""
     # wait_ready's argv: UNIT ADDRESS PORT TIMEOUT SMOKE CONFIG (service_state's starts alike, then paths)
-    out = ssh(host, f"pgrep -f '^python3 - sglang-slow.service 127.0.0.1 30120 {STUCK_READINESS_S} [01] ' || true").stdout.split()
+    out = ssh(host, f"pgrep -f '^python3 -I - sglang-slow.service 127.0.0.1 30120 {STUCK_READINESS_S} [01] ' || true").stdout.split()
     return [int(pid) for pid in out]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from operations import remote
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "operations" / "remote"
-_SHAPE = re.compile(r"\Apython3 - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\Z", re.S)
+_SHAPE = re.compile(r"\A\(cd / && exec python3 -I - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\n\)\Z", re.S)
 
 
 def remote_call(command) -> tuple[str, list[str]]:

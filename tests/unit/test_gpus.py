@@ -448,7 +448,7 @@ def test_checked_with_an_error_yields_the_refusal():
 
 def test_gpu_state_fact_command_runs_the_script_with_quoted_paths():
     cmd = gpus.GpuState().command(models=["/root/models/a b"])
-    assert cmd.startswith("python3 - /etc/systemd/system '/root/models/a b' <<'PYEOF'")
+    assert cmd.startswith("(cd / && exec python3 -I - /etc/systemd/system '/root/models/a b' <<'PYEOF'")
 
 
 def test_settings_accept_gpu_auto_and_failed_gpus():

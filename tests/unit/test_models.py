@@ -107,8 +107,8 @@ def test_other_models_of_the_host_travel_for_the_free_space_check():
 
 def test_fact_commands_quote_paths():
     fact = models.StagedModel()
-    assert fact.command("/a b", "/c d", "full").startswith("python3 - '/a b' '/c d' .sglang-deploy-staged.json full <<'PYEOF'\n")
-    assert fact.command("/a", "/c").startswith("python3 - /a /c .sglang-deploy-staged.json <<'PYEOF'\n")
+    assert fact.command("/a b", "/c d", "full").startswith("(cd / && exec python3 -I - '/a b' '/c d' .sglang-deploy-staged.json full <<'PYEOF'\n")
+    assert fact.command("/a", "/c").startswith("(cd / && exec python3 -I - /a /c .sglang-deploy-staged.json <<'PYEOF'\n")
 
 
 def test_unknown_verify_mode_is_refused():
@@ -154,7 +154,7 @@ def test_boot_files_are_deterministic_and_name_the_script_and_list():
     unit, mode = wanted[models.BOOT_UNIT_PATH]
     assert mode == "644" and unit.startswith("# Managed by sglang-deploy")
     for line in ("Type=oneshot", "RemainAfterExit=yes", "WantedBy=multi-user.target",
-                 f"ExecStart=/usr/bin/python3 {models.BOOT_SCRIPT} --list {models.BOOT_LIST}",
+                 f"ExecStart=/usr/bin/python3 -I {models.BOOT_SCRIPT} --list {models.BOOT_LIST}",
                  "RequiresMountsFor=/dev/shm /root/models/Draft /root/models/Qwen3.6-27B"):
         assert line in unit
     listing = json.loads(wanted[models.BOOT_LIST][0])

@@ -173,8 +173,8 @@ def test_model_drift_lists_at_most_three_missing_files():
 
 def test_stage_command_quotes_paths_and_carries_the_script():
     command = models.StagedModel().command("/root/models/my model", "/dev/shm/my model")
-    assert command.startswith("python3 - '/root/models/my model' '/dev/shm/my model' .sglang-deploy-staged.json <<'PYEOF'\n")
-    assert command.endswith("\nPYEOF")
+    assert command.startswith("(cd / && exec python3 -I - '/root/models/my model' '/dev/shm/my model' .sglang-deploy-staged.json <<'PYEOF'\n")
+    assert command.endswith("\nPYEOF\n)")
 
 
 # patches.applied -----------------------------------------------------------------------
@@ -516,7 +516,7 @@ def run_lifecycle(state: dict, executing: bool = False, unit_changed=None, input
 
 
 def calls(result: Result) -> list:
-    return [remote_call(c) if c.startswith("python3 ") else c for c in result.commands]
+    return [remote_call(c) if c.startswith("(cd / && exec python3 ") else c for c in result.commands]
 
 
 def never():

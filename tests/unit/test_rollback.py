@@ -58,7 +58,7 @@ def test_undo_restores_the_saved_unit_then_switches_back_the_venvs_this_run_swit
     assert done == [f"unit {UNIT} (the previous one)", "venv /root/venv_sglang (the previous generation)"]
     restore, switch, restart = host.commands
     assert restore == f"test -f {rollback.BACKUP_DIR}/{UNIT} && cp -p {rollback.BACKUP_DIR}/{UNIT} {UNIT_PATH} && systemctl daemon-reload"
-    assert switch.startswith("python3 - /root/venv_sglang --previous <<'PYEOF'")
+    assert switch.startswith("(cd / && exec python3 -I - /root/venv_sglang --previous <<'PYEOF'")
     assert restart == f"systemctl restart {UNIT}"
 
 

@@ -223,7 +223,9 @@ def test_a_benign_tree_round_trips_byte_for_byte(tmp_path, maker):
 
 def test_the_unpacker_is_sent_as_an_argument_and_runs_isolated():
     # stdin is the stream: the script is an argument, and -I keeps PYTHON* variables and the directory out.
-    argv = shlex.split(streaming.unpack_command("/root/models/.M.partial"))
+    command = streaming.unpack_command("/root/models/.M.partial")
+    assert command.startswith("(cd / && exec ") and command.endswith(")")
+    argv = shlex.split(command[len("(cd / && exec "):-1])
     assert argv == ["python3", "-I", "-c", remote.script("untar_as_root"), "/root/models/.M.partial"]
 
 

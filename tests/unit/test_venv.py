@@ -171,17 +171,17 @@ def test_first_generation_is_a_fresh_venv_built_by_uv(stack, house):
     (house / installer.UV_WHEELS["x86_64"].file).write_bytes(b"uv wheel")
     result = run_env(facts(gen, live="absent", uv=False), stack, house)
 
-    assert result.commands[0].endswith(f"&& mkdir -p {LIVE}.generations && rm -rf {gen.path} && python3.11 -m venv --without-pip {gen.path}")
+    assert result.commands[0].endswith(f"&& mkdir -p {LIVE}.generations && rm -rf {gen.path} && (cd / && exec python3.11 -I -m venv --without-pip {gen.path})")
     assert f"{CACHE}/{installer.UV_WHEELS['x86_64'].file}" in uploads(result)
-    assert any(c.startswith("python3 -c ") and "zipfile" in c for c in result.commands if isinstance(c, str))
+    assert any(c.startswith("(cd / && exec python3 -I -c ") and "zipfile" in c for c in result.commands if isinstance(c, str))
     assert sorted(uploads(result)[1:]) == sorted(f"{CACHE}/{w}" for w in WHEELS.values())
 
 
 def test_without_a_uv_wheel_pip_installs(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, live="absent", uv=False), stack, house)
-    assert result.commands[0].endswith(f"python3.11 -m venv {gen.path}")
-    assert installs(result)[0].startswith(f"{gen.python} -m pip install --quiet --no-index --no-deps --force-reinstall")
+    assert result.commands[0].endswith(f"(cd / && exec python3.11 -I -m venv {gen.path})")
+    assert installs(result)[0].startswith(f"(cd / && exec {gen.python} -I -m pip install --quiet --no-index --no-deps --force-reinstall")
 
 
 def test_installer_uv_without_a_uv_wheel_is_refused_before_any_change(stack, house):
@@ -388,7 +388,7 @@ def test_wanted_generation_with_another_python_is_refused(stack, house):
 def test_live_venv_of_another_python_is_not_cloned(stack, house):
     gen = gen_of(stack)
     result = run_env(facts(gen, live_state=venv_facts(LIVE, python="3.10.12"), live="dir"), stack, house)
-    assert "python3.11 -m venv" in result.commands[0] and "cp -a" not in result.commands[0]
+    assert "python3.11 -I -m venv" in result.commands[0] and "cp -a" not in result.commands[0]
     assert len(uploads(result)) == 3
 
 
@@ -402,14 +402,14 @@ def run_switch(was, stack) -> Result:
 def test_probe_runs_the_probe_script_with_the_generation_python(stack):
     gen = gen_of(stack)
     (probe,) = run(venv.probed, {}, gen=gen, probe={"kernels": ["sglang-kernel"]}).commands
-    assert probe.startswith(f"{gen.python} - ") and "ABI probe failed" in probe and '"kernels": ["sglang-kernel"]' in probe
+    assert probe.startswith(f"(cd / && exec {gen.python} -I - ") and "ABI probe failed" in probe and '"kernels": ["sglang-kernel"]' in probe
 
 
 def test_switch_points_the_live_path_at_the_generation(stack):
     gen = gen_of(stack)
     result = run_switch(f"{LIVE}.generations/old", stack)
     (switch,) = result.commands
-    assert switch.startswith(f"python3 - {LIVE} {gen.id} <<'PYEOF'")
+    assert switch.startswith(f"(cd / && exec python3 -I - {LIVE} {gen.id} <<'PYEOF'")
     assert any("switching from" in line and "kept for rollback" in line for line in result.logs)
 
 
@@ -812,7 +812,7 @@ def test_the_index_is_written_after_each_install_and_before_the_stamp(stack, hou
     gen = gen_of(stack)
     result = run_env(facts(gen, wanted=venv_facts(gen.path, torch="2.10.0+cu130")), stack, house)
     index_write, stamp = result.commands[-2:]
-    assert index_write.startswith(f"python3 - {LIVE} {gen.path} {CACHE} ") and " write-index <<'PYEOF'" in index_write
+    assert index_write.startswith(f"(cd / && exec python3 -I - {LIVE} {gen.path} {CACHE} ") and " write-index <<'PYEOF'" in index_write
     assert stamp.endswith(f"touch {gen.path}/{venv.STAMP}")
 
 
