@@ -2,9 +2,10 @@
 
 pyinfra's own keys (its connectors' `data_meta` and its global arguments) pass the unknown-key
 check; of those, pyinfra's operation arguments are refused wherever the data sets them
-(`refused_operation_arguments`: pyinfra applies them to every operation, ours included), and every key a connector reads is classified by one rule
-(`CONNECTOR_KEYS`): fine, weakening authentication (host-key checking off, a known_hosts that keeps
-no key, agent forwarding), or carrying a credential (a password, a passphrase), refused with the
+(`refused_operation_arguments`: pyinfra applies them to every operation, ours included), and
+every key a connector reads is classified by one rule (`CONNECTOR_KEYS`): fine, weakening
+authentication (host-key checking off, a known_hosts that keeps no key, agent forwarding), or
+carrying a credential (a password, a passphrase), refused with the
 reason and the fix, the value never shown. A key pyinfra reads that the table has not classified is
 refused too, and tests/unit/test_connector_keys.py fails on it.
 """
@@ -50,7 +51,8 @@ def connector_data_keys() -> dict[str, str]:
 
 
 # Why each of pyinfra's operation arguments is refused in the data. A rule, not a list: every global
-# argument the installed pyinfra takes (`all_global_arguments`) is refused wherever the data sets it;
+# argument the installed pyinfra takes (`all_global_arguments`) is refused wherever the data sets
+# it;
 # these say why for the ones whose harm is known, the rest get OPERATION_ARGUMENT.
 OPERATION_ARGUMENT = ("is one of pyinfra's operation arguments, which pyinfra takes from the data "
                       "for every operation, the deploy's own checks and scripts included: the "

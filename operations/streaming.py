@@ -759,7 +759,8 @@ class Pushes:
             self._verified = set()
             if pinned:
                 ok, output = host.run_shell_command(
-                    with_stdin(remote.isolated("python3", f"-c {shlex.quote(VERIFIED_PARTS)}"), pinned),
+                    with_stdin(remote.isolated("python3", f"-c {shlex.quote(VERIFIED_PARTS)}"),
+                               pinned),
                     print_output=False)
                 if ok:
                     try:

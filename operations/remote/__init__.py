@@ -4,9 +4,10 @@ They are sent inline (`python3 -I - ARGS <<'EOF'`, from `/`: `heredoc`), so noth
 installed on a host just to inspect it. Every python that root starts on a host runs isolated
 (`isolated`): `-I` (no `PYTHON*` variable, no user site, neither the working directory nor the
 script's on `sys.path`) and from `/`, so no directory a local user writes and no variable of the
-session reaches what root imports; tests/unit/test_isolated.py holds every command to it. What several scripts share lives in `_common.py`; a script's
-`from _common import ...` statement is replaced by that file's text here, so each script
-still travels, and runs, as one file.
+session reaches what root imports; tests/unit/test_isolated.py holds every command to it.
+
+What several scripts share lives in `_common.py`; a script's `from _common import ...` statement
+is replaced by that file's text here, so each script still travels, and runs, as one file.
 """
 
 import ast
