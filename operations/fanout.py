@@ -284,9 +284,13 @@ class WheelPushes(streaming.Pushes):
         local = {PurePosixPath(dest).name[:-len(".part")]: src for src, dest, _ in self.files}
         sizes = {name: streaming.file_size(local[name]) for name in want}
         streams = openssh.streams(host)
-        unpack = streaming.unpack_command(directory, suffix=".part")
+
+        def unpack(names):  # the holder's stream may hold only these files, as pinned here
+            return streaming.unpack_command(directory, suffix=".part", listing={
+                name: [sizes[name], want[name]] for name in names})
+
         jobs = [grant.job(f"{self.what}s from {holder.name}", sum(sizes[n] for n in names),
-                          names, unpack)
+                          names, unpack(names))
                 for names in streaming.batches(sizes, streams)]
         total = sum(sizes.values())
         label = f"fetching {len(want)} {self.what}(s) from {holder.name} directly"

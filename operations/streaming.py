@@ -20,6 +20,7 @@ cannot carry a host's bytes, the same streams go through pyinfra's paramiko conn
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import io
 import json
@@ -31,6 +32,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Callable
@@ -148,15 +150,39 @@ class LocalReader(Reader):
         self._proc.kill()
 
 
-def unpack_command(dest: str, suffix: str = "") -> str:
+# The unpacker's `--listing` travels in one argument (inside a peer fetch's receiving command, with
+# the unpacker's own text): the kernel takes at most 128 KiB for one.
+LISTING_MAX = 100_000
+# A listed stream's time bound: this long, plus its bytes at this rate (a slower link stops there;
+# what came whole is kept and the next run sends the rest).
+DEADLINE_BASE_S = 600
+DEADLINE_FLOOR_RATE = 10 << 20  # bytes per second
+
+
+def unpack_command(dest: str, suffix: str = "", listing: dict | None = None) -> str:
     """The command that unpacks a tar stream from another host (a model, a donor's venv files) into
     the directory `dest` as root's own files (no owner of the sender's, no setuid, setgid or sticky
     bit, no write for group or others), refusing by name what `tar -x` would make as the sender said
     (a device node, a fifo, a name or a link out of the tree): operations/remote/untar_as_root.py.
     The script travels as an argument: stdin is the stream. `suffix` is appended to every regular
-    file's name (wheels from another host land as `NAME.part`, to be checked)."""
-    rest = f"-c {shlex.quote(remote.script('untar_as_root'))} {shlex.quote(dest)}"
-    return remote.isolated("python3", f"{rest} {shlex.quote(suffix)}" if suffix else rest)
+    file's name (wheels from another host land as `NAME.part`, to be checked). `listing`
+    (`{relpath: [size, sha256 or None]}`, from the origin): only those files, of those sizes and
+    digests, in a stream with a time bound; the rest refused."""
+    words = [shlex.quote(remote.script("untar_as_root")), shlex.quote(dest)]
+    if suffix:
+        words += ["--suffix", shlex.quote(suffix)]
+    if listing is not None:
+        encoded = base64.b64encode(zlib.compress(
+            json.dumps(listing, sort_keys=True, separators=(",", ":")).encode("utf-8"), 9)
+        ).decode("ascii")
+        if len(encoded) > LISTING_MAX:
+            raise ValueError(f"the listing of {len(listing)} files for {dest} is larger than one "
+                             f"argument may be ({len(encoded)} > {LISTING_MAX} bytes): send "
+                             "them in more streams (`transfer_streams`)")
+        total = sum(size for size, _ in listing.values() if isinstance(size, int))
+        words += ["--listing", encoded,
+                  "--deadline-s", str(DEADLINE_BASE_S + total // DEADLINE_FLOOR_RATE)]
+    return remote.isolated("python3", "-c " + " ".join(words))
 
 
 # Bulk bytes ---------------------------------------------------------------------------------------
@@ -799,16 +825,18 @@ class Pushes:
         todo = [(src, dest) for src, dest, _ in self.files if dest not in self._verified]
         sizes = {dest: file_size(src) for src, dest in todo}
         local = dict((dest, src) for src, dest in todo)
+        pins = {dest: sha for _, dest, sha in self.files}
         streams = openssh.streams(host)
         jobs = []
         for names in batches(sizes, streams):
             directories = {str(PurePosixPath(d).parent) for d in names}
             for directory in sorted(directories):
-                files = [(local[d], PurePosixPath(d).name) for d in names
-                         if str(PurePosixPath(d).parent) == directory]
+                mine = [d for d in names if str(PurePosixPath(d).parent) == directory]
+                files = [(local[d], PurePosixPath(d).name) for d in mine]
+                listing = {PurePosixPath(d).name: [sizes[d], pins.get(d)] for d in mine}
                 jobs.append(Job(f"{self.what}s to {directory}", sum(sizes[d] for d in names),
                                 (lambda files=files: FilesSource(files)),
-                                receiving_end(host, unpack_command(directory))))
+                                receiving_end(host, unpack_command(directory, listing=listing))))
         total = sum(sizes.values())
         label = f"pushing {len(todo)} {self.what}(s) over OpenSSH"
         moved = transfer(jobs, streams, lambda sent, elapsed: host.log(

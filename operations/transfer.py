@@ -9,17 +9,19 @@ it cannot reach the source, through the control machine (a `tar` on the source, 
 two OpenSSH processes, nothing written on the control machine; pyinfra's own connections where
 OpenSSH does not reach a host: operations/openssh.py), or from the control machine's directory made
 into a tar stream here, into a temporary sibling `.NAME.partial` that is renamed into place only
-when complete and checked (every file's relative path and size). The files go in several streams at
-once (`transfer_streams`, 4 by default; a file is never split, the largest first, each to the
-lightest stream), then the directories (their modes and mtimes) in one more. SSH's own integrity
-check covers the bytes in flight; the staged copy in shm is then built and verified from this store
-as usual. The source is only read.
-The receiving end is not `tar -x` but `streaming.unpack_command`: the files land as root's, without
-the source's owners or setuid bits, and a device node, a fifo or a link out of the tree stops the
-copy, naming it; the temporary sibling is then removed. A transfer cut any other way (a
-connection lost, the deploy killed) leaves in `.NAME.partial` only files that came whole (the
-unpacker renames a file into place only once whole); the next run keeps those that are root's,
-not links, and as the source's (name, size and mtime: RESUME, SOURCE_TIMES) and sends the rest.
+when complete and checked. The files go in several streams at once (`transfer_streams`, 4 by
+default; a file is never split, the largest first, each to the lightest stream), then the
+directories (their modes and mtimes) in one more. The source is only read.
+Every byte against the origin: before anything moves, the origin says what each file is (size and
+sha256: operations/model_digests.py, once per run), and only that is kept. The receiving end is not
+`tar -x` but `streaming.unpack_command` given that listing: the files land as root's, without the
+source's owners or setuid bits; a file the origin does not list, of another size, or whose bytes
+hash to another sha256 is refused (never renamed into place), and so are a device node, a fifo, a
+link, a sparse member, an oversized header, and a stream that stalls; the temporary sibling is then
+removed. So a host that got the model in this run and serves it on (fan-out) can send nothing but
+the origin's bytes. A transfer cut any other way (a connection lost, the deploy killed) leaves in
+`.NAME.partial` only files that came whole and matched; the next run keeps those that are root's,
+not links, and still hash to the origin's sha256 (RESUME), and sends the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import fanout, host_reads, openssh, peer_keys, remote, streaming
+from operations import fanout, host_reads, model_digests, openssh, peer_keys, remote, streaming
 from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
@@ -53,19 +55,6 @@ class StoreListing(FactBase):
         return json.loads("\n".join(output))
 
 
-def local_listing(path: str) -> dict[str, int] | None:
-    """What `StoreListing` says, for a model directory on the control machine."""
-    root = Path(path)
-    if not root.is_dir():
-        return None
-    out = {
-        str(p.relative_to(root)): p.stat().st_size
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(OURS)
-    }
-    return out or None
-
-
 class _HostSource:
     """A model in another host's store, read by `tar` on that host (over OpenSSH where it reaches
     the host, else over pyinfra's connection to it)."""
@@ -75,22 +64,6 @@ class _HostSource:
         self.host = state.inventory.get_host(name)
         if not self.host.connected:
             self.host.connect(reason=f"to stream a model to {target.name}", raise_exceptions=False)
-
-    def listing(self):
-        if not self.host.connected:
-            raise OSError(f"source host {self.host.name} is unreachable")
-        return self.host.get_fact(StoreListing, path=self.path)
-
-    def names(self, listing: dict[str, int]) -> list[str]:
-        return sorted(listing)
-
-    def times(self, rels: list[str]) -> dict[str, list[int]]:
-        ok, output = self.host.run_shell_command(
-            streaming.with_stdin(
-                remote.isolated("python3", f"-c {shlex.quote(SOURCE_TIMES)} "
-                                           f"{shlex.quote(self.path)}"), rels),
-            print_output=False)
-        return _last_json(output.stdout) if ok else {}
 
     def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
         # Names from stdin (NUL-separated, taken as they are), each as `./NAME` (the member names a
@@ -127,30 +100,6 @@ class _LocalSource:
     def __init__(self, state, target, path: str):
         self.label, self.path = f"control machine:{path}", str(Path(path).resolve())
 
-    def listing(self):
-        return local_listing(self.path)
-
-    def names(self, listing: dict[str, int]) -> list[str]:
-        """Every entry under the directory that is not a directory (links and special files too: the
-        receiving end refuses what it must), our own files left out."""
-        out = []
-        for top, dirs, files in os.walk(self.path):
-            for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
-                if not name.startswith(OURS):
-                    out.append(os.path.relpath(os.path.join(top, name), self.path))
-        return sorted(out)
-
-    def times(self, rels: list[str]) -> dict[str, list[int]]:
-        out = {}
-        for rel in rels:
-            try:
-                st = os.lstat(os.path.join(self.path, rel))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out[rel] = [st.st_size, int(st.st_mtime)]
-        return out
-
     def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
         files = [(os.path.join(self.path, n), f"./{n}") for n in names]
         return lambda: streaming.FilesSource(files)
@@ -178,13 +127,15 @@ class _LocalSource:
 
 
 # Run on the receiving host before a model is streamed into `.NAME.partial`: keep what a run that
-# stopped half way left there whole (a regular file, root's, not a link, writable by root alone, one
-# link, named and sized as in the source's listing: the unpacker renames a file into place only once
-# whole), remove everything else (the unpacker's temporary names among it); a `.NAME.partial` that
-# is not root's own directory is removed whole, and one is made where there is none. Prints
-# {relpath: [size, mtime]} of what it kept. argv: PARTIAL; stdin: {relpath: size}.
+# stopped half way left there whole and right (a regular file, root's, not a link, writable by root
+# alone, one link, named and sized as in the origin's digests, and whose bytes hash to the origin's
+# sha256: a file some holder sent wrong is sent again), remove everything else (the unpacker's
+# temporary names among it); a `.NAME.partial` that is not root's own directory is removed whole,
+# and one is made where there is none. Prints the list of what it kept. argv: PARTIAL; stdin:
+# {relpath: [size, sha256]} (model_digests).
 RESUME = r"""
-import json, os, shutil, stat, sys
+import hashlib, json, os, shutil, stat, sys
+from concurrent.futures import ThreadPoolExecutor
 partial = sys.argv[1]
 want = json.load(sys.stdin)
 me = os.geteuid()
@@ -195,7 +146,23 @@ def ours(st, kind):
 def remove(path, st):
     shutil.rmtree(path) if stat.S_ISDIR(st.st_mode) else os.unlink(path)
 
-kept = {}
+def right(item):
+    rel, path = item
+    sha = hashlib.sha256()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return rel, False
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return rel, False
+        while True:
+            block = handle.read(1 << 22)
+            if not block:
+                break
+            sha.update(block)
+    return rel, sha.hexdigest() == want[rel][1]
+
 try:
     st = os.lstat(partial)
 except FileNotFoundError:
@@ -206,6 +173,7 @@ if st is not None and not ours(st, stat.S_ISDIR):
 if st is None:
     os.mkdir(partial, 0o755)
     os.chmod(partial, 0o755)
+whole = {}
 for top, dirs, files in os.walk(partial):
     for name in list(dirs):
         path = os.path.join(top, name)
@@ -217,26 +185,19 @@ for top, dirs, files in os.walk(partial):
         path = os.path.join(top, name)
         rel = os.path.relpath(path, partial)
         st = os.lstat(path)
-        if ours(st, stat.S_ISREG) and st.st_nlink == 1 and want.get(rel) == st.st_size:
-            kept[rel] = [st.st_size, int(st.st_mtime)]
+        size = (want.get(rel) or [None])[0]
+        if ours(st, stat.S_ISREG) and st.st_nlink == 1 and size == st.st_size:
+            whole[rel] = path
         else:
             os.unlink(path)
+kept = []
+with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+    for rel, ok in pool.map(right, sorted(whole.items())):
+        if ok:
+            kept.append(rel)
+        else:
+            os.unlink(whole[rel])
 print(json.dumps(kept))
-"""
-# Run on the source host: {relpath: [size, mtime]} of the regular files named on stdin (JSON), under
-# ROOT. argv: ROOT
-SOURCE_TIMES = r"""
-import json, os, stat, sys
-root = sys.argv[1]
-out = {}
-for rel in json.load(sys.stdin):
-    try:
-        st = os.lstat(os.path.join(root, rel))
-    except OSError:
-        continue
-    if stat.S_ISREG(st.st_mode):
-        out[rel] = [st.st_size, int(st.st_mtime)]
-print(json.dumps(out))
 """
 
 
@@ -247,47 +208,39 @@ def _last_json(text: str):
         return None
 
 
-def _resumable(host, partial: str, listing: dict[str, int]) -> dict[str, list[int]] | None:
-    """What `partial` holds whole already (RESUME), or None where it could not be prepared."""
+def _resumable(host, partial: str, digests: model_digests.Digests) -> set[str] | None:
+    """What `partial` holds whole and right already (RESUME), or None where it could not be
+    prepared."""
     ok, output = host.run_shell_command(
         streaming.with_stdin(
             remote.isolated("python3", f"-c {shlex.quote(RESUME)} {shlex.quote(partial)}"),
-            listing),
+            digests),
         print_output=False)
     kept = _last_json(output.stdout) if ok else None
-    return kept if isinstance(kept, dict) else None
+    return set(kept) & set(digests) if isinstance(kept, list) else None
 
 
-def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
+def _stream(state, host, source_name: str, src: str, dest: str,
+            digests: model_digests.Digests) -> bool:
+    """Stream the model at `source_name:src` (the origin, or a host that got it in this run) into
+    `dest`, every file checked against `digests`, the origin's."""
     source = (_LocalSource(state, host, src) if is_local(source_name)
               else _HostSource(state, host, source_name, src))
-    # The routes' probes (an SSH handshake each) beside the listings and the `.NAME.partial`'s
-    # preparation.
+    # The routes' probes (an SSH handshake each) beside the `.NAME.partial`'s preparation.
     probes = threading.Thread(target=openssh.decide, args=([host, *source.hosts()],), daemon=True)
     probes.start()
-    try:
-        src_listing = source.listing()
-    except OSError as exc:
-        host.log_styled(f"cannot stream {source.label}: {exc}", fg="red", log_func=logger.error)
-        return False
-    if not src_listing:
-        host.log_styled(f"cannot stream: no model at {source.label}", fg="red",
-                        log_func=logger.error)
-        return False
+    src_listing = model_digests.sizes(digests)
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
-    kept = _resumable(host, partial, src_listing)
-    if kept is None:
+    already = _resumable(host, partial, digests)
+    if already is None:
         host.log_styled(f"streaming {name}: {partial} could not be prepared", fg="red",
                         log_func=logger.error)
         return False
-    theirs = source.times(sorted(kept)) if kept else {}
-    already = {rel for rel, seen in kept.items() if theirs.get(rel) == seen}
     if already:
         host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} "
-                 "already (a run that stopped half way), as in the source (size and mtime): not "
-                 "sent again")
-    sizes = {rel: src_listing.get(rel, 0) for rel in source.names(src_listing)
+                 "already (a run that stopped half way), with the origin's sha256: not sent again")
+    sizes = {rel: model_digests.sent_size(entry) for rel, entry in digests.items()
              if rel not in already}
     streams = openssh.streams(host)
     # Host to host where the receiver reaches the source (a one-time key for exactly these files),
@@ -296,13 +249,17 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
     probes.join()
     # says, once, where a host's bytes go over pyinfra's connection
     openssh.decide([host, *source.hosts()], host.log)
-    unpack = streaming.unpack_command(partial)
+
+    def unpack(names):  # this stream may hold only these files, as the origin has them
+        return streaming.unpack_command(partial, listing={n: digests[n] for n in names})
+
     jobs = [
-        direct.job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), names, unpack)
+        direct.job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names), names,
+                   unpack(names))
         if direct else
         streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names),
                       source.sender(names, host.log),
-                      streaming.receiving_end(host, unpack, host.log))
+                      streaming.receiving_end(host, unpack(names), host.log))
         for names in streaming.batches(sizes, streams, source.together)
     ] if sizes else []
     total = sum(sizes.values())
@@ -315,8 +272,7 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
             direct.close()
     if moved.ok:
         dirs = streaming.Job(f"{name}: its directories", 0, source.dirs_sender(host.log),
-                             streaming.receiving_end(host, streaming.unpack_command(partial),
-                                                     host.log, small=True))
+                             streaming.receiving_end(host, unpack([]), host.log, small=True))
         moved = streaming.transfer([dirs], 1).after(moved)
     if not moved.ok:
         if moved.refused:
@@ -327,10 +283,12 @@ def _stream(state, host, source_name: str, src: str, dest: str) -> bool:
         host.log_styled(f"streaming {name} from {source.label} failed: {moved.why}; {left}",
                         fg="red", log_func=logger.error)
         return False
-    got = host.get_fact(StoreListing, path=partial)
-    if got != src_listing:
-        host.log_styled(f"streamed copy of {name} differs from {source.label} (files or sizes); "
-                        f"left at {partial}", fg="red", log_func=logger.error)
+    # every file as the origin's, nothing it does not list (the listing follows a link for its
+    # size: each link the unpacker wrote was listed with its target)
+    got = host.get_fact(StoreListing, path=partial) or {}
+    if set(got) - set(digests) or any(got.get(rel) != size for rel, size in src_listing.items()):
+        host.log_styled(f"streamed copy of {name} differs from the origin's listing (files or "
+                        f"sizes); left at {partial}", fg="red", log_func=logger.error)
         return False
     ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}",
                                         print_output=False)
@@ -401,13 +359,34 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
     yield FunctionCommand(_fanned_out, (source, source_path, path), {})
 
 
+def _origin_digests(state, host, source_name: str, src: str) -> model_digests.Digests:
+    """The origin's digests of the model (model_digests), taken once per run: the control
+    machine's directory hashed here, or the source host's store over pyinfra's connection to it."""
+    def compute():
+        if is_local(source_name):
+            return model_digests.local(src)
+        origin = state.inventory.get_host(source_name)
+        if not origin.connected:
+            origin.connect(reason=f"to stream a model to {host.name}", raise_exceptions=False)
+        return model_digests.on_host(origin, src)
+
+    return model_digests.of_origin(state, ("model", source_name, src), compute)
+
+
 def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
     """`_stream`, from another host of the run that got the same model (same source, same path) in
     this run where one did or is getting it now, else from the source (operations/fanout.py); a copy
     that fails from another host is resumed from the source. Once its listing matched, this host
     serves the next ones."""
+    try:
+        digests = _origin_digests(state, host, source_name, src)
+    except OSError as exc:
+        host.log_styled(f"cannot stream {PurePosixPath(dest).name}: the origin {source_name}:{src} "
+                        f"could not say what its files are: {exc}", fg="red",
+                        log_func=logger.error)
+        return False
     if not fanout.ENABLED:
-        return _stream(state, host, source_name, src, dest)
+        return _stream(state, host, source_name, src, dest, digests)
     swarm = fanout.swarm(state, ("model", source_name, src), f"model {src}",
                          control_origin=is_local(source_name))
     if not is_local(source_name):
@@ -417,12 +396,12 @@ def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
         if peer:
             host.log(f"{PurePosixPath(dest).name}: {lease.source.name} got it in this run: read "
                      f"from there, not from {source_name}")
-        ok = _stream(state, host, lease.source.name, lease.source.root, dest) if peer else \
-            _stream(state, host, source_name, src, dest)
+        ok = _stream(state, host, lease.source.name, lease.source.root, dest, digests) if peer \
+            else _stream(state, host, source_name, src, dest, digests)
     if not ok and peer:
         host.log(f"{PurePosixPath(dest).name}: reading from {lease.source.name} failed: resuming "
                  f"from {source_name}")
-        ok = _stream(state, host, source_name, src, dest)
+        ok = _stream(state, host, source_name, src, dest, digests)
     if ok:
         swarm.hold(fanout.Holder(host, dest))
     else:

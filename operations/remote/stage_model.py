@@ -482,6 +482,40 @@ def hash_many(paths, want_crc=True):
         return dict(zip(paths, pool.map(lambda p: hash_file(p, True, want_crc), paths)))
 
 
+def digests(src):
+    """{relpath: [size, sha256]} (a link: ["symlink", target]) of the model at SRC, as the origin of
+    a copy to another host
+    (operations/model_digests.py): the cached manifest's entries where a file is unchanged since it
+    was hashed (size and mtime), the rest hashed now (and cached, as staging does)."""
+    try:
+        # our own files left out, as the store's listing leaves them (remote/model_listing.py)
+        found = walk_files(src, skip=lambda rel, name: name.startswith(".sglang-deploy-")
+                           or beside_model(rel, name), follow_root=True)
+    except Unwalkable as exc:
+        raise StageError(f"{exc}: a model is a few levels of files") from None
+    if not found:
+        raise StageError(f"{src}: no model files there")
+    links = {}
+    for rel, st in list(found.items()):
+        if stat.S_ISLNK(st.st_mode):  # listed as a link: the receiving end judges where it points
+            links[rel] = ["symlink", os.readlink(os.path.join(src, rel))]
+            del found[rel]
+        elif not stat.S_ISREG(st.st_mode):
+            raise StageError(f"{os.path.join(src, rel)}: a model holds files and links, not a "
+                             "special file: remove it")
+    cache = load_manifest(src)
+    known = {rel: cache[rel] for rel, st in found.items() if fresh(cache.get(rel), st)}
+    stale = sorted((rel for rel in found if rel not in known), key=lambda rel: -found[rel].st_size)
+    hashed = hash_many([os.path.join(src, rel) for rel in stale])
+    for rel in stale:
+        sha, crc = hashed[os.path.join(src, rel)]
+        known[rel] = {"size": found[rel].st_size, "mtime_ns": found[rel].st_mtime_ns,
+                      "sha256": sha, "crc32": crc}
+    if stale:
+        save_manifest(src, known)
+    return {**{rel: [known[rel]["size"], known[rel]["sha256"]] for rel in sorted(found)}, **links}
+
+
 def stage(src, dest, marker_name, verify="fast", others=(), interval=5.0):
     # What root writes here the service reads: never writable by others, whatever umask the shell
     # gave.
@@ -747,7 +781,12 @@ def main(argv):
     parser.add_argument("--progress", type=float, default=5.0,
                         help="seconds between progress lines on stderr (0: none)")
     parser.add_argument("--list", help="stage every model of this JSON list (the boot unit)")
+    parser.add_argument("--digests", metavar="SRC",
+                        help="print {relpath: [size, sha256]} of the model at SRC (an origin)")
     args = parser.parse_args(argv)
+    if args.digests:
+        print(json.dumps(digests(args.digests)))
+        return
     if args.list:
         spec = read_json(args.list)
         if not spec:

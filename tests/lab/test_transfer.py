@@ -34,8 +34,27 @@ def spare_store(spare_with_venv):
         assert digests(SPARE) == digests("gpu-a")
 
 
+def plant_poisoned_partial(host: str) -> str:
+    """A `.MODEL.partial` on `host` as a run that stopped half way would leave it, holding the source's largest file
+    with one byte changed, its size and mtime the source's (root's, one link): it looks whole, it is not."""
+    rel = ssh("gpu-a", f"cd /root/models/{MODEL} && find . -type f ! -name '.sglang-deploy-*' -printf '%s %P\\n' "
+                       "| sort -n | tail -1 | cut -d' ' -f2-").stdout.strip()
+    mtime = ssh("gpu-a", f"stat -c %Y /root/models/{MODEL}/{rel}").stdout.strip()
+    data = bytearray(subprocess.run([*ssh_argv("gpu-a"), f"cat /root/models/{MODEL}/{rel}"], capture_output=True,
+                                    check=True, timeout=300).stdout)
+    data[len(data) // 2] ^= 0xFF
+    partial = f"/root/models/.{MODEL}.partial"
+    ssh(host, f"rm -rf {partial} && mkdir -p {partial}/$(dirname {rel})")
+    subprocess.run([*ssh_argv(host), f"cat > {partial}/{rel} && touch -d @{mtime} {partial}/{rel}"], input=bytes(data),
+                   check=True, timeout=300)
+    return rel
+
+
 def test_missing_model_is_streamed_from_the_source_host_then_served():
+    """...and a poisoned partial copy (right size and mtime, wrong bytes) left by an earlier run is sent again: what
+    is kept is checked against the origin's digests, not its listing."""
     ssh(SPARE, f"rm -rf /root/models/{MODEL} /root/models/.{MODEL}.partial")
+    plant_poisoned_partial(SPARE)
     placement = {"ddtree": {}, "dflash": {}} if "gpu-a" in lab_hosts() else {}
     inventory = write_inventory("test_transfer", {
         "gpu-a": {"run_services": placement},
@@ -44,6 +63,7 @@ def test_missing_model_is_streamed_from_the_source_host_then_served():
     result = deploy(inventory, as_json=False)
     assert result.returncode == 0, result
     assert f"streamed {MODEL} from gpu-a" in result.stdout + result.stderr
+    assert "already (a run that stopped half way)" not in result.stdout + result.stderr  # the planted file went
     assert digests(SPARE) == digests("gpu-a")
     assert http_get(SPARE, 30130, "/health")[0] == 200
     again = deploy(inventory)

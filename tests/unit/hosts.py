@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from pyinfra.api import Config, Inventory, State
 
@@ -15,6 +16,17 @@ def make_host(all_data: dict, host_data: dict | None = None, groups: dict | None
     inventory = Inventory(([(name, host_data or {})], all_data), override_data=override or {}, **group_args)
     State(inventory, Config())
     return inventory.get_host(name)
+
+
+def local_listing(path: str) -> dict[str, int] | None:
+    """What `transfer.StoreListing` (remote/model_listing.py) says, for a model directory on this machine: regular
+    files and links followed for their sizes, our own files left out."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    out = {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))
+           if p.is_file() and not p.name.startswith(transfer.OURS)}
+    return out or None
 
 
 class ThisMachine:
@@ -31,7 +43,7 @@ class ThisMachine:
 
     def get_fact(self, fact, path):
         assert fact is transfer.StoreListing
-        return transfer.local_listing(path)
+        return local_listing(path)
 
     def run_shell_command(self, command, print_output=False):
         result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)

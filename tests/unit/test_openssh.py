@@ -22,7 +22,7 @@ import paramiko
 import pytest
 
 from configuration import connection, schema, ssh_login
-from operations import openssh, streaming, transfer
+from operations import model_digests, openssh, streaming, transfer
 from tests.unit.hosts import ThisMachine, make_host
 
 LAB = {"ssh_hostname": "10.213.0.2", "ssh_user": "root", "ssh_key": "/srv/lab/id_ed25519",
@@ -246,7 +246,7 @@ def test_a_model_goes_in_several_streams_at_once_through_processes(tmp_path, loc
     store = tmp_path / "store"
     store.mkdir()
     here = Here()
-    assert transfer._stream(None, here, str(src), str(src), str(store / "M")) is True, here.logs
+    assert transfer._stream(None, here, str(src), str(src), str(store / "M"), model_digests.local(str(src))) is True, here.logs
     assert tree(store / "M") == tree(src) and not (store / "M/.sglang-deploy-manifest.json").exists()
     assert sorted(p.name for p in store.iterdir()) == ["M"]
     assert local_ssh["most"] == 4  # transfer_streams' default, at once; then one more for the directories
@@ -270,7 +270,7 @@ def test_a_model_stream_that_stopped_half_way_resumes_with_what_came_whole(tmp_p
 
     monkeypatch.setattr(tarfile.TarFile, "gettarinfo", cut)
     monkeypatch.setattr(openssh, "streams", lambda host: 1)
-    assert transfer._stream(None, here, str(src), str(src), str(store / "M")) is False
+    assert transfer._stream(None, here, str(src), str(src), str(store / "M"), model_digests.local(str(src))) is False
     partial = store / ".M.partial"
     assert "the next run sends only the rest" in here.logs[-1], here.logs
     assert sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()) == sorted(a[2:] for a in added)
@@ -284,7 +284,7 @@ def test_a_model_stream_that_stopped_half_way_resumes_with_what_came_whole(tmp_p
         return real(self, name, arcname, fileobj)
 
     monkeypatch.setattr(tarfile.TarFile, "gettarinfo", sending)
-    assert transfer._stream(None, here, str(src), str(src), str(store / "M")) is True, here.logs
+    assert transfer._stream(None, here, str(src), str(src), str(store / "M"), model_digests.local(str(src))) is True, here.logs
     assert tree(store / "M") == tree(src) and sorted(p.name for p in store.iterdir()) == ["M"]
     kept = sorted(a for a in (f"./{p.relative_to(src)}" for p in src.rglob("*") if p.is_file()) if a not in sent and "manifest" not in a)
     assert len(kept) == 1  # the first file of the first run, whole and as the source's: not sent again
@@ -297,7 +297,7 @@ def test_a_refused_model_in_several_streams_leaves_nothing(tmp_path, local_ssh):
     store = tmp_path / "store"
     store.mkdir()
     here = Here()
-    assert transfer._stream(None, here, str(src), str(src), str(store / "M")) is False
+    assert transfer._stream(None, here, str(src), str(src), str(store / "M"), model_digests.local(str(src))) is False
     assert "untar: refused ./sub/tokenizer.json: a symlink to /etc/shadow (absolute)" in here.logs[-1], here.logs
     assert "nothing of it is kept" in here.logs[-1] and list(store.iterdir()) == []
 

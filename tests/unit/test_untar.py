@@ -11,6 +11,7 @@ the SSH channel to the receiving host replaced by a local `sh -c`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shlex
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import remote, streaming, transfer, venv
+from operations import model_digests, remote, streaming, transfer, venv
 from tests.unit.hosts import ThisMachine
 from tests.unit.test_venv import _fake_venv
 
@@ -268,17 +269,22 @@ def test_a_model_with_a_link_out_of_its_directory_is_refused_and_leaves_nothing(
     (src / "tokenizer.json").symlink_to("/etc/shadow")
     store = tmp_path / "store"
     store.mkdir()
-    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "Qwen3.6-27B")) is False
+    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "Qwen3.6-27B"), model_digests.local(str(src))) is False
     assert any("untar: refused ./tokenizer.json: a symlink to /etc/shadow (absolute)" in line for line in this_machine.logs), this_machine.logs
     assert list(store.iterdir()) == []  # no model, no `.Qwen3.6-27B.partial` left
 
 
-def test_a_model_with_a_fifo_is_refused(tmp_path, this_machine):
+def test_a_model_with_a_fifo_is_refused_at_its_origin_and_by_the_receiving_end(tmp_path, this_machine):
     src = benign_tree(tmp_path / "source/M")
+    digests = model_digests.local(str(src))
     os.mkfifo(src / "sub/pipe")
+    with pytest.raises(model_digests.OriginUnreadable, match="sub/pipe: a model holds files and links, not a special file"):
+        model_digests.local(str(src))
+    # A sender that sends one anyway, where the origin listed a file: refused at the receiving end.
+    digests["sub/pipe"] = [0, hashlib.sha256(b"").hexdigest()]
     store = tmp_path / "store"
     store.mkdir()
-    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "M")) is False
+    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "M"), digests) is False
     assert any("untar: refused ./sub/pipe: a fifo" in line for line in this_machine.logs), this_machine.logs
     assert list(store.iterdir()) == []
 
@@ -291,7 +297,7 @@ def test_a_models_setuid_file_lands_in_the_store_as_root_without_the_bit(tmp_pat
     (src / "run.sh").chmod(0o6777)
     store = tmp_path / "store"
     store.mkdir()
-    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "M")) is True, this_machine.logs
+    assert transfer._stream(None, this_machine, str(src), str(src), str(store / "M"), model_digests.local(str(src))) is True, this_machine.logs
     st = (store / "M/run.sh").lstat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o755)
     assert sorted(p.name for p in store.iterdir()) == ["M"]
@@ -363,3 +369,218 @@ def test_a_suffix_lands_every_file_as_name_suffix_and_refuses_links(tmp_path):
                              capture_output=True, timeout=60)
     assert refused.returncode != 0 and b"a link in a stream" in refused.stderr
     assert not (linked / "b.whl").exists() and not (linked / "b.whl.part").exists()
+
+
+# The listing: only the origin's files, as the origin has them (issue 46 item 2) ------------------------------------
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def unpack_listed(dest: Path, data: bytes, listing: dict, *extra: str) -> subprocess.CompletedProcess:
+    dest.mkdir(parents=True, exist_ok=True)
+    command = streaming.unpack_command(str(dest), listing=listing)
+    if extra:  # the bound under test in place of the computed one (the script takes the last)
+        command = command[:-1] + " " + " ".join(extra) + ")"
+    return subprocess.run(["sh", "-c", command], input=data, capture_output=True, timeout=120)
+
+
+GOOD, BAD = b"the origin's weights\n", b"a holder's own bytes\n"
+LISTING = {"model.safetensors": [len(GOOD), sha(GOOD)], "config.json": [2, sha(b"{}")]}
+
+LISTED_REFUSED = {
+    "bytes that differ, same size": ([entry("model.safetensors", data=BAD[:len(GOOD)].ljust(len(GOOD), b"x"))],
+                                     "model.safetensors", "its bytes differ from the origin's"),
+    "another size": ([entry("model.safetensors", data=GOOD + b"more")], "model.safetensors",
+                     f"{len(GOOD) + 4} bytes, the origin's file has {len(GOOD)}"),
+    "a name the origin does not list": ([entry("extra.py", data=b"import os")], "extra.py", "not in the origin's listing"),
+    "a name sent twice": ([entry("config.json", data=b"{}"), entry("config.json", data=b"{}")], "config.json", "a name sent twice"),
+    "a symlink the origin does not list": ([entry("config.json", tarfile.SYMTYPE, linkname="model.safetensors")], "config.json",
+                                           "a symlink to model.safetensors, which the origin does not list"),
+    "a hard link to a file with other bytes": (
+        [entry("model.safetensors", data=GOOD), entry("config.json", tarfile.LNKTYPE, linkname="model.safetensors")],
+        "config.json", "a hard link to model.safetensors, whose bytes are not the origin's file config.json"),
+}
+
+
+@pytest.mark.parametrize("case", LISTED_REFUSED, ids=[case.replace(" ", "-") for case in LISTED_REFUSED])
+def test_what_the_origin_does_not_list_is_refused_and_never_lands(tmp_path, case):
+    entries, name, what = LISTED_REFUSED[case]
+    dest = tmp_path / "partial"
+    result = unpack_listed(dest, stream(*entries), LISTING)
+    said = result.stderr.decode()
+    assert result.returncode != 0 and f"untar: refused {name}: " in said and what in said, said
+    # nothing under the refused name, no temporary file; what came whole and right before it stays
+    assert everything(dest) in ([], ["model.safetensors"], ["config.json"]), everything(dest)
+    assert not (dest / "model.safetensors").exists() or (dest / "model.safetensors").read_bytes() == GOOD
+
+
+def test_the_origins_files_links_and_directories_pass(tmp_path):
+    listing = {**LISTING, "sub/same.json": [2, sha(b"{}")], "latest": ["symlink", "model.safetensors"]}
+    entries = [entry("sub", tarfile.DIRTYPE, mode=0o755), entry("model.safetensors", data=GOOD),
+               entry("config.json", data=b"{}"), entry("sub/same.json", tarfile.LNKTYPE, linkname="config.json"),
+               entry("latest", tarfile.SYMTYPE, linkname="model.safetensors")]
+    dest = tmp_path / "partial"
+    result = unpack_listed(dest, stream(*entries), listing)
+    assert result.returncode == 0, result.stderr
+    assert (dest / "latest").read_bytes() == GOOD and (dest / "sub/same.json").read_bytes() == b"{}"
+
+
+def sparse_pax(real_size: int) -> bytes:
+    """A pax (GNU 1.0) sparse member: a few KiB that `tar -x` expands to `real_size` bytes of holes."""
+    info = tarfile.TarInfo("model.safetensors")
+    data = b"1\n0\n512\n".ljust(512, b"\0") + b"x" * 512
+    info.size = len(data)
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "model.safetensors",
+                        "GNU.sparse.realsize": str(real_size)}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def old_gnu_sparse() -> bytes:
+    info = tarfile.TarInfo("model.safetensors")
+    info.type = tarfile.GNUTYPE_SPARSE
+    return info.tobuf(tarfile.GNU_FORMAT) + b"\0" * 1024
+
+
+def huge_pax_header(size: int) -> bytes:
+    """A pax header announcing `size` bytes, which tarfile would read whole into memory."""
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, size
+    return info.tobuf(tarfile.USTAR_FORMAT) + b"\0" * 1024
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+@pytest.mark.parametrize("data, what", [
+    (sparse_pax(200 << 20), "a sparse member"), (old_gnu_sparse(), "a sparse member"),
+    (huge_pax_header(64 << 20), f"a header of {64 << 20} bytes (at most 65536)")], ids=["pax-sparse", "gnu-sparse", "huge-header"])
+def test_a_stream_that_would_expand_or_fill_memory_is_refused_whatever_the_listing(tmp_path, data, what, listed):
+    """Bounded with or without a listing (a donor's venv files have none): nothing is written, nothing read whole."""
+    dest = tmp_path / "partial"
+    result = (unpack_listed(dest, data, {"model.safetensors": [200 << 20, None]}) if listed else unpack(dest, data))
+    said = result.stderr.decode()
+    assert result.returncode != 0 and what in said and "untar: refused" in said, said
+    assert everything(dest) == []
+
+
+def test_more_members_than_the_listing_allows_are_refused(tmp_path):
+    entries = [entry(f"d{i}", tarfile.DIRTYPE, mode=0o755) for i in range(10_001)]
+    result = unpack_listed(tmp_path / "partial", stream(*entries), {})
+    assert result.returncode != 0 and b"more than 10000 members" in result.stderr, result.stderr
+
+
+def test_a_listing_larger_than_the_free_space_is_refused_before_a_byte_is_read(tmp_path):
+    result = unpack_listed(tmp_path / "partial", stream(entry("model.safetensors", data=GOOD)),
+                           {"model.safetensors": [1 << 60, sha(GOOD)]})
+    assert result.returncode != 0 and b"the listed files need 1152921504606846976 bytes" in result.stderr, result.stderr
+    assert everything(tmp_path / "partial") == []
+
+
+def test_a_stream_that_stalls_past_its_deadline_stops_and_says_so(tmp_path):
+    dest = tmp_path / "partial"
+    dest.mkdir()
+    command = streaming.unpack_command(str(dest), listing=LISTING)[:-1] + " --deadline-s 1)"
+    head = stream(entry("config.json", data=b"{}"))[:1024]  # the first member, then nothing: the sender hangs
+    with subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdin.write(head)
+        proc.stdin.flush()  # and kept open: no end of stream, no more bytes
+        rc = proc.wait(timeout=30)
+        err = proc.stderr.read()
+        proc.stdin.close()
+    assert rc != 0 and b"untar: stopped waiting: the stream took longer than 1 s" in err, err
+    assert [p for p in everything(dest) if p.startswith(".untar-")] == []
+
+
+def test_the_listed_stream_has_a_time_bound_from_its_size():
+    command = streaming.unpack_command("/root/models/.M.partial", listing={"a": [50 << 30, None], "b": ["symlink", "a"]})
+    assert command.endswith(f" --deadline-s {600 + (50 << 30) // (10 << 20)})")
+
+
+# The origin's digests --------------------------------------------------------------------------------------------
+
+
+def test_both_origins_say_the_same_of_one_model_links_included(tmp_path):
+    """The control machine's directory (model_digests.local) and a host's store (stage_model.py --digests) agree."""
+    src = benign_tree(tmp_path / "M")
+    (src / "current").symlink_to("config.json")
+    (src / ".sglang-deploy-manifest.json").write_text("{}")  # ours: never listed
+    here = model_digests.local(str(src))
+    done = subprocess.run(["sh", "-c", remote.command("stage_model", "--digests", shlex.quote(str(src)))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json_last(done.stdout) == here
+    assert here["current"] == ["symlink", "config.json"] and ".sglang-deploy-manifest.json" not in here
+    assert all(here[rel] == [p.stat().st_size, sha(p.read_bytes())] for rel, p in
+               ((str(p.relative_to(src)), p) for p in src.rglob("*") if p.is_file() and not p.is_symlink()
+                and not p.name.startswith(".sglang-deploy-")))
+
+
+def json_last(text: str):
+    import json
+
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_the_run_asks_the_origin_once_whoever_asks(tmp_path):
+    import threading
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a": [1, "0" * 64]}
+
+    class Run:  # a state: weakly referenced, hashable
+        pass
+
+    run = Run()
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(model_digests.of_origin(run, ("model", "gpu-a", "/m"), compute)))
+               for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert calls == [1] and len(answers) == 8 and all(a == {"a": [1, "0" * 64]} for a in answers)
+
+
+# A holder's bytes against the origin's, end to end on this machine ------------------------------------------------
+
+
+def test_a_holder_that_rewrote_bytes_keeping_size_and_mtime_poisons_nothing(tmp_path, this_machine):
+    """A host that got the model in this run serves it on: if its copy changed (same size, same mtime), the receiver
+    refuses it by the origin's digests and keeps nothing of it; from the origin it then comes whole."""
+    origin = benign_tree(tmp_path / "origin/M")
+    digests = model_digests.local(str(origin))
+    holder = tmp_path / "holder/M"
+    holder.parent.mkdir()
+    subprocess.run(["cp", "-a", str(origin), str(holder)], check=True)
+    victim = max((p for p in holder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    store = tmp_path / "store"
+    store.mkdir()
+    assert transfer._stream(None, this_machine, str(holder), str(holder), str(store / "M"), digests) is False
+    assert any("its bytes differ from the origin's" in line for line in this_machine.logs), this_machine.logs
+    assert not (store / "M").exists()
+    assert transfer._stream(None, this_machine, str(origin), str(origin), str(store / "M"), digests) is True, this_machine.logs
+    assert picture(store / "M") == picture(origin)
+
+
+def test_a_poisoned_partial_of_the_right_size_and_mtime_is_sent_again(tmp_path, this_machine):
+    origin = benign_tree(tmp_path / "origin/M")
+    digests = model_digests.local(str(origin))
+    store = tmp_path / "store"
+    partial = store / ".M.partial"
+    partial.mkdir(parents=True)
+    rel, (size, _) = next((r, e) for r, e in sorted(digests.items()) if e[0] != "symlink" and e[0] > 0)
+    (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+    (partial / rel).write_bytes(b"\0" * size)  # whole-looking: the origin's size, root's, one link
+    os.utime(partial / rel, ns=(0, (origin / rel).stat().st_mtime_ns))
+    assert transfer._stream(None, this_machine, str(origin), str(origin), str(store / "M"), digests) is True, this_machine.logs
+    assert (store / "M" / rel).read_bytes() == (origin / rel).read_bytes()
+    assert not any("whole in" in line for line in this_machine.logs), this_machine.logs
