@@ -11,7 +11,8 @@ OpenSSH does not reach a host: operations/openssh.py), or from the control machi
 into a tar stream here, into a temporary sibling `.NAME.partial` that is renamed into place only
 when complete and checked. The files go in several streams at once (`transfer_streams`, 4 by
 default; a file is never split, the largest first, each to the lightest stream), then the
-directories (their modes and mtimes) in one more. The source is only read.
+directories (their modes and mtimes) in one more. The source's model files are only read (their
+hashes are cached beside them, as staging caches them).
 Every byte against the origin: before anything moves, the origin says what each file is (size and
 sha256: operations/model_digests.py, once per run), and only that is kept. The receiving end is not
 `tar -x` but `streaming.unpack_command` given that listing: the files land as root's, without the
