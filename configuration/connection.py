@@ -186,6 +186,9 @@ def _keeps_no_host_keys(path: Any) -> str | None:
         return (f"is {real}, which others than its owner may write (mode "
                 f"{real.stat().st_mode & 0o777:o}): whoever writes it chooses the keys trusted, so "
                 f"{IMPERSONATION}")
+    if real.is_file() and real.stat().st_uid not in (os.geteuid(), 0):
+        return (f"is {real}, which belongs to uid {real.stat().st_uid}, neither you nor root: its "
+                f"owner chooses the keys trusted, so {IMPERSONATION}")
     return None
 
 

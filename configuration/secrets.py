@@ -63,6 +63,7 @@ def load_secrets_file(path: Path) -> dict[str, str]:
         raise DataError(str(path), "(file)", str(path),
                         "is a directory: `secrets_file` names a YAML file (secret name -> value), "
                         "e.g. .secrets/secrets.yml")
+    _owner_alone(path)
     # Never echo the file: its content is secret (secret=True). Say where and what to fix.
     data = load_file(path, str(path), secret=True) or {}
     if (not isinstance(data, dict)
@@ -73,6 +74,22 @@ def load_secrets_file(path: Path) -> dict[str, str]:
     for name, value in values.items():
         redaction.register(name, value)
     return values
+
+
+def _owner_alone(path: Path) -> None:
+    """The secrets file is yours and yours alone, as OpenSSH holds a private key: another user who
+    reads it holds every service's key; one who writes it chooses them."""
+    st = path.stat()
+    if st.st_uid not in (os.geteuid(), 0):
+        raise DataError(str(path), "(file)", f"uid {st.st_uid}",
+                        f"belongs to another user (uid {st.st_uid}), who can read and change every "
+                        f"key in it: keep your own copy (cp it, then chmod 600 it) and name that "
+                        f"in `secrets_file`")
+    if st.st_mode & 0o077:
+        raise DataError(str(path), "(file)", f"mode {st.st_mode & 0o777:o}",
+                        f"others than its owner may read or write it (mode "
+                        f"{st.st_mode & 0o777:o}): every key in it is theirs too: chmod 600 {path} "
+                        "(as OpenSSH requires of a private key)")
 
 
 def register_environment_secrets() -> None:

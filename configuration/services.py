@@ -55,6 +55,12 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     secrets = {key: resolve_secret(getattr(spec, key), ctx.secrets_file, *origin[key])
                if getattr(spec, key) is not None else None
                for key in ("api_key_secret", "admin_api_key_secret")}
+    api_key, admin_key = secrets["api_key_secret"], secrets["admin_api_key_secret"]
+    if api_key and admin_key and api_key.reveal() == admin_key.reveal():
+        raise DataError(*origin["admin_api_key_secret"], spec.admin_api_key_secret,
+                        f"holds the same value as api_key_secret ({spec.api_key_secret}): every "
+                        "client that may query the service could also administer it (pause, flush, "
+                        "reload weights): give the admin key a value of its own")
     patch_sets = tuple(spec.patch_sets)
     check_patch_sets(*at("patch_sets")[:2], patch_sets, ctx.data.stack, ctx.pins)
     args = _judged_args(ctx, at, origin["args"], gpus, patch_sets)

@@ -109,6 +109,7 @@ def validate(world: Path, kind: str, content: bytes) -> dict:
         group = {"services": deep(base["services"], {"ddtree": {"patch_sets": ["case-set"]}})}
     elif kind == "secrets":
         (world / "secrets.yml").write_bytes(content)
+        (world / "secrets.yml").chmod(0o600)  # yours alone, as a private key (else refused for its mode)
         group = {"secrets_file": str(world / "secrets.yml"),
                  "services": deep(base["services"], {"ddtree": {"api_key_secret": "ddtree-key"}})}
     elif kind == "stray":

@@ -207,3 +207,12 @@ def test_the_known_harms_say_why_and_the_rest_say_what_they_are():
     assert "from that directory" in why["_chdir"] and "into a pass" in why["_success_exit_codes"]
     assert why["_serial"] == connection.OPERATION_ARGUMENT
     assert set(why) == set(_operation_arguments())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the file to another user")
+def test_a_known_hosts_file_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "known_hosts"
+    theirs.write_text("")
+    theirs.chmod(0o644)
+    os.chown(theirs, 1234, 1234)
+    assert "which belongs to uid 1234, neither you nor root" in refused({"ssh_known_hosts_file": str(theirs)}).fix

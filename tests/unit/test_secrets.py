@@ -1,5 +1,7 @@
 """Secrets and exposure: validation before any host is touched, and a value that never shows itself."""
 
+import os
+
 import pytest
 import yaml
 
@@ -40,6 +42,7 @@ def test_key_from_the_environment_reaches_a_config_flag_not_the_argv(monkeypatch
 def test_key_from_the_secrets_file(monkeypatch, tmp_path):
     path = tmp_path / "secrets.yml"
     path.write_text(f"dflash-key: {KEY}\n")
+    path.chmod(0o600)
     config = host_config(data(api_key_secret="dflash-key"), monkeypatch, secrets_file=path)
     assert config.services[0].api_key.reveal() == KEY
 
@@ -83,6 +86,7 @@ def test_a_secret_never_shows_itself():
 def test_an_unreadable_secrets_file_is_named_without_its_content(tmp_path):
     path = tmp_path / "secrets.yml"
     path.write_text(f"k: [{KEY}\n")
+    path.chmod(0o600)
     with pytest.raises(DataError) as caught:
         lookup.load_secrets_file(path)
     assert str(path) in str(caught.value) and KEY not in str(caught.value)
@@ -130,6 +134,7 @@ def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp
     monkeypatch.setenv("SGLANG_DEPLOY_SECRET_UNUSED", unused)
     path = tmp_path / "secrets.yml"
     path.write_text(f"dflash-key: {KEY}\nother: {in_file}\n")
+    path.chmod(0o600)
     host_config(data(api_key_secret="dflash-key"), monkeypatch, secrets_file=path)
     printed = redact.redact(f"{KEY} {unused} {in_file}")
     assert printed == "<secret dflash-key> <secret SGLANG_DEPLOY_SECRET_UNUSED> <secret other>"
@@ -192,3 +197,36 @@ def test_the_key_files_sha256_is_redacted_like_the_keys(monkeypatch):
     run(secrets.config_file, {secrets.SecretFileState: None}, service="s", api_key=key, admin_api_key=None, group="sglang")
     record = '{"inputs": {"/etc/sglang-deploy/secrets/s.yml": "sha256 ' + digest + '"}, "pid": 7}'
     assert redact.redact(record) == '{"inputs": {"/etc/sglang-deploy/secrets/s.yml": "sha256 <secret sha256 of the key file of s>"}, "pid": 7}'
+
+
+# The secrets file, and the keys in it (issue 46 item 6) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_a_secrets_file_others_may_read_or_write_is_refused_with_the_fix(tmp_path, mode):
+    path = tmp_path / "secrets.yml"
+    path.write_text(f"dflash-key: {KEY}\n")
+    path.chmod(mode)
+    with pytest.raises(DataError) as caught:
+        lookup.load_secrets_file(path)
+    assert f"(mode {mode:o})" in str(caught.value) and f"chmod 600 {path}" in str(caught.value)
+    assert KEY not in str(caught.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the file to another user")
+def test_a_secrets_file_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "secrets.yml"
+    path.write_text(f"dflash-key: {KEY}\n")
+    path.chmod(0o600)
+    os.chown(path, 1234, 1234)
+    with pytest.raises(DataError) as caught:
+        lookup.load_secrets_file(path)
+    assert "belongs to another user (uid 1234)" in str(caught.value)
+
+
+def test_an_admin_key_equal_to_the_api_key_is_refused(monkeypatch):
+    monkeypatch.setenv("SGLANG_DEPLOY_SECRET_ADMIN_KEY", KEY)
+    monkeypatch.setenv("SGLANG_DEPLOY_SECRET_DFLASH_KEY", KEY)
+    with pytest.raises(DataError) as caught:
+        host_config(data(api_key_secret="dflash-key", admin_api_key_secret="admin-key"), monkeypatch)
+    assert "holds the same value as api_key_secret (dflash-key)" in str(caught.value) and KEY not in str(caught.value)
