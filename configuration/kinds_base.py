@@ -102,6 +102,22 @@ Int = Annotated[int, Strict(), BeforeValidator(_not_too_long_a_number)]
 
 Text = Annotated[str, Strict()]
 
+# The longest value that may reach a command line, an environment or a unit line: the kernel takes
+# at most 128 KiB for one argument, a unit's line is read whole, and a value this long is a file's
+# content (name the file instead). Every judgement of a value is then bounded too.
+VALUE_MAX = 32_768
+
+
+def _short_enough(text: str) -> str:
+    if len(text) > VALUE_MAX:
+        raise refuse(f"is {len(text)} characters long: at most {VALUE_MAX} go on an engine's "
+                     "command line, environment or unit line; put a longer value in a file and "
+                     "name the file")
+    return text
+
+
+BoundedText = Annotated[str, Strict(), AfterValidator(_short_enough)]
+
 
 # Strings that reach a unit, an argv or a shell ----------------------------------------------
 

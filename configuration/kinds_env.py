@@ -10,6 +10,7 @@ from typing import Annotated, Any, Union
 from pydantic import AfterValidator, Strict
 
 from configuration.kinds_base import (
+    VALUE_MAX,
     Int,
     Text,
     control_character,
@@ -100,6 +101,9 @@ ENV_VALUE_FIX = "must be a single-line string or number"
 
 def _env_value(value: Any) -> str:
     text = str(value)
+    if len(text) > VALUE_MAX:
+        raise refuse(f"is {len(text)} characters long: at most {VALUE_MAX} go into a unit's "
+                     "environment; put a longer value in a file and name the file")
     found = control_character(text)
     if found:
         raise refuse(unit_safe_fix(ENV_VALUE_FIX, found))

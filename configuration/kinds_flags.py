@@ -14,7 +14,7 @@ from annotated_types import MinLen
 from pydantic import AfterValidator, BeforeValidator, Strict, TypeAdapter, ValidationError
 
 from configuration import engine_flags
-from configuration.kinds_base import Int, Text, one_of, refuse, with_fix
+from configuration.kinds_base import BoundedText, Int, Text, one_of, refuse, with_fix
 
 FLAG_FIX = ("flag names are lowercase words joined by '-', as on sglang's command line (e.g. "
             "`attention-backend`)")
@@ -56,7 +56,7 @@ def _is_word(value: Any) -> bool:
 # One word of a flag's value: a string or a number (a number of thousands of digits cannot even be
 # written out).
 FlagWord = one_of(FLAG_VALUE_FIX,
-                  (lambda v: isinstance(v, str), Text),
+                  (lambda v: isinstance(v, str), BoundedText),
                   (lambda v: isinstance(v, int) and not isinstance(v, bool), Int),
                   (lambda v: isinstance(v, float),
                    Annotated[float, Strict(), AfterValidator(_finite)]))
