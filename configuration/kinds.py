@@ -131,6 +131,25 @@ def seconds(low: int, high: int) -> Any:
 
 Bool = Annotated[bool, Strict(), with_fix("must be true or false")]
 
+
+def whole_number(low: int, high: int, what: str) -> Any:
+    fix = f"must be a whole number of {what} from {low} to {high}"
+    return Annotated[Int, _in_range(low, high, fix), with_fix(fix)]
+
+
+ACCEPT_LENGTH_FIX = ("must be a number of tokens per verify step from 0 (no floor) to 64, e.g. "
+                     "`1.5`")
+
+
+def _accept_length(value: float) -> float:
+    if not 0 <= value <= 64:
+        raise refuse(ACCEPT_LENGTH_FIX)
+    return float(value)
+
+
+AcceptLength = Annotated[Union[Int, Annotated[float, Strict()]], AfterValidator(_accept_length),
+                         with_fix(ACCEPT_LENGTH_FIX)]
+
 # A service's rollout (configuration/schema.py, `max_unavailable` and `canary`).
 MAX_UNAVAILABLE_FIX = ("must be a number of replicas, 1 or more, or a percentage of them from 1% "
                        "to 100%, e.g. 1 or `25%`")

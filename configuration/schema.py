@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from configuration import kinds
 from configuration.kinds import (
+    AcceptLength,
     ArgMap,
     Bool,
     Canary,
@@ -46,6 +47,7 @@ from configuration.kinds import (
     one_of,
     refuse,
     seconds,
+    whole_number,
 )
 
 STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -361,6 +363,18 @@ class ServiceSpec(BaseModel):
         0, "Seconds the canaries must keep serving after their gates before the rest of the "
            "rollout goes on.",
         "changes that fail under load, not at start", "seconds")
+    lossless_check: Bool = var(
+        True, "A speculative service's gate checks that its greedy output is its target's own, "
+              "token by token, re-scored by the same server (docs/speculative-gate.md); `false` "
+              "serves it unchecked (an engine that cannot re-score: DFLASH on sglang 0.5.13).",
+        "an engine that cannot answer the check", "boolean")
+    lossless_tokens: whole_number(1, 4096, "tokens") = var(
+        64, "Tokens of each probe prompt that the lossless check decodes and compares.",
+        "a longer proof at a slower gate", "tokens")
+    min_accept_length: AcceptLength = var(
+        1.5, "Accepted tokens per verify step, over the gate's probes, below which a speculative "
+             "service fails its gate (its draft is not worth its GPU); 0: no floor.",
+        "drafts you know to be weak, models with random weights", "number")
 
 
 # A service's keys as a definition (`services.<name>`) or a placement's overrides (`run_services`) w

@@ -131,6 +131,13 @@ class Service:
     def endpoint(self) -> str:
         return f"http://{self.bind}:{self.port}"
 
+    @property
+    def speculative_algorithm(self) -> str | None:
+        """The speculative algorithm the engine runs (`DFLASH`, `DDTREE`, ...), or None."""
+        value = dict(self.args).get("speculative-algorithm")
+        name = str(value).upper() if value not in (None, False) else ""
+        return name if name not in ("", "NONE") else None
+
 
 # One engine flag of a service, as configuration/service_args.py resolved it (the rules of
 # exposure.py and patch_set_fit.py read it too).

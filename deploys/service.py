@@ -149,6 +149,7 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         port=service.port,
         timeout=config.readiness_timeout_s,
         smoke=config.smoke_test,
+        spec=readiness.speculative_check(service),
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
         restarted=prepared.started,

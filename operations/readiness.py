@@ -2,9 +2,11 @@
 
 SGLang opens its port only after loading and answers `/health` with 503 until warm-up
 succeeds; `/v1/models` answers earlier and proves nothing. After a (re)start the gate
-polls `/health` on the host until 200, then sends one chat completion. It fails in
-seconds, with the journal tail, when the unit dies or is restarting, rather than waiting
-out the timeout. A service that was not restarted and already answers 200 is a no-op.
+polls `/health` on the host until 200, then sends one chat completion; a speculative service
+must then decode its target's own greedy tokens on fixed probes and accept enough tokens per
+verify step (`speculative_check`, docs/speculative-gate.md). It fails in seconds, with the
+journal tail, when the unit dies or is restarting, rather than waiting out the timeout. A
+service that was not restarted and already answers 200 is a no-op.
 """
 
 from __future__ import annotations
@@ -21,6 +23,28 @@ from operations import host_reads, redact, remote, rollback, this_run
 from operations.host_reads import operation
 from report import rollouts
 from report.summary import record
+
+# A speculative service's gate (operations/remote/wait_ready.py, docs/speculative-gate.md): these
+# prompts, and the first once more (a radix-cache hit), each decoded greedily for the service's
+# `lossless_tokens` and compared with the target's own choices. The near-tie rule, one everywhere: a
+# position where the target's top two logprobs are closer than NEAR_TIE_NATS does not count (prefill
+# and verify run different kernels), and there the served token must be one of the two.
+PROBES = (
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Explain in one paragraph why the sky is blue.",
+)
+NEAR_TIE_NATS = 0.1
+
+
+def speculative_check(service) -> dict | None:
+    """What the gate asks of `service` beyond serving (None: it decodes without speculation)."""
+    if service.speculative_algorithm is None:
+        return None
+    return {"algorithm": service.speculative_algorithm, "prompts": list(PROBES),
+            "tokens": service.lossless_tokens, "near_tie": NEAR_TIE_NATS,
+            "lossless": service.lossless_check, "min_accept": service.min_accept_length}
+
 
 # How old a kept answer may be when it decides that a service serves. A converged run reaches this
 # gate about a second after its read at the lock; a run whose other hosts install for minutes
@@ -71,10 +95,11 @@ def already(state: dict) -> str:
 
 
 def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool,
-               config_file: str) -> dict:
+               config_file: str, spec: dict | None = None) -> dict:
     command = remote.command(
         "wait_ready", shlex.quote(unit), shlex.quote(address), str(port), str(timeout),
-        "1" if smoke else "0", shlex.quote(config_file)
+        "1" if smoke else "0", shlex.quote(config_file),
+        shlex.quote(json.dumps(spec, sort_keys=True)) if spec else "-"
     )
     ok, output = host.run_shell_command(command, print_output=False, _timeout=timeout + 180)
     try:
@@ -106,18 +131,33 @@ def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool,
     return result
 
 
+def spec_text(spec: dict | None) -> str:
+    """What a speculative service's gate proved, in words (empty for another service)."""
+    if not spec:
+        return ""
+    accept = (f"accept length {spec['accept_length']:.2f} ({spec['accept_source']})"
+              if spec.get("accept_length") is not None else spec.get("accept_source", ""))
+    if not spec.get("lossless"):
+        return f"; {accept}; its tokens NOT checked against its target (lossless_check: false)"
+    return (f"; its target's own tokens over {spec['checked_tokens']} tokens of {spec['probes']} "
+            f"probes ({spec['near_ties']} near-ties); {accept}")
+
+
 def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int,
           timeout: int, smoke: bool, config_file: str, plan=None, rollout: str = "",
-          soak_s: int = 0) -> bool:
-    result = _wait_once(host, unit, address, port, timeout, smoke, config_file)
+          soak_s: int = 0, spec: dict | None = None) -> bool:
+    result = _wait_once(host, unit, address, port, timeout, smoke, config_file, spec)
     if result["ok"] and plan is not None and soak_s:
         ready_s = result.get("ready_s")
         result = _soaked(host, unit, service, address, port, smoke, config_file, soak_s)
         result["ready_s"] = ready_s
     if result["ok"]:
         reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
-        host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}")
-        record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start")
+        proved = spec_text(result.get("spec"))
+        host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}{proved}")
+        accept = (result.get("spec") or {}).get("accept_length")
+        record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start"
+               + (f", accept {accept:.2f}" if accept is not None else ""))
         return True
     # no later wave restarts another replica of this service; the host fails after its waves
     if rollout:
@@ -151,11 +191,13 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
     return False
 
 
-def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0) -> bool:
+def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0,
+          spec: dict | None = None) -> bool:
     """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`,
     and its host fails after its waves (`rollout.gates_passed`), so the wave's other gates there
     still run (each with its own rollback)."""
-    return _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s) or bool(rollout)
+    return (_wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s, spec=spec)
+            or bool(rollout))
 
 
 @operation()
@@ -174,6 +216,7 @@ def ready(
     rollout: str = "",
     held: Callable[[], str | None] | None = None,
     soak_s: int = 0,
+    spec: dict | None = None,
 ):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
@@ -196,6 +239,8 @@ def ready(
     + held: callable, why this replica was kept on its old version (its rollout halted), or None
     + soak_s: after a (re)start passed the gate, it must still serve this many seconds later (a
       canary)
+    + spec: a speculative service's check after a (re)start (`speculative_check`): its greedy
+      tokens are its target's, its acceptance at least its floor
 
     **Example:**
 
@@ -229,7 +274,8 @@ def ready(
             return
     yield FunctionCommand(
         _gate, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
-                rollback_plan if just_started else None), {"rollout": rollout, "soak_s": soak_s})
+                rollback_plan if just_started else None),
+        {"rollout": rollout, "soak_s": soak_s, "spec": spec})
 
 
 def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:

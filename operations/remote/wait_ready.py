@@ -11,7 +11,15 @@
 # socket a process of the unit's cgroup holds (_common.peer_untrusted). Whoever else holds the port
 # is named, and the gate fails: the engine opens its port only after minutes of loading, and any
 # local user may bind it first.
-# argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE
+# A speculative service (SPEC_JSON, else "-") must then prove what it is for, on probe prompts sent
+# to /generate (sglang's native API): its greedy output is what its target decodes (each output
+# token against the target's own choice at that position, re-scored by the same server in one
+# prefill: `input_top_logprobs`, which sglang computes from the target's logits before the draft
+# runs; a position whose top two are closer than NEAR_TIE nats does not count, and there the
+# output token must be one of the two), and its acceptance (tokens per verify step, from the
+# response's `meta_info`) is at least the service's `min_accept_length`. The first failing probe
+# fails the gate, naming the prompt, the position, the two tokens and the target's margin.
+# argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE [SPEC_JSON]
 import http.client
 import json
 import re
@@ -21,10 +29,8 @@ import time
 
 from _common import peer_untrusted  # noqa: E402 - remote.script puts _common.py here
 
-unit, address, port, timeout, smoke = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
-                                       float(sys.argv[4]), sys.argv[5] == "1")
-config_file = sys.argv[6] if len(sys.argv) > 6 else "-"
 headers = {"Content-Type": "application/json"}
+SECRETS = []  # the key file's values in their printed forms (read in the main part)
 # Equal to operations/redact.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py compares them).
 SECRET_ASSIGNMENT = re.compile(
     r"""(?P<name>\b[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token"""
@@ -70,14 +76,6 @@ def mask(text):
     return SECRET_ASSIGNMENT.sub(masked_assignment, text)
 
 
-config = read_config(config_file) if config_file != "-" else {}
-SECRETS = secret_forms(config.values())
-if "api-key" in config:
-    headers["Authorization"] = "Bearer " + config["api-key"]
-base = f"http://{address}:{port}"
-start = time.monotonic()
-
-
 def unit_state():
     out = subprocess.run(
         ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,ControlGroup"],
@@ -118,46 +116,193 @@ def die(reason):
     sys.exit(0)
 
 
-last = "connection refused"
-while True:
-    state = unit_state()
-    if (state.get("ActiveState") in ("failed", "inactive")
-            or state.get("SubState") == "auto-restart"):
-        die(f"{unit} is {state.get('ActiveState')}/{state.get('SubState')} (result: "
-            f"{state.get('Result')}) before it became ready")
-    try:
-        status, _, _ = ask("GET", "/health", state.get("ControlGroup"))
-        if status == 200:
-            break
-        last = f"HTTP {status}"
-    except NotTheService as exc:
-        die(f"{unit} cannot be asked: {exc} (another process answers on its port: stop it, or move "
-            "the service to a free port)")
-    except OSError as exc:
-        last = "connection refused (loading)" if "refused" in str(exc) else str(exc)
-    # something that is not an HTTP server holds the port (sshd on 22)
-    except http.client.HTTPException as exc:
-        last = f"the port answers, but not with HTTP ({type(exc).__name__}: {str(exc)[:80]})"
-    if time.monotonic() - start > timeout:
-        die(f"{unit} did not answer {base}/health with 200 within {timeout:.0f} s (last: {last})")
-    time.sleep(0.5)
+class NotLossless(Exception):
+    """The served tokens are not the target's, or the engine cannot say."""
 
-ready_s = round(time.monotonic() - start, 1)
-reply = None
-if smoke:
-    body = json.dumps({"model": "default",
-                       "messages": [{"role": "user", "content": "Reply with OK."}],
-                       "max_tokens": 8, "temperature": 0}).encode()
+
+def generate(payload):
+    """One /generate answer (a dict), asked only of the unit's own process."""
     try:
-        status, why, answer = ask("POST", "/v1/chat/completions", unit_state().get("ControlGroup"),
-                                  body=body, timeout=120)
-        if status != 200:
-            raise ValueError(f"HTTP Error {status}: {why}")
-        reply = json.loads(answer)["choices"][0]["message"]["content"]
+        status, why, answer = ask("POST", "/generate", unit_state().get("ControlGroup"),
+                                  body=json.dumps(payload).encode(), timeout=300)
     except NotTheService as exc:
-        die(f"{unit} answered /health, then its port was not its own: {exc}; the smoke completion "
-            "(with the key) was not sent")
-    except (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as exc:
-        die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
-print(json.dumps(
-    {"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str) else reply}))
+        die(f"{unit} answered /health, then its port was not its own: {exc}; its speculative "
+            "check (with the key) was not sent")
+    if status != 200:
+        raise NotLossless(f"/generate answered HTTP {status} {why}: "
+                          f"{answer.decode('utf-8', 'replace')[:300]}")
+    return json.loads(answer)
+
+
+def first_departure(output_ids, tops, near_tie):
+    """Where `output_ids` leaves the target's greedy choice, as (position, served id, the target's
+    id, its margin in nats), or None; and how many positions were near-ties. `tops[j]`: the target's
+    top two at output position j, [[logprob, id, text], ...] best first. The rule: at a position
+    whose top two are at least `near_tie` apart, the served token must be the top one; closer, it
+    must be one of the two (prefill and verify run different kernels: a near-tie may flip)."""
+    ties = 0
+    for j, served in enumerate(output_ids):
+        top = tops[j] or []
+        if len(top) < 2:
+            raise NotLossless(f"the engine gave fewer than 2 top logprobs at output position {j}")
+        margin = top[0][0] - top[1][0]
+        if margin < near_tie:
+            ties += 1
+            if served in (top[0][1], top[1][1]):
+                continue
+        elif served == top[0][1]:
+            continue
+        return (j, served, top[0][1], margin, top[0][2] if len(top[0]) > 2 else None), ties
+    return None, ties
+
+
+def check_probe(prompt, tokens):
+    """The served greedy output for `prompt`, checked against the target's choices: (output ids,
+    near-ties, meta_info of the served request)."""
+    served = generate({"text": prompt,
+                       "sampling_params": {"temperature": 0, "max_new_tokens": tokens}})
+    ids, meta = served.get("output_ids"), served.get("meta_info") or {}
+    if not isinstance(ids, list):
+        raise NotLossless("/generate answered without `output_ids`: this engine cannot be "
+                          "checked token by token")
+    return ids, meta
+
+
+def target_choices(prompt, ids):
+    """The target's top two at each position of `ids` after `prompt`, in one prefill."""
+    head = generate({"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+                     "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 0})
+    prompt_ids = [entry[1] for entry in (head.get("meta_info") or {}).get("input_token_logprobs")
+                  or []]
+    if not prompt_ids:
+        raise NotLossless("/generate answered without `input_token_logprobs`: this engine "
+                          "cannot re-score its output")
+    scored = generate({"input_ids": prompt_ids + ids,
+                       "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+                       "return_logprob": True, "logprob_start_len": len(prompt_ids) - 1,
+                       "top_logprobs_num": 2, "return_text_in_logprobs": True})
+    tops = (scored.get("meta_info") or {}).get("input_top_logprobs") or []
+    # entry 0 is the last prompt token's own; entry j + 1 the distribution for output token j
+    if len(tops) < len(ids) + 1:
+        raise NotLossless(f"the engine re-scored {max(0, len(tops) - 1)} of {len(ids)} output "
+                          "positions")
+    return tops[1:len(ids) + 1]
+
+
+def acceptance(metas):
+    """Accepted tokens per verify step over the probes, and where the engine said it."""
+    verify = [m.get("spec_verify_ct") for m in metas]
+    if all(isinstance(v, int) and v > 0 for v in verify):
+        done = sum(m.get("completion_tokens") or 0 for m in metas)
+        return done / sum(verify), "meta_info: completion_tokens / spec_verify_ct"
+    lengths = [m.get("spec_accept_length") for m in metas]
+    if all(isinstance(v, (int, float)) for v in lengths):
+        return sum(lengths) / len(lengths), "meta_info: spec_accept_length"
+    return None, "the engine reported no acceptance in meta_info"
+
+
+def speculative_check(spec):
+    """The gate's second half for a speculative service: a dict of its figures, or die()."""
+    prompts = list(spec["prompts"]) + list(spec["prompts"][:1])  # once more: a radix-cache hit
+    metas, checked, ties = [], 0, 0
+    for index, prompt in enumerate(prompts):
+        try:
+            ids, meta = check_probe(prompt, spec["tokens"])
+            metas.append(meta)
+            if not spec["lossless"]:
+                continue
+            departure, near = first_departure(ids, target_choices(prompt, ids), spec["near_tie"])
+        except NotLossless as exc:
+            die(f"{unit}: its speculative output cannot be checked against its target: {exc} "
+                f"(probe {index + 1}); set `lossless_check: false` for this service to serve "
+                "it unchecked")
+        except (OSError, ValueError, KeyError, IndexError, TypeError,
+                http.client.HTTPException) as exc:
+            die(f"{unit}: its speculative check failed at probe {index + 1}: {exc}")
+        checked, ties = checked + len(ids), ties + near
+        if departure:
+            position, served, wanted, margin, text = departure
+            again = " (the repeated probe: a radix-cache hit)" if index == len(prompts) - 1 else ""
+            die(f"{unit} does not decode what its target would: probe {index + 1}{again} "
+                f"{prompt[:40]!r}, output token {position}: served id {served}, the target's "
+                f"choice id {wanted} ({text!r}) by {margin:.3f} nats (near-ties below "
+                f"{spec['near_tie']} do not count)")
+    accept, source = acceptance(metas)
+    if spec["min_accept"] > 0:
+        if accept is None:
+            die(f"{unit}: {source}, so its acceptance cannot be held to "
+                f"min_accept_length {spec['min_accept']}: set `min_accept_length: 0` to serve "
+                "it without")
+        if accept < spec["min_accept"]:
+            die(f"{unit} accepts {accept:.2f} tokens per verify step over its probes ({source}), "
+                f"below its min_accept_length {spec['min_accept']}: its draft is not worth its "
+                "GPU (a wrong or mismatched draft model, or settings that defeat it)")
+    return {"checked_tokens": checked, "near_ties": ties, "probes": len(prompts),
+            "lossless": spec["lossless"], "accept_length": accept, "accept_source": source}
+
+
+# Loaded as a module (tests/unit/test_speculative_gate.py), nothing below runs.
+if __name__ == "__main__":
+    unit, address, port, timeout, smoke = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                           float(sys.argv[4]), sys.argv[5] == "1")
+    config_file = sys.argv[6] if len(sys.argv) > 6 else "-"
+    spec = json.loads(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] != "-" else None
+
+    config = read_config(config_file) if config_file != "-" else {}
+    SECRETS = secret_forms(config.values())
+    if "api-key" in config:
+        headers["Authorization"] = "Bearer " + config["api-key"]
+    base = f"http://{address}:{port}"
+    start = time.monotonic()
+
+    last = "connection refused"
+    while True:
+        state = unit_state()
+        if (state.get("ActiveState") in ("failed", "inactive")
+                or state.get("SubState") == "auto-restart"):
+            die(f"{unit} is {state.get('ActiveState')}/{state.get('SubState')} (result: "
+                f"{state.get('Result')}) before it became ready")
+        try:
+            status, _, _ = ask("GET", "/health", state.get("ControlGroup"))
+            if status == 200:
+                break
+            last = f"HTTP {status}"
+        except NotTheService as exc:
+            die(f"{unit} cannot be asked: {exc} (another process answers on its port: stop it, "
+                "or move "
+                "the service to a free port)")
+        except OSError as exc:
+            last = "connection refused (loading)" if "refused" in str(exc) else str(exc)
+        # something that is not an HTTP server holds the port (sshd on 22)
+        except http.client.HTTPException as exc:
+            last = f"the port answers, but not with HTTP ({type(exc).__name__}: {str(exc)[:80]})"
+        if time.monotonic() - start > timeout:
+            die(f"{unit} did not answer {base}/health with 200 within {timeout:.0f} s "
+                f"(last: {last})")
+        time.sleep(0.5)
+
+    ready_s = round(time.monotonic() - start, 1)
+    reply = None
+    if smoke:
+        body = json.dumps({"model": "default",
+                           "messages": [{"role": "user", "content": "Reply with OK."}],
+                           "max_tokens": 8, "temperature": 0}).encode()
+        try:
+            status, why, answer = ask("POST", "/v1/chat/completions",
+                                      unit_state().get("ControlGroup"),
+                                      body=body, timeout=120)
+            if status != 200:
+                raise ValueError(f"HTTP Error {status}: {why}")
+            reply = json.loads(answer)["choices"][0]["message"]["content"]
+        except NotTheService as exc:
+            die(f"{unit} answered /health, then its port was not its own: {exc}; the smoke "
+                "completion "
+                "(with the key) was not sent")
+        except (OSError, ValueError, KeyError, IndexError, TypeError,
+                http.client.HTTPException) as exc:
+            die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
+
+
+    checked = speculative_check(spec) if spec else None
+    print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str)
+                      else reply, "spec": checked}))

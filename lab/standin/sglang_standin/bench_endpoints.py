@@ -26,6 +26,19 @@ prediction of any GPU's: a test can only rely on their order.
 ``/generate``'s ``meta_info`` carries what sglang's does for a speculative request
 (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length`` = completion tokens over
 verify steps), and ``/server_info`` the cumulative ``avg_spec_accept_length`` since start.
+
+Tokens and the "target model" (for the readiness gate's speculative check): a token is a word of
+``VOCAB`` (the lab tokenizer's words, lab/standin/tokenizer.py; an unknown word is id 0). The
+target's greedy choice after a prefix is a deterministic function of the prefix's ids
+(``target_top``: its top token at logprob -0.05, the next id at -3.05); a server answers
+``output_ids`` (the target's greedy tokens) and, with ``return_logprob``, sglang's
+``input_token_logprobs`` / ``input_top_logprobs`` (from ``logprob_start_len``; entry 0 None) and
+``output_token_logprobs`` / ``output_top_logprobs`` from that same function. Two settings, read
+from the environment, make a speculative server wrong or slow on purpose:
+``STANDIN_SPEC_DIVERGE_AT=N``: its greedy output departs from the target's choice at output token
+N (it serves neither of the target's top two there, then goes on greedily from what it served);
+the scoring route still answers the target's choices. ``STANDIN_ACCEPT_LENGTH=X``: the acceptance
+it reports (and paces its steps by), in place of the table's.
 Stdlib only.
 """
 
@@ -126,8 +139,81 @@ def schedule(max_new_tokens: int, accept: float | None) -> list[int]:
     return counts
 
 
-def _text(count: int) -> str:
-    return " ".join(_WORDS[i % len(_WORDS)] for i in range(count))
+VOCAB = ("[UNK]", *_WORDS, *(f"w{i}" for i in range(500)))  # lab/standin/tokenizer.py's words
+_INDEX = {word: i for i, word in enumerate(VOCAB)}
+TOP_LOGPROB, SECOND_LOGPROB, OTHER_LOGPROB = -0.05, -3.05, -9.0
+
+
+def encode(text: str) -> list[int]:
+    return [_INDEX.get(word, 0) for word in str(text).split()]
+
+
+def decode(ids) -> str:
+    return " ".join(VOCAB[i % len(VOCAB)] for i in ids)
+
+
+def _fold(state: int, token: int) -> int:
+    return (state * 1_000_003 + token + 1) % ((1 << 61) - 1)
+
+
+def target_top(state: int) -> tuple[int, int]:
+    """The target's two best next tokens after a prefix folded into `state`."""
+    first = state % len(VOCAB)
+    return first, (first + 1) % len(VOCAB)
+
+
+def _env_int(name: str) -> int | None:
+    return _int(os.environ.get(name, "").strip() or None)
+
+
+def _env_accept() -> float | None:
+    raw = os.environ.get("STANDIN_ACCEPT_LENGTH", "").strip()
+    try:
+        return max(1.0, float(raw)) if raw else None
+    except ValueError:
+        return None
+
+
+def greedy(prompt_ids: list[int], count: int, speculative: bool) -> list[int]:
+    """The server's greedy output: the target's choices, but for a speculative server told to
+    diverge (STANDIN_SPEC_DIVERGE_AT)."""
+    diverge = _env_int("STANDIN_SPEC_DIVERGE_AT") if speculative else None
+    state = 0
+    for token in prompt_ids:
+        state = _fold(state, token)
+    out = []
+    for j in range(count):
+        token = target_top(state)[0]
+        if j == diverge:
+            token = (token + 2) % len(VOCAB)  # neither of the target's top two
+        out.append(token)
+        state = _fold(state, token)
+    return out
+
+
+def _entry(logprob, token, with_text):
+    return [logprob, token, VOCAB[token % len(VOCAB)] if with_text else None]
+
+
+def logprobs(ids: list[int], start: int, top_n: int, with_text: bool) -> tuple[list, list]:
+    """sglang's (token logprobs, top logprobs) for positions `start`.. of `ids`: entry 0 None."""
+    state = 0
+    for token in ids[:start]:
+        state = _fold(state, token)
+    tokens, tops = [], []
+    for k in range(start, len(ids)):
+        if k == start or k == 0:
+            tokens.append(_entry(None, ids[k], with_text))
+            tops.append(None)
+        else:
+            first, second = target_top(state)
+            logprob = (TOP_LOGPROB if ids[k] == first else SECOND_LOGPROB if ids[k] == second
+                       else OTHER_LOGPROB)
+            tokens.append(_entry(logprob, ids[k], with_text))
+            tops.append([_entry(TOP_LOGPROB, first, with_text),
+                         _entry(SECOND_LOGPROB, second, with_text)][:top_n])
+        state = _fold(state, ids[k])
+    return tokens, tops
 
 
 def _meta(rid: str, prompt_tokens: int, done: int, steps: int, accept: float | None, finished: bool) -> dict:
@@ -146,9 +232,13 @@ def generate(handler, body: dict) -> None:
     max_new = _int(params.get("max_new_tokens"))
     max_new = 128 if max_new is None else max(0, max_new)
     prompt = body.get("input_ids") if body.get("input_ids") is not None else body.get("text") or ""
-    prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    prompt_ids = ([_int(t) or 0 for t in prompt] if isinstance(prompt, list) else encode(prompt))
+    prompt_tokens = len(prompt_ids)
     accept = accept_length(state.args)
+    if accept is not None:
+        accept = _env_accept() or accept
     counts = schedule(max_new, accept)
+    output_ids = greedy(prompt_ids, counts[-1] if counts else 0, accept is not None)
     rid = "standin-%d" % int(time.monotonic() * 1e6)
     step = step_s()
     stream = bool(body.get("stream"))
@@ -162,7 +252,8 @@ def generate(handler, body: dict) -> None:
     for index, done in enumerate(counts):
         time.sleep(step)
         if stream:
-            chunk = {"text": _text(done), "meta_info": _meta(rid, prompt_tokens, done, index, accept, index == len(counts) - 1)}
+            chunk = {"text": decode(output_ids[:done]),
+                     "meta_info": _meta(rid, prompt_tokens, done, index, accept, index == len(counts) - 1)}
             handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             handler.wfile.flush()
     verify_steps = max(0, len(counts) - 1)
@@ -173,7 +264,16 @@ def generate(handler, body: dict) -> None:
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
         return
-    handler._json(200, {"text": _text(final), "meta_info": _meta(rid, prompt_tokens, final, verify_steps, accept, True)})
+    meta = _meta(rid, prompt_tokens, final, verify_steps, accept, True)
+    if body.get("return_logprob"):
+        start = max(0, min(_int(body.get("logprob_start_len")) or 0, len(prompt_ids)))
+        top_n = max(0, _int(body.get("top_logprobs_num")) or 0)
+        with_text = bool(body.get("return_text_in_logprobs"))
+        every_token, every_top = logprobs(prompt_ids + output_ids, start, top_n, with_text)
+        cut = len(prompt_ids) - start
+        meta.update(input_token_logprobs=every_token[:cut], input_top_logprobs=every_top[:cut],
+                    output_token_logprobs=every_token[cut:], output_top_logprobs=every_top[cut:])
+    handler._json(200, {"text": decode(output_ids), "output_ids": output_ids, "meta_info": meta})
 
 
 def server_info(handler) -> None:

@@ -1,0 +1,50 @@
+"""A speculative service proves at its gate that it decodes its target's own tokens and accepts enough (issue 45).
+
+On the lab's spare host, one DFLASH service through three changes: correct (it passes, and the run says what it
+proved); its stand-in told to leave the target's choice at token 5 (`STANDIN_SPEC_DIVERGE_AT`: the gate fails, the
+change is rolled back, the last working version serves again); told to accept about one token per step
+(`STANDIN_ACCEPT_LENGTH`: refused the same way). Each refusal is the gate's own: with the check removed both
+changes would pass (tests/unit/test_speculative_gate.py holds the check itself).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.labutil import SPARE, deploy, http_get, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+PORT = 30140
+
+
+def inventory(env: dict):
+    service = {"spec": {"gpu": 0, "port": PORT, "model": "Qwen3.6-27B", "model_in": "store",
+                        "draft_model": "Qwen3.6-27B-DFlash", "draft_in": "store",
+                        "args": {"speculative-algorithm": "DFLASH", "speculative-dflash-block-size": 16},
+                        "env": env}}
+    return write_inventory("test_speculative_gate", {SPARE: {"services": service, "run_services": ["spec"]}})
+
+
+def environment() -> str:
+    return ssh(SPARE, "systemctl show sglang-spec.service -p Environment --value").stdout
+
+
+def test_a_wrong_or_slow_speculative_service_fails_its_gate_and_the_last_good_one_serves(spare_with_venv):
+    result = deploy(inventory({"SGLANG_TEST_MARK": "good"}), as_json=False)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "its target's own tokens over 256 tokens of 4 probes (0 near-ties); accept length 2." in out, out[-4000:]
+
+    wrong = deploy(inventory({"SGLANG_TEST_MARK": "good", "STANDIN_SPEC_DIVERGE_AT": "5"}), as_json=False)
+    said = wrong.stdout + wrong.stderr
+    assert wrong.returncode != 0
+    assert "does not decode what its target would: probe 1 'The capital of France is', output token 5" in said, said[-4000:]
+    assert "ROLLED BACK" in said and "the restored service is ready" in said, said[-4000:]
+    assert "STANDIN_SPEC_DIVERGE_AT" not in environment() and http_get(SPARE, PORT, "/health")[0] == 200
+
+    slow = deploy(inventory({"SGLANG_TEST_MARK": "good", "STANDIN_ACCEPT_LENGTH": "1.0"}), as_json=False)
+    said = slow.stdout + slow.stderr
+    assert slow.returncode != 0
+    assert "accepts 1.02 tokens per verify step over its probes" in said and "below its min_accept_length 1.5" in said, said[-4000:]
+    assert "ROLLED BACK" in said and "STANDIN_ACCEPT_LENGTH" not in environment()
