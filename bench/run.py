@@ -1,7 +1,7 @@
 """`make bench`: benchmark figures, one `name: value` line each, measured side by side in one run.
 
     .venv/bin/python bench/run.py                 # every figure (make bench)
-    .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks transfer rollout
+    .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks transfer rollout gate
                                                   # (make bench FIGURES="env fleet")
 
 The run begins with a header: `bench.commit` (the commit of the deploy code measured: `git rev-parse --short HEAD`,
@@ -12,7 +12,7 @@ Each figure's script says how it is measured: bench/models.py (model staging), b
 (the environment step), bench/status.py (the status view), bench/locks.py (deploy locks under contention), bench/fleet.py (converged
 re-runs with 8 services on a host, and over 16 hosts), bench/transfer.py (bulk bytes: wheels pushed, a model streamed
 between hosts, against scp and an ssh pipe), bench/rollout.py (a rollout over 3 replicas against one replica's
-restart), below (the deploy).
+restart), bench/spec_gate.py (what a speculative service's gate check adds to a restart), below (the deploy).
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
                       (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's
@@ -55,12 +55,12 @@ def deploy_noop_vs_floor() -> None:
     )
 
 
-GROUPS = ("deploy", "status", "fleet", "models", "env", "locks", "transfer", "rollout")
+GROUPS = ("deploy", "status", "fleet", "models", "env", "locks", "transfer", "rollout", "gate")
 
 
 def main(groups: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from bench import env, fleet, locks, models, rollout, status, transfer
+    from bench import env, fleet, locks, models, rollout, spec_gate, status, transfer
 
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
@@ -70,7 +70,7 @@ def main(groups: list[str]) -> None:
     compile_deploy_modules()
     run = {"deploy": deploy_noop_vs_floor, "status": status.main, "fleet": fleet.main, "models": models.main,
            "env": env.main, "locks": locks.main, "transfer": transfer.main,
-           "rollout": rollout.main}
+           "rollout": rollout.main, "gate": spec_gate.main}
     for group in chosen:
         run[group]()
 

@@ -38,9 +38,12 @@ NEAR_TIE_NATS = 0.1
 
 
 def speculative_check(service) -> dict | None:
-    """What the gate asks of `service` beyond serving (None: it decodes without speculation)."""
+    """What the gate asks of `service` beyond serving (None: it decodes without speculation, or
+    its data turned both checks off)."""
     if service.speculative_algorithm is None:
         return None
+    if not service.lossless_check and not service.min_accept_length:
+        return None  # the data turned both checks off: nothing to ask beyond serving
     return {"algorithm": service.speculative_algorithm, "prompts": list(PROBES),
             "tokens": service.lossless_tokens, "near_tie": NEAR_TIE_NATS,
             "lossless": service.lossless_check, "min_accept": service.min_accept_length}

@@ -279,6 +279,8 @@ def _service_row(host, service, stack, watched, envs, staged_models, decisions, 
         "host": host.name, "reachable": True, "service": service.name,
         "definition": service.definition, "port": service.port, "unit_name": service.unit_name,
         "unit": unit, "pid": pid, "uptime_s": uptime, "restarts": restarts, "health": answer,
+        # what its readiness gate proved of this process (a speculative service): acceptance, ...
+        "gate": state.get("gate") if _ok(state) else None,
         "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
         "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"],
                        "venv": service.environment.path},

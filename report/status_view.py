@@ -108,6 +108,15 @@ def _pid(row: dict) -> str:
     return f"{row['pid']} {duration(row.get('uptime_s'))}{restarts}"
 
 
+def _accept(row: dict) -> str:
+    """The acceptance its gate read when this process started (a speculative service), and whether
+    its tokens were checked against its target's."""
+    gate = row.get("gate") or {}
+    if gate.get("accept_length") is None:
+        return "-"
+    return f"{gate['accept_length']:.2f}" + ("" if gate.get("lossless") else " unchecked")
+
+
 def _generation(row: dict) -> str:
     gen = row.get("generation")
     if not gen:
@@ -200,6 +209,7 @@ COLUMNS: list[tuple[str, object, int]] = [
     ("DEPLOY WOULD", _changes_short, 1),
     ("LOCK", _lock_short, 1),
     ("PID/UPTIME", _pid, 2),
+    ("ACCEPT", _accept, 2),
     ("GPU", _gpus_short, 2),
     ("GENERATION", _generation, 3),
     ("PATCH SETS", _patches, 4),
@@ -337,6 +347,8 @@ METRICS = {
     "sglang_deploy_service_health_latency_seconds": "time to /health's answer, from the host "
                                                     "itself",
     "sglang_deploy_service_restarts": "systemd's NRestarts of the service's unit",
+    "sglang_deploy_service_accept_length": ("accepted tokens per verify step that the readiness "
+                                            "gate read when the running process started"),
     "sglang_deploy_service_drift": "1 when a deploy would change something for the service, else 0",
     "sglang_deploy_status_exit_code": "the status command's exit code (0 ok, 2 drift, 1 unhealthy "
                                       "or unreachable)",
@@ -381,6 +393,9 @@ def prometheus(rows: list[dict]) -> str:
                 f"{labels} {health['latency_ms'] / 1000:.6f}")
         if row.get("restarts") is not None:
             samples["sglang_deploy_service_restarts"].append(f"{labels} {int(row['restarts'])}")
+        accept = (row.get("gate") or {}).get("accept_length")
+        if accept is not None:
+            samples["sglang_deploy_service_accept_length"].append(f"{labels} {float(accept):.4f}")
         if row.get("reachable", True):
             samples["sglang_deploy_service_drift"].append(f"{labels} "
                                                           f"{1 if row.get('changes') else 0}")

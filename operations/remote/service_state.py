@@ -186,6 +186,17 @@ try:
         record = None
 except (OSError, ValueError):
     record = None
+gate = None  # what the readiness gate proved of this very process (wait_ready.py: keep_gate)
+try:
+    gate_file = record_path(unit)[:-len(".json")] + ".gate.json"
+    if not why_untrusted(gate_file):
+        with open(gate_file) as handle:
+            found = json.load(handle)
+        if isinstance(found, dict) and pid and found.get("pid") == pid:
+            gate = {k: found.get(k) for k in ("accept_length", "accept_source", "checked_tokens",
+                                              "near_ties", "lossless", "probes")}
+except (OSError, ValueError):
+    gate = None
 newer = []
 entered = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
 if entered and props.get("ActiveState") == "active":
@@ -213,4 +224,5 @@ print(json.dumps({
     # Set when another process than the unit's holds the port (its uid, pid, cgroup): no answer of
     # it counts.
     "stranger": stranger,
+    "gate": gate,
 }))

@@ -22,12 +22,18 @@
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE [SPEC_JSON]
 import http.client
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 
-from _common import peer_untrusted  # noqa: E402 - remote.script puts _common.py here
+from _common import peer_untrusted, private_dir  # noqa: E402 - remote.script puts _common.py here
+
+# What a speculative service's gate proved, kept beside the record of what it started with
+# (service_state.py's RECORD_DIR, root's alone) for the process it proved it of: the status view
+# shows it while that process runs.
+RECORD_DIR = "/var/lib/sglang-deploy/started"
 
 headers = {"Content-Type": "application/json"}
 SECRETS = []  # the key file's values in their printed forms (read in the main part)
@@ -241,6 +247,29 @@ def speculative_check(spec):
             "lossless": spec["lossless"], "accept_length": accept, "accept_source": source}
 
 
+def gate_path(unit_name):
+    return os.path.join(RECORD_DIR, unit_name.replace("/", "_") + ".gate.json")
+
+
+def keep_gate(figures):
+    """The gate's figures, for the process they were proved of (its MainPID); a record that cannot
+    be kept is said, and the gate stands."""
+    pid = int(subprocess.run(["systemctl", "show", unit, "-p", "MainPID", "--value"],
+                             capture_output=True, text=True).stdout.strip() or 0)
+    try:
+        private_dir(os.path.dirname(RECORD_DIR))
+        private_dir(RECORD_DIR)
+        tmp = gate_path(unit) + ".tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+                       "w") as handle:
+            json.dump({**figures, "pid": pid}, handle, sort_keys=True)
+        os.rename(tmp, gate_path(unit))
+    except OSError as exc:
+        print(f"the gate's figures were not kept for the status view: {exc}", file=sys.stderr)
+
+
 # Loaded as a module (tests/unit/test_speculative_gate.py), nothing below runs.
 if __name__ == "__main__":
     unit, address, port, timeout, smoke = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
@@ -304,5 +333,7 @@ if __name__ == "__main__":
 
 
     checked = speculative_check(spec) if spec else None
+    if checked:
+        keep_gate(checked)
     print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str)
                       else reply, "spec": checked}))

@@ -9,9 +9,13 @@ changes would pass (tests/unit/test_speculative_gate.py holds the check itself).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+
 import pytest
 
-from tests.lab.labutil import SPARE, deploy, http_get, ssh, write_inventory
+from tests.lab.labutil import PYINFRA, ROOT, SPARE, deploy, http_get, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -30,11 +34,22 @@ def environment() -> str:
     return ssh(SPARE, "systemctl show sglang-spec.service -p Environment --value").stdout
 
 
-def test_a_wrong_or_slow_speculative_service_fails_its_gate_and_the_last_good_one_serves(spare_with_venv):
+def status_view(inventory_path, tmp_path) -> dict:
+    env = {**os.environ, "STATUS_JSON": str(tmp_path / "status.json"), "STATUS_PROM": str(tmp_path / "sglang.prom")}
+    subprocess.run([PYINFRA, str(inventory_path), "status.py", "-y"], cwd=ROOT, capture_output=True, text=True,
+                   timeout=300, env=env)
+    return {**json.loads((tmp_path / "status.json").read_text()), "prom": (tmp_path / "sglang.prom").read_text()}
+
+
+def test_a_wrong_or_slow_speculative_service_fails_its_gate_and_the_last_good_one_serves(spare_with_venv, tmp_path):
     result = deploy(inventory({"SGLANG_TEST_MARK": "good"}), as_json=False)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "its target's own tokens over 256 tokens of 4 probes (0 near-ties); accept length 2." in out, out[-4000:]
+    # The status view shows what the gate read of the running process (its JSON and Prometheus output too).
+    shown = status_view(inventory({"SGLANG_TEST_MARK": "good"}), tmp_path)
+    assert shown["rows"][0]["gate"]["accept_length"] == pytest.approx(2.0), shown
+    assert 'sglang_deploy_service_accept_length{host="%s",service="spec",port="%d"} 2.0000' % (SPARE, PORT) in shown["prom"]
 
     wrong = deploy(inventory({"SGLANG_TEST_MARK": "good", "STANDIN_SPEC_DIVERGE_AT": "5"}), as_json=False)
     said = wrong.stdout + wrong.stderr

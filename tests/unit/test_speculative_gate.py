@@ -145,3 +145,8 @@ def test_which_services_the_gate_checks():
 
     assert readiness.speculative_check(Service(None)) is None
     assert readiness.speculative_check(Service("DDTREE"))["algorithm"] == "DDTREE"
+    off = Service("DFLASH")
+    off.lossless_check, off.min_accept_length = False, 0
+    assert readiness.speculative_check(off) is None  # both checks off: nothing to ask beyond serving
+    off.min_accept_length = 1.2
+    assert readiness.speculative_check(off)["lossless"] is False

@@ -331,3 +331,18 @@ def test_an_engine_advisory_that_warns_here_is_shown_and_is_no_verdict():
     assert view.verdict(row) == view.verdict(service_row()) and view.exit_code([row]) == view.EXIT_OK
     assert f"~ gpu-a/ddtree: WARNING: {warning}" in view.table([row], 200)
     assert f"  WARNING: {warning}" in view.detail([row])
+
+
+def test_the_acceptance_its_gate_read_is_shown_in_the_table_the_json_and_prometheus():
+    """A speculative service's gate keeps its figures for the process it proved them of (operations/remote/
+    wait_ready.py: keep_gate); the view shows the acceptance, and says when its tokens were not checked."""
+    gate = {"accept_length": 2.0, "accept_source": "meta_info: completion_tokens / spec_verify_ct",
+            "checked_tokens": 256, "near_ties": 0, "lossless": True, "probes": 4}
+    rows = [service_row(gate=gate), service_row(service="dflash", port=30001, gate={**gate, "lossless": False}),
+            service_row(service="plain", port=30002)]
+    table = view.table(rows, 400)
+    assert "ACCEPT" in table.splitlines()[0]
+    assert " 2.00 " in table and "2.00 unchecked" in table
+    lines = view.prometheus(rows).splitlines()
+    assert 'sglang_deploy_service_accept_length{host="gpu-a",service="ddtree",port="30000"} 2.0000' in lines
+    assert not any(line.startswith('sglang_deploy_service_accept_length{host="gpu-a",service="plain"') for line in lines)
