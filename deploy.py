@@ -54,8 +54,12 @@ else:
         for name, _ in wave:
             restarted(prepared[name], held[name])
         # a canary's soak: it must keep serving that long before the next wave
+        # and, against a replica still on the old version, its probe figures
         for name, canary in wave:
+            service_ = prepared[name].service
             gated(config, prepared[name], held[name], plan.restarts(name),
-                  soak_s=prepared[name].service.canary_soak_s if canary else 0)
+                  soak_s=service_.canary_soak_s if canary else 0,
+                  old_replica=(rollout.old_replica(rollouts[service_.definition], run.inventory)
+                               if canary else None))
     gates_checked()
     cleanup(config)

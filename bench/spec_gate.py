@@ -7,7 +7,8 @@ gate.spec_check_adds_s  a restart of one DFLASH service on gpu-a gated with its 
                         (so every run restarts). The stand-in takes `STANDIN_STEP_S` (0.01 s) per forward step: a
                         GPU's steps for a 27B target are a few times that, so a GPU adds proportionally more (the
                         note of issue 45 says what was measured there, if anything).
-Runs alternate (with, without), 3 rounds, medians; both medians are printed too. The service is removed at the end.
+Runs alternate (with, without), 3 rounds, medians; both medians are printed too. gpu-a is cleaned first (its GPUs
+freed of the lab's own services; its venv kept) and again at the end.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def adds() -> None:
         finally:
             inventory.unlink(missing_ok=True)
 
+    clean_host(HOST, keep_venv=True)  # its GPUs free of the lab's own services
     try:
         restart(True, 0)  # the venv and the service in place: the rounds restart only
         with_check, without = [], []

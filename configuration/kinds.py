@@ -147,6 +147,19 @@ def _accept_length(value: float) -> float:
     return float(value)
 
 
+FRACTION_FIX = "must be a fraction from 0 to 1, e.g. `0.1` (10%)"
+
+
+def _fraction(value: float) -> float:
+    if not 0 <= value <= 1:
+        raise refuse(FRACTION_FIX)
+    return float(value)
+
+
+Fraction = Annotated[Union[Int, Annotated[float, Strict()]], AfterValidator(_fraction),
+                     with_fix(FRACTION_FIX)]
+
+
 AcceptLength = Annotated[Union[Int, Annotated[float, Strict()]], AfterValidator(_accept_length),
                          with_fix(ACCEPT_LENGTH_FIX)]
 

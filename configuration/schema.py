@@ -29,6 +29,7 @@ from configuration.kinds import (
     EnvName,
     EnvValue,
     FailedGpus,
+    Fraction,
     Gpus,
     IndexUrl,
     IpAddress,
@@ -371,6 +372,15 @@ class ServiceSpec(BaseModel):
     lossless_tokens: whole_number(1, 4096, "tokens") = var(
         64, "Tokens of each probe prompt that the lossless check decodes and compares.",
         "a longer proof at a slower gate", "tokens")
+    canary_accept_drop: Fraction = var(
+        0.1, "A canary of a speculative service whose acceptance over the gate's probes is lower "
+             "than a replica's still on the old version by more than this fraction halts its "
+             "rollout and is rolled back (docs/speculative-gate.md).",
+        "drafts whose acceptance varies", "fraction")
+    canary_slowdown: Fraction = var(
+        0.25, "A canary whose single-request decode speed over the gate's probes is lower than the "
+              "old version's by more than this fraction halts its rollout and is rolled back.",
+        "noisy hosts", "fraction")
     min_accept_length: AcceptLength = var(
         1.5, "Accepted tokens per verify step, over the gate's probes, below which a speculative "
              "service fails its gate (its draft is not worth its GPU); 0: no floor.",

@@ -136,7 +136,7 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
 
 @deploy("Service")
 def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool,
-          soak_s: int = 0) -> None:
+          soak_s: int = 0, old_replica: tuple | None = None) -> None:
     """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's
     soak). `planned`: the host's plan (re)starts it; when its rollout halted (`held`), it was kept
     on its old version, and says so."""
@@ -150,6 +150,7 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         timeout=config.readiness_timeout_s,
         smoke=config.smoke_test,
         spec=readiness.speculative_check(service),
+        baseline=readiness.Baseline.of(*old_replica) if old_replica else None,
         config_file=service.config_file,
         open_to_all=service.exposed_without_key,
         restarted=prepared.started,

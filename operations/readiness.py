@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from typing import Callable
 
 import gevent
@@ -37,6 +38,57 @@ PROBES = (
 NEAR_TIE_NATS = 0.1
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A replica of a canary's service still on the old version (another host's, or this one's):
+    where the canary's probe figures are compared (`rollout.old_replica`)."""
+
+    host: str
+    replica: str
+    unit: str
+    address: str
+    port: int
+    config_file: str
+
+    @classmethod
+    def of(cls, host_name: str, service) -> Baseline:
+        return cls(host_name, service.name, service.unit_name, probe_address(service.bind),
+                   service.port, service.config_file or "-")
+
+
+def canary_regression(new: dict, old: dict, accept_drop: float, slowdown: float) -> str | None:
+    """Why a canary's probe figures are worse than its old version's, or None. Greedy outputs must
+    be equal where both serve the same model path; acceptance and single-request decode speed may
+    be lower by at most the fractions given."""
+    why = []
+    if new.get("model_path") and new.get("model_path") == old.get("model_path"):
+        differ = [i + 1 for i, (a, b) in enumerate(zip(new.get("outputs") or [], old.get("outputs")
+                                                       or [])) if a != b]
+        if differ:
+            why.append(f"its greedy output differs from the old version's on probe(s) "
+                       f"{', '.join(map(str, differ))} (both serve {new['model_path']})")
+    a_new, a_old = new.get("accept_length"), old.get("accept_length")
+    if a_new is not None and a_old is not None and a_new < a_old * (1 - accept_drop):
+        why.append(f"it accepts {a_new:.2f} tokens per verify step against the old version's "
+                   f"{a_old:.2f} (more than {accept_drop:.0%} lower)")
+    s_new, s_old = new.get("decode_tok_s"), old.get("decode_tok_s")
+    if s_new and s_old and s_new < s_old * (1 - slowdown):
+        why.append(f"it decodes {s_new:.1f} tokens/s on one request against the old version's "
+                   f"{s_old:.1f} (more than {slowdown:.0%} slower)")
+    return "; ".join(why) or None
+
+
+def side_by_side(new: dict, old: dict) -> str:
+    def accept(figures):
+        value = figures.get("accept_length")
+        return "-" if value is None else f"{value:.2f}"
+
+    same = sum(a == b for a, b in zip(new.get("outputs") or [], old.get("outputs") or []))
+    return (f"accept {accept(new)} (old {accept(old)}), decode {new.get('decode_tok_s', 0):.1f} "
+            f"tok/s (old {old.get('decode_tok_s', 0):.1f}), greedy output equal on {same} of "
+            f"{len(new.get('outputs') or [])} probes")
+
+
 def speculative_check(service) -> dict | None:
     """What the gate asks of `service` beyond serving (None: it decodes without speculation, or
     its data turned both checks off)."""
@@ -46,7 +98,8 @@ def speculative_check(service) -> dict | None:
         return None  # the data turned both checks off: nothing to ask beyond serving
     return {"algorithm": service.speculative_algorithm, "prompts": list(PROBES),
             "tokens": service.lossless_tokens, "near_tie": NEAR_TIE_NATS,
-            "lossless": service.lossless_check, "min_accept": service.min_accept_length}
+            "lossless": service.lossless_check, "min_accept": service.min_accept_length,
+            "accept_drop": service.canary_accept_drop, "slowdown": service.canary_slowdown}
 
 
 # How old a kept answer may be when it decides that a service serves. A converged run reaches this
@@ -146,14 +199,40 @@ def spec_text(spec: dict | None) -> str:
             f"probes ({spec['near_ties']} near-ties); {accept}")
 
 
+def _against_old_version(state, host, service: str, result: dict, spec: dict,
+                         baseline: Baseline) -> dict:
+    """A canary that passed its gate, against a replica still on the old version, on the same
+    probes: a regression fails it (its rollback and the rollout's halt follow); a baseline that
+    cannot be asked is said, and the canary's own gate stands."""
+    old_host = state.inventory.get_host(baseline.host)
+    old = _wait_once(old_host, baseline.unit, baseline.address, baseline.port, 30, False,
+                     baseline.config_file, {**spec, "baseline_only": True})
+    where = f"{baseline.host}/{baseline.replica}"
+    if not old["ok"] or not old.get("spec"):
+        host.log_styled(f"{service}: canary NOT compared with {where} (old version): "
+                        f"{old.get('reason', 'no figures')}", fg="yellow", log_func=logger.warning)
+        return result
+    figures = side_by_side(result["spec"], old["spec"])
+    why = canary_regression(result["spec"], old["spec"], spec["accept_drop"], spec["slowdown"])
+    if why:
+        return {"ok": False, "journal": "",
+                "reason": f"the canary regressed against {where}, still on the old version: {why} "
+                          f"({figures})"}
+    host.log(f"{service}: canary against {where} (old version): {figures}")
+    return result
+
+
 def _wait(state, host, unit: str, service: str, endpoint: str, address: str, port: int,
           timeout: int, smoke: bool, config_file: str, plan=None, rollout: str = "",
-          soak_s: int = 0, spec: dict | None = None) -> bool:
+          soak_s: int = 0, spec: dict | None = None, baseline: Baseline | None = None) -> bool:
     result = _wait_once(host, unit, address, port, timeout, smoke, config_file, spec)
     if result["ok"] and plan is not None and soak_s:
         ready_s = result.get("ready_s")
-        result = _soaked(host, unit, service, address, port, smoke, config_file, soak_s)
+        result = {**_soaked(host, unit, service, address, port, smoke, config_file, soak_s),
+                  "spec": result.get("spec")}
         result["ready_s"] = ready_s
+    if result["ok"] and plan is not None and baseline is not None and result.get("spec"):
+        result = _against_old_version(state, host, service, result, spec, baseline)
     if result["ok"]:
         reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
         proved = spec_text(result.get("spec"))
@@ -195,11 +274,12 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
 
 
 def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s: int = 0,
-          spec: dict | None = None) -> bool:
+          spec: dict | None = None, baseline: Baseline | None = None) -> bool:
     """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`,
     and its host fails after its waves (`rollout.gates_passed`), so the wave's other gates there
     still run (each with its own rollback)."""
-    return (_wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s, spec=spec)
+    return (_wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s, spec=spec,
+                  baseline=baseline)
             or bool(rollout))
 
 
@@ -220,6 +300,7 @@ def ready(
     held: Callable[[], str | None] | None = None,
     soak_s: int = 0,
     spec: dict | None = None,
+    baseline: Baseline | None = None,
 ):
     """
     Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
@@ -244,6 +325,8 @@ def ready(
       canary)
     + spec: a speculative service's check after a (re)start (`speculative_check`): its greedy
       tokens are its target's, its acceptance at least its floor
+    + baseline: a canary's replica still on the old version (`Baseline`): once the canary passed,
+      its probe figures are compared with that replica's (`canary_regression`)
 
     **Example:**
 
@@ -278,7 +361,7 @@ def ready(
     yield FunctionCommand(
         _gate, (unit, service, endpoint, address, port, timeout, smoke, config_file or "-",
                 rollback_plan if just_started else None),
-        {"rollout": rollout, "soak_s": soak_s, "spec": spec})
+        {"rollout": rollout, "soak_s": soak_s, "spec": spec, "baseline": baseline})
 
 
 def changed_since_start(unit: str, bind: str, port: int, inputs: tuple[str, ...]) -> list[str]:

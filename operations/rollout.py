@@ -104,6 +104,17 @@ def fleet(configs: dict[str, HostConfig]) -> dict[str, Rollout]:
             for name, found in sorted(replicas.items())}
 
 
+def old_replica(rollout_: Rollout, configs: dict[str, HostConfig]) -> tuple[str, Service] | None:
+    """A replica that is still on the old version while the canaries are gated (the first of the
+    later waves), as (host, its Service), for the canary's comparison; None without one."""
+    later = [r for wave in rollout_.waves[1:] for r in wave]
+    if not rollout_.canaries or not later:
+        return None
+    first = later[0]
+    found = [s for s in configs[first.host].services if s.name == first.name]
+    return (first.host, found[0]) if found else None
+
+
 def host_waves(rollouts_: dict[str, Rollout], host_name: str) -> list[list[tuple[str, bool]]]:
     """This host's replicas, wave by wave, each as (name, whether it is a canary): as many waves on
     every host (the longest rollout's), empty where the host has no replica in a wave, so the waves'

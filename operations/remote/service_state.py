@@ -194,7 +194,7 @@ try:
             found = json.load(handle)
         if isinstance(found, dict) and pid and found.get("pid") == pid:
             gate = {k: found.get(k) for k in ("accept_length", "accept_source", "checked_tokens",
-                                              "near_ties", "lossless", "probes")}
+                                              "near_ties", "lossless", "probes", "decode_tok_s")}
 except (OSError, ValueError):
     gate = None
 newer = []

@@ -20,6 +20,7 @@
 # response's `meta_info`) is at least the service's `min_accept_length`. The first failing probe
 # fails the gate, naming the prompt, the position, the two tokens and the target's margin.
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE [SPEC_JSON]
+import hashlib
 import http.client
 import json
 import os
@@ -102,7 +103,8 @@ def ask(method, path, control_group, body=None, timeout=10):
         stranger = peer_untrusted(conn.sock, unit, control_group)
         if stranger:
             raise NotTheService(stranger)
-        conn.request(method, path, body=body, headers=headers if body is not None else {})
+        conn.request(method, path, body=body,
+                     headers=headers if body is not None or path == "/model_info" else {})
         response = conn.getresponse()
         return response.status, response.reason, response.read()
     finally:
@@ -163,11 +165,13 @@ def first_departure(output_ids, tops, near_tie):
 
 
 def check_probe(prompt, tokens):
-    """The served greedy output for `prompt`, checked against the target's choices: (output ids,
-    near-ties, meta_info of the served request)."""
+    """The served greedy output for `prompt`: (output ids, meta_info of the served request, with
+    `elapsed_s`: how long the one request took, its single-request decode speed)."""
+    began = time.monotonic()
     served = generate({"text": prompt,
                        "sampling_params": {"temperature": 0, "max_new_tokens": tokens}})
-    ids, meta = served.get("output_ids"), served.get("meta_info") or {}
+    ids, meta = served.get("output_ids"), dict(served.get("meta_info") or {})
+    meta["elapsed_s"] = time.monotonic() - began
     if not isinstance(ids, list):
         raise NotLossless("/generate answered without `output_ids`: this engine cannot be "
                           "checked token by token")
@@ -207,15 +211,27 @@ def acceptance(metas):
     return None, "the engine reported no acceptance in meta_info"
 
 
+def served_model():
+    """The model path the server says it serves (`/model_info`), or None: a canary's outputs are
+    compared with its old replica's where both serve the same."""
+    try:
+        status, _, answer = ask("GET", "/model_info", unit_state().get("ControlGroup"))
+        return json.loads(answer).get("model_path") if status == 200 else None
+    except (NotTheService, OSError, ValueError, AttributeError, http.client.HTTPException):
+        return None
+
+
 def speculative_check(spec):
     """The gate's second half for a speculative service: a dict of its figures, or die()."""
     prompts = list(spec["prompts"]) + list(spec["prompts"][:1])  # once more: a radix-cache hit
-    metas, checked, ties = [], 0, 0
+    metas, checked, ties, outputs = [], 0, 0, []
+    baseline_only = spec.get("baseline_only", False)  # a canary's old replica: figures, no verdict
     for index, prompt in enumerate(prompts):
         try:
             ids, meta = check_probe(prompt, spec["tokens"])
             metas.append(meta)
-            if not spec["lossless"]:
+            outputs.append(hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16])
+            if not spec["lossless"] or baseline_only:
                 continue
             departure, near = first_departure(ids, target_choices(prompt, ids), spec["near_tie"])
         except NotLossless as exc:
@@ -234,6 +250,14 @@ def speculative_check(spec):
                 f"choice id {wanted} ({text!r}) by {margin:.3f} nats (near-ties below "
                 f"{spec['near_tie']} do not count)")
     accept, source = acceptance(metas)
+    figures = {"model_path": served_model(), "checked_tokens": checked, "near_ties": ties,
+               "probes": len(prompts),
+               "lossless": spec["lossless"] and not baseline_only, "accept_length": accept,
+               "accept_source": source, "outputs": outputs,
+               "decode_tok_s": (sum(m.get("completion_tokens") or 0 for m in metas)
+                                / max(sum(m["elapsed_s"] for m in metas), 1e-9))}
+    if baseline_only:
+        return figures
     if spec["min_accept"] > 0:
         if accept is None:
             die(f"{unit}: {source}, so its acceptance cannot be held to "
@@ -243,8 +267,7 @@ def speculative_check(spec):
             die(f"{unit} accepts {accept:.2f} tokens per verify step over its probes ({source}), "
                 f"below its min_accept_length {spec['min_accept']}: its draft is not worth its "
                 "GPU (a wrong or mismatched draft model, or settings that defeat it)")
-    return {"checked_tokens": checked, "near_ties": ties, "probes": len(prompts),
-            "lossless": spec["lossless"], "accept_length": accept, "accept_source": source}
+    return figures
 
 
 def gate_path(unit_name):
@@ -333,7 +356,7 @@ if __name__ == "__main__":
 
 
     checked = speculative_check(spec) if spec else None
-    if checked:
+    if checked and not spec.get("baseline_only"):
         keep_gate(checked)
     print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str)
                       else reply, "spec": checked}))

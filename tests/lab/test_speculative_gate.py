@@ -15,7 +15,17 @@ import subprocess
 
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, deploy, http_get, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    SPARE,
+    clean_host,
+    deploy,
+    http_get,
+    lab_hosts,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -63,3 +73,47 @@ def test_a_wrong_or_slow_speculative_service_fails_its_gate_and_the_last_good_on
     assert slow.returncode != 0
     assert "accepts 1.02 tokens per verify step over its probes" in said and "below its min_accept_length 1.5" in said, said[-4000:]
     assert "ROLLED BACK" in said and "STANDIN_ACCEPT_LENGTH" not in environment()
+
+
+CANARY_HOSTS = ("gpu-b", "gpu-c")
+
+
+def replicated(name: str, env: dict):
+    service = {"gpu": 0, "port": PORT + 1, "model": "Qwen3.6-27B", "model_in": "store",
+               "draft_model": "Qwen3.6-27B-DFlash", "draft_in": "store", "canary": 1,
+               "args": {"speculative-algorithm": "DFLASH", "speculative-dflash-block-size": 16}, "env": env}
+    return write_inventory(f"test_speculative_canary_{name}", {h: {"services": {"spec": service}, "run_services": ["spec"]}
+                                                               for h in CANARY_HOSTS})
+
+
+@pytest.fixture
+def two_replicas():
+    assert set(CANARY_HOSTS) <= set(lab_hosts())
+    for host in CANARY_HOSTS:
+        clean_host(host, keep_venv=True)
+    yield
+    for host in CANARY_HOSTS:
+        clean_host(host, keep_venv=True)
+
+
+def test_a_canary_is_compared_with_a_replica_still_on_the_old_version(two_replicas):
+    """gpu-b's replica is the canary, gpu-c's is still on the old version while it is gated: a change that keeps
+    acceptance passes, with both figures side by side; one that lowers it (still above `min_accept_length`) halts the
+    rollout and rolls the canary back, and gpu-c keeps the old version."""
+    base = deploy(replicated("base", {"SGLANG_TEST_MARK": "1"}))
+    assert base.returncode == 0, base
+
+    same = deploy(replicated("same", {"SGLANG_TEST_MARK": "2"}), as_json=False)
+    said = same.stdout + same.stderr
+    assert same.returncode == 0, said[-4000:]
+    assert "spec: canary against gpu-c/spec (old version): accept 2.00 (old 2.00)" in said, said[-4000:]
+    assert "greedy output equal on 4 of 4 probes" in said
+
+    worse = deploy(replicated("worse", {"SGLANG_TEST_MARK": "2", "STANDIN_ACCEPT_LENGTH": "1.6"}), as_json=False)
+    said = worse.stdout + worse.stderr
+    assert worse.returncode != 0
+    assert "the canary regressed against gpu-c/spec, still on the old version: it accepts 1." in said, said[-4000:]
+    assert "against the old version's 2.00 (more than 10% lower)" in said and "ROLLED BACK" in said, said[-4000:]
+    for host in CANARY_HOSTS:  # the canary rolled back, the other never restarted
+        env = ssh(host, "systemctl show sglang-spec.service -p Environment --value").stdout
+        assert "STANDIN_ACCEPT_LENGTH" not in env and "SGLANG_TEST_MARK=2" in env

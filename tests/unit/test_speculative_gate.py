@@ -57,6 +57,7 @@ def gate(monkeypatch):
     monkeypatch.setattr(module, "generate", generate, raising=False)
     module.generate = generate
     module.die = die
+    module.served_model = lambda: "/dev/shm/Qwen3.6-27B"
     return module
 
 
@@ -139,6 +140,7 @@ def test_acceptance_from_either_field_the_engine_gives(gate):
 def test_which_services_the_gate_checks():
     class Service:
         lossless_tokens, lossless_check, min_accept_length = 64, True, 1.5
+        canary_accept_drop, canary_slowdown = 0.1, 0.25
 
         def __init__(self, algorithm):
             self.speculative_algorithm = algorithm
@@ -150,3 +152,50 @@ def test_which_services_the_gate_checks():
     assert readiness.speculative_check(off) is None  # both checks off: nothing to ask beyond serving
     off.min_accept_length = 1.2
     assert readiness.speculative_check(off)["lossless"] is False
+
+
+# A canary against a replica still on the old version (issue 45 item 3) -------------------------------------------
+
+
+OLD = {"model_path": "/dev/shm/Qwen3.6-27B", "outputs": ["a1", "b2", "c3", "a1"], "accept_length": 3.0,
+       "decode_tok_s": 200.0}
+
+
+@pytest.mark.parametrize("new, said", [
+    ({**OLD, "outputs": ["a1", "XX", "c3", "a1"]}, "its greedy output differs from the old version's on probe(s) 2"),
+    ({**OLD, "accept_length": 2.6}, "it accepts 2.60 tokens per verify step against the old version's 3.00"),
+    ({**OLD, "decode_tok_s": 140.0}, "it decodes 140.0 tokens/s on one request against the old version's 200.0"),
+])
+def test_a_canary_worse_than_the_old_version_is_a_regression(new, said):
+    assert said in readiness.canary_regression(new, OLD, 0.1, 0.25)
+
+
+@pytest.mark.parametrize("new", [
+    OLD,
+    {**OLD, "accept_length": 2.75, "decode_tok_s": 151.0},  # within the margins
+    {**OLD, "model_path": "/dev/shm/Qwen3.7-27B", "outputs": ["z"] * 4},  # another model: other tokens are expected
+    {**OLD, "accept_length": None},  # an engine that reports none: nothing to compare
+])
+def test_a_canary_within_its_margins_or_on_another_model_passes(new):
+    assert readiness.canary_regression(new, OLD, 0.1, 0.25) is None
+
+
+def test_the_canarys_baseline_is_a_replica_of_a_later_wave():
+    from operations import rollout
+
+    class Config:
+        def __init__(self, *services):
+            self.services = services
+
+    class Svc:
+        def __init__(self, name):
+            self.name, self.definition, self.canary, self.max_unavailable = name, "spec", 1, 1
+
+    a, b, c = Svc("spec"), Svc("spec"), Svc("spec")
+    configs = {"gpu-a": Config(a), "gpu-b": Config(b), "gpu-c": Config(c)}
+    plan = rollout.fleet(configs)["spec"]
+    assert [str(r) for r in plan.canaries] == ["gpu-a/spec"]
+    assert rollout.old_replica(plan, configs) == ("gpu-b", b)
+    no_canary = rollout.Rollout(plan.service, plan.waves)
+    a.canary = 0
+    assert rollout.old_replica(no_canary, configs) is None
