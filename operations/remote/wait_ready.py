@@ -358,5 +358,8 @@ if __name__ == "__main__":
     checked = speculative_check(spec) if spec else None
     if checked and not spec.get("baseline_only"):
         keep_gate(checked)
-    print(json.dumps({"ok": True, "ready_s": ready_s, "reply": mask(reply) if isinstance(reply, str)
-                      else reply, "spec": checked}))
+    answer = {"ok": True, "ready_s": ready_s,
+              "reply": mask(reply) if isinstance(reply, str) else reply}
+    if checked:
+        answer["spec"] = checked  # a speculative service's figures (readiness.spec_text)
+    print(json.dumps(answer))

@@ -144,9 +144,10 @@ def test_the_accept_length_is_the_probe_requests_own(measured):
     probe = results["dflash"]["probe"]
     assert [r["completion_tokens"] for r in probe["requests"]] == [32, 32] and probe["verify_ct"] == 32
     assert probe["accept_length"] == 2.0 and rows["dflash"][-2] == "2.00"
-    # The client's own accept_length is /server_info's, counted since the server started (there: 31 tokens per
-    # 16 steps): kept in the raw results, not the one the table shows.
-    assert results["dflash"]["bench"]["accept_length"] == pytest.approx(31 / 16)
+    # The client's own accept_length is /server_info's, counted since the server started: the benchmark's requests
+    # (31 tokens per 16 steps) and, before them, the readiness gate's speculative probes (64 tokens: 63 per 32 steps,
+    # docs/speculative-gate.md). Kept in the raw results, not the one the table shows.
+    assert 31 / 16 < results["dflash"]["bench"]["accept_length"] < 63 / 32
 
 
 def test_the_json_holds_the_clients_raw_results_and_the_options(measured):
