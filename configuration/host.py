@@ -69,17 +69,22 @@ def _placed_services(context: ServiceContext, data: schema.GroupData,
     run_services must not be the first time their values are read."""
     placed = placement(host_data.run_services)
     counts = Counter(name for name, _, _ in placed)
-    services = []
+    services, args_at = [], {}
     for name, replica, overrides in placed:
         require(name in data.services, src("run_services"), "run_services", name,
                 "no such service; defined services: "
                 f"{', '.join(sorted(data.services)) or '(none)'}")
         index = sum(1 for s in services if s.definition == name)
         rollout_keys_not_overridden(src("run_services"), name, index, overrides, counts[name])
+        override_path = f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")
         services.append(validated_service(
             context, name, data.services[name].given(), overrides, replica=replica,
-            override_path=f"run_services.{name}" + (f"[{index}]" if counts[name] > 1 else "")))
-    no_clashes(services, src("run_services"), host_name)
+            override_path=override_path))
+        # where its `args` were written (a flag's port is refused there)
+        args_at[services[-1].name] = ((src("run_services"), f"{override_path}.args")
+                                      if "args" in overrides else
+                                      (src("services"), f"services.{name}.args"))
+    no_clashes(services, src("run_services"), host_name, args_at)
     for name, definition in data.services.items():
         if name not in counts:
             validated_service(context, name, definition.given(), {})

@@ -35,6 +35,7 @@ from configuration.kinds_addresses import (  # noqa: F401  (re-exported)
     addresses_in,
     canonical_address,
     is_loopback_host,
+    local_ports_in,
     strings_in,
 )
 from configuration.kinds_base import (  # noqa: F401  (re-exported)

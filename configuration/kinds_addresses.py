@@ -171,6 +171,24 @@ def addresses_in(value: Any) -> list[NamedAddress]:
     return [address for text in strings_in(value) for address in _addresses_in_text(text)]
 
 
+ALL_INTERFACES = frozenset({"*", "", "0.0.0.0", "::"})
+
+
+def local_ports_in(value: Any) -> list[int]:
+    """The ports of this host that a value's addresses name: each `host:port` or URL whose host is
+    loopback or every interface (`tcp://*:5557`, `127.0.0.1:8000`, `[::]:5555`); another machine's
+    port is not this host's."""
+    ports = []
+    for address in addresses_in(value):
+        if address.host not in ALL_INTERFACES and not is_loopback_host(address.host):
+            continue
+        where = address.written.split("://", 1)[-1].rpartition("@")[2]
+        split = _HOST_AND_PORT.fullmatch(where)
+        if split:
+            ports.append(int(split["port"]))
+    return ports
+
+
 def _urls_in(text: str) -> list[tuple[int, int, str, str]]:
     """(start, end, scheme, authority) of each `scheme://authority` in `text`, left to right: the
     scheme is the longest run of scheme characters before `://` that starts with a letter."""

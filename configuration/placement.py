@@ -1,14 +1,15 @@
 """Which services a host runs (`run_services`, its shape the schema's: configuration/schema.py,
 `RunServices`), each replica with the host's overrides of its keys, and what the replicas placed on
-one host may not share (a port, a GPU). Whether a placed name is a defined service is checked where
-the services are built (configuration/host.py); one service on two hosts, across the inventory
-(configuration/settings.py).
+one host may not share (a port, served or named in a flag; a GPU). Whether a placed name is a
+defined service is checked where the services are built (configuration/host.py); one service on
+two hosts, across the inventory (configuration/settings.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from configuration import kinds
 from configuration.errors import DataError
 from configuration.typed import Service
 
@@ -48,7 +49,22 @@ def rollout_keys_not_overridden(src: str, service: str, index: int, overrides: d
                             f"rollout): set it in services.{service}.{key}, not per host")
 
 
-def no_clashes(services: list[Service], src: str, host_name: str) -> None:
+def flag_ports(service: Service) -> list[tuple[str, int]]:
+    """(flag, port) for each port of its host a service's engine flags name beyond its own `port`:
+    a flag named `...-port` with a number (the engine binds it), and every loopback or
+    all-interfaces `host:port` or URL in any flag's value (a zmq endpoint, a metrics address)."""
+    found = []
+    for flag, value in service.args:
+        if flag.endswith("port") and kinds.positive_whole_number(value) is not None:
+            found.append((flag, kinds.positive_whole_number(value)))
+        else:
+            found += [(flag, port) for port in kinds.local_ports_in(value)]
+    return found
+
+
+def no_clashes(services: list[Service], src: str, host_name: str,
+               args_at: dict[str, tuple[str, str]] | None = None) -> None:
+    """`args_at`: replica name -> (file, key path) where its `args` were written."""
     ports: dict[int, str] = {}
     gpus: dict[int, str] = {}
     for service in services:
@@ -58,6 +74,23 @@ def no_clashes(services: list[Service], src: str, host_name: str) -> None:
                             f"both use port {service.port} on host {host_name}; give each service "
                             "or replica on a host its own port (`port` in services.<name>, or in "
                             "its overrides in run_services)")
+    opened: dict[int, str] = {}  # port -> the service whose flag names it
+    for service in services:
+        for flag, port in flag_ports(service):
+            other = ports.get(port)
+            whose = ("its own serving port" if other == service.name
+                     else f"service {other}'s serving port" if other is not None
+                     else f"one service {opened[port]}'s flags name too"
+                     if opened.get(port, service.name) != service.name else None)
+            if whose:
+                where, path = (args_at or {}).get(
+                    service.name, (src, f"services.{service.definition}.args"))
+                raise DataError(where, f"{path}.{flag}", port,
+                                f"names port {port} of host {host_name}, {whose}: two uses of one "
+                                "port on a host, and whichever starts second fails or takes "
+                                "the other's traffic; give it another port")
+            opened.setdefault(port, service.name)
+    for service in services:
         for gpu in service.gpus:
             other = gpus.setdefault(gpu, service.name)
             if other != service.name:
