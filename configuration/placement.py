@@ -55,8 +55,9 @@ def flag_ports(service: Service) -> list[tuple[str, int]]:
     all-interfaces `host:port` or URL in any flag's value (a zmq endpoint, a metrics address)."""
     found = []
     for flag, value in service.args:
-        if flag.endswith("port") and kinds.positive_whole_number(value) is not None:
-            found.append((flag, kinds.positive_whole_number(value)))
+        number = kinds.positive_whole_number(value) if flag.endswith("port") else None
+        if number is not None:
+            found.append((flag, number))
         else:
             found += [(flag, port) for port in kinds.local_ports_in(value)]
     return found

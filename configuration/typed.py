@@ -134,9 +134,14 @@ class Service:
     @property
     def speculative_algorithm(self) -> str | None:
         """The speculative algorithm the engine runs (`DFLASH`, `DDTREE`, ...), or None."""
-        value = dict(self.args).get("speculative-algorithm")
-        name = str(value).upper() if value not in (None, False) else ""
-        return name if name not in ("", "NONE") else None
+        return speculative_algorithm(dict(self.args))
+
+
+def speculative_algorithm(args: dict) -> str | None:
+    """The speculative algorithm a service's flags (as they go into argv) name, or None."""
+    value = args.get("speculative-algorithm")
+    name = str(value).upper() if value not in (None, False) else ""
+    return name if name not in ("", "NONE") else None
 
 
 # One engine flag of a service, as configuration/service_args.py resolved it (the rules of

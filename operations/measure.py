@@ -49,6 +49,7 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
 from configuration import kinds
+from configuration.typed import speculative_algorithm
 from operations import redact, remote, service_user, transient, units
 
 MARK = "MEASURE-RESULT "
@@ -356,7 +357,7 @@ def drafting(args: dict) -> str:
     whether a tree is built at all. Both public DDTree implementations run a budget of at most block
     size - 1 as a chain identical to DFLASH (the spine): with a 16-token draft block, budget 15
     builds no tree (docs/engine-advisories.md)."""
-    algorithm = str(args.get("speculative-algorithm") or "").upper()
+    algorithm = speculative_algorithm(args)
     if not algorithm:
         return "none"
     block = args.get("speculative-dflash-block-size") or args.get("speculative-num-draft-tokens")

@@ -208,9 +208,9 @@ class Unpacker:
                     tarfile.FIFOTYPE: "a fifo"}
             raise Refused(kind.get(member.type, f"an entry of type {member.type!r}"))
 
-    def listed(self, rel, size):
-        """The sha256 the listing holds for a regular file of `size` at `rel` (None: no digest
-        listed, or no listing); refused where the listing has no such file."""
+    def listed(self, rel, size=None):
+        """The sha256 the listing holds for a regular file at `rel` (None: no digest listed, or no
+        listing); refused where the listing has no such file, or, given `size`, not that size."""
         if rel in self.written:
             raise Refused("a name sent twice")
         if self.listing is None:
@@ -220,7 +220,7 @@ class Unpacker:
         want_size, want_sha = self.listing[rel]
         if want_size == SYMLINK:
             raise Refused(f"a file where the origin has a symlink to {shown(want_sha)}")
-        if size != want_size:
+        if size is not None and size != want_size:
             raise Refused(f"{size} bytes, the origin's file has {want_size}")
         return want_sha
 
@@ -304,7 +304,7 @@ class Unpacker:
             raise Refused(
                 f"a hard link to {shown(target)}, not a regular file this archive wrote before it")
         if self.listing is not None:
-            want_sha = self.listed(rel, self.listing.get(rel, [None])[0])
+            want_sha = self.listed(rel)  # its bytes are its target's: held to the digest below
             if want_sha is not None and self.digests.get("/".join(names)) != want_sha:
                 raise Refused(f"a hard link to {shown(target)}, whose bytes are not the origin's "
                               f"file {shown(rel)}")

@@ -20,6 +20,7 @@
 # response's `meta_info`) is at least the service's `min_accept_length`. The first failing probe
 # fails the gate, naming the prompt, the position, the two tokens and the target's margin.
 # argv: UNIT ADDRESS PORT TIMEOUT_S SMOKE(0/1) CONFIG_FILE [SPEC_JSON]
+import functools
 import hashlib
 import http.client
 import json
@@ -103,8 +104,8 @@ def ask(method, path, control_group, body=None, timeout=10):
         stranger = peer_untrusted(conn.sock, unit, control_group)
         if stranger:
             raise NotTheService(stranger)
-        conn.request(method, path, body=body,
-                     headers=headers if body is not None or path == "/model_info" else {})
+        # the key goes with every request but /health (which needs none)
+        conn.request(method, path, body=body, headers=headers if path != "/health" else {})
         response = conn.getresponse()
         return response.status, response.reason, response.read()
     finally:
@@ -128,10 +129,17 @@ class NotLossless(Exception):
     """The served tokens are not the target's, or the engine cannot say."""
 
 
+@functools.lru_cache(maxsize=None)
+def control_group():
+    """The unit's cgroup, read once for the speculative check's requests (a unit keeps its cgroup
+    across restarts: the peer check of each request holds it to the unit all the same)."""
+    return unit_state().get("ControlGroup")
+
+
 def generate(payload):
     """One /generate answer (a dict), asked only of the unit's own process."""
     try:
-        status, why, answer = ask("POST", "/generate", unit_state().get("ControlGroup"),
+        status, why, answer = ask("POST", "/generate", control_group(),
                                   body=json.dumps(payload).encode(), timeout=300)
     except NotTheService as exc:
         die(f"{unit} answered /health, then its port was not its own: {exc}; its speculative "
@@ -215,7 +223,7 @@ def served_model():
     """The model path the server says it serves (`/model_info`), or None: a canary's outputs are
     compared with its old replica's where both serve the same."""
     try:
-        status, _, answer = ask("GET", "/model_info", unit_state().get("ControlGroup"))
+        status, _, answer = ask("GET", "/model_info", control_group())
         return json.loads(answer).get("model_path") if status == 200 else None
     except (NotTheService, OSError, ValueError, AttributeError, http.client.HTTPException):
         return None
