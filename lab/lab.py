@@ -1021,6 +1021,8 @@ def cmd_gpus(args) -> int:
                            for i in range(args.count if args.count is not None else len(cfg["gpus"]))]
             for g in cfg["gpus"]:
                 g["state"] = old_states.get(g["index"], "ok")
+        if args.cuda:
+            cfg["cuda_version"] = args.cuda
         by_index = {g["index"]: g for g in cfg["gpus"]}
         for state, idxs in (("ok", args.ok), ("failed", args.fail), ("missing", args.missing)):
             for i in idxs or []:
@@ -1064,6 +1066,7 @@ def main(argv: list[str]) -> int:
     g.add_argument("--name", dest="gpu_name", help='product name, e.g. "NVIDIA H200"')
     g.add_argument("--compute-cap", help="e.g. 9.0")
     g.add_argument("--memory-mib", type=int)
+    g.add_argument("--cuda", help="the CUDA version the driver supports, as nvidia-smi's header says it (e.g. 12.8)")
     g.add_argument("--fail", type=int, action="append", metavar="IDX", help="GPU IDX requires reset (ERR!)")
     g.add_argument("--missing", type=int, action="append", metavar="IDX", help="GPU IDX fell off the bus")
     g.add_argument("--ok", type=int, action="append", metavar="IDX", help="GPU IDX healthy again")

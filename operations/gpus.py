@@ -32,7 +32,7 @@ from configuration import advisories, engine_flags, patch_sets, stacks
 from configuration.errors import fail_dry_run
 from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
-from operations import host_reads, remote
+from operations import host_reads, prerequisites, remote
 from operations.host_reads import operation
 from report import summary
 
@@ -281,6 +281,12 @@ class GpuDecisions:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def service_of(self, error: str) -> str | None:
+        """The service an error is about (`name: why`); None for the host's own (its Python, its
+        driver: every service on it)."""
+        name = error.split(":", 1)[0]
+        return name if name in {s.name for s in self.config.services} else None
 
     def probe_args(self) -> dict:
         """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute
@@ -630,19 +636,27 @@ def plan_for_host(config: HostConfig, stack: stacks.Stack) -> GpuDecisions:
     paths = sorted({m.store_path for s in config.services for m in s.models})
     facts = host_reads.get(host, GpuState, models=paths)
     engine = stack.wanted().get("sglang")
-    return dataclasses.replace(decide(config, facts, engine), facts=facts)
+    decided = decide(config, facts, engine)
+    # What the host must have for the stack and models (its Python, glibc, driver, room in RAM):
+    # refused here, with the GPUs, before anything is built.
+    basics = host_reads.get(host, prerequisites.HostBasics,
+                            **prerequisites.read_arguments(config, stack))
+    missing = tuple(prerequisites.refusals(config, stack, basics, facts))
+    return dataclasses.replace(decided, facts=facts, errors=missing + decided.errors)
 
 
 # The operation ---------------------------------------------------------------------------
 
 
-def _refuse(state, host, errors: tuple[str, ...]) -> bool:
-    for error in errors:
+def _refuse(state, host, plan: GpuDecisions) -> bool:
+    for error in plan.errors:
         host.log_styled(f"GPU CHECK FAILED, nothing changed on this host: {error}", fg="red",
                         log_func=logger.error)
-    for error in errors:
-        service = error.split(":", 1)[0]
-        summary.record(host.name, service, "-", "FAILED", f"GPU check: {error.split(': ', 1)[-1]}")
+    for error in plan.errors:
+        service = plan.service_of(error)
+        for name in [service] if service else [s.name for s in plan.config.services]:
+            summary.record(host.name, name, "-", "FAILED",
+                           f"GPU check: {error.split(': ', 1)[-1] if service else error}")
     return False
 
 
@@ -688,4 +702,4 @@ def checked(plan: GpuDecisions):
                              for s in plan.config.services)
         host.noop(f"GPUs fit: {services}" if services else "no services placed: no GPU needed")
         return
-    yield FunctionCommand(_refuse, (plan.errors,), {})
+    yield FunctionCommand(_refuse, (plan,), {})

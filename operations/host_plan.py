@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import Directory, File, FileContents, Sha1File
 from pyinfra.facts.server import Groups
 
 from configuration.host_paths import SECRETS_DIR
@@ -97,8 +97,11 @@ def plan_host(name: str, decisions, stack, patch_sets: dict, read: Callable,
             raise Unread from exc
 
     for error in decisions.errors:
-        service = error.split(":", 1)[0]
-        plan.add(GPU, f"service {service}", "refuse", error.split(": ", 1)[-1], service=service)
+        service = decisions.service_of(error)
+        if service:
+            plan.add(GPU, f"service {service}", "refuse", error.split(": ", 1)[-1], service=service)
+        else:
+            plan.add(GPU, "this host", "refuse", error)
     changed: dict[str, bool] = {}  # what a service loads -> whether this run changes it
     for step in (_environments, _models, _account):
         try:
@@ -128,6 +131,16 @@ def plan_host(name: str, decisions, stack, patch_sets: dict, read: Callable,
     except Unread:
         pass
     return plan
+
+
+def _speculative_words(spec: dict | None) -> str:
+    """What a speculative service's gate asks beyond serving (readiness.speculative_check)."""
+    if not spec:
+        return ""
+    asks = ([f"its greedy tokens against its target's ({spec['tokens']} per probe)"]
+            if spec["lossless"] else [])
+    asks += [f"an accept length of at least {spec['min_accept']}"] if spec["min_accept"] else []
+    return "; " + " and ".join(asks)
 
 
 def _directory(plan: HostPlan, step: str, path: str, found, mode: str, user: str,
@@ -225,8 +238,9 @@ def _models(plan, config, stack, patch_sets, ask, changed, verify) -> None:
     state = ask(models.BootStaging, paths=sorted(wanted), unit=models.BOOT_UNIT)
     if config.staged_models:
         for path in models.boot_stale(state, wanted):
-            plan.add(MODELS, path, "update" if path in state["files"] else "create",
-                     "the boot unit's file differs from the data")
+            present = path in state["files"]
+            plan.add(MODELS, path, "update" if present else "create",
+                     "the boot unit's file differs from the data" if present else "absent")
         if not state["enabled"]:
             plan.add(MODELS, models.BOOT_UNIT, "enable", "stages the models again after a reboot")
     elif state["files"] or state["enabled"]:
@@ -284,7 +298,11 @@ def _service(plan, config, service, stack, patch_sets, device_groups, ask, chang
     # reload or restart.
     unit_changed = why is not None and not unit_file.same_content(found, sha1, text)
     if why:
-        plan.add(SERVICE, unit_path, "create" if found is None else "update", why, service=name)
+        # The lines that differ, read only when the content does (a converged host reads no unit).
+        diff = (unit_file.line_changes(ask(FileContents, path=unit_path), text)
+                if unit_changed and found is not None else ())
+        plan.add(SERVICE, unit_path, "create" if found is None else "update", why, service=name,
+                 diff=diff)
     inputs_changed = (
         unit_changed
         or key_why is not None  # the key file is one of the service's inputs (deploys/service.py)
@@ -319,7 +337,8 @@ def _service(plan, config, service, stack, patch_sets, device_groups, ask, chang
                  "no record covers the running process", service=name)
     if steps.start or steps.restart:
         plan.add(SERVICE, f"readiness of {name}", "check",
-                 "/health and a smoke completion after the (re)start", service=name)
+                 "/health and a smoke completion after the (re)start"
+                 + _speculative_words(readiness.speculative_check(service)), service=name)
     elif state.get("health") != 200 or state.get("active") != "active":
         answer = (state.get("stranger") or state.get("health_error")
                   or f"/health answers {state.get('health')}")

@@ -27,6 +27,9 @@ class Change:
     action: str
     why: str
     service: str | None = None  # the service it belongs to; None for the host's own objects
+    # The lines that change in a text file the deploy writes whole (a unit): `- what the host has`,
+    # `+ what the data makes`, secrets masked (unit_file.line_changes).
+    diff: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -40,7 +43,9 @@ class Change:
                 else f"{self.action} {self.what}")
 
     def record(self) -> dict:
-        return asdict(self)
+        record = asdict(self)
+        record["diff"] = list(self.diff)
+        return record
 
 
 @dataclass
@@ -53,8 +58,8 @@ class HostPlan:
     unread: list[str] = field(default_factory=list)
 
     def add(self, step: str, what: str, action: str, why: str = "",
-            service: str | None = None) -> Change:
-        change = Change(step, what, action, why, service)
+            service: str | None = None, diff: tuple[str, ...] = ()) -> Change:
+        change = Change(step, what, action, why, service, diff)
         self.changes.append(change)
         return change
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand
 from pyinfra.facts.files import File, Sha1File
 
-from operations import host_reads, this_run
+from operations import host_reads, redact, this_run
 from operations.file_write import replace_file
 from operations.host_reads import operation
 
 MODE = "644"
+# The most changed lines a plan shows of one unit (a unit rewritten by hand shows its first ones,
+# then how many more).
+DIFF_LINES = 12
 
 
 def same_content(found: dict | None, sha1: str | None, text: str) -> bool:
@@ -32,6 +36,28 @@ def differs(found: dict | None, sha1: str | None, text: str) -> str | None:
         return (f"mode {found.get('mode')} {found.get('user')}:{found.get('group')}, wanted {MODE} "
                 "root:root")
     return None
+
+
+def line_changes(found: list[str] | None, text: str) -> tuple[str, ...]:
+    """Which lines of the unit on the host (`found`, FileContents' lines) differ from `text`:
+    `- old` and `+ new`, each as the unit reads it (a flag line without its continuation), every
+    secret value the run knows and every secret-named value masked (redact.engine_text: the host's
+    copy may hold what the data no longer names)."""
+    if found is None:
+        return ()
+    old = [_flag_line(line) for line in found]
+    new = [_flag_line(line) for line in text.splitlines()]
+    lines = [f"{line[0]} {line[2:]}" for line in difflib.ndiff(old, new)
+             if line[:1] in "+-" and line[2:].strip()]
+    shown = [redact.engine_text(line) for line in lines[:DIFF_LINES]]
+    if len(lines) > DIFF_LINES:
+        shown.append(f"... and {len(lines) - DIFF_LINES} more changed line(s)")
+    return tuple(shown)
+
+
+def _flag_line(line: str) -> str:
+    line = line.strip()
+    return line[:-1].rstrip() if line.endswith("\\") else line
 
 
 class Rewritten:

@@ -1,16 +1,16 @@
 """The plan as people and machines read it: per host and service under `--dry`, and as JSON on
 request.
 
-    # the plan, per host and service (what, why, action)
+    # the plan, per host and service (what, why, action); exit 0 nothing to do, 2 changes, 1 refused
     pyinfra inventory.py deploy.py --dry
-    # and as JSON; exit 0 nothing to do, 2 changes, 1 refused
+    # and as JSON (its fields: docs/status.md, "The plan as JSON")
     PLAN_JSON=plan.json pyinfra inventory.py deploy.py --dry
     # the JSON on stdout (the plan's text, like pyinfra's log, on stderr)
     PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y
 
 Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and
 refusals as the status view's JSON has them, and what could not be read); once the last host is
-done, `PlanPrinter` prints and writes it. Under `--dry` with `PLAN_JSON`, the process exits as
+done, `PlanPrinter` prints and writes it. Under `--dry`, the process exits as
 `terraform plan -detailed-exitcode` does: 0 nothing to do, 2 changes, 1 a refusal, a fact not read,
 or a host whose load failed (not planned). A real run writes the plan it applied (PLAN_JSON) and
 keeps pyinfra's exit code.
@@ -27,6 +27,10 @@ from pyinfra.api.state import BaseStateCallback
 
 from report.status_view import write_atomically
 from report.terminal_text import one_line
+
+# The JSON plan's shape, named in the document (docs/plan.md): a reader checks it before reading a
+# field (a change of meaning or a field removed gets a new number; a field added does not).
+SCHEMA = "sglang-deploy-plan/1"
 
 PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each host's load plans it
 
@@ -86,7 +90,7 @@ def exit_code(plans: list[dict], unplanned: list[str]) -> int:
 
 
 def document(plans: list[dict], unplanned: list[str]) -> dict:
-    return {"exit_code": exit_code(plans, unplanned), "hosts": plans,
+    return {"schema": SCHEMA, "exit_code": exit_code(plans, unplanned), "hosts": plans,
             "rollouts": rollout_document(plans),
             "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's "
                                                   "error above says why)"}
@@ -106,6 +110,7 @@ def text(plans: list[dict], unplanned: list[str]) -> str:
             why = f": {change['why']}" if change["why"] else ""
             lines.append(
                 one_line(f"    {who}  [{change['step']}] {change['action']} {change['what']}{why}"))
+            lines += [one_line(f"        {line}") for line in change.get("diff") or ()]
         for what in plan["unread"]:
             lines.append(one_line(f"    {plan['host']}  not read: {what}"))
     for name in unplanned:
@@ -147,7 +152,7 @@ class PlanPrinter(BaseStateCallback):
                 logger.info(f"--> Plan written to {self.json_to}")
         PLANS.clear()
         ROLLOUTS.clear()
-        if self.dry and self.json_to:
+        if self.dry:
             raise SystemExit(exit_code(plans, unplanned))
 
 

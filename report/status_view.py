@@ -284,7 +284,10 @@ def detail(rows: list[dict]) -> str:
             if name == "DEPLOY WOULD":
                 changes = row.get("changes") or []
                 lines.append(f"  DEPLOY WOULD: {_changes(row) if not changes else ''}".rstrip())
-                lines += [f"    - {c}" for c in changes]
+                plan = row.get("plan") or [{}] * len(changes)  # parallel to `changes`
+                for change, record in zip(changes, plan):
+                    lines.append(f"    - {change}")
+                    lines += [f"        {line}" for line in record.get("diff") or ()]
                 lines += [f"  WARNING: {w}" for w in row.get("warnings") or []]
                 continue
             lines.append(f"  {name}: {cell(row)}")

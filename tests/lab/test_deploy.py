@@ -99,6 +99,11 @@ def test_hand_edited_unit_is_put_back_and_only_its_service_restarts(first_run):
     pids = {name: main_pid("gpu-a", unit) for name, unit in UNITS.items()}
     path = f"/etc/systemd/system/{UNITS['dflash']}"
     ssh("gpu-a", f"sed -i 's/--grammar-backend none/--grammar-backend xgrammar/' {path}")
+    # --dry names the lines that differ and exits with the plan's code (2: changes), with no variable set
+    dry = deploy("lab/inventory.py", "--dry", as_json=False)
+    assert dry.returncode == 2, dry
+    assert f"gpu-a/dflash  [Service] update {path}: differs from the data\n        - --grammar-backend xgrammar\n" \
+           "        + --grammar-backend none\n" in dry.stderr, dry
     result = deploy()
     assert result.returncode == 0, result
     names = changed_names(result)

@@ -230,7 +230,7 @@ def test_a_dry_run_beside_a_real_deploy_neither_waits_nor_blocks_it():
         before = {host: lock_owner(host) for host in (STUCK, OTHER)}
         dry_inventory = write_inventory("test_lock_dry", {STUCK: {"run_services": [], "lock_wait_s": 0}, OTHER: {"run_services": [], "lock_wait_s": 0}})
         result = deploy(dry_inventory, "--dry", as_json=False)
-        assert result.returncode == 0, result
+        assert result.returncode in (0, 2), result  # planned (nothing, or changes), never refused or failed
         text = result.stdout + result.stderr
         for host in (STUCK, OTHER):
             assert f"[{host}] --dry takes no lock; another deploy holds it: root@" in text and f"(pid {first.pid})" in text

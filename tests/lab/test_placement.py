@@ -103,7 +103,7 @@ def fresh_services():
 def test_attention_backend_auto_is_triton_on_12_0_and_sglangs_default_on_9_0():
     lab("gpus", NEW, "--count", "2", "--name", "NVIDIA H200", "--compute-cap", "9.0", "--memory-mib", "143771")
     dry = run("backend", ["dflash"], ["dflash-b"], "--dry")
-    assert dry.returncode == 0, output(dry)
+    assert dry.returncode == 2, output(dry)  # changes planned, none refused
     text = output(dry)
     assert f"[{OLD}] dflash: attention-backend auto -> triton (sm 12.0" in text
     assert f"[{NEW}] dflash-b: attention-backend auto -> sglang's default (sm 9.0)" in text
@@ -133,6 +133,33 @@ def test_a_gpu_that_cannot_serve_fails_the_host_before_any_change(gpus, expected
     assert f"GPU CHECK FAILED, nothing changed on this host: {expected}" in output(result)
     assert f"{NEW}/dflash" in output(result) and "FAILED  GPU check:" in output(result)
     assert ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
+
+
+def test_a_host_without_what_the_stack_needs_is_refused_before_any_change():
+    """Issue 50 item 1: the stack's Python, a driver as new as the stack's CUDA and room in /dev/shm for the models
+    are read in the host's one read and judged with the GPUs, before anything is built, --dry included; each refusal
+    names its fix. The real stack (Python 3.12, CUDA 13.0) on a lab host (Debian 12: Python 3.11), its driver set to
+    CUDA 12.8 and its /dev/shm to 2 MiB (the target is 4 MiB)."""
+    lab("gpus", NEW, "--cuda", "12.8")
+    ssh(NEW, "mount -o remount,size=2M /dev/shm")
+    try:
+        before = ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout
+        expected = [
+            "python3.12 not found on the host: stack sglang-0.5.23-cu130 builds its venv with it; install it",
+            "the driver supports CUDA 12.8, stack sglang-0.5.23-cu130 is built for CUDA 13.0: install an NVIDIA driver",
+            "/dev/shm has 2.0 MiB free, the models still to stage need 4.0 MiB (Qwen3.6-27B 4.0 MiB): give it more room",
+        ]
+        dry = run("prerequisites", [], ["dflash"], "--dry", **{NEW: {"stack": "sglang-0.5.23-cu130"}})
+        assert dry.returncode == 1, output(dry)[-3000:]
+        for line in expected:
+            assert f"[{NEW}] GPU check will fail: {line}" in output(dry), output(dry)[-3000:]
+        result = run("prerequisites", [], ["dflash"], **{NEW: {"stack": "sglang-0.5.23-cu130"}})
+        assert result.returncode != 0
+        for line in expected:
+            assert f"GPU CHECK FAILED, nothing changed on this host: {line}" in output(result), output(result)[-3000:]
+        assert ssh(NEW, "ls -A /etc/systemd/system /dev/shm /root | sort | sha256sum").stdout == before
+    finally:
+        ssh(NEW, "mount -o remount,size=2468380k /dev/shm")
 
 
 def test_auto_on_an_h200_is_refused_for_a_patch_set_served_only_on_triton(tmp_path):

@@ -134,6 +134,7 @@ def test_dry_shows_the_waves():
     inv = inventory("warm3", rep={"env": {"STANDIN_WARMUP_S": "3"}})
     proc = subprocess.run([PYINFRA, inv, "deploy.py", "--dry"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]  # the plan's code: changes (each replica restarts)
     assert "rep: 4 replicas, at most 1 not serving at once" in out, out[-3000:]
     for i, replica in enumerate(("gpu-a/rep", "gpu-b/rep", "gpu-c/rep", "gpu-c/rep@2"), start=1):
         assert f"wave {i}: {replica} (restart)" in out, out[-3000:]

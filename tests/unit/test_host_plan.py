@@ -11,7 +11,7 @@ import copy
 import hashlib
 
 import pytest
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import Directory, File, FileContents, Sha1File
 from pyinfra.facts.server import Groups
 
 from configuration import settings, stacks
@@ -29,6 +29,7 @@ from operations import (
     secrets,
     service_user,
     transfer,
+    unit_file,
     venv,
 )
 from operations.plan import Change, HostPlan
@@ -116,6 +117,7 @@ def converged_world(config, stack, patch_sets) -> World:
         text = host_plan.unit_text(config, s, stack, patch_sets, ())
         w.set(File, {"mode": 644, "user": "root", "group": "root"}, path=s.unit_path)
         w.set(Sha1File, hashlib.sha1(text.encode()).hexdigest(), path=s.unit_path)
+        w.set(FileContents, text.splitlines(), path=s.unit_path)
         w.set(readiness.ServiceState, {"active": "active", "sub": "running", "enabled": "enabled", "recorded": True,
                                        "newer": [], "health": 200, "pid": 11, "uptime_s": 60},
               unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port, inputs=host_plan.watched_inputs(s, s.unit_path))
@@ -155,6 +157,40 @@ def test_a_unit_whose_content_differs_is_checked_rewritten_reloaded_restarted_an
     plan = plan_of(*lab, w)
     assert [c.action for c in plan.of_service(ddtree.name)] == ["update", "check", "reload", "restart", "check"]
     assert plan.of_service(config.services[1].name) == []
+
+
+def test_a_unit_edited_on_the_host_names_the_lines_that_differ_with_secrets_masked(lab):
+    """`--dry` and the status view show which flags changed, as `terraform plan` does; a secret the host's
+    copy holds (a token an operator pasted, the data's own key) is never shown."""
+    config, stack, patch_sets = lab
+    w = converged_world(*lab)
+    ddtree = config.services[0]
+    text = host_plan.unit_text(config, ddtree, stack, patch_sets, ())
+    assert "    --speculative-ddtree-budget 15 \\" in text.splitlines()
+    edited = [line.replace("--speculative-ddtree-budget 15", "--speculative-ddtree-budget 31") for line in text.splitlines()]
+    edited.insert(edited.index("[Service]") + 1, "Environment=HF_TOKEN=hf_pastedbyhand0123456789")
+    edited.insert(edited.index("[Service]") + 1, "Environment=LEAK=" + "k" * 32)
+    w.set(Sha1File, "0" * 40, path=ddtree.unit_path)
+    w.set(FileContents, edited, path=ddtree.unit_path)
+    plan = plan_of(*lab, w)
+    (change,) = [c for c in plan.of_service(ddtree.name) if c.what == ddtree.unit_path]
+    assert change.why == "differs from the data"
+    assert "- --speculative-ddtree-budget 31" in change.diff and "+ --speculative-ddtree-budget 15" in change.diff, change.diff
+    assert "- Environment=HF_TOKEN=<redacted>" in change.diff
+    assert not any("hf_pasted" in line or "k" * 32 in line for line in change.diff), change.diff
+    assert change.record()["diff"] == list(change.diff)
+    # a unit whose content is the data's asks nothing more, and shows nothing
+    assert plan_of(*lab, converged_world(*lab)).changes == []
+
+
+def test_a_unit_rewritten_whole_shows_its_first_changed_lines_and_how_many_more(lab):
+    config, stack, patch_sets = lab
+    w = converged_world(*lab)
+    ddtree = config.services[0]
+    w.set(Sha1File, "0" * 40, path=ddtree.unit_path)
+    w.set(FileContents, [f"# line {i}" for i in range(40)], path=ddtree.unit_path)
+    (change,) = [c for c in plan_of(*lab, w).of_service(ddtree.name) if c.what == ddtree.unit_path]
+    assert len(change.diff) == unit_file.DIFF_LINES + 1 and change.diff[-1].startswith("... and ")
 
 
 def test_a_venv_change_restarts_every_service_of_that_venv_only(lab):
@@ -275,7 +311,7 @@ def test_an_unanswered_read_is_named_and_never_converged(lab):
 def test_a_change_record_is_what_the_json_and_the_status_view_carry():
     change = Change("Service", "/etc/systemd/system/sglang-x.service", "update", "differs from the data", "x")
     assert change.record() == {"step": "Service", "what": "/etc/systemd/system/sglang-x.service", "action": "update",
-                               "why": "differs from the data", "service": "x"}
+                               "why": "differs from the data", "service": "x", "diff": []}
     assert change.text == "update /etc/systemd/system/sglang-x.service: differs from the data"
     with pytest.raises(ValueError):
         Change("Service", "x", "frobnicate", "")
