@@ -10,7 +10,7 @@ from configuration import engine_flags
 from configuration import patch_sets as patch_set_files
 from configuration.errors import DataError
 from configuration.refusals import require
-from configuration.stacks import normalize
+from configuration.stacks import cuda_of, normalize
 from configuration.typed import Arg
 
 
@@ -23,7 +23,24 @@ def check_patch_sets(src: str, key_path: str, patch_sets: tuple[str, ...], stack
                 patch_set, "no such patch set; available: "
                            f"{', '.join(patch_set_files.available()) or '(none)'}")
         # its manifest, checked like the data
-        _fits_the_stack(stack, pins, src, key_path, patch_set_files.load_patch_set(patch_set))
+        loaded = patch_set_files.load_patch_set(patch_set)
+        _fits_the_stack(stack, pins, src, key_path, loaded)
+        _decodes_where_it_serves(stack, pins, src, key_path, loaded)
+
+
+def _decodes_where_it_serves(stack: str, pins: dict[str, str], src: str, key_path: str,
+                             patch_set: patch_set_files.PatchSet) -> None:
+    """A set that only registers its algorithm for the parser (the lab's sample) passes every check
+    the lab makes, and on a GPU stack would start a service that cannot decode."""
+    cuda = cuda_of(pins)
+    require(
+        not (patch_set.parser_only and cuda), src, key_path, patch_set.name,
+        f"files/patches/{patch_set.name}/patchset.yml says parser_only: it registers its algorithm "
+        f"for the engine's parser and decodes nothing, and the stack {stack} serves on GPUs "
+        f"(CUDA {'.'.join(map(str, cuda or ()))}): put a patch set built from the algorithm's "
+        "source in its place (python -m tools.patchset_build; docs/stacks-and-patch-sets.md), or "
+        "leave the service out of the hosts' run_services",
+    )
 
 
 def _fits_the_stack(stack: str, pins: dict[str, str], src: str, key_path: str,

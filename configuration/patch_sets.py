@@ -27,7 +27,7 @@ from configuration.yamlload import load_file
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "files" / "patches"
 _SHA_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 # The manifest's keys: anything else is a typo (`orignal:` would leave an original never backed up).
-_TOP_KEYS = ("name", "description", "base", "attention_backends", "files")
+_TOP_KEYS = ("name", "description", "base", "attention_backends", "parser_only", "files")
 _BASE_KEYS = ("distribution", "version")
 _FILE_KEYS = ("sha256", "original")
 # sglang's backend names: fa3, triton, flashinfer, trtllm_mha, ...
@@ -54,6 +54,9 @@ class PatchSet:
     root: Path
     # None: never served on a GPU, nothing to hold it to
     attention_backends: tuple[str, ...] | None = None
+    # It registers its algorithm and flags for the engine's parser and decodes nothing (a sample
+    # for the lab's stand-in engine): refused on a stack that serves on GPUs (patch_set_fit).
+    parser_only: bool = False
 
     def local(self, patch_file: PatchFile) -> Path:
         return self.root / patch_file.path
@@ -101,6 +104,11 @@ def load_patch_set(name: str) -> PatchSet:
                         "must list the attention backends the set was served on, each once, e.g. "
                         "[triton] (sglang's names, lower case); leave the key out for a set never "
                         "served on a GPU")
+    parser_only = raw.get("parser_only", False)
+    if not isinstance(parser_only, bool):
+        raise DataError(shown, "parser_only", parser_only,
+                        "must be true (the set registers its algorithm for the engine's parser "
+                        "only and decodes nothing) or false")
     entries = raw.get("files")
     if not isinstance(entries, dict) or not entries:
         raise DataError(shown, "files", entries,
@@ -137,7 +145,7 @@ def load_patch_set(name: str) -> PatchSet:
                             f"{local} has sha256 {actual}: regenerate the manifest")
         patch_files.append(PatchFile(str(rel), spec["sha256"], original))
     return PatchSet(name, str(base["distribution"]), str(base["version"]), tuple(patch_files), root,
-                    tuple(backends) if backends is not None else None)
+                    tuple(backends) if backends is not None else None, parser_only)
 
 
 def unserved_backend(patch_set: PatchSet, args: dict[str, Any]) -> tuple[str, Any] | None:

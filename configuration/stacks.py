@@ -66,6 +66,11 @@ class Stack:
         return {p.name: p.version for p in self.packages}
 
     @property
+    def cuda(self) -> tuple[int, int] | None:
+        """The CUDA version (major, minor) its wheels were built for; None for a CPU stack."""
+        return cuda_of(self.wanted())
+
+    @property
     def site_packages(self) -> str:
         return f"lib/python{self.python}/site-packages"
 
@@ -78,6 +83,17 @@ class Stack:
             digest.update(
                 f"{p.name}=={p.version} {p.file or ''} {p.sha256 or ''} {p.build or ''}\n".encode())
         return digest.hexdigest()
+
+
+# The distribution whose version is the CUDA runtime a stack's wheels were built against (`13.0.96`
+# -> 13.0); a stack without it (the lab's CPU stacks) serves on no GPU and needs no driver.
+CUDA_RUNTIME = "nvidia-cuda-runtime"
+
+
+def cuda_of(pins: dict[str, str]) -> tuple[int, int] | None:
+    """The CUDA version (major, minor) of a stack's pins (distribution -> version)."""
+    match = re.match(r"(\d+)\.(\d+)", pins.get(CUDA_RUNTIME) or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def available_stacks() -> list[str]:

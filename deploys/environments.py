@@ -16,7 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations.util import any_changed
 
-from operations import patches, rollback, venv
+from operations import patches, progress, rollback, venv
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             installer=config.installer,
             verify=config.verify_env,
         )
+        progress.watch(built, f"venv generation {gen.id}", progress.bytes_under(gen.path))
         # Where the build changed nothing, the index it writes after an install may be missing or
         # stale.
         venv.record_index(
@@ -89,6 +90,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             probe=probe,
             _if=_probe_needed(was != gen.path, any_changed(built, *patched)),
         )
+        progress.watch(probed, f"ABI probe of generation {gen.id}")
         switched = venv.switched(name=f"{env.path} is generation {gen.id}", gen=gen,
                                  live_target=was)
         built_envs[env.path] = BuiltEnvironment(gen, probed, switched)

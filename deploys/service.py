@@ -23,6 +23,7 @@ from operations import (
     host_plan,
     lifecycle,
     preflight,
+    progress,
     readiness,
     rollback,
     rollout,
@@ -84,7 +85,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
     # file.
     inputs = this_run.Inputs((*environment.named_ops(), *model_copies.named_of(service),
                               (f"API keys of {service.name}", key_file, False)))
-    preflight.passed(
+    parsed = preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name,
         venv_path=environment.gen.path,
@@ -97,6 +98,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         inputs_changed=inputs,
         by_target=by_target,
     )
+    progress.watch(parsed, f"{service.unit_name}'s flags through the engine's own parser")
     return Prepared(service, unit_text, inputs, environment,
                     host_plan.watched_inputs(service, unit_path))
 
@@ -141,7 +143,7 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
     soak). `planned`: the host's plan (re)starts it; when its rollout halted (`held`), it was kept
     on its old version, and says so."""
     service = prepared.service
-    readiness.ready(
+    gate = readiness.ready(
         name=f"{service.unit_name} answers /health",
         service=service.name,
         unit=service.unit_name,
@@ -162,6 +164,7 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
         held=lambda: prepared.started.held or (held() if planned else None),
         soak_s=soak_s,
     )
+    progress.watch(gate, f"{service.unit_name} starting", progress.journal(service.unit_name))
 
 
 @deploy("Service")

@@ -33,11 +33,14 @@ from pyinfra.api import FactBase
 from configuration import host_paths
 from configuration.host_paths import BOOT_LIST, BOOT_SCRIPT
 from configuration.settings import HostConfig
-from operations import host_reads, remote, units
+from operations import host_reads, progress, remote, units
 from operations.file_write import replace_file
 from operations.host_reads import operation
 
 MARKER = ".sglang-deploy-staged.json"
+# The stage script's latest progress line (remote/stage_model.py: PROGRESS_PATH), read by the
+# progress watch while a model is staged.
+STAGING_PROGRESS = "/run/sglang-deploy/staging.progress"
 JOURNAL = ".sglang-deploy-partial.jsonl"
 BOOT_UNIT = "sglang-stage-models.service"
 BOOT_UNIT_PATH = host_paths.unit_path(BOOT_UNIT)
@@ -413,6 +416,8 @@ def stage_for_host(config: HostConfig) -> dict:
             # Later models count in this one's free-space check: a shortfall stops before any copy.
             others=tuple((m.store_path, m.load_path) for m in models[i + 1:]),
         )
+        progress.watch(ops[model.name], f"staging {model.name} into {config.shm_dir}",
+                       progress.last_line(STAGING_PROGRESS))
     boot_staging(
         name=f"Boot unit {BOOT_UNIT} stages models into {config.shm_dir}",
         wanted=boot_wanted(config),

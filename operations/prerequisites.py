@@ -21,9 +21,6 @@ from pyinfra.api import FactBase
 
 from operations import host_reads
 
-# The distribution whose version is the CUDA runtime a stack's wheels were built against (`13.0.96`
-# -> 13.0); a stack without it (the lab's CPU stacks) needs no driver.
-CUDA_RUNTIME = "nvidia-cuda-runtime"
 _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
 # The legacy manylinux tags, as the glibc they stand for (PEP 600).
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -80,13 +77,6 @@ def read_arguments(config, stack) -> dict:
     return {"python": f"python{stack.python}", "paths": paths, "staged": staged}
 
 
-def stack_cuda(stack) -> tuple[int, int] | None:
-    """The CUDA version (major, minor) the stack's wheels were built for; None for a CPU stack."""
-    runtime = stack.wanted().get(CUDA_RUNTIME)
-    match = re.match(r"(\d+)\.(\d+)", runtime or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def wheel_glibc(filename: str) -> tuple[int, int] | None:
     """The oldest glibc a wheel runs on (the lowest of its manylinux tags); None: no glibc
     requirement (a pure or non-Linux-tagged wheel)."""
@@ -137,7 +127,7 @@ def refusals(config, stack, basics: dict, gpu_facts=None) -> list[str]:
         out.append(f"glibc {_version(tuple(glibc))} there, stack {stack.name}'s wheels need "
                    f"{_version(needs[0])} or newer ({needs[1]}): use a distribution with glibc "
                    f"{_version(needs[0])} or newer (`ldd --version` says which it has)")
-    cuda = stack_cuda(stack)
+    cuda = stack.cuda
     driver = _driver_cuda(gpu_facts)
     if cuda and config.services and driver and driver < cuda:
         out.append(f"the driver supports CUDA {_version(driver)}, stack {stack.name} is built for "

@@ -217,7 +217,8 @@ def _scalar(text: str) -> str:
 
 
 def render_manifest(name: str, distribution: str, version: str, entries: list[Entry],
-                    description: str, attention_backends: tuple[str, ...] = ()) -> str:
+                    description: str, attention_backends: tuple[str, ...] = (),
+                    parser_only: bool = False) -> str:
     lines = [
         f"# {description}",
         f"name: {_scalar(name)}",
@@ -225,6 +226,8 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
     ]
     if attention_backends:
         lines.append(f"attention_backends: [{', '.join(attention_backends)}]")
+    if parser_only:
+        lines.append("parser_only: true")
     lines.append("files:")
     for entry in sorted(entries, key=lambda e: e.path):
         original = "null" if entry.original is None else json.dumps(entry.original)
@@ -238,6 +241,8 @@ def render_manifest(name: str, distribution: str, version: str, entries: list[En
     }
     if attention_backends:
         expected["attention_backends"] = list(attention_backends)
+    if parser_only:
+        expected["parser_only"] = True
     if yaml.safe_load(text) != expected:  # a path YAML would read differently
         raise BuildError("internal error: the rendered manifest does not read back as written")
     return text
@@ -781,6 +786,7 @@ def build(
     description: str | None = None,
     force: bool = False,
     attention_backends: tuple[str, ...] = (),
+    parser_only: bool = False,
 ) -> Path:
     """Write `out/name/` and return that directory; raises BuildError."""
     distribution, version = parse_base(base)
@@ -797,7 +803,8 @@ def build(
         pristine.close()
     description = description or _description(name, entries, distribution, version, "")
     _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries,
-                                                           description, attention_backends))
+                                                           description, attention_backends,
+                                                           parser_only))
     return target
 
 
@@ -813,6 +820,7 @@ def build_from_change(
     conflicts_dir: Path | None = None,
     fixes: list[Path] | None = None,
     attention_backends: tuple[str, ...] = (),
+    parser_only: bool = False,
 ) -> tuple[Path, MergeReport]:
     """Merge `change` into the release's files and write `out/name/`; returns it and what each
     file's merge did.
@@ -845,7 +853,8 @@ def build_from_change(
         f": {change.label_base} to {change.label_change}, three-way merged"
         + "".join(f", then {fix.name}" for fix in fixes or ()))
     _write_set(name, target, out, entries, render_manifest(name, distribution, version, entries,
-                                                           description, attention_backends))
+                                                           description, attention_backends,
+                                                           parser_only))
     return target, report
 
 
@@ -886,6 +895,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="an attention backend the set was served on, on a GPU (repeatable): "
                              "the manifest's attention_backends; services using the set are then "
                              "held to them")
+    parser.add_argument("--parser-only", action="store_true",
+                        help="the set registers its algorithm for the engine's parser and decodes "
+                             "nothing (a sample for the lab): the manifest's parser_only; a stack "
+                             "that serves on GPUs refuses it")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="where patch sets live (default: files/patches)")
     parser.add_argument("--description", help="the one-line comment at the top of patchset.yml")
@@ -911,10 +924,12 @@ def main(argv: list[str] | None = None) -> int:
             target, report = build_from_change(
                 args.name, args.base, change, args.pristine, args.out, args.description, args.force,
                 args.resolved, args.conflicts, args.fix, tuple(args.attention_backends),
+                args.parser_only,
             )
         else:
             target = build(args.name, args.base, args.patched, args.pristine, args.out,
-                           args.description, args.force, tuple(args.attention_backends))
+                           args.description, args.force, tuple(args.attention_backends),
+                           args.parser_only)
     except BuildError as exc:
         for line in str(exc).splitlines():
             print(f"patchset_build: error: {line}", file=sys.stderr)

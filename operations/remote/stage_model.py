@@ -80,6 +80,9 @@ from _common import (  # noqa: E402 - remote.script puts _common.py here
 RUN_DIR = ("/run/sglang-deploy" if os.geteuid() == 0
            else os.path.join(os.path.expanduser("~"), ".cache", "sglang-deploy", "run"))
 LOCK_PATH = os.path.join(RUN_DIR, "stage.lock")
+# The latest progress line, for the deploy's progress watch (operations/models.py: STAGING_PROGRESS
+# names the same file); in RUN_DIR, root's alone, removed when the copy ends.
+PROGRESS_PATH = os.path.join(RUN_DIR, "staging.progress")
 BLOCK = 1 << 22
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 GIB = 1 << 30
@@ -353,12 +356,31 @@ class Progress:
 
     def run(self):
         while not self.stop.wait(self.interval):
-            print(self.line(), file=sys.stderr, flush=True)
+            line = self.line()
+            print(line, file=sys.stderr, flush=True)
+            self.keep(line)
+
+    @staticmethod
+    def keep(line):
+        """The line, whole, in PROGRESS_PATH (written beside and renamed over it)."""
+        partial = PROGRESS_PATH + ".partial"
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(line + "\n")
+            os.replace(partial, PROGRESS_PATH)
+        except OSError:
+            pass  # progress is a courtesy: the copy goes on without it
 
     def close(self):
         self.stop.set()
         if self.thread:
             self.thread.join()
+            for path in (PROGRESS_PATH, PROGRESS_PATH + ".partial"):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
 
 # Copy ----------------------------------------------------------------------------------

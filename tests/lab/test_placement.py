@@ -162,6 +162,21 @@ def test_a_host_without_what_the_stack_needs_is_refused_before_any_change():
         ssh(NEW, "mount -o remount,size=2468380k /dev/shm")
 
 
+def test_a_long_start_prints_progress_with_the_engines_latest_line_and_a_converged_run_prints_none():
+    """Issue 50 item 2: a phase longer than the progress interval (10 s) prints a line per interval on the default
+    verbosity; the readiness wait's names the engine's own latest line (not its /health probes)."""
+    slow = {"slow": {**SERVICES["tmp"], "env": {"STANDIN_WARMUP_S": "25"}}}
+    inventory = write_inventory("test_placement_progress", {NEW: {"services": slow, "run_services": ["slow"]}})
+    first = deploy(inventory, as_json=False)
+    assert first.returncode == 0, output(first)[-3000:]
+    lines = [line for line in output(first).splitlines() if "sglang-slow.service starting:" in line]
+    assert len(lines) >= 2, output(first)[-3000:]
+    assert f"[{NEW}] sglang-slow.service starting: 10 s so far; the engine's latest line: " in lines[0], lines
+    assert not any("/health" in line for line in lines), lines
+    again = deploy(inventory, as_json=False)
+    assert again.returncode == 0 and "so far" not in output(again), output(again)[-3000:]
+
+
 def test_auto_on_an_h200_is_refused_for_a_patch_set_served_only_on_triton(tmp_path):
     """DDTree's port served on triton and died on fa3, sglang's default on an H200 (bench/results/
     h200-2026-12-03-b2ac97c-ddtree-auto.txt): a set whose manifest names triton alone is refused by the host's GPU

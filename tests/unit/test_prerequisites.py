@@ -52,8 +52,8 @@ def test_a_driver_older_than_the_stacks_cuda_is_refused(config, driver, refused)
 
 
 def test_a_cpu_stack_needs_no_driver_and_the_real_stacks_name_theirs():
-    assert P.stack_cuda(stacks.load_stack("lab-cpu-sglang")) is None
-    assert P.stack_cuda(REAL) == (13, 0)
+    assert stacks.load_stack("lab-cpu-sglang").cuda is None
+    assert REAL.cuda == (13, 0)
     needs, wheel = P.stack_glibc(REAL)
     assert needs == (2, 34) and wheel.endswith(".whl")
 
