@@ -1,5 +1,6 @@
 # Example inventory for real GPU hosts: copy it, replace the addresses, then run
-#   pyinfra inventory.py deploy.py
+#   pyinfra inventory.py deploy.py --dry   # the plan
+#   pyinfra inventory.py deploy.py -y      # apply it (docs/your-own-hosts.md)
 #
 # Host names are logical: `ssh_hostname` is the address. Moving a service after a GPU
 # failure is editing `run_services` here (and, if the new host numbers its GPUs or ports
