@@ -4,6 +4,9 @@
     .venv/bin/python bench/run.py env fleet       # only these groups: deploy status fleet models env locks transfer rollout gate
                                                   # (make bench FIGURES="env fleet")
 
+What it prints is also kept in `bench/results/lab-DATE-COMMIT-make-bench.txt`, which `python -m
+bench.figures` reads to write docs/benchmarks.md's table of latest figures (commit both).
+
 The run begins with a header: `bench.commit` (the commit of the deploy code measured: `git rev-parse --short HEAD`,
 `-dirty` when tracked files differ from it) and `bench.floor` (what the deploy figures are divided by).
 bench/compare.py measures two commits side by side in one run (`deploy.noop_vs_floor`, `deploy.services_8_vs_1`).
@@ -21,6 +24,7 @@ deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exe
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -58,6 +62,30 @@ def deploy_noop_vs_floor() -> None:
 GROUPS = ("deploy", "status", "fleet", "models", "env", "locks", "transfer", "rollout", "gate")
 
 
+class Kept:
+    """stdout, also written line by line to a results file (the figures' record)."""
+
+    def __init__(self, stream, path: Path):
+        self.stream, self.path = stream, path
+        self.file = path.open("w")
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        self.file.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def results_file() -> Path:
+    day = datetime.date.today().isoformat()
+    return ROOT / "bench" / "results" / f"lab-{day}-{revision()}-make-bench.txt"
+
+
 def main(groups: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import env, fleet, locks, models, rollout, spec_gate, status, transfer
@@ -66,6 +94,9 @@ def main(groups: list[str]) -> None:
     if unknown:
         sys.exit(f"bench: unknown figure group(s) {', '.join(unknown)}; the groups: {' '.join(GROUPS)}")
     chosen = [g for g in GROUPS if g in groups] if groups else list(GROUPS)
+    kept = results_file()
+    sys.stdout = Kept(sys.stdout, kept)
+    print(f"bench.results: {kept.relative_to(ROOT)} (then: python -m bench.figures)", file=sys.stderr)
     header()
     compile_deploy_modules()
     run = {"deploy": deploy_noop_vs_floor, "status": status.main, "fleet": fleet.main, "models": models.main,
