@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from configuration import engine_flags, schema
+from configuration import engine_flags, engine_paths, schema
 from configuration.errors import DataError
 from configuration.exposure import exposure_needs_a_key, listens_beyond_loopback
 from configuration.group_files import SERVICE_KEYS
@@ -64,6 +64,13 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     patch_sets = tuple(spec.patch_sets)
     check_patch_sets(*at("patch_sets")[:2], patch_sets, ctx.data.stack, ctx.pins)
     args = _judged_args(ctx, at, origin["args"], gpus, patch_sets)
+    # What the engine loads is root's or the service's (configuration/engine_paths.py); the models
+    # the deploy stages into the shm dir are root's.
+    staged = [m.load_path for m in (target, draft) if m is not None and m.location == "shm"]
+    engine_paths.check(origin["args"][0], [(a.key_path, a.value) for a in args], staged)
+    engine_paths.check(origin["env"][0],
+                       [(f"{origin['env'][1]}.{name}", value) for name, value in spec.env.items()],
+                       staged)
     listening = listens_beyond_loopback(at("bind"), args)
     exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(

@@ -27,6 +27,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 from pyinfra.facts.files import Sha1File
 
+from configuration import engine_paths
 from configuration.advisories import Advisory
 from configuration.errors import fail_dry_run, is_dry_run
 from operations import (
@@ -94,8 +95,12 @@ def command(venv_path: str, launcher: str, argv: list[str], environment: dict[st
     runs isolated (`-I`: no PYTHON* variable, no user site-packages, not the current directory on
     sys.path) from `/`, the script on stdin.
     """
+    # Every path the flags and environment name, judged where the engine will run, as its user
+    # (configuration/engine_paths.py).
+    named = engine_paths.in_argv(argv, environment)
     run = transient.command(sandbox, parser_environment(environment),
-                            [venv_path + "/bin/python", "-I", "-", json.dumps(argv), launcher],
+                            [venv_path + "/bin/python", "-I", "-", json.dumps(argv), launcher,
+                             json.dumps(named)],
                             f"preflight{' of ' + service if service else ''}", PREFLIGHT_TIMEOUT_S)
     script = remote.script("preflight")
     return f"cd / && {run} <<'PYEOF'\n{script}\nPYEOF"
@@ -126,6 +131,11 @@ def verdict(result: dict) -> str | None:
 
     The engine wrote it (a parser error quotes the flag it refused, an import error its value):
     secret-named values in it are masked like any text from the engine (operations/redact.py)."""
+    for where, path, why in result.get("untrusted") or ():
+        return (f"the {where} names {path}, which the engine loads, runs or searches, and {why}: "
+                "only root or the service account may write what the engine loads; give it to "
+                "root (or the service account) and make it writable by its owner alone, or use "
+                "another directory")
     if result.get("parse_error"):
         return redact.engine_text(f"{result['parser']} refuses the flags: {result['parse_error']}")
     if result.get("import_error"):

@@ -4,7 +4,11 @@
 # the launcher and the server entry point; and read what the target model is (hybrid or dense, from
 # its config.json at --model-path: the engine advisories' `target`). Prints one JSON line (with the
 # user it ran as); exits 0 either way.
-# argv: ARGV_JSON LAUNCHER
+# Before that, each path the flags and environment name (NAMED_JSON: [[where, path], ...],
+# configuration/engine_paths.py) is judged as this user: it and every directory above it must be
+# root's or this user's and writable by them alone (_common.why_untrusted: its trusted owners are
+# root and whoever runs it); what is not is listed in `untrusted`.
+# argv: ARGV_JSON LAUNCHER [NAMED_JSON]
 import contextlib
 import importlib
 import io
@@ -14,10 +18,17 @@ import pwd
 import sys
 import traceback
 
-from _common import model_kind  # noqa: E402 - remote.script puts _common.py here
+from _common import model_kind, why_untrusted  # noqa: E402 - remote.script puts _common.py here
 
 argv, launcher = json.loads(sys.argv[1]), sys.argv[2]
-result = {"parser": None, "parse_error": None, "import_error": None, "uid": os.getuid()}
+named = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []
+result = {"parser": None, "parse_error": None, "import_error": None, "uid": os.getuid(),
+          "untrusted": []}
+for where, path in named:
+    # an absent path is judged by its parents: where it would be made
+    why = why_untrusted(path, link_ok=True)
+    if why:
+        result["untrusted"].append([where, path, why])
 if "--model-path" in argv[:-1]:
     result["target"] = model_kind(argv[argv.index("--model-path") + 1])
 try:

@@ -166,3 +166,28 @@ def test_a_shm_dir_another_user_made_or_linked_first_is_moved_aside_and_nothing_
         assert ssh(host, "ls -d /dev/shm/.models.untrusted-*").stdout.split() == aside
     finally:
         ssh(host, f"rm -rf {SQUAT}", check=False)
+
+
+def test_a_file_the_engine_would_load_from_another_users_directory_fails_the_preflight_and_nothing_changes(host):
+    """Issue 46 item 4 on a real host: a chat template in a directory an unprivileged user owns passes validation (the
+    control machine cannot know the owner) and fails the service's preflight, which runs as the service user, naming
+    the flag, the path and its owner; no unit is written. Given to root, the same data deploys and serves."""
+    ssh(host, "mkdir -p /srv/templates && printf '{{ messages }}' > /srv/templates/t.jinja && "
+              f"chown -R {SQUATTER} /srv/templates")
+    service = {**SERVICE, "args": {"chat-template": "/srv/templates/t.jinja"}}
+    inventory = write_inventory("test_host_trust_engine_paths", {host: {"services": {"trust": service}, "run_services": ["trust"]}})
+    try:
+        result = deploy(inventory, as_json=False)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0, out[-3000:]
+        assert ("trust: PREFLIGHT FAILED, unit and running service left as they were: the flag --chat-template names "
+                "/srv/templates/t.jinja, which the engine loads, runs or searches, and ") in out, out[-3000:]
+        assert f"({SQUATTER})" in out and "only root or the service account may write what the engine loads" in out
+        assert ssh(host, f"test -e /etc/systemd/system/{UNIT} && echo unit || echo none").stdout.strip() == "none"
+        ssh(host, "chown -R root:root /srv/templates")
+        again = deploy(inventory)
+        assert again.returncode == 0, again
+        assert http_get(host, PORT, "/health")[0] == 200
+    finally:
+        ssh(host, f"systemctl disable --now {UNIT} >/dev/null 2>&1; rm -f /etc/systemd/system/{UNIT}; "
+                  "systemctl daemon-reload; rm -rf /srv/templates /etc/sglang-deploy/secrets/trust.yml; true", check=False)

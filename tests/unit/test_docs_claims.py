@@ -18,9 +18,10 @@ TOP = ("operations", "configuration", "deploys", "report", "tools", "files", "be
 # A path written as a pattern or with a part the reader fills in, not one file.
 PLACEHOLDER = re.compile(r"[<>*{}$|\[\]]|\.\.\.|NAME|SERVICE|HOST|STACK|VERSION|FILE|PART|ID\b")
 # Paths the project makes at run time or on hosts, not in the checkout (each a prefix).
-# group_data/gpu_hosts.*: the README's example of a group file the operator writes.
+# group_data/gpu_hosts.*: the README's example of a group file the operator writes; lab/inventory.py: written by
+# lab/lab.py when it starts the hosts.
 MADE = ("lab/state", "lab/cache", "lab/run", "lab/test_", "files/patches/ddtree-0_5_13", "bench/results/h200-donor",
-        ".secrets", "group_data/gpu_hosts")
+        ".secrets", "group_data/gpu_hosts", "lab/inventory.py")
 
 
 def spans(text: str) -> list[str]:

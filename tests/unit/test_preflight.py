@@ -68,7 +68,8 @@ def test_preflight_command_runs_the_venv_python_in_the_services_sandbox_as_its_u
     # A real engine's parser asks the GPU for defaults: hidden GPUs fail it on a GPU host (H200, sglang 0.5.11).
     assert env == {"PATH": transient.SYSTEM_PATH, "HOME": "/var/lib/sglang", "CUDA_VISIBLE_DEVICES": "1",
                    "SGLANG_DDTREE_MAX_TOPK": "8"}
-    assert argv == ["/root/venv_sglang/bin/python", "-I", "-", json.dumps(["--port", "30000"]), "sglang.launch_server"]
+    assert argv == ["/root/venv_sglang/bin/python", "-I", "-", json.dumps(["--port", "30000"]), "sglang.launch_server",
+                    json.dumps([])]  # no path named
     assert "prepare_server_args" in cmd
 
 
@@ -160,6 +161,39 @@ def test_the_isolated_preflight_still_parses_in_a_real_venv(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "planted" not in json.dumps(result)
     assert (result["uid"], result["user"]) == (os.getuid(), pwd.getpwuid(os.getuid()).pw_name)
+
+
+def test_the_preflight_judges_every_path_the_flags_and_environment_name_as_the_engines_user(tmp_path):
+    """Issue 46 item 4, on the host: each path a flag or variable names, and every directory above it, must be root's
+    or the preflight's own user's (the service account's) and writable by them alone. Run here for real: a
+    directory another uid owns, one its group may write, and a link to one, are named; our own file is not."""
+    import os
+    import subprocess
+    import sys
+
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o755)
+    (ours / "template.jinja").write_text("{{ x }}")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    (tmp_path / "link").symlink_to(theirs)
+    tmp_path.chmod(0o755)
+    argv = ["--chat-template", str(ours / "template.jinja"), "--tokenizer-path", str(theirs / "tok"),
+            "--download-dir", str(shared)]
+    env = {"TRITON_HOME": str(tmp_path / "link" / "cache"), "HF_HUB_OFFLINE": "1"}
+    cmd = inner_command(preflight.command(sys.prefix, "json", argv, env)).replace(f"{sys.prefix}/bin/python", sys.executable)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    named = {(where, path): why for where, path, why in result["untrusted"]}
+    assert set(named) == {("flag --tokenizer-path", str(theirs / "tok")), ("flag --download-dir", str(shared)),
+                          ("variable TRITON_HOME", str(tmp_path / "link" / "cache"))}, result
+    assert "uid 65534" in named[("flag --tokenizer-path", str(theirs / "tok"))]
+    reason = preflight.verdict(result)
+    assert reason.startswith("the flag --tokenizer-path names ") and "only root or the service account may write" in reason
 
 
 @pytest.mark.parametrize(("result", "expected"), [
