@@ -46,6 +46,24 @@ def listens_beyond_loopback(bind: tuple[str, str, Any],
     return found
 
 
+def resolved_beyond_loopback(resolved: list) -> str | None:
+    """Why the engine's own resolved settings, its defaults included (`[setting, text]` as the
+    service's preflight read them on the host), make the service listen at or be reached from beyond
+    loopback, or None: the first setting naming such an address, or a listener configuration the
+    host could not resolve. The data's own values were judged before connecting
+    (`listens_beyond_loopback`); this is what the engine fills in (a KV-events publisher set with no
+    endpoint binds every interface)."""
+    for setting, text in resolved:
+        if str(text).startswith("unresolved"):
+            return (f"the engine's `{setting}` is set and where it listens could not be read "
+                    f"on the host: {text}")
+        beyond = [a for a in kinds.addresses_in(text) if a.beyond_loopback]
+        if beyond:
+            return (f"the engine resolves `{setting}` to `{text}`, naming "
+                    f"`{beyond[0].written}`, an address beyond loopback the data does not name")
+    return None
+
+
 def exposure_needs_a_key(listening: list[tuple[str, str, Any, str]], api_key: Secret | None,
                          allow_open: bool) -> None:
     if listening and not api_key and not allow_open:

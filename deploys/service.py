@@ -97,6 +97,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         unit_text=unit_text,
         inputs_changed=inputs,
         by_target=by_target,
+        open_ok=bool(service.api_key) or service.allow_unauthenticated,
     )
     progress.watch(parsed, f"{service.unit_name}'s flags through the engine's own parser")
     return Prepared(service, unit_text, inputs, environment,

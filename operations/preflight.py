@@ -30,6 +30,7 @@ from pyinfra.facts.files import Sha1File
 from configuration import engine_paths
 from configuration.advisories import Advisory
 from configuration.errors import fail_dry_run, is_dry_run
+from configuration.exposure import resolved_beyond_loopback
 from operations import (
     host_reads,
     redact,
@@ -126,8 +127,9 @@ class Verdict(FactBase):
             return {"import_error": f"preflight did not run: {' '.join(output)[-500:]}"}
 
 
-def verdict(result: dict) -> str | None:
-    """The one-line reason a preflight result refuses the start, or None if it passes.
+def verdict(result: dict, open_ok: bool = False) -> str | None:
+    """The one-line reason a preflight result refuses the start, or None if it passes. `open_ok`:
+    the service may listen beyond loopback (it has an API key, or `allow_unauthenticated`).
 
     The engine wrote it (a parser error quotes the flag it refused, an import error its value):
     secret-named values in it are masked like any text from the engine (operations/redact.py)."""
@@ -140,6 +142,12 @@ def verdict(result: dict) -> str | None:
         return redact.engine_text(f"{result['parser']} refuses the flags: {result['parse_error']}")
     if result.get("import_error"):
         return redact.engine_text(f"the server cannot start: {result['import_error']}")
+    beyond = None if open_ok else resolved_beyond_loopback(result.get("resolved") or [])
+    if beyond:
+        return redact.engine_text(
+            f"{beyond}: without an API key anyone who reaches it can use it; name a loopback "
+            "address for it in the service's args (e.g. tcp://127.0.0.1:5557), or set "
+            "`api_key_secret` (or `allow_unauthenticated: true` to accept that)")
     return None
 
 
@@ -169,14 +177,15 @@ def advised(result: dict, by_target: dict[str, tuple[Advisory, ...]]) -> tuple[s
 
 
 def _run(state, host, service: str, endpoint: str, cmd: str,
-         by_target: dict[str, tuple[Advisory, ...]]) -> bool:
+         by_target: dict[str, tuple[Advisory, ...]], open_ok: bool = False) -> bool:
     ok, output = host.run_shell_command(cmd, print_output=False, _timeout=PREFLIGHT_TIMEOUT_S)
     try:
         result = json.loads(output.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         result = {"import_error": "preflight did not run: "
                                   f"{(output.stderr or output.stdout).strip()[-500:]}"}
-    reason = verdict(result) if ok else (verdict(result) or "preflight failed to run")
+    reason = (verdict(result, open_ok) if ok
+              else (verdict(result, open_ok) or "preflight failed to run"))
     refusal, warnings = advised(result, by_target)
     for warning in warnings:
         host.log_styled(f"{service}: {warning}", fg="yellow", log_func=logger.warning)
@@ -201,7 +210,7 @@ def _planned_changes(inputs_changed) -> list[str]:
 
 
 def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str],
-             user: str | None = None) -> None:
+             user: str | None = None, open_ok: bool = False) -> None:
     """Planning (--dry): run the read-only check now and say what the run will do.
 
     A generation's path names its content (stack and patch-set digests, operations/venv.py), so
@@ -217,7 +226,7 @@ def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str],
                  "it runs as")
         return
     first = f" (the run first changes: {'; '.join(inputs_change)})" if inputs_change else ""
-    reason = verdict(result)
+    reason = verdict(result, open_ok)
     if reason:
         host.log_styled(f"{service}: PREFLIGHT WILL FAIL, unit and running service would be left "
                         f"as they are: {reason}{first}",
@@ -239,6 +248,7 @@ def passed(
     unit_text: str,
     inputs_changed: Callable[[], bool] | None = None,
     by_target: dict[str, tuple[Advisory, ...]] | None = None,
+    open_ok: bool = False,
 ):
     """
     Require the exact flags and environment of a unit to pass the engine's own parser.
@@ -255,6 +265,9 @@ def passed(
     + inputs_changed: callable, true when the venv, patch sets or models changed in this run
     + by_target: the engine advisories that depend on the target model's kind where the GPU check
       could not read it (`gpus.GpuDecisions.after_staging`): decided here from the staged model
+    + open_ok: the service may listen beyond loopback (an API key, or ``allow_unauthenticated``);
+      else an address beyond loopback among the engine's resolved settings, defaults included,
+      fails the preflight
 
     **Example:**
 
@@ -281,8 +294,8 @@ def passed(
     cmd = command(venv_path, launcher, argv, environment, sandbox, service)
     if is_dry_run(host):
         _preview(service, venv_path, cmd, _planned_changes(inputs_changed),
-                 None if user == "DynamicUser" else user)
-    yield FunctionCommand(_run, (service, endpoint, cmd, by_target or {}), {})
+                 None if user == "DynamicUser" else user, open_ok)
+    yield FunctionCommand(_run, (service, endpoint, cmd, by_target or {}, open_ok), {})
     if unit_changes and current is not None:
         # Passed: the unit in use is kept for rollback before the new one replaces it.
         yield rollback.save_command(unit_path, PurePosixPath(unit_path).name)

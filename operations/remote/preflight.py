@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pwd
+import re
 import sys
 import traceback
 
@@ -35,6 +36,37 @@ try:
     result["user"] = pwd.getpwuid(os.getuid()).pw_name
 except KeyError:
     result["user"] = str(os.getuid())
+
+
+# A resolved setting that may name an address: a URL, host:port, zmq's `*`, an IP address. The
+# deploy judges each (configuration/exposure.py), defaults included: the data's values were judged
+# before connecting, what the engine fills in only here.
+_ADDRESS_LIKE = re.compile(r"://|\*|\b\d{1,3}(\.\d{1,3}){3}\b|::|[A-Za-z0-9.\]-]:\d{1,5}\b")
+
+
+def resolved_addresses(server_args):
+    """[setting, text] for every setting the engine resolved (its defaults included) whose text may
+    name an address, and the listeners its nested configurations fill in: the KV-events publisher's
+    endpoints (`KVEventsConfig`, whose endpoint defaults to every interface); one it cannot resolve
+    is named as such."""
+    found = []
+    for name in sorted(vars(server_args)):
+        value = getattr(server_args, name, None)
+        if isinstance(value, str) and _ADDRESS_LIKE.search(value):
+            found.append([name, value])
+    events = getattr(server_args, "kv_events_config", None)
+    if events:
+        try:
+            from sglang.srt.disaggregation.kv_events import KVEventsConfig
+
+            config = KVEventsConfig.from_cli(events)
+            if str(getattr(config, "publisher", "null")) != "null":
+                for field in ("endpoint", "replay_endpoint"):
+                    if getattr(config, field, None):
+                        found.append([f"kv_events_config.{field}", str(getattr(config, field))])
+        except Exception as exc:
+            found.append(["kv_events_config", f"unresolved ({type(exc).__name__}: {exc})"])
+    return found
 
 
 def last_error_line(text, fallback):
@@ -58,7 +90,7 @@ else:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(io.StringIO()):
-            prepare_server_args(list(argv))
+            result["resolved"] = resolved_addresses(prepare_server_args(list(argv)))
     except SystemExit as exc:
         result["parse_error"] = last_error_line(captured.getvalue(),
                                                 f"the parser exited with {exc.code}")

@@ -106,6 +106,29 @@ def test_binding_beyond_loopback_without_a_key_is_refused_unless_allowed():
     assert "services.open.bind: '0.0.0.0': binding beyond loopback without an API key" in result.stderr
 
 
+def test_a_listener_the_engine_opens_by_default_counts_as_one_the_data_names():
+    """Issue 46 item 5: a KV-events publisher set with no endpoint passes validation (no address in the data) and the
+    engine, resolving it, binds its default on every interface (`tcp://*:5557`, KVEventsConfig in 0.5.23). The
+    preflight reads the engine's resolved settings on the host and refuses that without an API key; the same publisher
+    given a loopback endpoint serves."""
+    events = {"gpu": 0, "port": 30111, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+              "args": {"kv-events-config": '{"publisher": "zmq"}'}}
+    inventory = write_inventory("test_events", {SPARE: {"services": {"events": events}, "run_services": ["events"]}})
+    try:
+        result = deploy(inventory, as_json=False)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0, out[-3000:]
+        assert ("events: PREFLIGHT FAILED, unit and running service left as they were: the engine resolves "
+                "`kv_events_config.endpoint` to `tcp://*:5557`, naming `tcp://*:5557`") in out, out[-3000:]
+        assert ssh(SPARE, "test -e /etc/systemd/system/sglang-events.service && echo unit || echo none").stdout.strip() == "none"
+        events["args"] = {"kv-events-config": '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}'}
+        inventory = write_inventory("test_events", {SPARE: {"services": {"events": events}, "run_services": ["events"]}})
+        again = deploy(inventory)
+        assert again.returncode == 0, again
+    finally:
+        clean_host(SPARE, keep_venv=True)
+
+
 # Root runs nothing the service side can steer (issue #34, item 2) ----------------------------------------------------
 
 # Records who opens a FIFO: each open for reading blocks until this writer opens it too; the writer then finds the

@@ -196,6 +196,25 @@ def test_the_preflight_judges_every_path_the_flags_and_environment_name_as_the_e
     assert reason.startswith("the flag --tokenizer-path names ") and "only root or the service account may write" in reason
 
 
+@pytest.mark.parametrize(("resolved", "open_ok", "expected"), [
+    ([["host", "127.0.0.1"], ["engine_info_bootstrap_url", "http://127.0.0.1:6789"], ["otlp_traces_endpoint", "localhost:4317"]],
+     False, None),
+    ([["kv_events_config.endpoint", "tcp://*:5557"]], False,
+     "the engine resolves `kv_events_config.endpoint` to `tcp://*:5557`, naming `tcp://*:5557`, an address beyond loopback "
+     "the data does not name: without an API key anyone who reaches it can use it; name a loopback address for it in the "
+     "service's args (e.g. tcp://127.0.0.1:5557), or set `api_key_secret` (or `allow_unauthenticated: true` to accept that)"),
+    ([["kv_events_config.endpoint", "tcp://*:5557"]], True, None),   # an API key, or allow_unauthenticated
+    ([["kv_events_config.endpoint", "tcp://127.0.0.1:5557"], ["kv_events_config.replay_endpoint", "tcp://0.0.0.0:5558"]],
+     False, "the engine resolves `kv_events_config.replay_endpoint` to `tcp://0.0.0.0:5558`"),
+    ([["kv_events_config", "unresolved (ModuleNotFoundError: No module named 'annotated_types')"]], False,
+     "the engine's `kv_events_config` is set and where it listens could not be read on the host"),
+], ids=["loopback-defaults", "default-endpoint", "default-endpoint-with-a-key", "replay", "unresolved"])
+def test_the_engines_resolved_settings_are_judged_like_the_datas(resolved, open_ok, expected):
+    """Issue 46 item 5: exposure from what the engine will do, defaults included."""
+    reason = preflight.verdict({"parser": "sglang 0.5.23", "resolved": resolved}, open_ok)
+    assert (reason is None) if expected is None else reason.startswith(expected), reason
+
+
 @pytest.mark.parametrize(("result", "expected"), [
     ({"parser": "sglang 0.5.23", "parse_error": None, "import_error": None}, None),
     ({"parser": "sglang 0.5.23", "parse_error": "sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer", "import_error": None},
