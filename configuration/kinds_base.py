@@ -106,6 +106,11 @@ Text = Annotated[str, Strict()]
 # at most 128 KiB for one argument, a unit's line is read whole, and a value this long is a file's
 # content (name the file instead). Every judgement of a value is then bounded too.
 VALUE_MAX = 32_768
+# All of one service's flags and environment together: the unit's ExecStart is one logical line
+# (systemd reads at most 1 MiB of one) and the kernel takes argv and environment together up to a
+# quarter of the stack limit (2 MiB with the usual 8 MiB). A quarter of the smaller, with room for
+# what the unit adds.
+SERVICE_TEXT_MAX = 262_144
 
 
 def _short_enough(text: str) -> str:

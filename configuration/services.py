@@ -15,6 +15,7 @@ from configuration import engine_flags, engine_paths, schema
 from configuration.errors import DataError
 from configuration.exposure import exposure_needs_a_key, listens_beyond_loopback
 from configuration.group_files import SERVICE_KEYS
+from configuration.kinds_base import SERVICE_TEXT_MAX
 from configuration.patch_set_fit import check_patch_sets, served_backends
 from configuration.refusals import require, validated
 from configuration.secrets import resolve_secret
@@ -71,6 +72,7 @@ def validated_service(ctx: ServiceContext, name: str, definition: dict[str, Any]
     engine_paths.check(origin["env"][0],
                        [(f"{origin['env'][1]}.{name}", value) for name, value in spec.env.items()],
                        staged)
+    _within_the_command_line(origin["args"], args, spec.env)
     listening = listens_beyond_loopback(at("bind"), args)
     exposure_needs_a_key(listening, secrets["api_key_secret"], spec.allow_unauthenticated)
     return Service(
@@ -138,6 +140,18 @@ def _judged_args(ctx: ServiceContext, at, args_origin: tuple[str, str], gpus: tu
     served_backends(*args_origin, args, patch_sets)
     advisories_refused(*args_origin, args, engine, ctx.engine_version, patch_sets)
     return args
+
+
+def _within_the_command_line(args_origin: tuple[str, str], args: list, env: dict) -> None:
+    """Every value is bounded alone (VALUE_MAX); together they must fit the unit's line and the
+    kernel's argv and environment, or the engine never starts."""
+    total = (sum(len(str(a.flag)) + len(str(a.value)) + 4 for a in args)
+             + sum(len(k) + len(str(v)) + 2 for k, v in env.items()))
+    require(total <= SERVICE_TEXT_MAX, *args_origin,
+            f"{len(args)} flags and {len(env)} variables",
+            f"the service's flags and environment are {total} characters together: at most "
+            f"{SERVICE_TEXT_MAX} fit its unit's command line and the kernel's argv and environment; "
+            "put the long values in files and name the files")
 
 
 def _model_use(data: schema.GroupData, model: str, location: str) -> ModelUse:

@@ -50,7 +50,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from configuration import kinds
 from configuration.typed import speculative_algorithm
-from operations import redact, remote, service_user, transient, units
+from operations import redact, remote, remote_call, service_user, transient, units
 
 MARK = "MEASURE-RESULT "
 DEFAULTS = {"prompts": 64, "input_len": 256, "output_len": 256, "concurrency": 8, "probe": 4,
@@ -318,9 +318,7 @@ def host_command(venv: str, spec: dict, sandbox: list[str], before: tuple[str, .
     (`_run`). Everything the engine's code or the server's answers could steer (the client, the
     tokenizer it loads, the reading of the key file, the probes) runs in the transient unit.
     """
-    # The client's own timeout, each probe's (600 s) and a margin: systemd stops a run whose caller
-    # went away.
-    limit = spec.get("timeout_s", DEFAULTS["timeout_s"]) + 600 * spec.get("probe", 0) + 120
+    limit = limit_s(spec.get("timeout_s", DEFAULTS["timeout_s"]), spec.get("probe", 0))
     run = transient.command(sandbox, {"PATH": transient.SYSTEM_PATH},
                             [venv + "/bin/python", "-I", "-", json.dumps(spec)],
                             f"measure {spec['service']}", limit)
@@ -471,11 +469,19 @@ def install(state, services: list[str], options: Options, out: Path | None) -> R
     return _REPORT
 
 
+def limit_s(timeout_s: int, probes: int) -> int:
+    """How long a measurement may run on its host: the client's own timeout, each probe's (600 s)
+    and a margin; systemd stops a run whose caller went away, and the caller waits a minute more."""
+    return timeout_s + 600 * probes + 120
+
+
 def _run(state, host, service: str, venv: str, command: str, report: Report,
          how: str = "-") -> bool:
     host.log(f"measuring {service} ({venv}): {report.options.prompts} prompts, then "
              f"{report.options.probe} probe requests")
-    ok, output = host.run_shell_command(command, print_output=False)
+    ok, output = remote_call.run(
+        host, command, f"measuring {service}",
+        limit_s(report.options.timeout_s, report.options.probe) + 60)
     # The engine's own text: secret-named values masked, registered ones redacted
     # (operations/redact.py). A line that failed (the transient unit could not start, a check of
     # root's failed) gives no result, whatever it printed.

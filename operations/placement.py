@@ -27,13 +27,15 @@ from pyinfra.api import FactBase, FunctionCommand
 
 from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig
-from operations import host_reads, remote
+from operations import host_reads, remote, remote_call
 from operations.host_reads import operation
 from operations.models import BOOT_UNIT
 from operations.readiness import probe_address
 from report import rollouts, summary
 
 PREFIX = "sglang-"
+# A unit's stop (its TimeoutStopSec, 60 s, then a kill) and its files' removal.
+REMOVAL_TIMEOUT_S = 180
 
 
 @host_reads.batched()
@@ -174,8 +176,8 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
         moved = f"; it answers on {', '.join(answering)}"
     else:
         moved = ""
-    ok, output = host.run_shell_command(" && ".join(removal_commands(unit, path)),
-                                        print_output=False)
+    ok, output = remote_call.run(host, " && ".join(removal_commands(unit, path)),
+                                 f"stopping and removing {unit}", REMOVAL_TIMEOUT_S)
     if not ok:
         host.log_styled(
             f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red",

@@ -41,7 +41,7 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.command import FileUploadCommand
 
-from operations import host_reads, openssh, remote
+from operations import host_reads, openssh, remote, remote_call
 from operations.pyinfra_adapter import ssh_transport
 
 CHUNK = 1 << 20
@@ -140,6 +140,8 @@ class HostReader(Reader):
 
 class LocalReader(Reader):
     def __init__(self, argv: list[str]):
+        # time bound: the receiving unpacker's deadline and idle limit end the transfer, which
+        # then stops this reader
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.read = self._proc.stdout.read
 
@@ -239,6 +241,7 @@ class ProcessSink(Sink):
             # what the command writes is not in the answers host_reads keeps for that host
             host_reads.forget(host)
         self._said = tempfile.TemporaryFile()
+        # time bound: the unpacker it runs (its deadline and idle limit), and ssh's keepalive
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._said,
                                       stderr=self._said, start_new_session=True,
                                       env=openssh.environment())
@@ -371,6 +374,7 @@ class ProcessSource(_Relay):
 
     def __init__(self, argv: list[str], stdin: bytes = b""):
         self._said = tempfile.TemporaryFile()
+        # time bound: the receiving unpacker's deadline and idle limit, and ssh's keepalive
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._said, start_new_session=True,
                                       env=openssh.environment())
@@ -784,10 +788,10 @@ class Pushes:
             pinned = [[dest, file_size(src), sha] for src, dest, sha in self.files if sha]
             self._verified = set()
             if pinned:
-                ok, output = host.run_shell_command(
-                    with_stdin(remote.isolated("python3", f"-c {shlex.quote(VERIFIED_PARTS)}"),
-                               pinned),
-                    print_output=False)
+                ok, output = remote_call.run(
+                    host, with_stdin(remote.isolated("python3",
+                                                     f"-c {shlex.quote(VERIFIED_PARTS)}"), pinned),
+                    "checking the wheels already pushed", 3600)
                 if ok:
                     try:
                         self._verified = (set(json.loads(output.stdout.strip().splitlines()[-1]))

@@ -38,7 +38,16 @@ from typing import Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
-from operations import fanout, host_reads, model_digests, openssh, peer_keys, remote, streaming
+from operations import (
+    fanout,
+    host_reads,
+    model_digests,
+    openssh,
+    peer_keys,
+    remote,
+    remote_call,
+    streaming,
+)
 from operations.host_reads import operation
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
@@ -212,11 +221,11 @@ def _last_json(text: str):
 def _resumable(host, partial: str, digests: model_digests.Digests) -> set[str] | None:
     """What `partial` holds whole and right already (RESUME), or None where it could not be
     prepared."""
-    ok, output = host.run_shell_command(
-        streaming.with_stdin(
+    ok, output = remote_call.run(
+        host, streaming.with_stdin(
             remote.isolated("python3", f"-c {shlex.quote(RESUME)} {shlex.quote(partial)}"),
             digests),
-        print_output=False)
+        f"checking what {partial} holds already", model_digests.HASH_TIMEOUT_S)
     kept = _last_json(output.stdout) if ok else None
     return set(kept) & set(digests) if isinstance(kept, list) else None
 
@@ -277,7 +286,8 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         moved = streaming.transfer([dirs], 1).after(moved)
     if not moved.ok:
         if moved.refused:
-            host.run_shell_command(f"rm -rf {shlex.quote(partial)}", print_output=False)
+            remote_call.run(host, f"rm -rf {shlex.quote(partial)}", f"removing {partial}",
+                            model_digests.HASH_TIMEOUT_S)
             left = "nothing of it is kept"
         else:
             left = f"what came whole stays in {partial}: the next run sends only the rest"
@@ -291,8 +301,8 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         host.log_styled(f"streamed copy of {name} differs from the origin's listing (files or "
                         f"sizes); left at {partial}", fg="red", log_func=logger.error)
         return False
-    ok, output = host.run_shell_command(f"mv {shlex.quote(partial)} {shlex.quote(dest)}",
-                                        print_output=False)
+    ok, output = remote_call.run(host, f"mv {shlex.quote(partial)} {shlex.quote(dest)}",
+                                 f"renaming {partial} into place", 60)
     if not ok:
         return False
     via = (f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct

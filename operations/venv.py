@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
-from operations import fanout, host_reads, peer_keys, remote, streaming
+from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming
 from operations import installer as installer_mod
 from operations.host_reads import operation
 
@@ -826,7 +826,7 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
 
     # Host to host where this host reaches the donor: a one-time key for exactly the distributions'
     # files, listed first.
-    listed, output = donor.run_shell_command(listing(), print_output=False)
+    listed, output = remote_call.run(donor, listing(), f"listing donor {donor_name}'s files", 300)
     names = [line for line in output.stdout.splitlines() if line] if listed else []
     direct = peer_keys.granted(donor, host, donor_live, names, host.log) if names else None
     if direct:
@@ -848,12 +848,13 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
                         log_func=logger.error)
         return False
     # Console scripts name the donor's interpreter; point them at this generation's.
-    resolved = donor.run_shell_command(f"readlink -f {shlex.quote(donor_live)}",
-                                       print_output=False)[1].stdout.strip()
+    resolved = remote_call.run(donor, f"readlink -f {shlex.quote(donor_live)}",
+                               f"resolving donor {donor_name}'s venv", 60)[1].stdout.strip()
     prefixes = " ".join(shlex.quote(p) for p in sorted({resolved, donor_live}) if p)
-    ok, _ = host.run_shell_command(
-        remote.isolated("python3", f"-c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
-                                   f"{shlex.quote(gen.path)} {prefixes}"), print_output=False)
+    ok, _ = remote_call.run(
+        host, remote.isolated("python3", f"-c {shlex.quote(_FIX_PATHS)} {shlex.quote(gen.path)} "
+                                         f"{shlex.quote(gen.path)} {prefixes}"),
+        "pointing the copied scripts at this generation", 300)
     via = (f"OpenSSH, {host.name} reading from {donor_name} directly" if direct
            else streaming.carried_by(donor, host))
     host.log(f"copied {len(specs)} distribution(s) from {donor_name}: {moved.sent / 2**20:.0f} MiB "

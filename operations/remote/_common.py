@@ -149,8 +149,8 @@ def systemctl_show(units, properties):
         return {}
     try:
         shown = _subprocess.run(["systemctl", "show", "-p", ",".join(("Id", *properties)), *units],
-                                capture_output=True, text=True).stdout
-    except OSError:
+                                capture_output=True, text=True, timeout=30).stdout
+    except (OSError, _subprocess.TimeoutExpired):
         return {}
     # One block per unit, in the order asked, separated by blank lines; named by its Id.
     blocks, block = [], {}

@@ -27,6 +27,7 @@ MANAGED = "# Managed by sglang-deploy"
 def start(argv):
     """A command started now: its output is collected by `finish` (several run side by side)."""
     try:
+        # time bound: finish() waits 60 s for it, then kills it
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True), argv
     except OSError as exc:

@@ -180,9 +180,13 @@ def keys(ident, address, port):
     directory = new_dir(PEER_KEYS, ident)
     owner["expires"] = int(time.time()) + int(owner.pop("ttl_s"))
     write_private(os.path.join(directory, "owner.json"), json.dumps(owner).encode())
-    made = subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARK}:{ident}", "-f",
-         os.path.join(directory, "key")], capture_output=True, text=True)
+    try:
+        made = subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARK}:{ident}", "-f",
+             os.path.join(directory, "key")], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(directory, ignore_errors=True)
+        return answer({"unreachable": "ssh-keygen: no answer within 60 s"})
     if made.returncode != 0:
         shutil.rmtree(directory, ignore_errors=True)
         return answer({"unreachable": f"ssh-keygen failed: {made.stderr.strip()[-300:]}"})
@@ -211,8 +215,11 @@ def trust(ident):
 def fetch(argv_json, receive):
     names = sys.stdin.buffer.read()
     said = tempfile.TemporaryFile()
+    # time bound: both ends stop within the receiving unpacker's deadline and idle limit, or
+    # ssh's keepalive on a dead peer; the relay below ends with them
     sender = subprocess.Popen([*json.loads(argv_json), "send"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=said)
+    # time bound: as the sender's
     receiver = subprocess.Popen(["/bin/sh", "-c", receive], stdin=subprocess.PIPE,
                                 stdout=said, stderr=said)
     sender.stdin.write(names)

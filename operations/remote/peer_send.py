@@ -75,6 +75,7 @@ for raw_name in names:
         refuse(f"{shown(name)!r} is not a file")
     checked.append(b"./" + raw_name)
 
+# time bound: the receiving unpacker's deadline and idle limit end the stream, and tar with it
 tar = subprocess.Popen(
     ["tar", "-C", root, "--null", "--verbatim-files-from", "--no-recursion", "-T", "-", "-cf", "-"],
     stdin=subprocess.PIPE)

@@ -87,7 +87,7 @@ def mask(text):
 def unit_state():
     out = subprocess.run(
         ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,ControlGroup"],
-        capture_output=True, text=True)
+        capture_output=True, text=True, timeout=30)
     return dict(line.partition("=")[::2] for line in out.stdout.splitlines())
 
 
@@ -113,8 +113,12 @@ def ask(method, path, control_group, body=None, timeout=10):
 
 
 def journal_tail(lines=25):
-    out = subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run(
+            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
+            capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "(journalctl gave no answer within 30 s)"
     return out.stdout.rstrip()
 
 
@@ -286,7 +290,7 @@ def keep_gate(figures):
     """The gate's figures, for the process they were proved of (its MainPID); a record that cannot
     be kept is said, and the gate stands."""
     pid = int(subprocess.run(["systemctl", "show", unit, "-p", "MainPID", "--value"],
-                             capture_output=True, text=True).stdout.strip() or 0)
+                             capture_output=True, text=True, timeout=30).stdout.strip() or 0)
     try:
         private_dir(os.path.dirname(RECORD_DIR))
         private_dir(RECORD_DIR)

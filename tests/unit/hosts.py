@@ -45,6 +45,9 @@ class ThisMachine:
         assert fact is transfer.StoreListing
         return local_listing(path)
 
-    def run_shell_command(self, command, print_output=False):
-        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    def run_shell_command(self, command, print_output=False, _timeout=None):
+        try:
+            result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=_timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(command) from None  # as pyinfra's connector does
         return result.returncode == 0, result

@@ -335,10 +335,11 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     assert "of" in called and not called & {"deploying", "observing"}, called
     # Of the deploy's own modules only the redaction of what it prints, the unit's rendering (the sandbox the client
-    # runs in), the transient run's command line, where a home directory hides a path and the remote scripts (the
+    # runs in), the transient run's command line, where a home directory hides a path, the remote scripts (the
     # read-only check of the port's holder): none locks, reads for a deploy or changes.
     assert {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))} <= {
-        "operations.redact", "operations.units", "operations.transient", "operations.service_user", "operations.remote"}
+        "operations.redact", "operations.units", "operations.transient", "operations.service_user", "operations.remote",
+        "operations.remote_call"}
 
 
 def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys):

@@ -123,7 +123,7 @@ class FakeHost:
         self.commands = []
         self.logs = []
 
-    def run_shell_command(self, command, print_output=False):
+    def run_shell_command(self, command, print_output=False, _timeout=None):
         self.commands.append(command)
         return self.ok, SimpleNamespace(stdout="", stderr="boom")
 
