@@ -150,8 +150,8 @@ def _within_the_command_line(args_origin: tuple[str, str], args: list, env: dict
     require(total <= SERVICE_TEXT_MAX, *args_origin,
             f"{len(args)} flags and {len(env)} variables",
             f"the service's flags and environment are {total} characters together: at most "
-            f"{SERVICE_TEXT_MAX} fit its unit's command line and the kernel's argv and environment; "
-            "put the long values in files and name the files")
+            f"{SERVICE_TEXT_MAX} fit its unit's command line and the kernel's argv and "
+            "environment; put the long values in files and name the files")
 
 
 def _model_use(data: schema.GroupData, model: str, location: str) -> ModelUse:
