@@ -11,6 +11,7 @@ account's sandbox, enable/start, the boot staging unit); bench/gpu/serve.py star
 exact ExecStart line with its environment instead.
 """
 
+import dataclasses
 from io import StringIO
 
 from pyinfra import host
@@ -24,6 +25,9 @@ stack = stacks.load_stack(config.stack)
 patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 
 gpu_plan = gpus.plan_for_host(config, stack)
+# The GPU machine has no systemd (PID 1 is not systemd): bench/gpu's systemctl, journalctl and systemd-run stand in
+# for it, so the prerequisite that refuses such a host (operations/prerequisites.py) is set aside here, and only here.
+gpu_plan = dataclasses.replace(gpu_plan, errors=tuple(e for e in gpu_plan.errors if not e.startswith("its init is ")))
 config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
