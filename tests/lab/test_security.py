@@ -111,7 +111,8 @@ def test_a_listener_the_engine_opens_by_default_counts_as_one_the_data_names():
     engine, resolving it, binds its default on every interface (`tcp://*:5557`, KVEventsConfig in 0.5.23). The
     preflight reads the engine's resolved settings on the host and refuses that without an API key; the same publisher
     given a loopback endpoint serves."""
-    events = {"gpu": 0, "port": 30111, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+    # GPU 1: the module's exposed service holds GPU 0 until the module ends.
+    events = {"gpu": 1, "port": 30111, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
               "args": {"kv-events-config": '{"publisher": "zmq"}'}}
     inventory = write_inventory("test_events", {SPARE: {"services": {"events": events}, "run_services": ["events"]}})
     try:
