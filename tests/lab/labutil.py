@@ -120,6 +120,18 @@ def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | 
     return DeployResult(proc)
 
 
+def refused_by_its_preflight(host: str, inventory: Path, service: str, reason: str) -> str:
+    """Deploy `inventory`, which fails `service`'s preflight on `host` with `reason` (its start): the run fails,
+    says so, and writes no unit. The run's output."""
+    result = deploy(inventory, as_json=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
+    assert f"{service}: PREFLIGHT FAILED, unit and running service left as they were: {reason}" in out, out[-3000:]
+    unit = f"/etc/systemd/system/sglang-{service}.service"
+    assert ssh(host, f"test -e {unit} && echo unit || echo none").stdout.strip() == "none"
+    return out
+
+
 def clean_host(host: str, keep_venv: bool = False) -> None:
     """Remove everything the deploy puts on a host (the lab's own files stay).
 

@@ -17,7 +17,14 @@ import shlex
 import pytest
 
 from operations import models
-from tests.lab.labutil import deploy, http_get, main_pid, ssh, write_inventory
+from tests.lab.labutil import (
+    deploy,
+    http_get,
+    main_pid,
+    refused_by_its_preflight,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -177,13 +184,9 @@ def test_a_file_the_engine_would_load_from_another_users_directory_fails_the_pre
     service = {**SERVICE, "args": {"chat-template": "/srv/templates/t.jinja"}}
     inventory = write_inventory("test_host_trust_engine_paths", {host: {"services": {"trust": service}, "run_services": ["trust"]}})
     try:
-        result = deploy(inventory, as_json=False)
-        out = result.stdout + result.stderr
-        assert result.returncode != 0, out[-3000:]
-        assert ("trust: PREFLIGHT FAILED, unit and running service left as they were: the flag --chat-template names "
-                "/srv/templates/t.jinja, which the engine loads, runs or searches, and ") in out, out[-3000:]
+        out = refused_by_its_preflight(host, inventory, "trust", "the flag --chat-template names /srv/templates/t.jinja, "
+                                       "which the engine loads, runs or searches, and ")
         assert f"({SQUATTER})" in out and "only root or the service account may write what the engine loads" in out
-        assert ssh(host, f"test -e /etc/systemd/system/{UNIT} && echo unit || echo none").stdout.strip() == "none"
         ssh(host, "chown -R root:root /srv/templates")
         again = deploy(inventory)
         assert again.returncode == 0, again

@@ -9,7 +9,16 @@ import shlex
 import pytest
 import requests
 
-from tests.lab.labutil import SPARE, clean_host, deploy, lab_hosts, main_pid, ssh, write_inventory
+from tests.lab.labutil import (
+    SPARE,
+    clean_host,
+    deploy,
+    lab_hosts,
+    main_pid,
+    refused_by_its_preflight,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -116,12 +125,8 @@ def test_a_listener_the_engine_opens_by_default_counts_as_one_the_data_names():
               "args": {"kv-events-config": '{"publisher": "zmq"}'}}
     inventory = write_inventory("test_events", {SPARE: {"services": {"events": events}, "run_services": ["events"]}})
     try:
-        result = deploy(inventory, as_json=False)
-        out = result.stdout + result.stderr
-        assert result.returncode != 0, out[-3000:]
-        assert ("events: PREFLIGHT FAILED, unit and running service left as they were: the engine resolves "
-                "`kv_events_config.endpoint` to `tcp://*:5557`, naming `tcp://*:5557`") in out, out[-3000:]
-        assert ssh(SPARE, "test -e /etc/systemd/system/sglang-events.service && echo unit || echo none").stdout.strip() == "none"
+        refused_by_its_preflight(SPARE, inventory, "events", "the engine resolves `kv_events_config.endpoint` to "
+                                 "`tcp://*:5557`, naming `tcp://*:5557`")
         events["args"] = {"kv-events-config": '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}'}
         inventory = write_inventory("test_events", {SPARE: {"services": {"events": events}, "run_services": ["events"]}})
         again = deploy(inventory)
