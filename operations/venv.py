@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
-from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming, transient
+from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming
 from operations import installer as installer_mod
 from operations.host_reads import operation
 
@@ -907,29 +907,9 @@ def probed(gen: Generation, probe: dict):
       CUDA version and the GPUs' compute capabilities)
 
     Run it with ``_if`` set to "the generation or its patch sets changed, or it is not live yet".
-
-    It imports the engine, so it runs as the preflight does, never as root: in a transient unit of
-    its own, as a dynamic user (the service account may not exist yet: it is made after the
-    environments), in the services' sandbox, with the generation bound read-only into an empty
-    home and nothing of the caller's environment (`probe_command`).
     """
-    yield probe_command(gen, probe)
-
-
-# The sandbox the ABI probe runs in: the service unit's protections, with a throwaway user.
-PROBE_SANDBOX = ("DynamicUser=yes", "ProtectHome=tmpfs", "ProtectSystem=strict", "PrivateTmp=yes",
-                 "NoNewPrivileges=yes", "CapabilityBoundingSet=", "RestrictSUIDSGID=yes",
-                 "UMask=0077")
-PROBE_TIMEOUT_S = 600
-
-
-def probe_command(gen: Generation, probe: dict) -> str:
-    run = transient.command(
-        [*PROBE_SANDBOX, f"BindReadOnlyPaths={gen.path}"],
-        {"PATH": transient.SYSTEM_PATH, "HOME": "/tmp"},
-        [gen.python, "-I", "-", json.dumps(probe, sort_keys=True)],
-        f"ABI probe of generation {gen.id}", PROBE_TIMEOUT_S)
-    return f"cd / && {run} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF"
+    args = shlex.quote(json.dumps(probe, sort_keys=True))
+    yield remote.heredoc(shlex.quote(gen.python), args, remote.script("abi_probe"))
 
 
 @operation()
