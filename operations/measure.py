@@ -182,6 +182,9 @@ CLIENT_ENV = {
     "OPENAI_API_KEY": "only when the service has an API key: read from its key file by the service "
                       "user inside the sandbox; the client sends it as `Authorization: Bearer` "
                       "(sglang/benchmark/serving.py get_auth_headers)",
+    "SGLANG_DEPLOY_PEER_GUARD": "the service's unit and control group, which every connection the "
+                                "client makes must reach before its first byte leaves "
+                                "(operations/remote/peer_guard.py); names no file",
 }
 CLIENT_FIXED_ENV = {"PATH": transient.SYSTEM_PATH, "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "LC_CTYPE": "C.UTF-8"}
@@ -223,8 +226,17 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 # requests; prints one MEASURE-RESULT line. argv: SPEC_JSON (the script itself on stdin).
 HOST_SCRIPT = r'''
 import json, os, pwd, subprocess, sys, tempfile, urllib.request
+REFUSED_EXIT = 75  # the client's exit status when peer_guard stopped it
 spec = json.loads(sys.argv[1])
 result = {"service": spec["service"], "ran_as": {"uid": os.getuid()}}
+# Every connection of this process and of the client is checked before its first byte leaves
+# (peer_guard): the unit's control group is root's word for it (argv[2], from systemctl).
+guard = {"unit": spec["unit"], "control_group": sys.argv[2] if len(sys.argv) > 2 else ""}
+guard_ns = {"__name__": "peer_guard"}
+os.environ["SGLANG_DEPLOY_PEER_GUARD"] = json.dumps(guard)
+exec(compile(spec["peer_guard"], "peer_guard.py", "exec"), guard_ns)
+client_guard = ("exec(compile(%r, 'peer_guard.py', 'exec'), {'__name__': 'peer_guard'})\n"
+                % spec["peer_guard"])
 try:
     result["ran_as"]["user"] = pwd.getpwuid(os.getuid()).pw_name
 except KeyError:
@@ -244,6 +256,7 @@ if spec["key_file"]:
 def redact(text):
     return text.replace(key, "<redacted>") if key else text
 env = dict(spec["client_env"])
+env["SGLANG_DEPLOY_PEER_GUARD"] = json.dumps({**guard, "exit_code": REFUSED_EXIT})
 headers = {"Content-Type": "application/json"}
 if key:
     env["OPENAI_API_KEY"] = key
@@ -254,11 +267,15 @@ with tempfile.TemporaryDirectory(prefix="sglang-measure-") as tmp:
     args = [a if a != "@OUT@" else out_file for a in spec["bench_args"]]
     try:
         run = subprocess.run(
-            [sys.executable, "-I", "-c", spec["client_shim"], spec["client_module"], *args],
+            [sys.executable, "-I", "-c", client_guard + spec["client_shim"],
+             spec["client_module"], *args],
             cwd=tmp, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
             timeout=spec["timeout_s"])
         result["rc"] = run.returncode
         tail = (run.stdout + run.stderr)[-3000:]
+        for line in run.stderr.splitlines():
+            if line.startswith(guard_ns["REFUSED_MARK"]) and run.returncode == REFUSED_EXIT:
+                guard_ns["refused"].append(line[len(guard_ns["REFUSED_MARK"]):])
     except subprocess.TimeoutExpired as exc:
         result["rc"] = "timeout"
         tail = "timed out after %ss" % spec["timeout_s"]
@@ -277,6 +294,8 @@ base = "http://127.0.0.1:%d" % spec["port"]
 tokens = verify = 0
 probe = []
 for i in range(spec["probe"]):
+    if guard_ns["refused"]:
+        break  # the run stops at the first connection that was not the unit's
     body = {"input_ids": [(7 * i + j) % 1000 + 10 for j in range(spec["input_len"])],
             "sampling_params": {"max_new_tokens": spec["output_len"], "temperature": 0,
                                 "ignore_eos": True}}
@@ -294,6 +313,8 @@ for i in range(spec["probe"]):
         verify += meta["spec_verify_ct"]
 result["probe"] = {"requests": probe, "completion_tokens": tokens, "verify_ct": verify,
                    "accept_length": tokens / verify if verify else None}
+if guard_ns["refused"]:
+    result["refused"] = guard_ns["refused"][0]
 print("MEASURE-RESULT " + redact(json.dumps(result)))
 '''
 
@@ -322,7 +343,11 @@ def host_command(venv: str, spec: dict, sandbox: list[str], before: tuple[str, .
     run = transient.command(sandbox, {"PATH": transient.SYSTEM_PATH},
                             [venv + "/bin/python", "-I", "-", json.dumps(spec)],
                             f"measure {spec['service']}", limit)
-    client = f"{run} <<'PYEOF'\n{HOST_SCRIPT}\nPYEOF\n"
+    # The unit's control group, root's word for it (systemd's), is the script's argv[2]: the
+    # identity every connection of the run is checked against (peer_guard).
+    unit = shlex.quote(spec.get("unit", ""))
+    client = (f"unit_cgroup=$(systemctl show -p ControlGroup --value {unit} 2>/dev/null)\n"
+              f"{run} \"$unit_cgroup\" <<'PYEOF'\n{HOST_SCRIPT}\nPYEOF\n")
     # A check may be a heredoc command (a remote script): each goes in a brace group of its own
     # lines.
     checks_before = [f"{{ {check}\n}} || exit 96\n" for check in before]
@@ -487,9 +512,19 @@ def _run(state, host, service: str, venv: str, command: str, report: Report,
     # root's failed) gives no result, whatever it printed.
     result = (parse_output(output.stdout) if ok else None) or {
         "error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
+    # A connection whose server end was not the unit's stopped the run (peer_guard): whatever
+    # root's later check says, that is the result, and it fails the host.
+    refused = (parse_output(output.stdout or "") or {}).get("refused")
+    if refused:
+        result = {"service": service, "refused": refused,
+                  "error": f"stopped before sending on a connection to another holder: {refused}"}
     result["host"] = host.name
     result["drafting"] = how
     report.results[service] = result
+    if refused:
+        host.log_styled(f"{service}: the key goes only to the unit: {result['error']}", fg="red",
+                        log_func=logger.error)
+        return False
     if not result.get("bench"):
         logger.warning(f"{host.name}/{service}: the benchmark wrote no result: "
                        f"{str(result.get('error', '')).strip()[-500:]}")
@@ -518,7 +553,10 @@ def served(service: str, placed=None, report: Report | None = None, config=None)
         host.noop(f"{service} does not run on this host")
         return
     spec = {
-        "service": service, "port": placed.port,
+        "service": service, "port": placed.port, "unit": placed.unit_name,
+        # Run first by the host script and by the client: no byte of theirs leaves on a connection
+        # whose server end is not the unit's (the key goes only to the unit).
+        "peer_guard": remote.script("peer_guard"),
         "key_file": placed.config_file if placed.api_key else None,
         # The path the deploy staged the target model at: the client's model and, unless
         # MEASURE_TOKENIZER names another path, its tokenizer; never what the server names.

@@ -43,9 +43,11 @@ STEP_S = "0.02"  # the stand-in's seconds per forward step: long enough that the
 SERVICES = {
     "plain": {"gpu": 0, "port": 30620, "model": "Qwen3.6-27B", "model_in": "store", "env": {"STANDIN_STEP_S": STEP_S}},
     "dflash": {"gpu": 1, "port": 30621, "model": "Qwen3.6-27B", "model_in": "store", "draft_model": "Qwen3.6-27B-DFlash",
-               "draft_in": "store", "env": {"STANDIN_STEP_S": STEP_S},
+               "draft_in": "store", "env": {"STANDIN_STEP_S": STEP_S}, "api_key_secret": "measure-key",
                "args": {"speculative-algorithm": "DFLASH", "speculative-dflash-block-size": 16}},
 }
+KEY = "lab-measure-key-2c9e41"  # a test value: dflash's API key, which the client reads on the host and sends
+SECRETS = {"SGLANG_DEPLOY_SECRET_MEASURE_KEY": KEY}
 UNITS = {name: f"sglang-{name}.service" for name in SERVICES}
 OPTIONS = {"MEASURE_PROMPTS": "8", "MEASURE_INPUT_LEN": "32", "MEASURE_OUTPUT_LEN": "32", "MEASURE_CONCURRENCY": "4",
            "MEASURE_PROBE": "2", "MEASURE_TIMEOUT_S": "300", "MEASURE_TOKENIZER": TOKENIZER}
@@ -90,13 +92,13 @@ def measured(tmp_path_factory):
     inventory = write_inventory("test_measure", {HOST: {"stack": STACK, "services": SERVICES, "run_services": list(SERVICES),
                                                         "lock_wait_s": 2}})
     try:
-        result = deploy(inventory)
+        result = deploy(inventory, env=SECRETS)
         assert result.returncode == 0, result
         ssh(HOST, f"{VENV}/bin/python -c {shlex.quote(BUILD_TOKENIZER)} {TOKENIZER}")
         before, out = units(), tmp_path_factory.mktemp("measure") / "measure.json"
         ssh(HOST, f"mkdir {LOCK} && printf '%s' {shlex.quote(HOLDER)} > {LOCK}/owner.json")
         lock_before = lock_state()
-        env = {**os.environ, **OPTIONS, "MEASURE_SERVICES": "plain,dflash", "MEASURE_OUT": str(out)}
+        env = {**os.environ, **SECRETS, **OPTIONS, "MEASURE_SERVICES": "plain,dflash", "MEASURE_OUT": str(out)}
         start = time.monotonic()
         proc = subprocess.run([PYINFRA, str(inventory), "measure.py", "-y"], cwd=ROOT, capture_output=True, text=True,
                               timeout=900, env=env)
@@ -201,7 +203,7 @@ def test_a_tokenizer_with_remote_code_is_refused_not_run(measured):
     ssh(HOST, f"rm -rf {REMOTE_CODE_TOK} {MARK}; mkdir {REMOTE_CODE_TOK} && {files}")
     try:
         out = measured.out.with_name("remote-code.json")
-        env = {**os.environ, **OPTIONS, "MEASURE_PROMPTS": "1", "MEASURE_PROBE": "0", "MEASURE_TOKENIZER": REMOTE_CODE_TOK,
+        env = {**os.environ, **SECRETS, **OPTIONS, "MEASURE_PROMPTS": "1", "MEASURE_PROBE": "0", "MEASURE_TOKENIZER": REMOTE_CODE_TOK,
                "MEASURE_SERVICES": "plain", "MEASURE_OUT": str(out)}
         inventory = ROOT / "lab" / "test_measure.py"
         proc = subprocess.run([PYINFRA, str(inventory), "measure.py", "-y"], cwd=ROOT, capture_output=True, text=True,
@@ -213,3 +215,61 @@ def test_a_tokenizer_with_remote_code_is_refused_not_run(measured):
         assert ssh(HOST, f"test -e {MARK}", check=False).returncode != 0, ssh(HOST, f"cat {MARK}", check=False).stdout
     finally:
         ssh(HOST, f"rm -rf {REMOTE_CODE_TOK} {MARK}", check=False)
+
+
+# Another local user's HTTP server (test_peer_identity's impostor): prints every request it gets, key and all.
+SQUATTER = "squatter"
+IMPOSTOR_UNIT = f"lab-measure-impostor-{os.getpid()}.service"
+IMPOSTOR = f"""
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def answer(self):
+        print("HEARD", self.command, self.path, self.headers.get("Authorization"), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+
+    do_GET = do_POST = answer
+
+HTTPServer(("127.0.0.1", {SERVICES['dflash']['port']}), Handler).serve_forever()
+"""
+
+
+def test_the_key_goes_only_to_the_unit_when_the_engine_dies_mid_run(measured):
+    """Root checks the port's listeners before the client and after it; in between the engine dies and another
+    local user binds its port. Every connection of the client is checked on its own before its first byte
+    (operations/remote/peer_guard.py): the first one to the squatter stops the run, which fails naming the holder,
+    and the squatter hears nothing. Seen failing without the guard: the squatter's journal held
+    `HEARD GET /v1/models Bearer <the key>`. Last in the module: it kills dflash's engine."""
+    port, unit = SERVICES["dflash"]["port"], UNITS["dflash"]
+    ssh(HOST, f"id {SQUATTER} >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {SQUATTER}")
+    ssh(HOST, f"printf %s {shlex.quote(IMPOSTOR)} > /var/tmp/lab-measure-impostor.py && chmod 644 /var/tmp/lab-measure-impostor.py")
+    out = measured.out.with_name("squatted.json")
+    env = {**os.environ, **SECRETS, **OPTIONS, "MEASURE_PROMPTS": "40", "MEASURE_CONCURRENCY": "1",
+           "MEASURE_SERVICES": "dflash", "MEASURE_OUT": str(out)}
+    try:
+        run = subprocess.Popen([PYINFRA, str(ROOT / "lab" / "test_measure.py"), "measure.py", "-y"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # Root's check before the client has passed once the client's transient unit runs; the client is still
+        # importing its modules. Then the engine dies and the squatter binds its port.
+        ssh(HOST, "for i in $(seq 600); do systemctl list-units --no-legend --plain --type=service "
+                  "| grep -q 'sglang-deploy: measure dflash' && exit 0; sleep 0.05; done; exit 1")
+        ssh(HOST, f"systemctl kill -s KILL {unit}; "
+                  f"for i in $(seq 100); do systemd-run --quiet --unit {IMPOSTOR_UNIT} -p User={SQUATTER} "
+                  f"/usr/bin/python3 /var/tmp/lab-measure-impostor.py && break; sleep 0.05; done; "
+                  f"for i in $(seq 100); do ss -ltn 'sport = :{port}' | grep -q LISTEN && exit 0; sleep 0.05; done; exit 1")
+        stdout, stderr = run.communicate(timeout=600)
+        heard = ssh(HOST, f"journalctl -u {IMPOSTOR_UNIT} --no-pager -o cat").stdout
+        uid = ssh(HOST, f"id -u {SQUATTER}").stdout.strip()
+    finally:
+        ssh(HOST, f"systemctl stop {IMPOSTOR_UNIT} 2>/dev/null; rm -f /var/tmp/lab-measure-impostor.py; "
+                  f"userdel {SQUATTER}; true", check=False)
+    assert KEY not in heard and "HEARD" not in heard, heard
+    assert run.returncode != 0, stdout[-3000:] + stderr[-3000:]
+    result = json.loads(out.read_text())["results"]["dflash"]
+    assert result["refused"].startswith(f"port {port} is held by uid {uid} ({SQUATTER})"), result
+    assert result["refused"].endswith(f"not by {unit}") and "bench" not in result, result
+    assert "dflash: the key goes only to the unit: stopped before sending" in stdout + stderr, stdout[-3000:]
+    assert KEY not in stdout + stderr

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import measure
+from operations import measure, remote
+from tests.unit.remote_calls import own_control_group
+from tests.unit.test_peer_identity import NOT_HERE, as_root, heard, impostor  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_SRC = ROOT / "lab" / "standin"
@@ -230,6 +232,15 @@ def run_on_this_machine(command: str, venv: str, environ: dict, forced: str = ""
     return subprocess.run(["sh", "-c", local], capture_output=True, text=True, timeout=120, env=environ)
 
 
+def systemctl_naming(tmp_path: Path, control_group: str) -> Path:
+    """A directory with a systemctl stand-in that answers `show -p ControlGroup --value` as systemd would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho {control_group}\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    return bin_dir
+
+
 def test_the_host_script_runs_the_client_then_probes_accept_length(standin, tmp_path):
     port = standin(*SPEEDS["ddtree-31"])
     fake = tmp_path / "fake"
@@ -243,10 +254,12 @@ def test_the_host_script_runs_the_client_then_probes_accept_length(standin, tmp_
             "timeout_s": 60, "client_module": "fakeclient", "client_env": measure.CLIENT_FIXED_ENV,
             # -I keeps PYTHONPATH out: the fake transformers and client are put on sys.path by the test, then the shim.
             "client_shim": f"import sys; sys.path.insert(0, {str(fake)!r})\n" + measure.CLIENT_SHIM,
-            "bench_args": options.bench_args(port, "@OUT@", "/dev/shm/Qwen3.6-27B")}
+            "bench_args": options.bench_args(port, "@OUT@", "/dev/shm/Qwen3.6-27B"),
+            "unit": "sglang-ddtree.service", "peer_guard": remote.script("peer_guard")}
     command = measure.host_command("/root/venv_sglang", spec, ["User=sglang", "Group=sglang", "PrivateTmp=yes"])
     # What a service's env data or root's session could hold: none of it reaches the client.
-    environ = {**os.environ, "OPENSSL_CONF": "/var/lib/sglang/openssl.cnf", "GCONV_PATH": "/var/lib/sglang", "LANG": "C",
+    environ = {**os.environ, "PATH": f"{systemctl_naming(tmp_path, own_control_group())}:{os.environ['PATH']}",
+               "OPENSSL_CONF": "/var/lib/sglang/openssl.cnf", "GCONV_PATH": "/var/lib/sglang", "LANG": "C",
                "PYTHONPATH": str(tmp_path / "nowhere"), "HF_HOME": "/var/lib/sglang/hf"}
     # And past `env -i` (the transient run's environment): the client's is built whole, so none reaches it either.
     out = run_on_this_machine(command, "/root/venv_sglang", environ, forced="OPENSSL_CONF=/var/lib/sglang/openssl.cnf LOCPATH=/x")
@@ -270,6 +283,40 @@ def test_the_host_script_runs_the_client_then_probes_accept_length(standin, tmp_
     assert probe["verify_ct"] == 3 * 13 and probe["accept_length"] == pytest.approx(120 / 39)
 
 
+KEY_CLIENT = (
+    "import os, sys, urllib.request\n"
+    "base = next(a for a in sys.argv if a.startswith('http://'))\n"
+    "req = urllib.request.Request(base + '/v1/models', headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+    "print(urllib.request.urlopen(req, timeout=10).status)\n")
+
+
+@as_root
+def test_a_run_whose_connection_reaches_another_holder_stops_there_and_says_so(impostor, tmp_path):  # noqa: F811
+    """The engine died and another local user holds its port when the client connects: the client's first
+    connection is refused before its first byte, the client stops, no probe is sent, and the result names the holder
+    (operations/remote/peer_guard.py). Seen failing without the guard: the impostor printed the key."""
+    port, proc = impostor
+    fake = tmp_path / "fake"
+    for rel, text in {**FAKE_TRANSFORMERS, "keyclient.py": KEY_CLIENT}.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(text)
+    key_file = tmp_path / "x.yml"
+    key_file.write_text(f'api-key: "{KEY}"\n')
+    spec = {"service": "x", "port": port, "key_file": str(key_file), "probe": 2, "input_len": 8, "output_len": 8,
+            "timeout_s": 60, "client_module": "keyclient", "client_env": measure.CLIENT_FIXED_ENV,
+            "client_shim": f"import sys; sys.path.insert(0, {str(fake)!r})\n" + measure.CLIENT_SHIM,
+            "bench_args": measure.Options().bench_args(port, "@OUT@", "/m"),
+            "unit": "sglang-x.service", "peer_guard": remote.script("peer_guard")}
+    command = measure.host_command("/root/venv_sglang", spec, ["User=sglang"])
+    environ = {**os.environ, "PATH": f"{systemctl_naming(tmp_path, NOT_HERE)}:{os.environ['PATH']}"}
+    out = run_on_this_machine(command, "/root/venv_sglang", environ)
+    result = measure.parse_output(out.stdout)
+    assert result is not None, out.stdout + out.stderr
+    assert result["rc"] == 75 and result["refused"].startswith(f"port {port} is held by uid 65534 (nobody)"), result
+    assert result["probe"]["requests"] == [] and "bench" not in result
+    assert heard(proc) == ""
+
+
 def test_the_client_runs_as_the_service_user_in_the_services_sandbox():
     """The host command's one engine-side step is a transient unit with the unit's own sandbox, as its user; a
     tokenizer under a hidden home directory is bound in read-only; the run's environment is only PATH."""
@@ -283,18 +330,20 @@ def test_the_client_runs_as_the_service_user_in_the_services_sandbox():
     sandbox = measure.client_sandbox(units.service_sandbox(config, service), "/root/tok")
     assert sandbox[:-1] == units.sandbox_properties(render(config)) and sandbox[-1] == "BindReadOnlyPaths=-/root/tok"
     assert measure.client_sandbox(["User=sglang"], "/srv/tok") == ["User=sglang"]
-    spec = {"service": "ddtree", "port": 30000, "key_file": None}
+    spec = {"service": "ddtree", "port": 30000, "key_file": None, "unit": "sglang-ddtree.service"}
     command = measure.host_command(service.environment.path, spec, sandbox)
     lines = command.splitlines()
     assert lines[0] == "cd / || exit 1"
-    words = shlex.split(lines[1].split("<<")[0])
+    # The unit's control group, systemd's word for it, is the run's argv[2]: what every connection is checked against.
+    assert lines[1] == "unit_cgroup=$(systemctl show -p ControlGroup --value sglang-ddtree.service 2>/dev/null)"
+    words = shlex.split(lines[2].split("<<")[0])
     assert words[:5] == ["systemd-run", "--wait", "--pipe", "--collect", "--quiet"]
     properties = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
     # The client's timeout (default 1800 s) and a margin: systemd stops a run whose caller went away.
     assert properties == [*sandbox, "RuntimeMaxSec=1920"] and "User=sglang" in properties and "Group=sglang" in properties
     rest = words[words.index("--") + 1:]
     assert rest == ["/usr/bin/env", "-i", f"PATH={measure.transient.SYSTEM_PATH}", f"{service.environment.path}/bin/python",
-                    "-I", "-", json.dumps(spec)]
+                    "-I", "-", json.dumps(spec), "$unit_cgroup"]
 
 
 def test_checks_of_roots_run_before_and_after_the_client_and_a_failed_one_fails_the_line(tmp_path):
