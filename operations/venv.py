@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from configuration import wheels
 from configuration.stacks import Package, Stack
-from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming
+from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming, transient
 from operations import installer as installer_mod
 from operations.host_reads import operation
 
@@ -907,9 +907,66 @@ def probed(gen: Generation, probe: dict):
       CUDA version and the GPUs' compute capabilities)
 
     Run it with ``_if`` set to "the generation or its patch sets changed, or it is not live yet".
+
+    It imports the engine, so it runs as the preflight does, never as root: in a transient unit of
+    its own, as a dynamic user (the service account may not exist yet: it is made after the
+    environments), in the services' sandbox, with the generation bound read-only into an empty
+    home and nothing of the caller's environment (`probe_command`).
     """
-    args = shlex.quote(json.dumps(probe, sort_keys=True))
-    yield remote.heredoc(shlex.quote(gen.python), args, remote.script("abi_probe"))
+    yield probe_command(gen, probe)
+
+
+# The sandbox the ABI probe runs in: the service unit's protections, with a throwaway user.
+PROBE_SANDBOX = ("DynamicUser=yes", "ProtectHome=tmpfs", "ProtectSystem=strict", "PrivateTmp=yes",
+                 "NoNewPrivileges=yes", "CapabilityBoundingSet=", "RestrictSUIDSGID=yes",
+                 "UMask=0077")
+PROBE_TIMEOUT_S = 600
+
+
+# Root's half, after the probe: the bytecode of the sources the probe imported, written into the
+# generation (which the service user cannot write), so that a service's start reads what was
+# compiled here instead of compiling the engine from source at every start. argv: the generation;
+# stdin: the probe's list. Only compiling, never importing (`-S`: not even site-packages' .pth
+# files run), and only regular `.py` files inside the generation that root owns and no one else may
+# write; a path the probe names elsewhere is skipped.
+COMPILE_IMPORTED = """
+import os, py_compile, stat, sys
+top = os.path.realpath(sys.argv[1]) + os.sep
+compiled = 0
+for line in sys.stdin:
+    real = os.path.realpath(line.rstrip("\\n"))
+    if not real.startswith(top) or not real.endswith(".py") or compiled >= 100000:
+        continue
+    try:
+        st = os.lstat(real)
+    except OSError:
+        continue
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        continue
+    try:
+        py_compile.compile(real, doraise=True)
+        compiled += 1
+    except (py_compile.PyCompileError, OSError):
+        pass
+"""
+IMPORTED_MARK = "SGLANG-DEPLOY-IMPORTED "
+
+
+def probe_command(gen: Generation, probe: dict) -> str:
+    """The probe in its transient unit, its output but the list of what it imported passed on; once
+    it passed, root compiles that list (COMPILE_IMPORTED)."""
+    run = transient.command(
+        [*PROBE_SANDBOX, f"BindReadOnlyPaths={gen.path}"],
+        {"PATH": transient.SYSTEM_PATH, "HOME": "/tmp"},
+        [gen.python, "-I", "-", json.dumps(probe, sort_keys=True)],
+        f"ABI probe of generation {gen.id}", PROBE_TIMEOUT_S)
+    compile_ = remote.isolated(shlex.quote(gen.python),
+                               f"-S -c {shlex.quote(COMPILE_IMPORTED)} {shlex.quote(gen.path)}")
+    # time bound: the probe's own (RuntimeMaxSec); compiling is bounded by the list's length.
+    return (f"cd / && probe_out=$({run} <<'PYEOF'\n{remote.script('abi_probe')}\nPYEOF\n); "
+            f"probe_rc=$?; printf '%s\\n' \"$probe_out\" | grep -v '^{IMPORTED_MARK}'; "
+            f"[ $probe_rc -eq 0 ] || exit $probe_rc; "
+            f"printf '%s\\n' \"$probe_out\" | sed -n 's/^{IMPORTED_MARK}//p' | {compile_}")
 
 
 @operation()

@@ -5,7 +5,8 @@
 # Imports torch, the kernel distributions' packages, flashinfer (when installed) and the server
 # entry point; compares torch's CUDA version with the kernel's CUDA tag, with the CUDA version
 # the driver supports, and torch's compiled GPU architectures with the GPUs' compute capability.
-# Success: one JSON line on stdout. Failure: exit 1 with ONE line on stderr naming the
+# Success: the imported sources' paths (one SGLANG-DEPLOY-IMPORTED line each), then one JSON
+# line on stdout. Failure: exit 1 with ONE line on stderr naming the
 # mismatched distributions and versions (an `undefined symbol` included).
 import importlib
 import importlib.metadata as md
@@ -149,4 +150,10 @@ if torch_cuda and caps:
 
 for module in args.get("modules", []):
     load(module)
+# What root compiles into the generation once the probe passed (venv.COMPILE_IMPORTED): the sources
+# imported here, which the service user may not write bytecode beside.
+for module in list(sys.modules.values()):
+    path = getattr(module, "__file__", None)
+    if isinstance(path, str) and path.endswith(".py") and "\n" not in path:
+        print("SGLANG-DEPLOY-IMPORTED " + path)
 print(json.dumps(found, sort_keys=True))

@@ -279,7 +279,7 @@ def _probe_without_torch(tmp_path: Path, with_kernel: bool) -> subprocess.Comple
 def test_a_stack_without_torch_is_probed_for_its_entry_point_alone(tmp_path):
     result = _probe_without_torch(tmp_path, with_kernel=False)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["torch"] is None
+    assert json.loads(result.stdout.splitlines()[-1])["torch"] is None
 
 
 def test_a_kernel_in_a_stack_without_torch_fails_the_probe_and_says_why(tmp_path):

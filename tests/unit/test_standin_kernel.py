@@ -117,4 +117,4 @@ def test_the_abi_probe_passes_the_matching_kernel(tmp_path):
     probe = ROOT / "operations" / "remote" / "abi_probe.py"
     out = _python(site, str(probe), json.dumps({"kernels": ["sglang-kernel"], "modules": []}))
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["sglang-kernel"] == "0.4.10+cpu"
+    assert json.loads(out.stdout.splitlines()[-1])["sglang-kernel"] == "0.4.10+cpu"

@@ -399,10 +399,69 @@ def run_switch(was, stack) -> Result:
     return run(venv.switched, {}, gen=gen_of(stack), live_target=was)
 
 
-def test_probe_runs_the_probe_script_with_the_generation_python(stack):
+def test_probe_runs_the_probe_script_with_the_generation_python_as_a_throwaway_user_in_the_sandbox(stack):
+    """Issue 46 item 8: the probe imports the engine, so it runs as the preflight does: a transient unit, never root
+    (DynamicUser: the service account is made after the environments), the services' protections, the generation
+    bound read-only into an empty home, nothing of the caller's environment."""
+    import shlex
+
     gen = gen_of(stack)
     (probe,) = run(venv.probed, {}, gen=gen, probe={"kernels": ["sglang-kernel"]}).commands
-    assert probe.startswith(f"(cd / && exec {gen.python} -I - ") and "ABI probe failed" in probe and '"kernels": ["sglang-kernel"]' in probe
+    assert probe.startswith("cd / && probe_out=$(systemd-run --wait --pipe --collect ") and "ABI probe failed" in probe
+    words = shlex.split(probe.split("<<'PYEOF'")[0])
+    properties = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
+    assert properties[:2] == ["DynamicUser=yes", "ProtectHome=tmpfs"] and f"BindReadOnlyPaths={gen.path}" in properties
+    assert not any(p.startswith("User=") for p in properties)
+    argv = words[words.index("--") + 1:]
+    from operations import transient
+
+    assert argv[:4] == ["/usr/bin/env", "-i", f"PATH={transient.SYSTEM_PATH}", "HOME=/tmp"]
+    assert argv[-4:-1] == [gen.python, "-I", "-"] and '"kernels": ["sglang-kernel"]' in argv[-1]
+
+
+def test_root_compiles_what_the_probe_imported_inside_the_generation_only(tmp_path):
+    """The bytecode the service user cannot write beside the engine's sources is written by root after the probe,
+    from the probe's list: only root's regular .py files inside the generation, never by importing them."""
+    gen = tmp_path / "gen"
+    (gen / "lib").mkdir(parents=True)
+    (tmp_path / "elsewhere.py").write_text("x = 1\n")
+    inside, writable = gen / "lib" / "engine.py", gen / "lib" / "shared.py"
+    inside.write_text("raise SystemExit('IMPORTED')\n")  # compiling it runs nothing
+    writable.write_text("y = 2\n")
+    writable.chmod(0o666)
+    (gen / "lib" / "link.py").symlink_to(tmp_path / "elsewhere.py")
+    listed = [inside, writable, gen / "lib" / "link.py", tmp_path / "elsewhere.py", gen / "lib" / "missing.py"]
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", venv.COMPILE_IMPORTED, str(gen)], capture_output=True,
+                         text=True, input="".join(f"{p}\n" for p in listed), timeout=60)
+    assert ran.returncode == 0 and "IMPORTED" not in ran.stdout + ran.stderr, ran
+    compiled = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pyc"))
+    assert compiled == [f"gen/lib/__pycache__/engine.{sys.implementation.cache_tag}.pyc"], compiled
+
+
+def test_the_probe_line_passes_its_output_on_and_compiles_only_once_it_passed(tmp_path):
+    """The whole line, with systemd-run replaced by a stand-in that runs its command: the probe's JSON and failure
+    line reach the caller, its list of imports goes to root's compiler, and a failed probe compiles nothing."""
+    gen = venv.Generation(live=str(tmp_path / "venv"), id="g1")
+    gen_dir = Path(gen.path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(gen_dir)], check=True, timeout=120)
+    site = next(gen_dir.glob("lib/python*/site-packages"))
+    (site / "servedmod.py").write_text("VALUE = 1\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemd-run").write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n')
+    (bin_dir / "systemd-run").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    good = subprocess.run(["sh", "-c", venv.probe_command(gen, {"torch": False, "kernels": [], "modules": ["servedmod"]})],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout.strip())["python"] and venv.IMPORTED_MARK not in good.stdout
+    assert [p.name for p in site.rglob("*.pyc")] == [f"servedmod.{sys.implementation.cache_tag}.pyc"]
+    for pyc in site.rglob("*.pyc"):
+        pyc.unlink()
+    bad = subprocess.run(["sh", "-c", venv.probe_command(gen, {"torch": False, "kernels": [], "modules": ["nomod"]})],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and bad.stderr.startswith("ABI probe failed: "), bad
+    assert list(site.rglob("*.pyc")) == []
 
 
 def test_switch_points_the_live_path_at_the_generation(stack):
