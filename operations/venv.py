@@ -928,9 +928,12 @@ PROBE_TIMEOUT_S = 600
 # compiled here instead of compiling the engine from source at every start. argv: the generation;
 # stdin: the probe's list. Only compiling, never importing (`-S`: not even site-packages' .pth
 # files run), and only regular `.py` files inside the generation that root owns and no one else may
-# write; a path the probe names elsewhere is skipped.
+# write; a path the probe names elsewhere is skipped. As the import system writes bytecode: only
+# where none is current for the source's mtime (compileall's own check), so a probe run again does
+# not compile a source edited in place with its mtime kept over the bytecode the engine still runs
+# (the venv check finds such an edit by its digest, tests/lab/test_convergence.py).
 COMPILE_IMPORTED = """
-import os, py_compile, stat, sys
+import compileall, os, stat, sys
 top = os.path.realpath(sys.argv[1]) + os.sep
 compiled = 0
 for line in sys.stdin:
@@ -944,9 +947,8 @@ for line in sys.stdin:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         continue
     try:
-        py_compile.compile(real, doraise=True)
-        compiled += 1
-    except (py_compile.PyCompileError, OSError):
+        compiled += compileall.compile_file(real, quiet=2)
+    except OSError:
         pass
 """
 IMPORTED_MARK = "SGLANG-DEPLOY-IMPORTED "

@@ -436,6 +436,15 @@ def test_root_compiles_what_the_probe_imported_inside_the_generation_only(tmp_pa
     assert ran.returncode == 0 and "IMPORTED" not in ran.stdout + ran.stderr, ran
     compiled = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pyc"))
     assert compiled == [f"gen/lib/__pycache__/engine.{sys.implementation.cache_tag}.pyc"], compiled
+    # Run again over a source edited in place with its mtime kept: the bytecode current for that mtime stays, as the
+    # import system would keep it (the engine runs what it ran; the venv check finds the edit by its digest).
+    pyc = tmp_path / compiled[0]
+    before, stat = pyc.read_bytes(), inside.stat()
+    inside.write_text("raise SystemExit('EDITED')\n")
+    os.utime(inside, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    subprocess.run([sys.executable, "-I", "-S", "-c", venv.COMPILE_IMPORTED, str(gen)], input=f"{inside}\n", text=True,
+                   timeout=60, check=True)
+    assert pyc.read_bytes() == before
 
 
 def test_the_probe_line_passes_its_output_on_and_compiles_only_once_it_passed(tmp_path):
