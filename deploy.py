@@ -15,7 +15,7 @@ from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.run import HostRun
 from deploys.service import gated, gates_checked, restarted, service, service_account, wave_opened
-from operations import converged, gpus, host_plan, host_reads, rollout
+from operations import converged, gpus, host_plan, host_reads, peer_keys, rollout
 from report import plan_view
 
 # The validated data (a bad value anywhere stops the run before any host is touched), then the
@@ -23,6 +23,9 @@ from report import plan_view
 run = HostRun.of(host)
 run.deploying(state)
 config, stack, patch_sets = run.config, run.stack, run.patch_sets
+# One-time keys a run that died left between hosts: removed by the next run that holds the host
+# (operations/peer_keys.py), from the same read.
+peer_keys.swept(host, host.log)
 
 # Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions
 # the operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON

@@ -818,6 +818,14 @@ def _executing(argv: list[str] | None = None) -> bool:
     return not dry and not (as_json and not yes)
 
 
+def holds(host) -> bool:
+    """Does this run hold `host`'s deploy lock now? Never under `--dry` (it takes none) nor in a
+    view."""
+    host = real_host(host)
+    return (_RUN is not None and _RUN.state is host.state
+            and host.name in _RUN.locks.held_host_names())
+
+
 def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None,
             read: Callable[[object], object | None] | None = None,
             waits: dict[str, float] | None = None) -> None:

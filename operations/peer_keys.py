@@ -33,10 +33,11 @@ crosses the control machine. It may do exactly that and nothing else, for this o
    streams end.
 
 Each grant records its owner (this control machine, boot, pid and its start time, as a deploy lock
-does) and its expiry. A run that died leaves its grant; the next grant made on either host removes
-every grant of ours there that is provably dead: expired, without its record (the source rebooted),
-or owned by a deploy of this control machine that is gone (`lock.is_stale`). A live grant of another
-run is left alone.
+does) and its expiry. A run that died leaves its grant; the next deploy that reads the host
+(`swept`: the listing is part of the host's one read, and it is acted on only while the run holds the
+host's lock), and the next grant made on either host, remove every grant and key of ours there that
+is provably dead: expired, without its record (the source rebooted), or owned by a deploy of this
+control machine that is gone (`lock.is_stale`). A live grant of another run is left alone.
 
 Where the direct path cannot be made (the hosts do not reach each other: no route, a firewall, NAT
 between them, a jump host; the source's sshd reads other key files; no `ssh`, `ssh-keygen` or
@@ -54,8 +55,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pyinfra.api import FactBase
+
 from configuration import ssh_login
-from operations import lock, openssh, remote, streaming
+from operations import host_reads, lock, openssh, remote, streaming
 
 MARK = "sglang-deploy-peer"
 # an entry nobody removed stops working after this (sshd's expiry-time, the source's clock)
@@ -143,6 +146,36 @@ def _sweep(host, ours: dict, me: dict, log) -> None:
         _answer(host, "remove", *sorted(stale))
         log(f"removed {len(stale)} one-time key(s) a run that stopped left on {host.name}: "
             + "; ".join(f"{i[:8]}: {why}" for i, why in sorted(stale.items())))
+
+
+@host_reads.batched()
+class LeftAccess(FactBase):
+    """Every grant (on a source) and key (on a receiver) of ours on the host, with its owner record
+    and whether it expired (operations/remote/peer_access.py `left`); read only."""
+
+    def command(self) -> str:
+        return remote.command("peer_access", "left")
+
+    def process(self, output):
+        try:
+            found = json.loads(output[-1])
+        except (ValueError, IndexError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+
+def swept(host, log: Callable[[str], None]) -> list[str]:
+    """Remove the grants and keys of ours on `host` that a run which died left (as `_stale` judges
+    them), from the host's read; only while this run holds the host's deploy lock (never under
+    `--dry`, never in a view). The IDs removed."""
+    if not lock.holds(host):
+        return []
+    left = host_reads.get(host, LeftAccess) or {}
+    ours = {**(left.get("keys") or {}), **(left.get("grants") or {})}
+    stale = _stale(ours, lock.control_identity())
+    if stale:
+        _sweep(host, ours, lock.control_identity(), log)
+    return sorted(stale)
 
 
 @dataclass

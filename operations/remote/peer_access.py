@@ -23,6 +23,9 @@
 #       "ours"}, or {"refused": why}. The owner record's `ttl_s` becomes its `expires` (this host's
 #       clock), on either host.
 # On either:
+#   left
+#       prints {"grants": ours, "keys": ours}: every grant and key of ours on this host, read only
+#       (each deploy's read of the host: the control machine sweeps those of runs that died).
 #   remove ID...
 #       removes those grants' entries (only lines of exactly our form with that ID: no other line
 #       of authorized_keys is touched, byte for byte) and their directories on this host.
@@ -376,6 +379,8 @@ def main():
         grant()
     elif mode == "remove":
         remove(args)
+    elif mode == "left":
+        answer({"grants": ours(PEER_GRANTS, read_keys(authorized_keys())), "keys": ours(PEER_KEYS)})
     else:
         sys.exit(f"unknown mode {mode}")
 

@@ -181,11 +181,23 @@ def test_a_key_a_killed_run_left_is_removed_by_the_next_run(routed, keys_file, t
     left = leftovers(SOURCE)
     assert f"{MARK}:" in left and leftovers(RECEIVER), (left, log.read_text()[-3000:])  # the killed run's key is there
 
+    # The next deploy that reads the source removes its grant, from the host's read, without a transfer of its own;
+    # under --dry (no lock) it only reads.
+    alone = write_inventory("test_peer_keys_sweep", {SOURCE: {"run_services": []}})
+    dry = labutil.deploy(alone, "--dry", as_json=False)
+    assert f"{MARK}:" in leftovers(SOURCE), dry.stdout[-3000:] + dry.stderr[-3000:]
+    swept = labutil.deploy(alone, as_json=False)
+    said = swept.stdout + swept.stderr
+    assert swept.returncode == 0, said[-4000:]
+    assert f"removed 1 one-time key(s) a run that stopped left on {SOURCE}" in said, said[-4000:]
+    assert "is gone" in said, said[-4000:]  # proven dead: its deploy's pid is gone
+    assert leftovers(SOURCE) == "" and leftovers(RECEIVER), said[-4000:]  # the receiver's: for a run that reads it
+    assert ssh(SOURCE, f"sha256sum {KEYS}").stdout.split()[0] == keys_file
+
     status, out = run_deploy()
     assert status == 0, out[-4000:]
-    assert f"removed 1 one-time key(s) a run that stopped left on {SOURCE}" in out, out[-4000:]
     assert f"removed 1 one-time key(s) a run that stopped left on {RECEIVER}" in out, out[-4000:]
-    assert "is gone" in out, out[-4000:]  # proven dead: its deploy's pid is gone
+    assert f"left on {SOURCE}" not in out, out[-4000:]
     assert digests(RECEIVER, f"{STORE}/{MODEL}") == digests(SOURCE, f"{STORE}/{MODEL}")
     assert leftovers(SOURCE) == "" and leftovers(RECEIVER) == ""
     assert ssh(SOURCE, f"sha256sum {KEYS}").stdout.split()[0] == keys_file
