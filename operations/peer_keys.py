@@ -34,9 +34,9 @@ crosses the control machine. It may do exactly that and nothing else, for this o
 
 Each grant records its owner (this control machine, boot, pid and its start time, as a deploy lock
 does) and its expiry. A run that died leaves its grant; the next deploy that reads the host
-(`swept`: the listing is part of the host's one read, and it is acted on only while the run holds the
-host's lock), and the next grant made on either host, remove every grant and key of ours there that
-is provably dead: expired, without its record (the source rebooted), or owned by a deploy of this
+(`swept`: the listing is part of the host's one read, acted on only while the run holds the host's
+lock), and the next grant made on either host, remove every grant and key of ours there that is
+provably dead: expired, without its record (the source rebooted), or owned by a deploy of this
 control machine that is gone (`lock.is_stale`). A live grant of another run is left alone.
 
 Where the direct path cannot be made (the hosts do not reach each other: no route, a firewall, NAT
