@@ -50,7 +50,12 @@ How a run takes, holds and gives back its locks, and why:
   (/proc/PID/stat field 22) and pid namespace. The holder is gone when the record names this
   control machine and it has booted since, or (in the same pid namespace) the pid is gone or
   now another process (another start time); or when this machine recorded that run as having
-  dropped the host. A hostname proves nothing (two CI runners, two laptops called `ubuntu`).
+  dropped the host. A boot since proves nothing while the holder still renews its lock: a run
+  touches `alive` in each lock it holds every `RENEW_S` over that host's connection, and the
+  host answers how long ago (`renewed_s_ago`, its own clock). A record of this machine id with
+  another boot id renewed within `ALIVE_S` is a live run on a copy of this machine (a cloned VM
+  or image keeps /etc/machine-id): never taken over, and the message says so. A hostname proves
+  nothing (two CI runners, two laptops called `ubuntu`).
   A record from another machine, or one without these fields (made by hand, or by an older
   deploy), is never broken automatically: the message says who holds it since when, and how
   to remove it.
@@ -101,6 +106,11 @@ LOCK_PATH = "/run/sglang-deploy.lock"
 DEAD_PEER_S = 10
 # Longest single waiting command on a host; between two, the holder's liveness is checked.
 WAIT_STEP_S = 5
+# A holder renews each lock it holds this often (touches `alive` in it); one renewed within ALIVE_S
+# is alive, whatever its record's boot id says (is_stale). Three renewals may be missed (a busy
+# connection, a slow host) before a rebooted holder's lock becomes stale by its boot id.
+RENEW_S = 10
+ALIVE_S = 3 * RENEW_S
 # How long a host's load may lag the others' before the lock step (only local work lies between).
 ARRIVAL_TIMEOUT_S = 120
 MACHINE_ID_PATH = "/etc/machine-id"
@@ -229,6 +239,8 @@ def is_stale(holder: dict, me: dict) -> str | None:
     if missing_proof(holder) or not me.get("machine") or holder["machine"] != me["machine"]:
         return None  # cannot be proven from here: another machine, or a record without the proof
     if holder["boot"] != me.get("boot"):
+        if renewed_lately(holder):
+            return None  # a live run on a copy of this machine (clone_hint)
         return (f"its control machine has restarted since (boot id {holder['boot']}, now "
                 f"{me.get('boot')})")
     if not holder.get("pidns") or holder.get("pidns") != me.get("pidns"):
@@ -244,13 +256,41 @@ def is_stale(holder: dict, me: dict) -> str | None:
     return None
 
 
+def renewed_lately(holder: dict) -> bool:
+    """Did the holder renew its lock within ALIVE_S (the host's answer, `renewed_s_ago`)?"""
+    renewed = holder.get("renewed_s_ago")
+    return (isinstance(renewed, (int, float)) and not isinstance(renewed, bool)
+            and 0 <= renewed < ALIVE_S)
+
+
+def clone_hint(holder: dict | None, me: dict) -> str:
+    """What to say of a lock whose record names this machine id with another boot id and whose
+    holder still renews it: another machine with this machine's /etc/machine-id runs a deploy."""
+    holder = holder or {}
+    if (holder.get("machine") and holder.get("machine") == me.get("machine")
+            and holder.get("boot") != me.get("boot") and renewed_lately(holder)):
+        return (f" Its record names this control machine's /etc/machine-id ({holder['machine']}) "
+                f"with another boot id, and it renewed the lock {holder['renewed_s_ago']:.0f} s "
+                "ago: a deploy is running from a copy of this machine (a cloned VM or image). "
+                "Give each control machine its own /etc/machine-id (systemd-machine-id-setup).")
+    return ""
+
+
+def renew_command(token: str) -> str:
+    """Touch `alive` in the host's lock if it is still this take's (its marker is there)."""
+    return (f'_sglang_lock={_LOCK_SH}; [ -e "$_sglang_lock/{_marker(token)}" ] && '
+            ': > "$_sglang_lock/alive.new" && mv -f "$_sglang_lock/alive.new" '
+            '"$_sglang_lock/alive"')
+
+
 def describe(holder: dict | None) -> str:
     holder = holder or {}
     return (f"{holder.get('who', 'unknown')} (pid {holder.get('pid', '?')}) since "
             f"{holder.get('since', '?')}")
 
 
-def locked_message(name: str, holder: dict | None, waited_s: float) -> str:
+def locked_message(name: str, holder: dict | None, waited_s: float,
+                   me: dict | None = None) -> str:
     missing = missing_proof(holder or {})
     unprovable = (
         f" Its record cannot show whether that deploy has ended (it has no {', '.join(missing)}: "
@@ -259,8 +299,8 @@ def locked_message(name: str, holder: dict | None, waited_s: float) -> str:
     )
     return (
         f"{name}: another deploy holds the host's lock: {describe(holder)}; waited {waited_s:.0f} "
-        f"s (lock_wait_s).{unprovable} If no deploy is running there, remove {LOCK_PATH} on the "
-        "host."
+        f"s (lock_wait_s).{unprovable}{clone_hint(holder, me or {})} If no deploy is running "
+        f"there, remove {LOCK_PATH} on the host."
     )
 
 
@@ -374,7 +414,8 @@ def free_lock_command(owner: str, token: str) -> str:
     return (
         f'_sglang_lock={_LOCK_SH}; _sglang_new="$_sglang_lock.new-{token}"\n'
         'if [ ! -e "$_sglang_lock" ] && mkdir -m 700 "$_sglang_new" 2>/dev/null; then '
-        f': > "$_sglang_new/{marker}" && printf \'%s\' {owner} > "$_sglang_new/owner.json" && '
+        f': > "$_sglang_new/{marker}" && : > "$_sglang_new/alive" && '
+        f'printf \'%s\' {owner} > "$_sglang_new/owner.json" && '
         'mv -nT "$_sglang_new" "$_sglang_lock" 2>/dev/null; '
         '[ -e "$_sglang_new" ] && rm -rf "$_sglang_new"; fi\n'
         f'if [ -e "$_sglang_lock/{marker}" ]; then {_IDENTITY_SH}'
@@ -456,6 +497,26 @@ class RunLocks:
         self.outcomes: dict[str, Outcome] = {}
         self.events: list[str] = []  # what was done, in order (read by tests and the bench)
         self._mutex = threading.Lock()
+        self._renewing: gevent.Greenlet | None = None
+        self.renew_s = RENEW_S
+
+    def _renew(self) -> None:
+        """Every `renew_s`, while this run holds any lock: renew each (renew_command), over its
+        host's connection; a host that does not answer is left to the connection's own watch."""
+        while True:
+            gevent.sleep(self.renew_s)
+            held = [slot for slot in self.slots.values() if slot.held]
+            if not held:
+                self._renewing = None
+                return
+            for slot in held:
+                try:
+                    # time bound: a short command on a connection that watch_connection drops
+                    # within DEAD_PEER_S when its peer is gone
+                    slot.host.run_shell_command(renew_command(slot.token), print_output=False,
+                                                _timeout=DEAD_PEER_S + 5)
+                except Exception:  # the connection died: the run's own handling says so
+                    continue
 
     # -- remote ---------------------------------------------------------------------------
     def _command(self, host, *args: str, timeout: float) -> dict:
@@ -503,6 +564,8 @@ class RunLocks:
         if result["acquired"]:
             slot.held, slot.token = True, token
             self.events.append(f"take {slot.name}")
+            if self._renewing is None:
+                self._renewing = gevent.spawn(self._renew)
             if self.on_taken is not None:
                 self.on_taken(slot)
         return result
@@ -857,7 +920,7 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     elif outcome.error:
         message = f"{host.name}: could not take the deploy lock: {outcome.error}"
     else:
-        message = locked_message(host.name, outcome.holder, outcome.waited_s)
+        message = locked_message(host.name, outcome.holder, outcome.waited_s, run.locks.owner)
     if not any(name not in run.locks.outcomes or run.locks.outcomes[name].held
                for name in run.expected):
         raise HostLocked(message)  # no host of this run can go on: stop the run with the reason

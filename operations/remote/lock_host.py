@@ -26,6 +26,7 @@ import time
 
 LOCK = os.environ.get("SGLANG_DEPLOY_LOCK", "/run/sglang-deploy.lock")
 OWNER = os.path.join(LOCK, "owner.json")
+ALIVE = os.path.join(LOCK, "alive")  # touched by the holding run every RENEW_S
 MACHINE_ID = os.environ.get("SGLANG_DEPLOY_MACHINE_ID", "/etc/machine-id")
 BOOT_ID = os.environ.get("SGLANG_DEPLOY_BOOT_ID", "/proc/sys/kernel/random/boot_id")
 TOKEN = re.compile(r"[0-9a-f]{32}")
@@ -54,11 +55,21 @@ def answer(**fields):
 def holder():
     try:
         with open(OWNER) as handle:
-            return json.load(handle)
+            found = json.load(handle)
     except (OSError, ValueError):
         # never made by this version: a hand-made directory, or one left by a deploy from before
         # owner records were renamed in with their directory
         return {"id": "?", "who": "unknown (no owner.json)"}
+    if not isinstance(found, dict):
+        return {"id": "?", "who": "unknown (owner.json is not a record)"}
+    # How long ago its run renewed it (operations/lock.py: RENEW_S), on this host's clock; the
+    # record's own word never counts for it.
+    found.pop("renewed_s_ago", None)
+    try:
+        found["renewed_s_ago"] = round(max(0.0, time.time() - os.stat(ALIVE).st_mtime), 1)
+    except OSError:
+        pass
+    return found
 
 
 def exists():
@@ -104,6 +115,7 @@ def build(owner, token):
     # A marker named by the take's token: the release (operations/lock.py: release_command) checks
     # it in sh.
     open(os.path.join(new, "owner-" + token), "w").close()
+    open(os.path.join(new, "alive"), "w").close()
     with open(os.path.join(new, "owner.json"), "w") as handle:
         json.dump(owner, handle)
     return new

@@ -14,9 +14,11 @@ runs the same race many times and prints the figures.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -258,6 +260,37 @@ def test_a_host_whose_lock_stays_busy_fails_alone_and_the_others_deploy():
         assert lock_owner(STUCK) is None and lock_owner(OTHER) == holder
     finally:
         ssh(OTHER, "rm -rf /run/sglang-deploy.lock")
+
+
+def test_a_lock_of_a_copy_of_this_control_machine_is_not_taken_over_while_it_renews_it():
+    """A cloned VM or image keeps /etc/machine-id: its run's record names this control machine with another boot id,
+    which alone once proved a reboot and let this run take the lock over while the copy deployed. While the copy's
+    run renews its lock (touches `alive`, as every run does every RENEW_S), the host fails alone naming the copy; once
+    the renewals stop, the lock is taken over. Seen failing without the renewal check: taken over at once."""
+    from operations import lock
+
+    me = lock.new_owner()
+    record = {**me, "id": "clone-run", "who": "root@ctl-copy", "boot": "0" * 8 + me["boot"][8:], "token": "c" * 32}
+    lock_dir = "/run/sglang-deploy.lock"
+    ssh(OTHER, f"mkdir -m 700 {lock_dir} && printf '%s' {shlex.quote(json.dumps(record))} > {lock_dir}/owner.json && "
+               f": > {lock_dir}/owner-{'c' * 32} && : > {lock_dir}/alive")
+    inventory = write_inventory("test_lock_clone", {OTHER: {"run_services": [], "lock_wait_s": 2}})
+    try:
+        ssh(OTHER, f"touch {lock_dir}/alive")  # the copy's run renews it
+        held = deploy(inventory, as_json=False)
+        text = held.stdout + held.stderr
+        assert held.returncode == 1, text[-3000:]
+        assert ("with another boot id, and it renewed the lock" in text
+                and "a deploy is running from a copy of this machine (a cloned VM or image)" in text), text[-3000:]
+        assert json.loads(lock_owner(OTHER))["id"] == "clone-run"
+        ssh(OTHER, f"touch -d '-{lock.ALIVE_S + 5} seconds' {lock_dir}/alive")  # the copy's run stopped renewing it
+        taken = deploy(inventory, as_json=False)
+        text = taken.stdout + taken.stderr
+        assert taken.returncode == 0, text[-3000:]
+        assert "is stale (its control machine has restarted since" in text, text[-3000:]
+        assert lock_owner(OTHER) is None  # taken over, then given back at the run's end
+    finally:
+        ssh(OTHER, f"rm -rf {lock_dir}")
 
 
 # -- machines known by what they report ----------------------------------------------------
