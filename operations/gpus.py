@@ -35,9 +35,9 @@ from configuration.settings import HostConfig, Service
 from operations import host_reads, prerequisites, remote
 from operations.host_reads import operation
 from report import summary
+from report.sizes import human_bytes
 
 MIB = 1024 * 1024
-GIB = 1024 * MIB
 # Values nvidia-smi prints for a field it cannot read from a GPU in trouble.
 _BROKEN_VALUES = ("[GPU requires reset]", "ERR!", "[Unknown Error]", "[GPU is lost]")
 _MISSING_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+)")
@@ -298,10 +298,6 @@ class GpuDecisions:
         return {"driver_cuda": self.facts.cuda_version, "compute_caps": caps}
 
 
-def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB / 10 else f"{n_bytes / MIB:.1f} MiB"
-
-
 def _summary(facts: GpuFacts) -> str:
     kinds: dict[tuple, int] = {}
     for g in facts.gpus:
@@ -424,20 +420,21 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     total = min(totals) * MIB
     gpu_text = (f"GPU {service.gpus[0]}" if len(service.gpus) == 1
                 else f"GPUs {','.join(map(str, service.gpus))}")
-    models = " + ".join(f"{name} {_gib(size)}" for name, size in sizes.items())
-    per = f"{_gib(need)} per GPU ({models}{f', tp {tp}' if tp > 1 else ''})"
+    models = " + ".join(f"{name} {human_bytes(size)}" for name, size in sizes.items())
+    per = f"{human_bytes(need)} per GPU ({models}{f', tp {tp}' if tp > 1 else ''})"
     fraction = _arg(service, "mem-fraction-static")
     if need > total:
-        errors.append(f"{service.name}: models need {per}, {gpu_text} has {_gib(total)}: short by "
-                      f"{_gib(need - total)}; use more GPUs (tp-size) or a smaller model")
+        errors.append(f"{service.name}: models need {per}, {gpu_text} has {human_bytes(total)}: "
+                      f"short by {human_bytes(need - total)}; use more GPUs (tp-size) or a smaller "
+                      "model")
         return
     if fraction is None:
         if need > 0.9 * total:
             warnings.append(f"{service.name}: models take {need / total:.0%} of {gpu_text}'s "
-                            f"{_gib(total)} ({per}): little or no room for the KV cache once "
-                            "sglang sizes mem-fraction-static itself")
+                            f"{human_bytes(total)} ({per}): little or no room for the KV cache "
+                            "once sglang sizes mem-fraction-static itself")
         else:
-            decisions.append(f"{service.name}: models {per} fit {gpu_text} ({_gib(total)}; "
+            decisions.append(f"{service.name}: models {per} fit {gpu_text} ({human_bytes(total)}; "
                              "mem-fraction-static: sglang's choice)")
         return
     try:
@@ -449,16 +446,17 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     if need > pool:
         wanted = need / total
         errors.append(f"{service.name}: models need {per}, mem-fraction-static {fraction} of "
-                      f"{gpu_text}'s {_gib(total)} gives {_gib(pool)}: short by "
-                      f"{_gib(need - pool)}; raise mem-fraction-static to more than {wanted:.2f} "
-                      "(and leave room for the KV cache)")
+                      f"{gpu_text}'s {human_bytes(total)} gives {human_bytes(pool)}: short by "
+                      f"{human_bytes(need - pool)}; raise mem-fraction-static to more than "
+                      f"{wanted:.2f} (and leave room for the KV cache)")
     elif pool - need < 0.1 * pool:
-        warnings.append(f"{service.name}: models {per} leave {_gib(pool - need)} "
+        warnings.append(f"{service.name}: models {per} leave {human_bytes(pool - need)} "
                         f"({(pool - need) / pool:.0%}) of the static pool (mem-fraction-static "
-                        f"{fraction} of {_gib(total)}) for the KV cache")
+                        f"{fraction} of {human_bytes(total)}) for the KV cache")
     else:
         decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of "
-                         f"{gpu_text} ({_gib(pool)}), {_gib(pool - need)} left for the KV cache")
+                         f"{gpu_text} ({human_bytes(pool)}), {human_bytes(pool - need)} left for "
+                         "the KV cache")
 
 
 def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> None:

@@ -20,6 +20,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from operations import host_reads
+from report.sizes import human_bytes
 
 _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
 # The legacy manylinux tags, as the glibc they stand for (PEP 600).
@@ -99,10 +100,6 @@ def _version(parts: tuple[int, int]) -> str:
     return ".".join(map(str, parts))
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
-
-
 def refusals(config, stack, basics: dict, gpu_facts=None) -> list[str]:
     """Why this host cannot take the data's stack, models and services, each with its fix; empty
     when it can. `basics`: `HostBasics`' answer; `gpu_facts`: the GPU check's read (the driver's
@@ -159,10 +156,10 @@ def _shm_space(config, basics: dict, gpu_facts) -> list[str]:
         more = max(0, size - staged.get(model.load_path, 0))
         if more:
             need += more
-            parts.append(f"{model.name} {_gib(more)}")
+            parts.append(f"{model.name} {human_bytes(more)}")
     if need <= free:
         return []
-    return [f"{config.shm_dir} has {_gib(free)} free, the models still to stage need "
-            f"{_gib(need)} ({', '.join(parts)}): give it more room (mount -o remount,"
+    return [f"{config.shm_dir} has {human_bytes(free)} free, the models still to stage need "
+            f"{human_bytes(need)} ({', '.join(parts)}): give it more room (mount -o remount,"
             f"size=... {config.shm_dir}, and the same in /etc/fstab), or load a model from the "
             "store (model_in: store)"]

@@ -24,6 +24,7 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from operations import redact
+from report.sizes import human_bytes
 from report.terminal_text import one_line
 
 EVERY_S = 10.0
@@ -76,14 +77,6 @@ def _watcher(state) -> Watcher:
     return handler
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _elapsed(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds} s"
@@ -99,8 +92,8 @@ def progress_line(watched: Watch, elapsed_s: float, output: str | None,
         now = (elapsed_s, int(said))
         rate = ""
         if previous and now[0] > previous[0] and now[1] >= previous[1]:
-            rate = f", {_human((now[1] - previous[1]) / (now[0] - previous[0]))}/s"
-        return f"{head}, {_human(now[1])} written{rate}", now
+            rate = f", {human_bytes((now[1] - previous[1]) / (now[0] - previous[0]))}/s"
+        return f"{head}, {human_bytes(now[1])} written{rate}", now
     if watched.kind == "engine" and said:
         said = redact.engine_text(said)
         return one_line(f"{head}; the engine's latest line: {said[:LINE_MAX]}"), previous
