@@ -7,8 +7,8 @@ pyinfra prints a command's output only with `-vvv` and only as it ends, so a fir
 host (a multi-GB venv, a 54 GB model into RAM, a 27B model loading for minutes) looked hung. Here a
 state callback (`Watcher`) starts a greenlet when a watched operation starts on a host and stops it
 when the operation ends; the greenlet asks the host, over its own channel, what the phase has
-reached (`Watch.reader`, a cheap shell command). A phase shorter than `EVERY_S` prints nothing, and
-a converged host, which gets no operation, prints nothing either.
+reached (`Watch.reader`, a cheap shell command: `Reader`). A phase shorter than `EVERY_S` prints
+nothing, and a converged host, which gets no operation, prints nothing either.
 
 Engine text is redacted as every engine line is (`redact.engine_text`), cut to one short line.
 """
@@ -33,39 +33,49 @@ LINE_MAX = 200
 
 
 @dataclass(frozen=True)
-class Watch:
-    """What a watched operation does (`what`), and how to ask the host how far it got: `reader`, a
-    shell command whose last line of output says it (None: the time so far only); `kind`: `line`
-    (print that line), `bytes` (a byte count: printed with its rate) or `engine` (the engine's log
-    line, redacted)."""
+class Reader:
+    """How to ask the host how far a watched operation got: `command`, a shell command whose last
+    line of output says it; `kind`: `line` (print that line), `bytes` (a byte count: printed with
+    its rate) or `engine` (the engine's log line, redacted)."""
 
-    what: str
-    reader: str | None = None
+    command: str
     kind: str = "line"
 
 
-def last_line(path: str) -> Watch:
-    return Watch("", f"tail -n 1 {shlex.quote(path)} 2>/dev/null; true", "line")
+@dataclass(frozen=True)
+class Watch:
+    """What a watched operation does (`what`), and how far it got (`reader`; None: the time so far
+    only)."""
+
+    what: str
+    reader: Reader | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.reader.kind if self.reader else "line"
 
 
-def bytes_under(path: str) -> Watch:
-    return Watch("", f"du -sb {shlex.quote(path)} 2>/dev/null | cut -f1; true", "bytes")
+def last_line(path: str) -> Reader:
+    return Reader(f"tail -n 1 {shlex.quote(path)} 2>/dev/null; true", "line")
 
 
-def journal(unit: str) -> Watch:
+def bytes_under(path: str) -> Reader:
+    return Reader(f"du -sb {shlex.quote(path)} 2>/dev/null | cut -f1; true", "bytes")
+
+
+def journal(unit: str) -> Reader:
     """The engine's latest line that is not the readiness gate's own `/health` request (an access
     log line for each probe would hide what the engine is doing)."""
-    return Watch("", f"journalctl -u {shlex.quote(unit)} -n 50 -o cat --no-pager 2>/dev/null "
-                     "| grep -v ' /health' | tail -n 1; true", "engine")
+    return Reader(f"journalctl -u {shlex.quote(unit)} -n 50 -o cat --no-pager 2>/dev/null "
+                  "| grep -v ' /health' | tail -n 1; true", "engine")
 
 
-def watch(operation, what: str, how: Watch | None = None) -> None:
+def watch(operation, what: str, how: Reader | None = None) -> None:
     """Print `what` (and how far, per `how`) every EVERY_S seconds while `operation` (what an
     operation call returned) runs on its host."""
     from pyinfra import state
 
-    _watcher(state).watches[id(operation)] = (
-        operation, Watch(what, how.reader if how else None, how.kind if how else "line"))
+    _watcher(state).watches[id(operation)] = (operation, Watch(what, how))
 
 
 def _watcher(state) -> Watcher:
@@ -140,7 +150,7 @@ def _tick(host, watched: Watch) -> None:
         output = None
         if watched.reader:
             try:
-                ok, out = host.run_shell_command(watched.reader, print_output=False,
+                ok, out = host.run_shell_command(watched.reader.command, print_output=False,
                                                  print_input=False, _timeout=READ_TIMEOUT_S)
                 output = out.stdout if ok else None
             except Exception:  # the host stopped answering: the operation itself will say so

@@ -8,7 +8,7 @@ import pytest
 
 from configuration import redaction
 from operations import progress
-from operations.progress import Watch, progress_line
+from operations.progress import Reader, Watch, progress_line
 
 
 def test_time_so_far_only():
@@ -17,7 +17,7 @@ def test_time_so_far_only():
 
 
 def test_bytes_with_their_rate_from_the_previous_tick():
-    what = Watch("building generation g1", "du", "bytes")
+    what = Watch("building generation g1", Reader("du", "bytes"))
     first, seen = progress_line(what, 10, "104857600\n", None)
     assert first == "building generation g1: 10 s so far, 100.0 MiB written" and seen == (10, 104857600)
     second, _ = progress_line(what, 20, "209715200", seen)
@@ -25,14 +25,14 @@ def test_bytes_with_their_rate_from_the_previous_tick():
 
 
 def test_the_stage_scripts_own_line():
-    line, _ = progress_line(Watch("staging m", "tail", "line"), 30, "staging m: 1.00 GiB of 2.00 GiB (50%), ETA 30 s\n", None)
+    line, _ = progress_line(Watch("staging m", Reader("tail", "line")), 30, "staging m: 1.00 GiB of 2.00 GiB (50%), ETA 30 s\n", None)
     assert line == "staging m: 30 s so far; staging m: 1.00 GiB of 2.00 GiB (50%), ETA 30 s"
 
 
 def test_the_engines_line_is_redacted_and_cut_to_one_short_line():
     redaction.register("progress-key", "sk-progress-0123456789abcdef")
     out = "INFO server_args=ServerArgs(api_key='sk-progress-0123456789abcdef', hf_token='hf_x1234567', x=" + "y" * 400 + ")\x1b[2J"
-    line, _ = progress_line(Watch("sglang-a.service starting", "journal", "engine"), 40, out, None)
+    line, _ = progress_line(Watch("sglang-a.service starting", Reader("journal", "engine")), 40, out, None)
     assert "sk-progress" not in line and "hf_x1234567" not in line
     assert line.startswith("sglang-a.service starting: 40 s so far; the engine's latest line: INFO server_args=")
     assert "\x1b" not in line and len(line) < 300
@@ -73,7 +73,7 @@ def test_a_watched_operation_ticks_while_it_runs_and_stops_when_it_ends(monkeypa
     monkeypatch.setattr(progress, "EVERY_S", 0.01)
     host, data = FakeHost(), Meta()
     watcher = progress.Watcher()
-    watcher.watches[id(data.operation_meta)] = (data.operation_meta, Watch("building g1", "du -sb /g1", "bytes"))
+    watcher.watches[id(data.operation_meta)] = (data.operation_meta, Watch("building g1", Reader("du -sb /g1", "bytes")))
     state = State(host, data)
     watcher.operation_host_start(state, host, "op1")
     gevent.sleep(0.05)
