@@ -263,6 +263,20 @@ class GpuState(FactBase):
 # Decisions -------------------------------------------------------------------------------
 
 
+class Refusal(str):
+    """An error of the GPU check, as text (`dflash: GPU 1 is in use ...`), and the service it is
+    about as data (`service`; None: the host's own, which stops every service on it). Decided where
+    the error is made, never read back from the text (a service may be named like the first word of
+    a host's error)."""
+
+    service: str | None
+
+    def __new__(cls, service: Service, why: str) -> Refusal:
+        made = super().__new__(cls, f"{service.name}: {why}")
+        made.service = service.name
+        return made
+
+
 @dataclass(frozen=True)
 class GpuDecisions:
     """What the GPUs decide for a host: its config with `auto` resolved, and what to say."""
@@ -282,11 +296,11 @@ class GpuDecisions:
     def ok(self) -> bool:
         return not self.errors
 
-    def service_of(self, error: str) -> str | None:
-        """The service an error is about (`name: why`); None for the host's own (its Python, its
-        driver: every service on it)."""
-        name = error.split(":", 1)[0]
-        return name if name in {s.name for s in self.config.services} else None
+    @staticmethod
+    def service_of(error: str) -> str | None:
+        """The service an error is about (a `Refusal`'s, as it was made); None for the host's own
+        (its Python, its driver: every service on it)."""
+        return getattr(error, "service", None)
 
     def probe_args(self) -> dict:
         """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute
@@ -424,9 +438,9 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     per = f"{human_bytes(need)} per GPU ({models}{f', tp {tp}' if tp > 1 else ''})"
     fraction = _arg(service, "mem-fraction-static")
     if need > total:
-        errors.append(f"{service.name}: models need {per}, {gpu_text} has {human_bytes(total)}: "
-                      f"short by {human_bytes(need - total)}; use more GPUs (tp-size) or a smaller "
-                      "model")
+        errors.append(Refusal(service, f"models need {per}, {gpu_text} has {human_bytes(total)}: "
+                                       f"short by {human_bytes(need - total)}; use more GPUs "
+                                       "(tp-size) or a smaller model"))
         return
     if fraction is None:
         if need > 0.9 * total:
@@ -440,15 +454,16 @@ def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: l
     try:
         fraction = float(fraction)
     except ValueError:
-        errors.append(f"{service.name}: mem-fraction-static {fraction!r} is not a number")
+        errors.append(Refusal(service, f"mem-fraction-static {fraction!r} is not a number"))
         return
     pool = fraction * total
     if need > pool:
         wanted = need / total
-        errors.append(f"{service.name}: models need {per}, mem-fraction-static {fraction} of "
-                      f"{gpu_text}'s {human_bytes(total)} gives {human_bytes(pool)}: short by "
-                      f"{human_bytes(need - pool)}; raise mem-fraction-static to more than "
-                      f"{wanted:.2f} (and leave room for the KV cache)")
+        errors.append(Refusal(service, f"models need {per}, mem-fraction-static {fraction} of "
+                                       f"{gpu_text}'s {human_bytes(total)} gives "
+                                       f"{human_bytes(pool)}: short by {human_bytes(need - pool)}; "
+                                       f"raise mem-fraction-static to more than {wanted:.2f} (and "
+                                       "leave room for the KV cache)"))
     elif pool - need < 0.1 * pool:
         warnings.append(f"{service.name}: models {per} leave {human_bytes(pool - need)} "
                         f"({(pool - need) / pool:.0%}) of the static pool (mem-fraction-static "
@@ -470,7 +485,7 @@ def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> No
     shown = (_arg(service, "attention-backend")
              or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}")
     what = f"`attention-backend: auto` gives {shown} here"
-    errors.append(f"{service.name}: " + patch_sets.unserved_reason(*unserved, what=what))
+    errors.append(Refusal(service, patch_sets.unserved_reason(*unserved, what=what)))
 
 
 def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> GpuDecisions:
@@ -535,7 +550,7 @@ class _Placing:
                 if why:
                     free = [i for i in _free(self.facts, self.config.failed_gpus, users, others)
                             if i not in service.gpus or i == index]
-                    self.errors.append(f"{service.name}: GPU {index} {why}; {_free_text(free)}")
+                    self.errors.append(Refusal(service, f"GPU {index} {why}; {_free_text(free)}"))
             for index in service.gpus:
                 self.taken.setdefault(index, service.name)
             self.resolved[service.name] = service
@@ -570,8 +585,8 @@ class _Placing:
         if not free:
             reasons = "; ".join(f"GPU {g.index} {self._why_not(g.index, users, self.taken)}"
                                 for g in self.facts.gpus)
-            self.errors.append(f"{service.name}: gpu auto: no healthy free GPU on this host "
-                               f"({reasons or 'no GPUs listed'})")
+            self.errors.append(Refusal(service, "gpu auto: no healthy free GPU on this host "
+                                                f"({reasons or 'no GPUs listed'})"))
             self.resolved[service.name] = service
             return
         moved = (f" (its current GPU {current[0]} "
@@ -594,8 +609,10 @@ class _Placing:
             for advisory in advisories.applying(judged, cap, target=kind):
                 if advisory.id not in seen:
                     seen.add(advisory.id)
-                    (self.errors if advisory.effect == "refuse" else self.warnings).append(
-                        f"{service.name}: {advisory.text()}")
+                    if advisory.effect == "refuse":
+                        self.errors.append(Refusal(service, advisory.text()))
+                    else:
+                        self.warnings.append(f"{service.name}: {advisory.text()}")
             for target, held in (advisories.by_target(judged, cap) if kind is None
                                  else {}).items():
                 pending[target] = tuple(dict.fromkeys(pending.get(target, ()) + held))

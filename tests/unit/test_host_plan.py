@@ -289,9 +289,20 @@ def test_a_gpu_refusal_is_a_refusal_and_its_service_gets_no_unit_plan(lab):
     config, stack, patch_sets = lab
     w = converged_world(*lab)
     w.set(Sha1File, "0" * 40, path=config.services[0].unit_path)
-    plan = plan_of(config, stack, patch_sets, w, errors=(f"{config.services[0].name}: GPU 0 is busy",))
+    plan = plan_of(config, stack, patch_sets, w, errors=(gpus.Refusal(config.services[0], "GPU 0 is busy"),))
     assert [(c.step, c.action) for c in plan.of_service(config.services[0].name)] == [("GPU check", "refuse")]
     assert plan.exit_code() == 1 and not plan.converged
+
+
+def test_whose_refusal_it_is_is_data_not_the_first_word_of_its_text(lab):
+    """A refusal carries its service as made; text that happens to start with a service's name and a colon (a host's
+    own error) is the host's: every service on it is refused."""
+    config, stack, patch_sets = lab
+    first, second = config.services[0].name, config.services[1].name
+    w = converged_world(*lab)
+    plan = plan_of(config, stack, patch_sets, w, errors=(f"{first}: looks like a service's, is the host's",))
+    assert [(c.step, c.what, c.action, c.service) for c in plan.refusals] == [("GPU check", "this host", "refuse", None)]
+    assert gpus.GpuDecisions.service_of(gpus.Refusal(config.services[1], "x")) == second
 
 
 def test_an_unanswered_read_is_named_and_never_converged(lab):
