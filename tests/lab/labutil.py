@@ -290,3 +290,23 @@ def routed(names: list[str]):
             ssh(host, f"ip route del {net} via {via}", check=False)
         for link, value in before.items():
             subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding={value}"], check=False)
+
+
+def impostor_source(port: int) -> str:
+    """Another local user's HTTP server on 127.0.0.1:`port` (run as that user by the test): answers 200 `{}` to every
+    GET and POST and prints `HEARD METHOD PATH AUTHORIZATION` for each, so its journal holds what it was sent."""
+    return f"""
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def answer(self):
+        print("HEARD", self.command, self.path, self.headers.get("Authorization"), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+
+    do_GET = do_POST = answer
+
+HTTPServer(("127.0.0.1", {port}), Handler).serve_forever()
+"""

@@ -31,7 +31,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, SPARE, clean_host, deploy, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    SPARE,
+    clean_host,
+    deploy,
+    impostor_source,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -220,21 +229,7 @@ def test_a_tokenizer_with_remote_code_is_refused_not_run(measured):
 # Another local user's HTTP server (test_peer_identity's impostor): prints every request it gets, key and all.
 SQUATTER = "squatter"
 IMPOSTOR_UNIT = f"lab-measure-impostor-{os.getpid()}.service"
-IMPOSTOR = f"""
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-class Handler(BaseHTTPRequestHandler):
-    def answer(self):
-        print("HEARD", self.command, self.path, self.headers.get("Authorization"), flush=True)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{{}}")
-
-    do_GET = do_POST = answer
-
-HTTPServer(("127.0.0.1", {SERVICES['dflash']['port']}), Handler).serve_forever()
-"""
+IMPOSTOR = impostor_source(SERVICES["dflash"]["port"])
 
 
 def test_the_key_goes_only_to_the_unit_when_the_engine_dies_mid_run(measured):

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import PYINFRA, ROOT, deploy, health_inside, ssh, write_inventory
+from tests.lab.labutil import (
+    PYINFRA,
+    ROOT,
+    deploy,
+    health_inside,
+    impostor_source,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -32,21 +40,7 @@ SERVICE = {"gpu": 0, "port": PORT, "model": "Qwen3.6-27B-DFlash", "model_in": "s
 UNIT = "sglang-peer.service"
 SQUATTER = "squatter"
 IMPOSTOR_UNIT = f"lab-impostor-{os.getpid()}.service"  # its journal holds only what this test's impostor heard
-IMPOSTOR = f"""
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-class Handler(BaseHTTPRequestHandler):
-    def answer(self):
-        print("HEARD", self.command, self.path, self.headers.get("Authorization"), flush=True)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{{}}")
-
-    do_GET = do_POST = answer
-
-HTTPServer(("127.0.0.1", {PORT}), Handler).serve_forever()
-"""
+IMPOSTOR = impostor_source(PORT)
 
 
 @pytest.fixture
