@@ -239,7 +239,7 @@ def is_stale(holder: dict, me: dict) -> str | None:
     if missing_proof(holder) or not me.get("machine") or holder["machine"] != me["machine"]:
         return None  # cannot be proven from here: another machine, or a record without the proof
     if holder["boot"] != me.get("boot"):
-        if renewed_lately(holder):
+        if _live_copy(holder, me):
             return None  # a live run on a copy of this machine (clone_hint)
         return (f"its control machine has restarted since (boot id {holder['boot']}, now "
                 f"{me.get('boot')})")
@@ -263,12 +263,18 @@ def renewed_lately(holder: dict) -> bool:
             and 0 <= renewed < ALIVE_S)
 
 
+def _live_copy(holder: dict, me: dict) -> bool:
+    """Does `holder` name this machine id with another boot id, and still renew its lock: a run on
+    another machine with this machine's /etc/machine-id (a cloned VM or image)?"""
+    return bool(holder.get("machine") and holder.get("machine") == me.get("machine")
+                and holder.get("boot") != me.get("boot") and renewed_lately(holder))
+
+
 def clone_hint(holder: dict | None, me: dict) -> str:
-    """What to say of a lock whose record names this machine id with another boot id and whose
-    holder still renews it: another machine with this machine's /etc/machine-id runs a deploy."""
+    """What to say of a lock `_live_copy` finds: another machine with this machine's
+    /etc/machine-id runs a deploy."""
     holder = holder or {}
-    if (holder.get("machine") and holder.get("machine") == me.get("machine")
-            and holder.get("boot") != me.get("boot") and renewed_lately(holder)):
+    if _live_copy(holder, me):
         return (f" Its record names this control machine's /etc/machine-id ({holder['machine']}) "
                 f"with another boot id, and it renewed the lock {holder['renewed_s_ago']:.0f} s "
                 "ago: a deploy is running from a copy of this machine (a cloned VM or image). "

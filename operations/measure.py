@@ -510,11 +510,12 @@ def _run(state, host, service: str, venv: str, command: str, report: Report,
     # The engine's own text: secret-named values masked, registered ones redacted
     # (operations/redact.py). A line that failed (the transient unit could not start, a check of
     # root's failed) gives no result, whatever it printed.
-    result = (parse_output(output.stdout) if ok else None) or {
+    printed = parse_output(output.stdout or "") or {}
+    result = (printed if ok else None) or {
         "error": redact.engine_text((output.stderr or output.stdout)[-2000:]) or "no output"}
     # A connection whose server end was not the unit's stopped the run (peer_guard): whatever
     # root's later check says, that is the result, and it fails the host.
-    refused = (parse_output(output.stdout or "") or {}).get("refused")
+    refused = printed.get("refused")
     if refused:
         result = {"service": service, "refused": refused,
                   "error": f"stopped before sending on a connection to another holder: {refused}"}

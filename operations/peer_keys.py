@@ -140,12 +140,14 @@ def _stale(ours: dict, me: dict) -> dict[str, str]:
     return out
 
 
-def _sweep(host, ours: dict, me: dict, log) -> None:
+def _sweep(host, ours: dict, me: dict, log) -> dict[str, str]:
+    """Remove those of `ours` that `_stale` proves dead, and say so; {ID: why} of those removed."""
     stale = _stale(ours, me)
     if stale:
         _answer(host, "remove", *sorted(stale))
         log(f"removed {len(stale)} one-time key(s) a run that stopped left on {host.name}: "
             + "; ".join(f"{i[:8]}: {why}" for i, why in sorted(stale.items())))
+    return stale
 
 
 @host_reads.batched()
@@ -172,10 +174,7 @@ def swept(host, log: Callable[[str], None]) -> list[str]:
         return []
     left = host_reads.get(host, LeftAccess) or {}
     ours = {**(left.get("keys") or {}), **(left.get("grants") or {})}
-    stale = _stale(ours, lock.control_identity())
-    if stale:
-        _sweep(host, ours, lock.control_identity(), log)
-    return sorted(stale)
+    return sorted(_sweep(host, ours, lock.control_identity(), log))
 
 
 @dataclass
