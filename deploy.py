@@ -13,9 +13,11 @@ from deploys.cleanup import cleanup
 from deploys.environments import environments
 from deploys.gpu_check import gpu_check
 from deploys.models import models
+from deploys.plan import plan_host
 from deploys.run import HostRun
-from deploys.service import gated, gates_checked, restarted, service, service_account, wave_opened
-from operations import converged, gpus, host_plan, host_reads, peer_keys, rollout
+from deploys.service import gated, gates_checked, restarted, service, wave_opened
+from deploys.service_account import service_account
+from operations import converged, gpus, host_reads, peer_keys, rollout
 from report import plan_view
 
 # The validated data (a bad value anywhere stops the run before any host is touched), then the
@@ -27,12 +29,12 @@ config, stack, patch_sets = run.config, run.stack, run.patch_sets
 # (operations/peer_keys.py), from the same read.
 peer_keys.swept(host, host.log)
 
-# Plan: every step's decision from the host's one read (operations/host_plan.py), the same decisions
-# the operations make. A host with nothing to do gets no step operation at all; --dry and PLAN_JSON
-# print it.
+# Plan: every step's decision from the host's one read (deploys/plan.py: each step plans in its own
+# module, with the deciders its operations apply). A host with nothing to do gets no step operation
+# at all; --dry and PLAN_JSON print it.
 gpu_decisions = gpus.plan_for_host(config, stack)
-plan = host_plan.plan_host(host.name, gpu_decisions, stack, patch_sets,
-                           read=host_reads.reader(run.host))
+plan = plan_host(host.name, gpu_decisions, stack, patch_sets,
+                 read=host_reads.reader(run.host))
 plan_view.record(plan.record())
 rollouts = rollout.fleet(run.inventory)
 plan_view.record_rollouts({name: r.described() for name, r in rollouts.items()})
@@ -40,7 +42,7 @@ if plan.converged:
     converged.record(host, gpu_decisions, plan)
 else:
     config = gpu_check(gpu_decisions).config  # `gpu: auto` and `attention-backend: auto` resolved
-    envs = environments(config, stack, patch_sets, gpu_decisions.probe_args())
+    envs = environments(config, stack, patch_sets, gpu_decisions.probe_args(), plan.values)
     copies = models(config)
     device_groups = service_account(config)
     # Every replica prepared (key file, flags through the engine's parser) before the first restart;

@@ -14,7 +14,7 @@ probe requests), MEASURE_TIMEOUT_S=1800, MEASURE_OUT=FILE (the raw results' JSON
 ./measure-<UTC time>.json), MEASURE_TOKENIZER=PATH (the client's --tokenizer, an absolute path on
 the service's host; default: the path the deploy staged the service's model at). Every service gets
 the same load, one service at a time, the client running as the service user in the service's
-sandbox (operations/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
+sandbox (views/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
 lock (operations/lock.py is not called) and adds no operation but the measurements.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from pyinfra import host, state
 
 from deploys.run import HostRun
-from operations import measure
+from views import measure
 
 run = HostRun.of(host)
 config = run.config

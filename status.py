@@ -10,7 +10,7 @@ Options are environment variables (pyinfra's own `-v` and `--data` mean other th
 STATUS_DETAIL=1, STATUS_JSON=FILE or `-`, STATUS_PROM=FILE (node_exporter's textfile format, written
 atomically), STATUS_WIDTH=N (the table's width; default the terminal's). Exit code: 0 converged and
 healthy, 2 a deploy would change something, 1 a host not reached or something unhealthy
-(operations/status.py, report/status_view.py). No deploy lock is taken or waited for (a held one is
+(views/status.py, report/status_view.py). No deploy lock is taken or waited for (a held one is
 shown), no command that writes runs on a host, and no operation is added: each host is read once, as
 the deploy reads it.
 """
@@ -21,9 +21,9 @@ import shutil
 from pyinfra import host, state
 
 from deploys.run import HostRun
-from operations import status as status_reads
-from operations.host_plan import watched_inputs
+from operations.service_inputs import watched_inputs
 from report import status_view
+from views import status as status_reads
 
 options = status_view.options_from(os.environ)
 run = HostRun.of(host)

@@ -11,10 +11,24 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from configuration import settings
+from deploys.planning import Reading
 from operations import models, placement
 
+STEP = "Cleanup"
 
-@deploy("Cleanup")
+
+def plan(reading: Reading) -> None:
+    """The units of services no longer placed here (`placement.leftovers`, from the read
+    `placement.remove_unplaced` decides from)."""
+    found = reading.ask(placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
+    placed = [s.unit_name for s in reading.config.services]
+    for unit in placement.leftovers(found or {}, placed):
+        reading.plan.add(STEP, unit, "delete",
+                         "no longer placed here (stopped once it answers where it is placed)",
+                         service=placement.service_of(unit))
+
+
+@deploy(STEP)
 def cleanup(config) -> None:
     # Where the other hosts place each service: every host's validated configuration (validated once
     # per run).

@@ -14,9 +14,14 @@ from typing import Callable
 
 from pyinfra.api import deploy
 from pyinfra.api.operation import OperationMeta
+from pyinfra.facts.files import Directory
 from pyinfra.operations.util import any_changed
 
+from deploys.planning import Reading, directory_change
 from operations import patches, progress, rollback, venv
+from operations.plan import Refusal
+
+STEP = "Environments"
 
 
 @dataclass(frozen=True)
@@ -40,13 +45,101 @@ def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
     return lambda: not_live or changed()
 
 
-@deploy("Environments")
-def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str, BuiltEnvironment]:
-    """Add each venv's build, patch sets, ABI probe and switch; venv path -> BuiltEnvironment."""
-    sources = tuple(
+def plan(reading: Reading) -> None:
+    """The state directories, and per venv: its generation's build (`venv.decide`, whose `Install`
+    the build applies: `plan.values[("install", venv path)]`), its patch sets (`patches.decide`,
+    over the install as this run leaves it), the ABI probe and the switch."""
+    config, plan_, ask = reading.config, reading.plan, reading.ask
+    for path in (rollback.STATE_DIR, rollback.RECORD_DIR, rollback.BACKUP_DIR):
+        found = ask(Directory, path=path)
+        if config.environments or found is not None:
+            directory_change(plan_, STEP, path, found, "700", "root", "root")
+    sources = _sources(config)
+    for env in config.environments:
+        gen = venv.generation(env.path, reading.stack,
+                              {name: reading.patch_sets[name].digest for name in env.patch_sets})
+        facts = ask(venv.VenvState, live=gen.live, wanted=gen.path,
+                    host_cache=config.host_wheel_cache, verify=reading.verify)
+        before = len(plan_.changes)
+        if facts is None:
+            plan_.unread.append(f"venv {env.path}: no answer")
+            continue
+        try:
+            install = venv.decide(gen, reading.stack, facts, sources, config.host_wheel_cache,
+                                  config.installer, reading.verify)
+        except Refusal as refusal:
+            plan_.refuse(STEP, refusal, env.path)
+            continue
+        plan_.values[("install", env.path)] = install
+        # A RECORD index rewritten alone is a cache of what the RECORDs say: no probe, no restart.
+        before += _generation(plan_, reading, env, gen, facts, install)
+        live_target = (facts.get("live") or {}).get("target")
+        if live_target != gen.path:
+            plan_.add(STEP, f"generation {gen.id}", "check", "the ABI probe, before it goes live")
+            live = live_target.rsplit("/", 1)[-1] if live_target else "none"
+            plan_.add(STEP, env.path, "update", f"switch to generation {gen.id} (live: {live})")
+        elif len(plan_.changes) > before:
+            plan_.add(STEP, f"generation {gen.id}", "check", "the ABI probe, after the change")
+        reading.changed[env.path] = len(plan_.changes) > before
+
+
+def _generation(plan_, reading: Reading, env, gen: venv.Generation, facts: dict,
+                install: venv.Install) -> int:
+    """The generation's build or update, its RECORD index, and its patch sets; 1 where the index
+    is rewritten alone (it changes nothing the services run), else 0."""
+    stack, wanted = reading.stack, facts.get("wanted")
+    before = len(plan_.changes)
+    if wanted is None:
+        plan_.add(STEP, f"generation {gen.id}", "create",
+                  f"stack {stack.name} with {', '.join(env.patch_sets) or 'no patch sets'}")
+        return 0  # its patch sets go onto the fresh install (`patches.applied` previews them)
+    for reason in install.todo.reasons:
+        plan_.add(STEP, f"generation {gen.id}", "update", reason)
+    index_alone = wanted.get("index") in venv.INDEX_REWRITTEN and len(plan_.changes) == before
+    if index_alone:
+        plan_.add(STEP, f"generation {gen.id}'s RECORD index", "update",
+                  venv.INDEX_REWRITTEN[wanted["index"]])
+    for name in env.patch_sets:
+        patch_set = reading.patch_sets[name]
+        site_packages = f"{gen.path}/{stack.site_packages}"
+        installed = reading.ask(patches.InstalledFiles, **patches.read_arguments(
+            patch_set, gen.path, site_packages))
+        what = f"patch set {name} in generation {gen.id}"
+        if installed is None:
+            plan_.unread.append(f"{what}: no answer")
+            continue
+        # As `patches.applied` decides while the run is planned: over a fresh base where this run
+        # installs it.
+        fresh = install.installs(patch_set.distribution) or installed["version"] is None
+        try:
+            steps = patches.decide(patch_set, installed, gen.path, site_packages, fresh=fresh)
+        except Refusal as refusal:
+            plan_.refuse(STEP, refusal, what)
+            continue
+        if steps.commands:
+            found = patches.drift(patch_set, installed)
+            why = (f"applied again over {patch_set.distribution} {patch_set.version}, "
+                   "reinstalled in this run" if fresh
+                   else "; ".join(found["drifted"]) or found["note"])
+            plan_.add(STEP, what, "update", why)
+    return int(index_alone)
+
+
+def _sources(config) -> tuple[venv.Source, ...]:
+    return tuple(
         venv.Source(*source,
                     live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
         for source in config.stack_sources)
+
+
+@deploy(STEP)
+def environments(config, stack, patch_sets: dict, probe_args: dict,
+                 decided: dict | None = None) -> dict[str, BuiltEnvironment]:
+    """Add each venv's build, patch sets, ABI probe and switch; venv path -> BuiltEnvironment.
+    `decided`: the host plan's values (deploys/environments.py `plan`): each venv's `Install`,
+    which its build applies and which says whether its patch sets go onto a fresh base."""
+    decided = decided or {}
+    sources = _sources(config)
     probe = venv.probe_for(stack, config.launcher, probe_args)
     built_envs = {}
     # Made where services will run; elsewhere only an older deploy's (0755) is tightened.
@@ -63,6 +156,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
             host_cache=config.host_wheel_cache,
             installer=config.installer,
             verify=config.verify_env,
+            decided=(install := decided.get(("install", env.path))),
         )
         progress.watch(built, f"venv generation {gen.id}", progress.bytes_under(gen.path))
         # Where the build changed nothing, the index it writes after an install may be missing or
@@ -80,6 +174,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict) -> dict[str,
                 patch_set=patch_sets[name],
                 venv_path=gen.path,
                 site_packages=f"{gen.path}/{stack.site_packages}",
+                base_installed=bool(install and install.installs(patch_sets[name].distribution)),
             )
             for name in env.patch_sets
         ]

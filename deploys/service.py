@@ -15,12 +15,15 @@ from typing import Callable
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import File, FileContents, Sha1File
 
+from configuration.secrets import config_path
 from configuration.typed import Service
 from deploys.environments import BuiltEnvironment
+from deploys.gpu_check import STEP as GPU_STEP
 from deploys.models import ModelCopies
+from deploys.planning import Reading, Unread
 from operations import (
-    host_plan,
     lifecycle,
     preflight,
     progress,
@@ -32,20 +35,114 @@ from operations import (
     unit_file,
     units,
 )
-from operations.service_user import ensure_account, gpu_device_groups, group_of
+from operations.service_inputs import unit_text as unit_text_of
+from operations.service_inputs import watched_inputs
+from operations.service_user import GpuDevices, device_access, group_of
+
+STEP = "Service"
 
 
-@deploy("Service account")
-def service_account(config) -> tuple[str, ...]:
-    """The account the services run as (`service_user`, a system user; root where the data says so),
-    the directory of their key files, and the groups of this host's GPU device files, for the units'
-    sandbox. Nothing on a host with no service placed on it."""
-    if not config.services:
-        return ()
-    ensure_account(config.service_user)
-    if any(service.config_file for service in config.services):
-        secrets.ensure_directory(group_of(config.service_user))
-    return gpu_device_groups(config.service_user)
+def plan(reading: Reading) -> None:
+    """Per service placed here whose GPU check passed: its key file (`secrets.key_file_differs`),
+    its unit (`unit_file.differs`, over `service_inputs.unit_text`), the engine's parser, its
+    lifecycle (`lifecycle.steps`, with what this run changes that it loads: `reading.changed`) and
+    its readiness: as its operations decide them, from the same read."""
+    config = reading.config
+    refused = {c.service for c in reading.plan.refusals if c.step == GPU_STEP}
+    device_groups: tuple[str, ...] = ()
+    if config.services:
+        try:
+            device_groups, _ = device_access(reading.ask(GpuDevices), config.service_user)
+        except Unread:
+            pass
+    for service in config.services:
+        if service.name in refused:
+            continue  # its unit is written only once the GPU check passes (its GPU is then decided)
+        try:
+            _replica(reading, service, device_groups)
+        except Unread:
+            pass
+
+
+def _speculative_words(spec: dict | None) -> str:
+    """What a speculative service's gate asks beyond serving (readiness.speculative_check)."""
+    if not spec:
+        return ""
+    asks = ([f"its greedy tokens against its target's ({spec['tokens']} per probe)"]
+            if spec["lossless"] else [])
+    asks += [f"an accept length of at least {spec['min_accept']}"] if spec["min_accept"] else []
+    return "; " + " and ".join(asks)
+
+
+def _replica(reading: Reading, service, device_groups: tuple[str, ...]) -> None:
+    config, plan, ask, changed = reading.config, reading.plan, reading.ask, reading.changed
+    name, unit_path = service.name, service.unit_path
+    state = ask(secrets.SecretFileState, path=config_path(name))
+    key_why = None
+    if service.config_file:
+        key_why = secrets.key_file_differs(
+            state, secrets.key_file_digest(name, service.api_key, service.admin_api_key),
+            group_of(config.service_user))
+        if key_why:
+            plan.add(STEP, config_path(name), "create" if state is None else "update",
+                     key_why, service=name)
+    elif state is not None:
+        key_why = "the service has no API key in the data"
+        plan.add(STEP, config_path(name), "delete", key_why, service=name)
+    text = unit_text_of(config, service, reading.stack, reading.patch_sets, device_groups)
+    found = ask(File, path=unit_path)
+    sha1 = ask(Sha1File, path=unit_path) if found else None
+    why = unit_file.differs(found, sha1, text)
+    # A mode or owner put back changes nothing systemd runs (unit_file.written): no preflight,
+    # reload or restart.
+    unit_changed = why is not None and not unit_file.same_content(found, sha1, text)
+    if why:
+        # The lines that differ, read only when the content does (a converged host reads no unit).
+        diff = (unit_file.line_changes(ask(FileContents, path=unit_path), text)
+                if unit_changed and found is not None else ())
+        plan.add(STEP, unit_path, "create" if found is None else "update", why, service=name,
+                 diff=diff)
+    inputs_changed = (
+        unit_changed
+        or key_why is not None  # the key file is one of the service's inputs (deploys/service.py)
+        or changed.get(service.environment.path, False)
+        or any(changed.get(f"{m.location}:{m.name}", False) for m in service.models)
+    )
+    if unit_changed or inputs_changed:
+        plan.add(STEP, f"flags of {service.unit_name}", "check",
+                 "the engine's own parser, before the unit is written", service=name)
+    watched = watched_inputs(service, unit_path)
+    state = ask(readiness.ServiceState, unit=service.unit_name,
+                address=readiness.probe_address(service.bind), port=service.port, inputs=watched)
+    if not isinstance(state, dict):
+        plan.unread.append(f"{service.unit_name}: its state was not read")
+        return
+    steps = lifecycle.steps(state, unit_path, unit_changed, inputs_changed)
+    unit = service.unit_name
+    if steps.reload:
+        plan.add(STEP, "systemd", "reload", f"{unit}'s file changed", service=name)
+    if steps.enable:
+        plan.add(STEP, unit, "enable",
+                 f"it is {state.get('enabled') or 'not enabled'}", service=name)
+    if steps.start:
+        plan.add(STEP, unit, "start",
+                 f"it is {state.get('active')}/{state.get('sub')}", service=name)
+    elif steps.restart:
+        newer = ", ".join(state.get("newer") or [])
+        plan.add(STEP, unit, "restart", f"{newer} changed since it started" if newer
+                                           else "what it loads changes in this run", service=name)
+    elif steps.record:
+        plan.add(STEP, f"record of what {unit} started with", "update",
+                 "no record covers the running process", service=name)
+    if steps.start or steps.restart:
+        plan.add(STEP, f"readiness of {name}", "check",
+                 "/health and a smoke completion after the (re)start"
+                 + _speculative_words(readiness.speculative_check(service)), service=name)
+    elif state.get("health") != 200 or state.get("active") != "active":
+        answer = (state.get("stranger") or state.get("health_error")
+                  or f"/health answers {state.get('health')}")
+        plan.add(STEP, f"readiness of {name}", "check",
+                 f"it runs but does not serve: {answer}", service=name)
 
 
 @dataclass
@@ -57,13 +154,13 @@ class Prepared:
     unit_text: str
     inputs: this_run.Inputs
     environment: BuiltEnvironment
-    # the host paths its process loads (host_plan.watched_inputs), read with its state
+    # the host paths its process loads (service_inputs.watched_inputs), read with its state
     watched: tuple[str, ...]
     rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
     started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
 
 
-@deploy("Service")
+@deploy(STEP)
 def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment,
             model_copies: ModelCopies, device_groups: tuple[str, ...],
             by_target: dict) -> Prepared:
@@ -72,7 +169,7 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
     engine advisories on its target's kind that the GPU check left to it (`by_target`:
     `gpus.GpuDecisions.after_staging`)."""
     unit_path = service.unit_path
-    unit_text = host_plan.unit_text(config, service, stack, patch_sets, device_groups)
+    unit_text = unit_text_of(config, service, stack, patch_sets, device_groups)
     key_file = secrets.config_file(
         name=f"API keys of {service.name} in a file only root and its service read",
         service=service.name,
@@ -101,10 +198,10 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
     )
     progress.watch(parsed, f"{service.unit_name}'s flags through the engine's own parser")
     return Prepared(service, unit_text, inputs, environment,
-                    host_plan.watched_inputs(service, unit_path))
+                    watched_inputs(service, unit_path))
 
 
-@deploy("Service")
+@deploy(STEP)
 def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
     """In the replica's wave: its unit written and the unit (re)started if anything it loads
     changed, unless its service's rollout halted earlier in this run (`held`): then its unit file
@@ -137,7 +234,7 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
     )
 
 
-@deploy("Service")
+@deploy(STEP)
 def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool,
           soak_s: int = 0, old_replica: tuple | None = None) -> None:
     """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's
@@ -168,14 +265,14 @@ def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: b
     progress.watch(gate, f"{service.unit_name} starting", progress.journal(service.unit_name))
 
 
-@deploy("Service")
+@deploy(STEP)
 def wave_opened(number: int, of: int) -> None:
     """A rollout's wave begins, on every host alike (operations/rollout.py `wave`: it orders the
     waves across hosts)."""
     rollout.wave(name=f"Rollout wave {number} of {of}", number=number, of=of)
 
 
-@deploy("Service")
+@deploy(STEP)
 def gates_checked() -> None:
     """After the last wave: the host fails where one of its replicas failed its gate
     (operations/rollout.py)."""

@@ -1,15 +1,15 @@
 """A host whose plan is empty: the run adds no step operation there (deploy.py), and says so here.
 
 Its services' rows in the end-of-run summary come from the same `ServiceState` read the plan judged
-them by (operations/host_plan.py: running, enabled, its inputs unchanged since it started, `/health`
+them by (deploys/service.py: running, enabled, its inputs unchanged since it started, `/health`
 200 from a socket of its own unit), as the readiness gate would have written them.
 """
 
 from __future__ import annotations
 
 from operations import gpus, host_reads, readiness
-from operations.host_plan import watched_inputs
 from operations.plan import HostPlan
+from operations.service_inputs import watched_inputs
 from report.summary import record as summary_record
 
 

@@ -7,10 +7,11 @@ converged run; this one decides from the host's one read (operations/host_reads.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import OperationError, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from pyinfra.facts.files import Directory
 
 from operations import host_reads
+from operations.plan import Refusal
 
 
 def fixes(found: dict | None | bool, mode: str | None, user: str | None,
@@ -30,6 +31,17 @@ def fixes(found: dict | None | bool, mode: str | None, user: str | None,
     return out
 
 
+def decide(path: str, found: dict | None | bool, mode: str | None, user: str | None,
+           group: str | None) -> list[str]:
+    """The one decider of a kept directory, asked by its step's plan and by `present`: `fixes`,
+    or `plan.Refusal` where the path is no directory (`found is False`: nothing there is
+    replaced)."""
+    if found is False:
+        raise Refusal(f"{path} exists and is not a directory: move it away, then run again",
+                      what=path)
+    return fixes(found, mode, user, group)
+
+
 @host_reads.operation()
 def present(path: str, mode: str | None = None, user: str | None = None, group: str | None = None):
     """
@@ -43,9 +55,7 @@ def present(path: str, mode: str | None = None, user: str | None = None, group: 
     replaced.
     """
     found = host_reads.get(host, Directory, path=path)
-    if found is False:
-        raise OperationError(f"{path} exists and is not a directory: move it away, then run again")
-    todo = fixes(found, mode, user, group)
+    todo = decide(path, found, mode, user, group)
     if "create" in todo:
         yield StringCommand("mkdir", "-p", QuoteString(path))
     fix_owner, fix_mode = "owner" in todo, "mode" in todo

@@ -235,7 +235,7 @@ def get(host, cls: type, **kwargs):
 
 def reader(host):
     """`read(Fact, **arguments)`: `get` for `host`, as the host's plan reads
-    (operations/host_plan.py)."""
+    (deploys/plan.py)."""
     return lambda cls, **kwargs: get(host, cls, **kwargs)
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from pyinfra import host
-from pyinfra.api import FactBase, OperationError
+from pyinfra.api import FactBase
 
 # PATCHES_DIR and load_patch_set are re-exported: tests/lab and bench read them here
 from configuration.patch_sets import PATCHES_DIR as PATCHES_DIR
@@ -22,6 +23,7 @@ from configuration.patch_sets import load_patch_set as load_patch_set
 from operations import host_reads, remote, this_run
 from operations.file_write import replace_file
 from operations.host_reads import operation
+from operations.plan import Refusal
 
 _TMP = ".sglang-deploy-tmp"
 
@@ -97,19 +99,22 @@ def applied_record(patch_set: PatchSet) -> dict:
     }
 
 
-def _explain_record(patch_set: PatchSet, record: dict | None, found_version: str | None) -> None:
+def _explain_record(patch_set: PatchSet, record: dict | None,
+                    found_version: str | None) -> list[str]:
     """Name, from the applied-state record, what changed since the set was last applied."""
     if not record or record.get("corrupt"):
-        return
+        return []
+    said = []
     if record.get("base") != f"{patch_set.distribution}=={found_version}":
-        host.log(f"patch set {patch_set.name}: the base changed since it was applied: "
-                 f"{record.get('base')} -> {patch_set.distribution}=={found_version}")
+        said.append(f"patch set {patch_set.name}: the base changed since it was applied: "
+                    f"{record.get('base')} -> {patch_set.distribution}=={found_version}")
     if record.get("digest") != patch_set.digest:
         old = record.get("files", {})
         changed = sorted(f.path for f in patch_set.files if old.get(f.path) != f.sha256)
         dropped = sorted(set(old) - {f.path for f in patch_set.files})
         what = ", ".join(changed + [f"{p} (dropped)" for p in dropped]) or "its manifest"
-        host.log(f"patch set {patch_set.name} changed since it was applied: {what}")
+        said.append(f"patch set {patch_set.name} changed since it was applied: {what}")
+    return said
 
 
 def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: bool, present: bool,
@@ -132,7 +137,7 @@ def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: b
                             f"{shlex.quote(backup)} ] || cp -p {shlex.quote(target)} "
                             f"{shlex.quote(backup)}")
         elif not has_backup and patch_file.original is not None:
-            raise OperationError(
+            raise Refusal(
                 f"patch set {patch_set.name}: {target} has sha256 {found}, neither the original it "
                 f"was written against ({patch_file.original}) nor the patched file "
                 f"({patch_file.sha256}): someone else changed the installed package and its RECORD "
@@ -154,7 +159,7 @@ def file_steps(patch_set: PatchSet, patch_file, found: str | None, has_backup: b
         if found == patch_file.original:
             return None, []
         if not has_backup:
-            raise OperationError(
+            raise Refusal(
                 f"patch set {patch_set.name}: cannot restore {target}: no backup of its original "
                 f"at {backup}; reinstall {patch_set.distribution} {patch_set.version} to get the "
                 "pristine file back"
@@ -183,8 +188,53 @@ def record_steps(patch_set: PatchSet, record_path: str, record: dict | None,
             f"mv {shlex.quote(record_path)}.tmp {shlex.quote(record_path)}"]
 
 
+@dataclass(frozen=True)
+class PatchSteps:
+    """What `applied` does to one patch set (`decide`): the lines it logs and its commands (none
+    where the set is as wanted)."""
+
+    said: tuple[str, ...]
+    commands: tuple
+
+
+def decide(patch_set: PatchSet, state: dict, venv_path: str, site_packages: str,
+           present: bool = True, fresh: bool = False) -> PatchSteps:
+    """The one decider of a patch set, asked by the Environments step's plan and by `applied`, from
+    `InstalledFiles` (`state`). `fresh`: decide over a fresh install of the set's base (every file
+    its original), as the run will find it where the venv step (re)installs the base or builds the
+    generation. A base of another version, or a file changed on the host with no backup of its
+    original: `plan.Refusal`."""
+    said: list[str] = []
+    if fresh:
+        said.append(f"patch set {patch_set.name}: {venv_path} gets a fresh "
+                    f"{patch_set.distribution} {patch_set.version} in this run: the set is planned "
+                    "over it")
+        state = {"version": patch_set.version,
+                 "files": {f.path: f.original for f in patch_set.files},
+                 "backups": {f.path: False for f in patch_set.files}, "record": None}
+    found_version = state["version"]
+    if found_version != patch_set.version:
+        raise Refusal(
+            f"patch set {patch_set.name} was written for {patch_set.distribution} "
+            f"{patch_set.version}, the venv {venv_path} has {patch_set.distribution} "
+            f"{found_version or '(not installed)'}: use a stack with {patch_set.distribution} "
+            f"{patch_set.version}, or port the patch set", what=f"patch set {patch_set.name}")
+    backups = _backup_dir(venv_path, patch_set.name)
+    commands: list = []
+    for patch_file in patch_set.files:
+        line, steps = file_steps(patch_set, patch_file, state["files"][patch_file.path],
+                                 state["backups"][patch_file.path], present,
+                                 site_packages, backups)
+        said += [line] if line else []
+        commands += steps
+    commands += record_steps(patch_set, _record_path(venv_path, patch_set.name), state["record"],
+                             present)
+    return PatchSteps(tuple(said), tuple(commands))
+
+
 @operation()
-def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True):
+def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True,
+            base_installed: bool = False):
     """
     Make the installed package hold the files of ``patch_set`` (or its originals).
 
@@ -192,6 +242,8 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     + venv_path: the venv the package is installed in
     + site_packages: that venv's site-packages directory
     + present: ``False`` restores every original and removes the files the set added
+    + base_installed: the venv step of this run (re)installs the base distribution (its plan's
+      `venv.Install.installs`): planned over a fresh install of it, as the run will find it
 
     Pinned base:
         The set is refused unless the installed base distribution has exactly the
@@ -211,42 +263,16 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
             site_packages="/root/venv_sglang/lib/python3.11/site-packages",
         )
     """
-    backups = _backup_dir(venv_path, patch_set.name)
-    record_path = _record_path(venv_path, patch_set.name)
     state = host_reads.get(host, InstalledFiles,
                            **read_arguments(patch_set, venv_path, site_packages))
-    found_version = state["version"]
-    if found_version is None and present and not this_run.executing():
-        # Planning (--dry, or the diff before a run): the generation this set goes into is built
-        # by an earlier operation of this run and does not exist yet. Preview the set over a fresh
-        # install of its base (every file its original); the real run checks the built one.
-        host.log(f"patch set {patch_set.name}: {venv_path} is built by this run: previewing the "
-                 f"set over a fresh {patch_set.distribution} {patch_set.version}")
-        found_version = patch_set.version
-        state = {"version": found_version, "files": {f.path: f.original for f in patch_set.files},
-                 "backups": {f.path: False for f in patch_set.files}, "record": None}
-    _explain_record(patch_set, state["record"], found_version)
-    if found_version != patch_set.version:
-        raise OperationError(
-            f"patch set {patch_set.name} was written for {patch_set.distribution} "
-            f"{patch_set.version}, the venv {venv_path} has {patch_set.distribution} "
-            f"{found_version or '(not installed)'}: use a stack with {patch_set.distribution} "
-            f"{patch_set.version}, or port the patch set"
-        )
-    changed = 0
-    for patch_file in patch_set.files:
-        said, commands = file_steps(patch_set, patch_file, state["files"][patch_file.path],
-                                    state["backups"][patch_file.path], present,
-                                    site_packages, backups)
-        if said:
-            host.log(said)
-        if commands:
-            changed += 1
-            yield from commands
-    commands = record_steps(patch_set, record_path, state["record"], present)
-    if commands:
-        changed += 1
-        yield from commands
-    if not changed:
+    fresh = (not this_run.executing() and state["version"] is None and present) or base_installed
+    if not fresh:  # what changed since it was applied, named before any refusal
+        for line in _explain_record(patch_set, state["record"], state["version"]):
+            host.log(line)
+    steps = decide(patch_set, state, venv_path, site_packages, present, fresh=fresh)
+    for line in steps.said:
+        host.log(line)
+    yield from steps.commands
+    if not steps.commands:
         state_word = "applied" if present else "reverted"
         host.noop(f"patch set {patch_set.name} is {state_word} ({len(patch_set.files)} files)")

@@ -2,7 +2,7 @@
 
 Each step of the deploy (its components in deploys/: GPU check, Environments, Models, Service
 account, Service, Cleanup) has pure decision functions from the validated configuration and the
-host's read to `Change` records; operations/host_plan.py asks every one of them, from one read of
+host's read to `Change` records, in its own module (deploys/plan.py runs them), from one read of
 the host, for the whole host's `HostPlan`. The deploy reads that plan to decide whether a host needs
 its operations at all, `--dry` prints it, the JSON plan writes it, and the status view shows its
 changes: one decision, read four ways.
@@ -12,9 +12,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from pyinfra.api import OperationError
+
 # What a change does to its object (Terraform's NoOp/Create/Update/Delete, and a service's own
 # verbs).
 ACTIONS = ("create", "update", "delete", "restart", "start", "reload", "enable", "check", "refuse")
+
+
+class Refusal(OperationError):
+    """A step's decider refuses the host: the plan records it as a `refuse` change with this very
+    text, and the step's operation raises it, so pyinfra fails the host with the same words that
+    `--dry` and the status view showed. `what`: the object refused (a path, a venv, a user)."""
+
+    def __init__(self, text: str, what: str | None = None):
+        super().__init__(text)
+        self.what = what
 
 
 @dataclass(frozen=True)
@@ -56,12 +68,19 @@ class HostPlan:
     host: str
     changes: list[Change] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
+    # What a step decided that its operations apply as decided, keyed by (what, object): e.g.
+    # ("install", venv path) -> venv.Install. Never shown; the changes are the plan's words.
+    values: dict = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, step: str, what: str, action: str, why: str = "",
             service: str | None = None, diff: tuple[str, ...] = ()) -> Change:
         change = Change(step, what, action, why, service, diff)
         self.changes.append(change)
         return change
+
+    def refuse(self, step: str, refusal: Refusal, what: str, service: str | None = None) -> Change:
+        """Record a decider's refusal, with the text its operation raises."""
+        return self.add(step, refusal.what or what, "refuse", str(refusal), service=service)
 
     @property
     def refusals(self) -> list[Change]:

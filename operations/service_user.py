@@ -37,13 +37,13 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.server import Groups
 
 from configuration.host_paths import SERVICE_CACHE_DIR as CACHE_DIR
 from configuration.host_paths import SERVICE_STATE_DIR as STATE_DIR
 from operations import host_reads
 from operations.host_reads import operation
+from operations.plan import Refusal
 
 # ProtectHome=tmpfs mounts an empty, read-only tmpfs on each of these.
 HOME_DIRS = ("/root", "/home", "/run/user")
@@ -148,6 +148,18 @@ def gpu_device_groups(user: str) -> tuple[str, ...]:
     return groups
 
 
+def refuse_closed_devices(devices: list[tuple[str, str, str]], user: str) -> None:
+    """The Service account step's decider on the GPU devices (`GpuDevices`): `plan.Refusal` where
+    the service user cannot open one."""
+    _, closed = device_access(devices, user)
+    if closed:
+        raise Refusal(
+            f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, "
+            "group root): set `service_user: root` for this host, or make the driver create its "
+            "devices 0666 or for a group (nvidia module options "
+            "NVreg_DeviceFileMode/NVreg_DeviceFileGID)", what=user)
+
+
 @operation()
 def devices_reachable(user: str):
     """
@@ -155,14 +167,7 @@ def devices_reachable(user: str):
 
     + user: the service user
     """
-    _, closed = device_access(host_reads.get(host, GpuDevices), user)
-    if closed:
-        raise OperationError(
-            f"service_user {user} cannot open {', '.join(closed)} (mode without access for others, "
-            "group root): set `service_user: root` for this host, or make the driver create its "
-            "devices 0666 or for a group (nvidia module options "
-            "NVreg_DeviceFileMode/NVreg_DeviceFileGID)"
-        )
+    refuse_closed_devices(host_reads.get(host, GpuDevices), user)
     host.noop(f"GPU devices are reachable by {user}")
     yield from ()
 
@@ -276,6 +281,19 @@ def not_dedicated(user: str, standing: dict) -> list[tuple[str, str]]:
     return found
 
 
+def refuse_not_dedicated(user: str, standing: dict) -> None:
+    """The Service account step's decider on whose the account is (`AccountStanding`):
+    `plan.Refusal` where it is someone else's (`not_dedicated`)."""
+    found = not_dedicated(user, standing)
+    if found:
+        raise Refusal(
+            f"service_user {user} is not the services' own account on this host: "
+            f"{'; '.join(f for f, _ in found)}. Set `service_user` to a name no account or group "
+            f"of this host has (the deploy creates it, e.g. sglang), or, if {user} is the "
+            f"services' own account, undo this by hand: {'; '.join(fix for _, fix in found)}",
+            what=user)
+
+
 @operation()
 def dedicated_account(user: str):
     """
@@ -285,14 +303,7 @@ def dedicated_account(user: str):
 
     + user: the service user (not root)
     """
-    found = not_dedicated(user, host_reads.get(host, AccountStanding, user=user))
-    if found:
-        raise OperationError(
-            f"service_user {user} is not the services' own account on this host: "
-            f"{'; '.join(f for f, _ in found)}. Set `service_user` to a name no account or group "
-            f"of this host has (the deploy creates it, e.g. sglang), or, if {user} is the "
-            f"services' own account, undo this by hand: {'; '.join(fix for _, fix in found)}"
-        )
+    refuse_not_dedicated(user, host_reads.get(host, AccountStanding, user=user))
     host.noop(f"account {user} is the services' own, or does not exist yet")
     yield from ()
 

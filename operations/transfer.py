@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, OperationError
+from pyinfra.api import FactBase, FunctionCommand
 
 from operations import (
     fanout,
@@ -49,6 +49,7 @@ from operations import (
     streaming,
 )
 from operations.host_reads import operation
+from operations.plan import Refusal
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 
@@ -328,6 +329,27 @@ def is_local(source: str) -> bool:
     return "/" in source or source.startswith(".")
 
 
+def stream_from(model: str, path: str, source: str | None, source_store: str | None,
+                host_name: str) -> str:
+    """The one decider of a model missing from this host's store (`in_store`, and the Models step's
+    plan): the path to stream it from, or `plan.Refusal` where no source is named, the source is
+    this host, or the source host's store is not known."""
+    if source is None:
+        raise Refusal(
+            f"model {model} is not in {path} on {host_name}, and `model_sources` names no host "
+            "to stream it from: "
+            f"copy it there, or set model_sources: {{{model}: <a host that has it>}}", what=path)
+    if source == host_name:
+        raise Refusal(f"model_sources names {host_name} itself for {model}, which it lacks",
+                      what=path)
+    if is_local(source):
+        return source
+    if source_store is None:
+        raise Refusal(f"model {model}: the model store of {source} is not known: pass "
+                      "`source_store`", what=path)
+    return f"{source_store}/{model}"
+
+
 @operation()
 def in_store(model: str, path: str, source: str | None = None, source_store: str | None = None):
     """
@@ -351,21 +373,7 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
     if listing:
         host.noop(f"model {model} is in the store at {path}")
         return
-    if source is None:
-        raise OperationError(
-            f"model {model} is not in {path} on {host.name}, and `model_sources` names no host "
-            "to stream it from: "
-            f"copy it there, or set model_sources: {{{model}: <a host that has it>}}"
-        )
-    if source == host.name:
-        raise OperationError(f"model_sources names {host.name} itself for {model}, which it lacks")
-    if is_local(source):
-        source_path = source
-    elif source_store is None:
-        raise OperationError(f"model {model}: the model store of {source} is not known: pass "
-                             "`source_store`")
-    else:
-        source_path = f"{source_store}/{model}"
+    source_path = stream_from(model, path, source, source_store, host.name)
     host.log(f"model {model} is missing from {path}: streaming it from {source}:{source_path}")
     yield FunctionCommand(_fanned_out, (source, source_path, path), {})
 

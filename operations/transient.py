@@ -3,7 +3,7 @@ never as root.
 
 Two things run the engine's Python on a host besides its unit: the preflight (the engine's own
 parser and its launcher's imports, operations/preflight.py) and measure.py's benchmark client
-(operations/measure.py). Both used to run as root, outside any sandbox, so whatever steered them (a
+(views/measure.py). Both used to run as root, outside any sandbox, so whatever steered them (a
 variable of the service's env, the tokenizer directory the server names) chose code that root ran.
 Now each is a transient unit of systemd's:
 

@@ -44,6 +44,7 @@ from configuration.stacks import Package, Stack
 from operations import fanout, host_reads, peer_keys, remote, remote_call, streaming, transient
 from operations import installer as installer_mod
 from operations.host_reads import operation
+from operations.plan import Refusal
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
@@ -146,7 +147,7 @@ def resolve(
                 tried.append(f"{source} ({why})")
         else:
             wanted = package.file or f"a wheel of {package.spec}"
-            raise OperationError(
+            raise Refusal(
                 f"stack {stack.name}: {wanted} is in none of the sources tried: "
                 f"{'; '.join(tried)}. "
                 f"Fill a wheelhouse with: python -m tools.wheelhouse {stack.name} DIR"
@@ -154,7 +155,7 @@ def resolve(
     for name, (source, path) in chosen.items():
         package = next(p for p in packages if p.name == name)
         if path is not None and package.sha256 and wheels.sha256_of(path) != package.sha256:
-            raise OperationError(
+            raise Refusal(
                 f"stack {stack.name}: {path} has sha256 {wheels.sha256_of(path)}, the stack pins "
                 f"{package.sha256}; delete the file and rebuild the wheelhouse, or correct "
                 f"files/stacks/{stack.name}.yml"
@@ -234,8 +235,8 @@ def refuse_untrusted(facts: dict, gen: Generation, host_cache: str) -> None:
     user could have written or swapped (remote/venv_state.py: `untrusted`)."""
     found = facts.get("untrusted") or []
     if found:
-        raise OperationError(
-            f"{host.name}: root runs {gen.live}/bin/python and installs from {host_cache}, so "
+        raise Refusal(
+            f"root runs {gen.live}/bin/python and installs from {host_cache}, so "
             "they, what they hold and every directory above them must be root's and writable by "
             f"root alone: {'; '.join(found[:3])}"
             f"{f' (and {len(found) - 3} more)' if len(found) > 3 else ''}. "
@@ -333,7 +334,7 @@ def planned_overlaps(
         found = [f"{o.describe()} (read from their wheels' RECORD)"
                  for o in wheels.overlaps(wheel_paths)]
     except wheels.WheelhouseError as exc:
-        raise OperationError(f"stack {stack.name}: {exc}") from exc
+        raise Refusal(f"stack {stack.name}: {exc}") from exc
     wanted = stack.wanted()
     for key, donor in donors.items():
         for top, owners in ((donor or {}).get("shared") or {}).items():
@@ -408,6 +409,7 @@ def environment(
     host_cache: str,
     installer: str = "auto",
     verify: str = "fast",
+    decided: Install | None = None,
 ):
     """
     Make the generation ``gen`` hold exactly the distributions of ``stack``, beside the live one.
@@ -421,6 +423,8 @@ def environment(
       ``pip``
     + verify: ``fast`` or ``full``, how the installed files are checked against their RECORD (the
       validated ``verify_env``)
+    + decided: the plan's `Install` for this generation (`decide`, asked by the step's plan from
+      the same read); None asks `decide` here
 
     Exactness:
         Every distribution is installed ``--no-deps`` from a pinned file; versions are
@@ -440,7 +444,8 @@ def environment(
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
-    install = _decided(gen, stack, sources, host_cache, installer, verify)
+    install = decided or decide(gen, stack, state_of(gen, host_cache, verify), sources,
+                                host_cache, installer, verify)
     if not install.needed:
         host.noop(install.held())
         return
@@ -474,8 +479,8 @@ def record_index(gen: Generation, host_cache: str, verify: str = "fast"):
 
 
 @dataclass(frozen=True)
-class _Install:
-    """What `environment` decided for one host before anything on it changes (`_decided`); its
+class Install:
+    """What `environment` decided for one host before anything on it changes (`decide`); its
     commands are `_changes`."""
 
     gen: Generation
@@ -491,6 +496,11 @@ class _Install:
     tool: installer_mod.Installer
     sources: tuple[Source, ...]
     host_cache: str
+
+    def installs(self, distribution: str) -> bool:
+        """Does this run (re)install `distribution` (a fresh copy of its files, every patch gone)?
+        A generation built from scratch installs every distribution (its base holds none)."""
+        return distribution in self.todo.install
 
     @property
     def needed(self) -> bool:
@@ -511,11 +521,14 @@ class _Install:
         host.log(f"venv {self.gen.live}: {text}")
 
 
-def _decided(gen: Generation, stack: Stack, sources: tuple[Source, ...], host_cache: str,
-             installer: str, verify: str) -> _Install:
-    """Everything `environment` will do, read and decided first: a file that no source has, or two
-    kernels owning one package, stops the host here, before anything on it changes."""
-    facts = state_of(gen, host_cache, verify)
+def decide(gen: Generation, stack: Stack, facts: dict, sources: tuple[Source, ...],
+           host_cache: str, installer: str, verify: str) -> Install:
+    """Everything `environment` will do, decided from the venv's read (`VenvState`, `facts`) before
+    anything on the host changes: the one decider of the Environments step's venv, asked by its plan
+    (deploys/environments.py), whose `Install` the operation applies. An untrusted venv or cache,
+    another Python, a file that no source has or that differs from its pin, two kernels owning one
+    package, uv asked for and not shipped: `plan.Refusal`, with the text the host fails with."""
+    refuse_untrusted(facts, gen, host_cache)
     kind = _installer_kind(installer, sources, facts)
     tool = installer_mod.Installer(kind, gen.path, host_cache)
     base, build, build_why = _build_steps(gen, stack, facts)
@@ -525,7 +538,7 @@ def _decided(gen: Generation, stack: Stack, sources: tuple[Source, ...], host_ca
     chosen = _chosen_sources(gen, stack, packages, todo, sources, verify) if packages else {}
     if None in build:
         build[build.index(None)] = _new_venv_command(gen, stack, chosen, kind, tool)
-    return _Install(gen, stack, facts, base, tuple(build), build_why, todo, packages, chosen, kind,
+    return Install(gen, stack, facts, base, tuple(build), build_why, todo, packages, chosen, kind,
                     tool, sources, host_cache)
 
 
@@ -534,7 +547,7 @@ def _build_steps(gen: Generation, stack: Stack, facts: dict) -> tuple[dict, list
     there yet (None in place of a new venv's: `_new_venv_command`), and why it is built."""
     wanted, live_state = facts["wanted"], facts["live_state"]
     if wanted is not None and not python_matches(stack, wanted):
-        raise OperationError(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} "
+        raise Refusal(f"{gen.path} holds Python {wanted['python']}, stack {stack.name} "
                              f"needs {stack.python}: remove it and re-run")
     if wanted is not None:
         return wanted, [], ""
@@ -563,7 +576,7 @@ def _refuse_shared(gen: Generation, stack: Stack, base: dict, todo: StackDiff) -
     conflicts = shared_after(base, stack, todo.remove)
     if conflicts:
         top, owners = next(iter(conflicts.items()))
-        raise OperationError(
+        raise Refusal(
             f"{gen.path}: {top}/ is installed by both {' and '.join(owners)}: a stack may name "
             f"only one of them; drop the other from files/stacks/{stack.name}.yml"
         )
@@ -582,7 +595,7 @@ def _chosen_sources(gen: Generation, stack: Stack, packages: list[Package], todo
     ahead = planned_overlaps(stack, todo.install, sources, chosen, donors)
     if ahead:
         more = f" (and {len(ahead) - 1} more pair(s))" if len(ahead) > 1 else ""
-        raise OperationError(
+        raise Refusal(
             f"{gen.path}: stack {stack.name}: {ahead[0]}{more}; nothing was installed: a stack "
             "may name only one distribution of a file: drop the other from "
             f"files/stacks/{stack.name}.yml"
@@ -602,7 +615,7 @@ def _new_venv_command(gen: Generation, stack: Stack, chosen: dict[str, tuple[Sou
 # `environment`'s commands ----------------------------------------------------------------
 
 
-def _changes(install: _Install):
+def _changes(install: Install):
     """The commands of `environment` once everything is decided."""
     todo, tool = install.todo, install.tool
     if install.build:
@@ -627,7 +640,7 @@ def _changes(install: _Install):
     yield from _from_indexes(install, by_index)
 
 
-def _uv_unpacked(install: _Install):
+def _uv_unpacked(install: Install):
     """uv on the host, from its wheel in the wheelhouse (pushed where the host's cache lacks it)."""
     host_cache, facts = install.host_cache, install.facts
     wheel = installer_mod.uv_wheel(Path(_wheelhouse(install.sources)), facts["machine"])
@@ -639,7 +652,7 @@ def _uv_unpacked(install: _Install):
     yield installer_mod.unpack_uv_command(remote_wheel, host_cache)
 
 
-def _from_wheels(install: _Install, local: dict[str, Path]):
+def _from_wheels(install: Install, local: dict[str, Path]):
     """The distributions whose wheels are on this machine (`local`): pushed where the host's cache
     lacks them, then installed from that cache."""
     stack, base, facts, host_cache = install.stack, install.base, install.facts, install.host_cache
@@ -661,7 +674,7 @@ def _from_wheels(install: _Install, local: dict[str, Path]):
     yield install.tool.install_files(remote_files, repair)
 
 
-def _uploads(install: _Install, local: dict[str, Path]) -> tuple[list[str], set[str], list]:
+def _uploads(install: Install, local: dict[str, Path]) -> tuple[list[str], set[str], list]:
     """The wheels' paths in the host's cache, the distributions whose wheel is pushed there (as
     `NAME.part`), and those pushes."""
     remote_files, pushed, uploads = [], set(), []
@@ -679,7 +692,7 @@ def _uploads(install: _Install, local: dict[str, Path]) -> tuple[list[str], set[
     return remote_files, pushed, uploads
 
 
-def _pushed_named(install: _Install, local: dict[str, Path], pushed: set[str]):
+def _pushed_named(install: Install, local: dict[str, Path], pushed: set[str]):
     """The pushed wheels given their names: a pinned one only once the host checked it."""
     host_cache, packages = install.host_cache, install.packages
     pinned = [(p.sha256, f"{host_cache}/{local[p.name].name}") for p in packages
@@ -702,7 +715,7 @@ def _pushed_named(install: _Install, local: dict[str, Path], pushed: set[str]):
                           for path in unpinned)
 
 
-def _by_source(install: _Install) -> tuple[dict[str, list[Package]], dict[Source, list[Package]]]:
+def _by_source(install: Install) -> tuple[dict[str, list[Package]], dict[Source, list[Package]]]:
     """The distributions that come without a wheel of this machine: by index URL, and by donor."""
     by_index: dict[str, list[Package]] = {}
     by_donor: dict[Source, list[Package]] = {}
@@ -714,7 +727,7 @@ def _by_source(install: _Install) -> tuple[dict[str, list[Package]], dict[Source
     return by_index, by_donor
 
 
-def _from_donors(install: _Install, by_donor: dict[Source, list[Package]]):
+def _from_donors(install: Install, by_donor: dict[Source, list[Package]]):
     """Each donor's distributions: the installed files of its venv, copied into the generation."""
     gen = install.gen
     for donor, group in by_donor.items():
@@ -732,7 +745,7 @@ def _from_donors(install: _Install, by_donor: dict[Source, list[Package]]):
                                   (donor.location, _donor_path(donor), gen, specs), {})
 
 
-def _from_indexes(install: _Install, by_index: dict[str, list[Package]]):
+def _from_indexes(install: Install, by_index: dict[str, list[Package]]):
     """Each index's distributions, fetched by the host: a requirements file of their pins."""
     host_cache = install.host_cache
     for url, group in by_index.items():
@@ -755,7 +768,7 @@ def _donor_path(source: Source) -> str:
     """The donor's venv to copy from: the one at `path`, else its host's live venv."""
     path = source.path or source.live_venv
     if path is None:
-        raise OperationError(f"{host.name}: donor {source.location}: no venv to copy from (neither "
+        raise Refusal(f"{host.name}: donor {source.location}: no venv to copy from (neither "
                              "`path` nor its host's `venv_path` given)")
     return path
 
@@ -875,7 +888,7 @@ def _installer_kind(choice: str, sources: tuple[Source, ...], facts: dict) -> st
     if available:
         return "uv"
     if choice == "uv":
-        raise OperationError(
+        raise Refusal(
             f"installer: uv, but no uv {installer_mod.UV_VERSION} wheel for {facts['machine']} "
             f"is in the wheelhouse ({house}); rebuild it with python -m tools.wheelhouse, "
             "or set installer: auto"

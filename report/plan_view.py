@@ -8,7 +8,7 @@ request.
     # the JSON on stdout (the plan's text, like pyinfra's log, on stderr)
     PLAN_JSON=- pyinfra inventory.py deploy.py --dry -y
 
-Each host's load records its plan (operations/host_plan.py, `HostPlan.record()`: changes and
+Each host's load records its plan (deploys/plan.py, `HostPlan.record()`: changes and
 refusals as the status view's JSON has them, and what could not be read); once the last host is
 done, `PlanPrinter` prints and writes it. Under `--dry`, the process exits as
 `terraform plan -detailed-exitcode` does: 0 nothing to do, 2 changes, 1 a refusal, a fact not read,

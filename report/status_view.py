@@ -2,7 +2,7 @@
 and a Prometheus textfile. Data in, text out; the one pyinfra piece is `StatusPrinter`, the callback
 that prints once the last host is done and ends the process with the exit code.
 
-A row is a plain dict (operations/status.py builds them), one per placed service and one per reached
+A row is a plain dict (views/status.py builds them), one per placed service and one per reached
 host without services (or unreached host): JSON-ready as it is. Its words are mostly the hosts'
 (unit states, GPU names, a model's or a patch's state, errors): the table and the detail view show
 each on its line with every control in it visible (`terminal_text.one_line`), the Prometheus labels

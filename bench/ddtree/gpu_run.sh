@@ -24,7 +24,7 @@
 # gates it with the deploy's own operations/remote/wait_ready.py (/health 200, one chat completion; bench/gpu's
 # systemctl/journalctl stand-ins), records /server_info and the log lines naming DDTree/DFlash, measures it
 # (measure.py), stops it. Each service's measurement is kept in $RUNS; the runs so far combine into one table
-# (python -m operations.measure combine). GPU_BACKEND=auto for sglang's default attention backend.
+# (python -m views.measure combine). GPU_BACKEND=auto for sglang's default attention backend.
 # After the gate, each service answers one greedy request twice (PROBE_TOKENS=300 new tokens after a 40-token
 # prompt, the second a radix-cache hit: with the hybrid target's 256-token mamba track interval, the first crosses a
 # boundary): at temperature 0 speculative decoding must give the non-speculative output, so the printed digest of
@@ -233,7 +233,7 @@ runs=()
 for f in "$RUNS"/{plain,dflash,ddtree15,ddtree31,ddtree7,hybrid-plain,hybrid-dflash,hybrid-ddtree15,hybrid-ddtree31,hybrid-w-plain,hybrid-w-dflash,hybrid-w-ddtree15,hybrid-w-ddtree31}-"$BACKEND".json "$RUNS"/*-"$BACKEND".json; do
     [ -f "$f" ] && [[ " ${runs[*]-} " != *" $f "* ]] && runs+=("$f")
 done
-[ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m operations.measure combine "${RESULTS%.txt}.json" "${runs[@]}"
+[ ${#runs[@]} -gt 0 ] && "$CTL/bin/python" -m views.measure combine "${RESULTS%.txt}.json" "${runs[@]}"
 if [ -f "$RUNS/greedy-$BACKEND.txt" ]; then
     echo "greedy probes (${PROBE_TOKENS:-300} tokens after the same 200-token prompt, temperature 0): service, request, digest of the output ids, its first words"
     cat "$RUNS/greedy-$BACKEND.txt"

@@ -1,4 +1,4 @@
-"""The host's plan as data (operations/host_plan.py): facts in, changes out, no host.
+"""The host's plan as data (deploys/plan.py: each step's `plan`): facts in, changes out, no host.
 
 A converged read of a lab host is built from the same functions the deploy writes with (the unit's text, the
 key file's digest, the boot unit's files, the generation's id); each case changes one answer, the way a drifted
@@ -18,15 +18,16 @@ from configuration import settings, stacks
 from configuration.host_paths import SECRETS_DIR
 from configuration.patch_sets import load_patch_set
 from configuration.secrets import config_path
+from deploys.plan import plan_host
 from operations import (
     gpus,
-    host_plan,
     models,
     patches,
     placement,
     readiness,
     rollback,
     secrets,
+    service_inputs,
     service_user,
     transfer,
     unit_file,
@@ -70,7 +71,12 @@ def fresh_key_sources(monkeypatch):
 
 @pytest.fixture
 def lab(monkeypatch):
-    # ddtree has an API key (its key file, the secrets directory), dflash none.
+    return lab_fleet(monkeypatch)
+
+
+def lab_fleet(monkeypatch):
+    """The lab's configuration, stack and patch sets: ddtree has an API key (its key file, the secrets directory),
+    dflash none."""
     monkeypatch.setenv("SGLANG_DEPLOY_SECRET_DDTREE_KEY", "k" * 32)
     config = lab_config(run_services=("ddtree", "dflash"), api_key_secret="ddtree-key")
     stack = stacks.load_stack(config.stack)
@@ -88,7 +94,8 @@ def converged_world(config, stack, patch_sets) -> World:
         gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
         dists = {p.name: {"version": p.version} for p in stack.packages}
         w.set(venv.VenvState, {"wanted": {"python": f"{stack.python}.9", "dists": dists, "index": "current"},
-                               "live": {"target": gen.path}, "live_state": None},
+                               "live": {"target": gen.path}, "live_state": None, "cache": {}, "uv": True,
+                               "machine": "x86_64"},
               live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
         for name in env.patch_sets:
             ps = patch_sets[name]
@@ -114,20 +121,20 @@ def converged_world(config, stack, patch_sets) -> World:
                   path=config_path(s.name))
         else:
             w.set(secrets.SecretFileState, None, path=config_path(s.name))
-        text = host_plan.unit_text(config, s, stack, patch_sets, ())
+        text = service_inputs.unit_text(config, s, stack, patch_sets, ())
         w.set(File, {"mode": 644, "user": "root", "group": "root"}, path=s.unit_path)
         w.set(Sha1File, hashlib.sha1(text.encode()).hexdigest(), path=s.unit_path)
         w.set(FileContents, text.splitlines(), path=s.unit_path)
         w.set(readiness.ServiceState, {"active": "active", "sub": "running", "enabled": "enabled", "recorded": True,
                                        "newer": [], "health": 200, "pid": 11, "uptime_s": 60},
-              unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port, inputs=host_plan.watched_inputs(s, s.unit_path))
+              unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port, inputs=service_inputs.watched_inputs(s, s.unit_path))
     w.set(placement.ManagedUnits, {s.unit_name: {"path": s.unit_path, "managed": True} for s in config.services})
     return w
 
 
 def plan_of(config, stack, patch_sets, world: World, errors=()) -> HostPlan:
     decisions = gpus.GpuDecisions(config, errors=tuple(errors), facts=LAB_GPUS)
-    return host_plan.plan_host("gpu-a", decisions, stack, patch_sets, read=world.read)
+    return plan_host("gpu-a", decisions, stack, patch_sets, read=world.read)
 
 
 def brief(plan: HostPlan) -> list[tuple]:
@@ -165,7 +172,7 @@ def test_a_unit_edited_on_the_host_names_the_lines_that_differ_with_secrets_mask
     config, stack, patch_sets = lab
     w = converged_world(*lab)
     ddtree = config.services[0]
-    text = host_plan.unit_text(config, ddtree, stack, patch_sets, ())
+    text = service_inputs.unit_text(config, ddtree, stack, patch_sets, ())
     assert "    --speculative-ddtree-budget 15 \\" in text.splitlines()
     edited = [line.replace("--speculative-ddtree-budget 15", "--speculative-ddtree-budget 31") for line in text.splitlines()]
     edited.insert(edited.index("[Service]") + 1, "Environment=HF_TOKEN=hf_pastedbyhand0123456789")
@@ -259,7 +266,7 @@ def test_each_drift_names_its_step(lab, change, step, action):
         w.set(secrets.SecretFileState, {**state, "mode": "644"}, path=config_path(s.name))
     elif change in ("service stopped", "service disabled"):
         args = dict(unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port,
-                    inputs=host_plan.watched_inputs(s, s.unit_path))
+                    inputs=service_inputs.watched_inputs(s, s.unit_path))
         state = w.read(readiness.ServiceState, **args)
         state.update({"active": "inactive", "sub": "dead", "health": None} if change == "service stopped" else {"enabled": "disabled"})
         w.set(readiness.ServiceState, state, **args)
@@ -315,7 +322,7 @@ def test_an_unanswered_read_is_named_and_never_converged(lab):
             raise RuntimeError("connection dropped")
         return w.read(fact, **kwargs)
 
-    plan = host_plan.plan_host("gpu-a", gpus.GpuDecisions(config, facts=LAB_GPUS), stack, patch_sets, read=failing)
+    plan = plan_host("gpu-a", gpus.GpuDecisions(config, facts=LAB_GPUS), stack, patch_sets, read=failing)
     assert plan.unread == ["ManagedUnits: connection dropped"] and not plan.converged and plan.exit_code() == 1
 
 

@@ -7,8 +7,11 @@
                                     callbacks over plain rows; it imports nothing of the deploy, and the operations
                                     (layer 3) record into `report.summary`, so it sits below them
     3 operations                    our operations and facts, one concern each
-    4 deploys                       the components: a deploy's steps in order, each adding operations
-    5 entry points                  deploy.py, status.py, measure.py (and config.py, inventory.py, group_data/*.py)
+    4 deploys                       the components: a deploy's steps in order, each planning itself (`plan`) and adding
+                                    the operations that apply its plan
+    5 views                         what a person reads (the status view's rows, the measurements): they read the
+                                    deploy's plan (deploys/plan.py) and change nothing
+    6 entry points                  deploy.py, status.py, measure.py (and config.py, inventory.py, group_data/*.py)
       tools                         control-machine command-line tools (`python -m tools.X`): they read the data and
                                     use operations' pure parts (`operations.installer`'s pinned uv wheels), and nothing
                                     of the deploy imports them, so they sit with the entry points
@@ -16,7 +19,7 @@
 The rules (each failure names the file, the line, the import and the fix):
 
 - a module imports a project module only from a lower layer, or from its own package (layer 2's three groups, and
-  layer 5's entry points and tools, do not import each other); nothing imports `tests`, `lab` or `bench`;
+  layer 6's entry points and tools, do not import each other); nothing imports `tests`, `lab` or `bench`;
 - a remote script (operations/remote/*.py) imports nothing of the project but `from _common import ...`, which
   `operations.remote.script()` replaces by _common.py's text;
 - every project import is at the top of its module (no import inside a function, class or block): what a module
@@ -40,7 +43,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = {"configuration", "operations", "deploys", "report", "tools", "deploy", "status", "measure", "config",
+PROJECT = {"configuration", "operations", "deploys", "views", "report", "tools", "deploy", "status", "measure", "config",
            "inventory", "group_data"}
 NEVER = {"tests", "lab", "bench"}  # the deploy's code never imports its tests, its lab or its benchmarks
 ENTRY_POINTS = ("deploy", "status", "measure")
@@ -70,17 +73,19 @@ def layer_of(module: str) -> Layer:
         return Layer("operations", 3)
     if module.split(".")[0] == "deploys":
         return Layer("deploys", 4)
+    if module.split(".")[0] == "views":
+        return Layer("views", 5)
     if module.split(".")[0] == "tools":
-        return Layer("tools", 5)
-    return Layer("entry points", 5)
+        return Layer("tools", 6)
+    return Layer("entry points", 6)
 
 
-ORDER = "configuration 1 < operations/remote, operations/pyinfra_adapter, report 2 < operations 3 < deploys 4 < entry points, tools 5"
+ORDER = "configuration 1 < operations/remote, operations/pyinfra_adapter, report 2 < operations 3 < deploys 4 < views 5 < entry points, tools 6"
 
 
 def sources() -> dict[str, Path]:
     """Module name -> file, for every module of the deploy's code."""
-    files = [p for package in ("configuration", "operations", "deploys", "report", "tools") for p in (ROOT / package).rglob("*.py")]
+    files = [p for package in ("configuration", "operations", "deploys", "views", "report", "tools") for p in (ROOT / package).rglob("*.py")]
     files += [*ROOT.glob("*.py"), *(ROOT / "group_data").glob("*.py")]
     out = {}
     for path in sorted(files):
@@ -170,7 +175,7 @@ def test_every_layer_has_its_modules():
     """The map above covers the code as it is (a renamed package would otherwise pass every rule unseen)."""
     groups = {layer_of(m).group for m in MODULES}
     assert groups == {"configuration", "operations/remote", "operations/pyinfra_adapter", "report", "operations",
-                      "deploys", "tools", "entry points"}, groups
+                      "deploys", "views", "tools", "entry points"}, groups
     assert {"deploy", "status", "measure", "operations.remote._common", "operations.pyinfra_adapter"} <= set(MODULES)
 
 

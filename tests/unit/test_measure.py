@@ -1,4 +1,4 @@
-"""The measurement (measure.py, operations/measure.py): its table, ratios and raw JSON, the host-side
+"""The measurement (measure.py, views/measure.py): its table, ratios and raw JSON, the host-side
 script against the lab's stand-in server, and the stand-in's speed following its speculative flags."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import measure, remote
+from operations import remote
 from tests.unit.remote_calls import own_control_group
 from tests.unit.test_peer_identity import NOT_HERE, as_root, heard, impostor  # noqa: F401 - fixtures
+from views import measure
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_SRC = ROOT / "lab" / "standin"
@@ -378,7 +379,7 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
         return found
 
     assert imports(ROOT / "measure.py") == {"os", "pathlib.Path", "pyinfra.host", "pyinfra.state",
-                                            "deploys.run.HostRun", "operations.measure"}
+                                            "deploys.run.HostRun", "views.measure"}
     # Of the run's machinery (deploys/run.py) the validated data only: not a deploy's lock and read, nor a view's read.
     called = {node.func.attr for node in ast.walk(ast.parse((ROOT / "measure.py").read_text()))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
@@ -386,7 +387,7 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
     # Of the deploy's own modules only the redaction of what it prints, the unit's rendering (the sandbox the client
     # runs in), the transient run's command line, where a home directory hides a path, the remote scripts (the
     # read-only check of the port's holder): none locks, reads for a deploy or changes.
-    assert {m for m in imports(ROOT / "operations" / "measure.py") if m.startswith(("operations", "deploys"))} <= {
+    assert {m for m in imports(ROOT / "views" / "measure.py") if m.startswith(("operations", "deploys"))} <= {
         "operations.redact", "operations.units", "operations.transient", "operations.service_user", "operations.remote",
         "operations.remote_call"}
 

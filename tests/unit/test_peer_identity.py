@@ -147,7 +147,7 @@ def port_holder(tools, port: int) -> subprocess.CompletedProcess:  # noqa: F811 
 def test_the_benchmark_client_does_not_run_against_another_holder_of_the_port(tools, impostor, server):  # noqa: F811
     """The client makes its own connections (with the key): root checks the port's listeners before it and after it.
     Seen failing without the check: the client ran against the impostor."""
-    from operations import measure
+    from views import measure
 
     port, proc = impostor
     tools[1].write_text(f"Id=sglang-x.service\nControlGroup={NOT_HERE}\n")

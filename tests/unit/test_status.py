@@ -1,4 +1,4 @@
-"""The status view (report/status_view.py, operations/status.py's pure pieces): rows in, table, detail view,
+"""The status view (report/status_view.py, views/status.py's pure pieces): rows in, table, detail view,
 JSON, exit code and Prometheus text out; the probe script run here against a tiny HTTP server and a lock."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from configuration.patch_sets import PatchFile, PatchSet
-from operations import gpus, patches, readiness, status
+from operations import gpus, patches, readiness
 from operations.patches import applied_record
 from report import status_view as view
 from tests.unit.remote_calls import own_control_group
+from views import status
 
 
 def service_row(**more) -> dict:
@@ -218,7 +219,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["sglang.prom"]
 
 
-# -- operations/status.py's pure pieces --------------------------------------------------------------
+# -- views/status.py's pure pieces --------------------------------------------------------------
 
 
 def patch_set() -> PatchSet:

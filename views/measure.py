@@ -600,5 +600,5 @@ if __name__ == "__main__":
 
     if len(sys.argv) < 4 or sys.argv[1] != "combine":
         raise SystemExit(
-            "usage: python -m operations.measure combine OUT.json RUN.json [RUN.json ...]")
+            "usage: python -m views.measure combine OUT.json RUN.json [RUN.json ...]")
     combine(Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]])

@@ -13,7 +13,7 @@ writes on a host (every fact used here only reads: see each in the module that d
 the read set a deploy keeps on the control machine (`HostReads.asked` is emptied before the run
 ends, so nothing is saved).
 
-"Deploy would" is the host's plan (operations/host_plan.py), made by the very functions the deploy
+"Deploy would" is the host's plan (deploys/plan.py), made by the very functions the deploy
 makes it with, from the same answers: every step (GPU check, Environments, Models, Service account,
 Service, Cleanup), as `Change` records (`plan` in each row; `changes` their text). Not covered:
 whether a restart's readiness gate will pass (COVERS says so wherever the column is shown). The venv
@@ -28,9 +28,11 @@ import socket
 
 from pyinfra.api import FactBase
 
+from deploys import environments
+from deploys import models as models_step
+from deploys.plan import plan_host
 from operations import (
     gpus,
-    host_plan,
     host_reads,
     lifecycle,
     models,
@@ -41,7 +43,7 @@ from operations import (
 )
 
 COVERS = (
-    "DEPLOY WOULD is the deploy's own plan from this read (operations/host_plan.py): every step, "
+    "DEPLOY WOULD is the deploy's own plan from this read (deploys/plan.py): every step, "
     "the venv and staged models by their fast check; not whether a restart's readiness gate will "
     "pass."
 )
@@ -166,9 +168,9 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
         problems_host.append("the deploy lock's holder was not read")
 
     # What a deploy would change: the host's plan, the deploy's own decisions from the same read
-    # (host_plan.py).
-    plan = host_plan.plan_host(host.name, decisions, stack, patch_sets,
-                               read=host_reads.reader(host), verify_env="fast")
+    # (deploys/plan.py).
+    plan = plan_host(host.name, decisions, stack, patch_sets,
+                     read=host_reads.reader(host), verify_env="fast")
     problems_host += [f"not read: {what}" for what in plan.unread]
     envs = {env.path: _environment(host, env, stack, patch_sets, config)
             for env in config.environments}
@@ -233,9 +235,9 @@ def _concerns(change, service, env: dict) -> bool:
     models'."""
     if change.service is not None:
         return change.service == service.name
-    if change.step == host_plan.ENVS:
+    if change.step == environments.STEP:
         return service.environment.path in change.what or env["gen"].id in change.what
-    if change.step == host_plan.MODELS:
+    if change.step == models_step.STEP:
         return any(change.what in (m.load_path, m.store_path) for m in service.models)
     return False
 

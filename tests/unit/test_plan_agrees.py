@@ -1,0 +1,229 @@
+"""Plan and apply agree, step by step (Terraform's re-plan check): from one recorded read of a host, each step's
+plan (deploys/*.py `plan`) and the operation that applies it must say the same thing. Where the plan refuses, the
+operation fails the host with the very same text; where the plan changes something, the operation has commands;
+where the plan is converged, the operation has none.
+
+Each case is one class of decision that used to be made twice (the plan beside the operation) and told two stories:
+`--dry` said `create`/`update` where the deploy then failed the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pyinfra.api import OperationError
+from pyinfra.facts.files import Directory
+
+from configuration import settings
+from operations import directory, patches, rollback, service_user, transfer, venv
+from tests.unit.test_host_plan import converged_world, lab_fleet, plan_of
+from tests.unit.test_operations import FakeFs, run
+
+
+@pytest.fixture(autouse=True)
+def fresh_key_sources(monkeypatch):
+    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
+
+
+@pytest.fixture
+def lab(monkeypatch):
+    return lab_fleet(monkeypatch)
+
+
+def _with(config, **data):
+    """The host's validated configuration with other data values (`HostConfig.data`)."""
+    return dataclasses.replace(config, data=config.data.model_copy(update=data))
+
+
+def _env(config, stack, patch_sets):
+    env = config.environments[0]
+    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    return env, gen
+
+
+def _venv_key(config, gen) -> dict:
+    return dict(live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
+
+
+def _apply_venv(config, stack, gen, state, sources=None, installer=None):
+    """`venv.environment` as the deploy adds it (deciding itself: no plan value), over the same read."""
+    return run(venv.environment, {venv.VenvState: lambda **kw: state}, gen=gen, stack=stack,
+               sources=sources if sources is not None else _sources(config),
+               host_cache=config.host_wheel_cache, installer=installer or config.installer,
+               verify=config.verify_env)
+
+
+def _sources(config):
+    return tuple(venv.Source(*s) for s in config.stack_sources)
+
+
+def _refusal(plan, step: str):
+    found = [c for c in plan.refusals if c.step == step]
+    assert len(found) == 1, plan.changes
+    return found[0]
+
+
+def _raises(apply) -> str:
+    with pytest.raises(OperationError) as caught:
+        apply()
+    return str(caught.value)
+
+
+# Environments: the venv ------------------------------------------------------------------------------------------
+
+def _venv_state(world, config, gen) -> dict:
+    return world.read(venv.VenvState, **_venv_key(config, gen))
+
+
+@pytest.mark.parametrize("drift", ["untrusted", "other python"])
+def test_a_venv_the_deploy_refuses_is_refused_by_the_plan_with_the_same_text(lab, drift):
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    _, gen = _env(config, stack, patch_sets)
+    state = _venv_state(world, config, gen)
+    if drift == "untrusted":
+        state["untrusted"] = [f"{gen.live}: owned by uid 1000"]
+    else:
+        state["wanted"]["python"] = "3.9.2"
+    world.set(venv.VenvState, state, **_venv_key(config, gen))
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Environments")
+    assert refused.why == _raises(lambda: _apply_venv(config, stack, gen, state))
+
+
+@pytest.mark.parametrize("drift", ["a file no source has", "uv asked for and not shipped"])
+def test_an_install_the_deploy_cannot_make_is_refused_by_the_plan(lab, tmp_path, drift):
+    """The plan used to say `update` (its own StackDiff) where the build then failed: now both ask `venv.decide`."""
+    config, stack, patch_sets = lab
+    empty = (("wheelhouse", str(tmp_path)),)  # a wheelhouse without the stack's files, or uv
+    config = dataclasses.replace(_with(config, installer="uv" if drift.startswith("uv") else config.installer),
+                                 stack_sources=empty)
+    world = converged_world(config, stack, patch_sets)
+    _, gen = _env(config, stack, patch_sets)
+    state = _venv_state(world, config, gen)
+    del state["wanted"]["dists"][stack.packages[0].name]  # one distribution to install
+    state["uv"] = False
+    world.set(venv.VenvState, state, **_venv_key(config, gen))
+    plan = plan_of(config, stack, patch_sets, world)
+    refused = _refusal(plan, "Environments")
+    assert refused.why == _raises(lambda: _apply_venv(config, stack, gen, state, installer=config.installer))
+    assert ("uv" in refused.why) == drift.startswith("uv")
+    assert not [c for c in plan.changes if c.step == "Environments" and c.action == "update"], plan.changes
+
+
+def test_the_build_applies_the_install_its_plan_decided(lab):
+    """The plan's `Install` is the build's: a converged venv is a noop, one missing distribution is installed."""
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    env, gen = _env(config, stack, patch_sets)
+    plan = plan_of(config, stack, patch_sets, world)
+    install = plan.values[("install", env.path)]
+    assert not install.needed
+    result = run(venv.environment, {}, gen=gen, stack=stack, sources=_sources(config),
+                 host_cache=config.host_wheel_cache, verify=config.verify_env, decided=install)
+    assert result.commands == [] and result.noops, result
+
+
+# Environments: the patch sets ------------------------------------------------------------------------------------
+
+def _patch_key(stack, gen, patch_set) -> dict:
+    return patches.read_arguments(patch_set, gen.path, f"{gen.path}/{stack.site_packages}")
+
+
+def _apply_patches(stack, gen, patch_set, state, base_installed=False):
+    site = f"{gen.path}/{stack.site_packages}"
+    return run(patches.applied, {patches.InstalledFiles: lambda **kw: state, **FakeFs().facts()},
+               patch_set=patch_set, venv_path=gen.path, site_packages=site, base_installed=base_installed)
+
+
+def _patched_env(config):
+    env = next(e for e in config.environments if e.patch_sets)
+    return env
+
+
+def test_a_patched_file_changed_with_no_backup_is_refused_by_plan_and_deploy_alike(lab):
+    """The plan said `update` (patches.drift), the deploy failed the host (file_steps): now both ask `patches.decide`."""
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    env = _patched_env(config)
+    gen = venv.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
+    patch_set = patch_sets[env.patch_sets[0]]
+    state = world.read(patches.InstalledFiles, **_patch_key(stack, gen, patch_set))
+    changed = next(f for f in patch_set.files if f.original is not None)
+    state["files"][changed.path] = "e" * 64
+    state["backups"][changed.path] = False
+    world.set(patches.InstalledFiles, state, **_patch_key(stack, gen, patch_set))
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Environments")
+    assert refused.why == _raises(lambda: _apply_patches(stack, gen, patch_set, state))
+
+
+def test_a_patch_set_over_a_base_this_run_reinstalls_is_planned_over_the_fresh_install(lab):
+    """A generation whose base drifted: the venv step reinstalls it, so the set is neither refused nor kept."""
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    env = _patched_env(config)
+    gen = venv.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
+    patch_set = patch_sets[env.patch_sets[0]]
+    vstate = _venv_state(world, config, gen)
+    vstate["wanted"]["dists"][patch_set.distribution] = {"version": "0.0.1"}
+    world.set(venv.VenvState, vstate, **_venv_key(config, gen))
+    pstate = world.read(patches.InstalledFiles, **_patch_key(stack, gen, patch_set))
+    pstate["version"] = "0.0.1"
+    world.set(patches.InstalledFiles, pstate, **_patch_key(stack, gen, patch_set))
+    plan = plan_of(config, stack, patch_sets, world)
+    assert not plan.refusals, plan.refusals
+    assert any(c.what.startswith(f"patch set {patch_set.name}") and c.action == "update" for c in plan.changes)
+    assert plan.values[("install", env.path)].installs(patch_set.distribution)
+    result = _apply_patches(stack, gen, patch_set, pstate, base_installed=True)
+    assert result.commands, result  # applied over the fresh install
+    # Without the venv step's reinstall, the same read is a base of another version: refused by both.
+    with pytest.raises(OperationError, match="was written for"):
+        _apply_patches(stack, gen, patch_set, pstate)
+
+
+# Directories, models, the service account ------------------------------------------------------------------------
+
+def test_a_state_directory_that_is_a_file_is_refused_by_plan_and_deploy_alike(lab):
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    world.set(Directory, False, path=rollback.STATE_DIR)
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Environments")
+    assert refused.what == rollback.STATE_DIR
+    assert refused.why == _raises(lambda: run(directory.present, {Directory: lambda path: False},
+                                              path=rollback.STATE_DIR, mode="700", user="root", group="root"))
+
+
+@pytest.mark.parametrize("source", [None, "gpu-a"])
+def test_a_model_the_store_lacks_and_cannot_get_is_refused_by_plan_and_deploy_alike(lab, source):
+    config, stack, patch_sets = lab
+    model = config.store_models[0]
+    config = _with(config, model_sources={model.name: source} if source else {})
+    world = converged_world(config, stack, patch_sets)
+    world.set(transfer.StoreListing, {}, path=model.store_path)
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Models")
+    assert refused.what == model.store_path
+    assert refused.why == _raises(lambda: run(transfer.in_store, {transfer.StoreListing: lambda path: {}},
+                                              model=model.name, path=model.store_path, source=source))
+
+
+def test_gpu_devices_the_service_user_cannot_open_are_refused_by_plan_and_deploy_alike(lab):
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    closed = [("660", "root", "/dev/nvidia0")]
+    world.set(service_user.GpuDevices, closed)
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Service account")
+    assert refused.why == _raises(lambda: run(service_user.devices_reachable,
+                                              {service_user.GpuDevices: lambda: closed},
+                                              user=config.service_user))
+
+
+def test_an_account_that_is_someone_elses_is_refused_by_plan_and_deploy_alike(lab):
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    standing = world.read(service_user.AccountStanding, user=config.service_user)
+    standing["listed_in"] = ["docker"]
+    world.set(service_user.AccountStanding, standing)
+    refused = _refusal(plan_of(config, stack, patch_sets, world), "Service account")
+    assert refused.why == _raises(lambda: run(service_user.dedicated_account,
+                                              {service_user.AccountStanding: lambda user: standing},
+                                              user=config.service_user))
