@@ -117,3 +117,41 @@ def test_status_plan_and_deploy_agree_on_each_drift(converged_host, tmp_path, wh
 
     code, plan = planned(inv, tmp_path)
     assert code == 0 and plan["changes"] == [], f"{what}: not converged after one run: {plan}"
+
+
+BACKUPS = "/var/lib/sglang-deploy/rollback"
+ORIGINALS = f"{PATCHED}/.sglang-deploy/patches/ddtree-sample/original"
+# (what the deploy refuses, the command that makes SPARE so, the command that mends it, the step that refuses):
+# each refusal the deploy fails the host with, the plan and the status view must show first, with the same text.
+REFUSALS = [
+    ("a kept directory is a file", f"mv {BACKUPS} {BACKUPS}.away && touch {BACKUPS}",
+     f"rm {BACKUPS} && mv {BACKUPS}.away {BACKUPS}", "Environments"),
+    ("a patched file changed with no backup of its original",
+     f"cp -a {ORIGINALS} /root/originals.away && rm -rf {ORIGINALS} && echo '# edited' >> {{patched}}",
+     f"rm -rf {ORIGINALS} && mv /root/originals.away {ORIGINALS}", "Environments"),
+    ("the service user is someone else's", "groupadd -f plan-other && gpasswd -a sglang plan-other",
+     "gpasswd -d sglang plan-other; groupdel plan-other", "Service account"),
+]
+
+
+@pytest.mark.parametrize(("what", "breaks", "mends", "step"), REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_status_plan_and_deploy_refuse_alike(converged_host, tmp_path, what, breaks, mends, step):
+    inv = inventory()
+    code, plan = planned(inv, tmp_path)
+    assert code == 0 and plan["changes"] == [], f"not converged before: {plan}"
+    ssh(SPARE, breaks.format(patched=patched_file()))
+    try:
+        code, plan = planned(inv, tmp_path)
+        refused = [r for r in plan["refusals"] if r["step"] == step]
+        assert code == 1 and len(refused) == 1, f"{what}: {plan}"
+        status_code, _ = status_steps(inv, tmp_path)
+        assert status_code == 1, what
+        result = deploy(inv, env=ENV, as_json=False)
+        assert result.returncode != 0, result
+        assert refused[0]["why"] in result.stdout + result.stderr, f"{what}: the deploy failed otherwise: {result}"
+    finally:
+        ssh(SPARE, mends)
+    result = deploy(inv, env=ENV)
+    assert result.returncode == 0, result
+    code, plan = planned(inv, tmp_path)
+    assert code == 0 and plan["changes"] == [], f"{what}: not converged once mended: {plan}"
