@@ -265,7 +265,9 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     """
     state = host_reads.get(host, InstalledFiles,
                            **read_arguments(patch_set, venv_path, site_packages))
-    fresh = (not this_run.executing() and state["version"] is None and present) or base_installed
+    # Planned (the change check, --dry) over what the venv step leaves: a fresh base where it builds
+    # the generation or reinstalls the base. Executing, the run reads what the host then holds.
+    fresh = not this_run.executing() and ((state["version"] is None and present) or base_installed)
     if not fresh:  # what changed since it was applied, named before any refusal
         for line in _explain_record(patch_set, state["record"], state["version"]):
             host.log(line)
