@@ -349,6 +349,11 @@ class ServiceSpec(BaseModel):
         False, "Allow listening beyond loopback without an API key (anyone who reaches the port "
                "can use it).",
         "a trusted, isolated network only", "boolean")
+    stop_timeout_s: seconds(1, 3600) = var(
+        60, "Seconds a stop of the service (a restart, a removal) waits for the engine to "
+            "drain: systemd sends SIGTERM, sglang finishes the requests in flight, and what still "
+            "runs after this long is killed (the unit's `TimeoutStopSec`).",
+        "long generations that must not be cut by a restart", "seconds")
     max_unavailable: MaxUnavailable = var(
         1, "Replicas of the service that a rollout may have not serving at once: a number, or a "
            "percentage of its replicas (rounded down, at least 1). A change that restarts the "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
+from configuration import schema
 from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig
 from operations import host_reads, remote, remote_call
@@ -34,8 +35,12 @@ from operations.readiness import probe_address
 from report import rollouts, summary
 
 PREFIX = "sglang-"
-# A unit's stop (its TimeoutStopSec, 60 s, then a kill) and its files' removal.
-REMOVAL_TIMEOUT_S = 180
+# What a removal may take beyond its unit's drain (TimeoutStopSec, from `stop_timeout_s`): the kill
+# of what is left, disabling it, its file's removal and systemd's reload.
+REMOVAL_MARGIN_S = 120
+# `stop_timeout_s` where the data says nothing: the unit's TimeoutStopSec ever since it was a fixed
+# 60 s.
+DEFAULT_STOP_TIMEOUT_S: int = schema.default_of(schema.ServiceSpec, "stop_timeout_s")
 
 
 @host_reads.batched()
@@ -80,6 +85,7 @@ class Placed:
     address: str
     port: int
     replica: str = ""  # its name on its host (the summary's row)
+    stop_timeout_s: int = DEFAULT_STOP_TIMEOUT_S  # its `stop_timeout_s` there
 
     def __str__(self) -> str:
         return (f"{self.host}/{self.replica}"
@@ -95,8 +101,17 @@ def placements(configs: dict[str, HostConfig]) -> dict[str, list[Placed]]:
         for service in config.services:
             out.setdefault(service.definition, []).append(
                 Placed(name, service.unit_name, probe_address(service.bind),
-                       service.port, service.name))
+                       service.port, service.name, service.stop_timeout_s))
     return out
+
+
+def removal_timeout_s(others) -> int:
+    """How long the removal of a unit of a service placed at `others` (`Placed`) may take: the
+    longest drain its unit was likely given (the largest `stop_timeout_s` among the service's
+    placements, never less than the default: a service gone from the data, or one placed with less
+    now than when this host's unit was written) and REMOVAL_MARGIN_S."""
+    drain = max([DEFAULT_STOP_TIMEOUT_S, *(p.stop_timeout_s for p in others)])
+    return drain + REMOVAL_MARGIN_S
 
 
 def ready_elsewhere(service: str, others, report: dict) -> tuple[list, list]:
@@ -177,7 +192,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
     else:
         moved = ""
     ok, output = remote_call.run(host, " && ".join(removal_commands(unit, path)),
-                                 f"stopping and removing {unit}", REMOVAL_TIMEOUT_S)
+                                 f"stopping and removing {unit}", removal_timeout_s(others))
     if not ok:
         host.log_styled(
             f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red",

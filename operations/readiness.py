@@ -2,7 +2,9 @@
 
 SGLang opens its port only after loading and answers `/health` with 503 until warm-up
 succeeds; `/v1/models` answers earlier and proves nothing. After a (re)start the gate
-polls `/health` on the host until 200, then sends one chat completion; a speculative service
+polls `/ready` on the host until 200 (sglang 0.5.23: 503 while warming up, paused or draining;
+an engine without it answers 404, and the gate polls `/health` instead: `ready_by` says which
+proved it, operations/remote/wait_ready.py), then sends one chat completion; a speculative service
 must then decode its target's own greedy tokens on fixed probes and accept enough tokens per
 verify step (`speculative_check`, docs/speculative-gate.md). It fails in seconds, with the
 journal tail, when the unit dies or is restarting, rather than waiting out the timeout. A
@@ -187,6 +189,13 @@ def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool,
     return result
 
 
+def ready_by_text(result: dict) -> str:
+    """Which endpoint proved readiness, in words: `/ready`, or `/health` where the engine has no
+    `/ready` (empty for an answer that does not say)."""
+    by = result.get("ready_by")
+    return f" (by {by})" if by else ""
+
+
 def spec_text(spec: dict | None) -> str:
     """What a speculative service's gate proved, in words (empty for another service)."""
     if not spec:
@@ -227,19 +236,20 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
           soak_s: int = 0, spec: dict | None = None, baseline: Baseline | None = None) -> bool:
     result = _wait_once(host, unit, address, port, timeout, smoke, config_file, spec)
     if result["ok"] and plan is not None and soak_s:
-        ready_s = result.get("ready_s")
+        ready_s, ready_by = result.get("ready_s"), result.get("ready_by")
         result = {**_soaked(host, unit, service, address, port, smoke, config_file, soak_s),
                   "spec": result.get("spec")}
-        result["ready_s"] = ready_s
+        result["ready_s"], result["ready_by"] = ready_s, ready_by
     if result["ok"] and plan is not None and baseline is not None and result.get("spec"):
         result = _against_old_version(state, host, service, result, spec, baseline)
     if result["ok"]:
         reply = f", smoke reply {result['reply']!r}" if result.get("reply") is not None else ""
         proved = spec_text(result.get("spec"))
-        host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{reply}{proved}")
+        by = ready_by_text(result)
+        host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{by}{reply}{proved}")
         accept = (result.get("spec") or {}).get("accept_length")
         record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start"
-               + (f", accept {accept:.2f}" if accept is not None else ""))
+               + by + (f", accept {accept:.2f}" if accept is not None else ""))
         return True
     # no later wave restarts another replica of this service; the host fails after its waves
     if rollout:
@@ -303,7 +313,8 @@ def ready(
     baseline: Baseline | None = None,
 ):
     """
-    Require ``unit`` to serve: ``/health`` answers 200 (and one chat completion succeeds).
+    Require ``unit`` to serve: ``/ready`` answers 200 (``/health`` on an engine without
+    ``/ready``), and one chat completion succeeds.
 
     + service: the service's name (for messages and the summary)
     + unit: its systemd unit

@@ -1,5 +1,12 @@
-# Wait until a just-(re)started service answers GET /health with 200, then send one chat
-# completion. Fails fast, with the journal tail, as soon as the unit is dead or restarting.
+# Wait until a just-(re)started service is ready, then send one chat completion. Fails fast, with
+# the journal tail, as soon as the unit is dead or restarting.
+# Ready means GET /ready answers 200. sglang 0.5.23 serves it (http_server.py: `ready()` answers 200
+# when `tokenizer_manager.is_ready()`, that is startup done, not paused, not shutting down - a
+# SIGTERM sets `gracefully_exit` - else 503; its auth middleware lets /health*, /ready* and
+# /metrics* through without a key). An older engine has no /ready: it answers 404, or, with an API
+# key, 401 (0.5.13's middleware guards every path but /health* and /metrics*); then the gate polls
+# GET /health (503 until warm-up, then 200) as before. The answer says which endpoint proved
+# readiness (`ready_by`). Neither is sent the key.
 # The API key, if any, is read here from the service's root-only --config file (CONFIG_FILE,
 # or "-"), so that it never travels in a command line.
 # What this prints holds none of that file's values: sglang logs its server_args, keys included
@@ -38,6 +45,10 @@ from _common import peer_untrusted, private_dir  # noqa: E402 - remote.script pu
 RECORD_DIR = "/var/lib/sglang-deploy/started"
 
 headers = {"Content-Type": "application/json"}
+READY, HEALTH = "/ready", "/health"
+# What /ready answers on an engine that has none: not found, or refused for want of the key it
+# guards unknown paths with (sglang 0.5.23's /ready needs none, so it never answers these).
+NO_READY = (401, 403, 404)
 SECRETS = []  # the key file's values in their printed forms (read in the main part)
 # Equal to operations/redact.py's SECRET_ASSIGNMENT (tests/unit/test_redact.py compares them).
 SECRET_ASSIGNMENT = re.compile(
@@ -104,12 +115,20 @@ def ask(method, path, control_group, body=None, timeout=10):
         stranger = peer_untrusted(conn.sock, unit, control_group)
         if stranger:
             raise NotTheService(stranger)
-        # the key goes with every request but /health (which needs none)
-        conn.request(method, path, body=body, headers=headers if path != "/health" else {})
+        # the key goes with every request but the readiness probes (which need none)
+        conn.request(method, path, body=body,
+                     headers=headers if path not in (READY, HEALTH) else {})
         response = conn.getresponse()
         return response.status, response.reason, response.read()
     finally:
         conn.close()
+
+
+def next_probe(path, status):
+    """The endpoint to poll after `path` answered `status`: /health from then on where /ready is
+    not the engine's (`NO_READY`), else the same. A 503 from /ready (warming up, paused, draining)
+    is an answer: the gate waits, it does not fall back."""
+    return HEALTH if path == READY and status in NO_READY else path
 
 
 def journal_tail(lines=25):
@@ -146,7 +165,7 @@ def generate(payload):
         status, why, answer = ask("POST", "/generate", control_group(),
                                   body=json.dumps(payload).encode(), timeout=300)
     except NotTheService as exc:
-        die(f"{unit} answered /health, then its port was not its own: {exc}; its speculative "
+        die(f"{unit} was ready, then its port was not its own: {exc}; its speculative "
             "check (with the key) was not sent")
     if status != 200:
         raise NotLossless(f"/generate answered HTTP {status} {why}: "
@@ -320,6 +339,7 @@ if __name__ == "__main__":
     start = time.monotonic()
 
     last = "connection refused"
+    probe = READY
     while True:
         state = unit_state()
         if (state.get("ActiveState") in ("failed", "inactive")
@@ -327,10 +347,14 @@ if __name__ == "__main__":
             die(f"{unit} is {state.get('ActiveState')}/{state.get('SubState')} (result: "
                 f"{state.get('Result')}) before it became ready")
         try:
-            status, _, _ = ask("GET", "/health", state.get("ControlGroup"))
+            status, _, _ = ask("GET", probe, state.get("ControlGroup"))
             if status == 200:
                 break
             last = f"HTTP {status}"
+            if next_probe(probe, status) != probe:
+                last = f"{probe} answered HTTP {status}: an engine without it"
+                probe = next_probe(probe, status)
+                continue
         except NotTheService as exc:
             die(f"{unit} cannot be asked: {exc} (another process answers on its port: stop it, "
                 "or move "
@@ -341,7 +365,7 @@ if __name__ == "__main__":
         except http.client.HTTPException as exc:
             last = f"the port answers, but not with HTTP ({type(exc).__name__}: {str(exc)[:80]})"
         if time.monotonic() - start > timeout:
-            die(f"{unit} did not answer {base}/health with 200 within {timeout:.0f} s "
+            die(f"{unit} did not answer {base}{probe} with 200 within {timeout:.0f} s "
                 f"(last: {last})")
         time.sleep(0.5)
 
@@ -359,9 +383,8 @@ if __name__ == "__main__":
                 raise ValueError(f"HTTP Error {status}: {why}")
             reply = json.loads(answer)["choices"][0]["message"]["content"]
         except NotTheService as exc:
-            die(f"{unit} answered /health, then its port was not its own: {exc}; the smoke "
-                "completion "
-                "(with the key) was not sent")
+            die(f"{unit} answered {probe}, then its port was not its own: {exc}; the smoke "
+                "completion (with the key) was not sent")
         except (OSError, ValueError, KeyError, IndexError, TypeError,
                 http.client.HTTPException) as exc:
             die(f"{unit} is healthy but the smoke chat completion failed: {exc}")
@@ -370,7 +393,7 @@ if __name__ == "__main__":
     checked = speculative_check(spec) if spec else None
     if checked and not spec.get("baseline_only"):
         keep_gate(checked)
-    answer = {"ok": True, "ready_s": ready_s,
+    answer = {"ok": True, "ready_s": ready_s, "ready_by": probe,
               "reply": mask(reply) if isinstance(reply, str) else reply}
     if checked:
         answer["spec"] = checked  # a speculative service's figures (readiness.spec_text)

@@ -10,7 +10,16 @@ import re
 
 import pytest
 
-from tests.lab.labutil import SPARE, chat, clean_host, deploy, http_get, main_pid, ssh
+from tests.lab.labutil import (
+    SPARE,
+    chat,
+    clean_host,
+    deploy,
+    http_get,
+    main_pid,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -159,3 +168,67 @@ def test_overwritten_patch_file_is_named_by_a_dry_run_and_put_back(first_run):
     assert digest == patch_set.files[0].sha256
     assert main_pid("gpu-a", UNITS["ddtree"]) != pid  # its process loaded the edited file: restarted
     assert deploy().changed == []
+
+
+# Drained stops (issue 48 item 2) -------------------------------------------------------------------------
+
+DRAIN_PORT = 30103
+# 900 tokens at 0.05 s a step: a generation of about 45 s, longer than a converged run takes to reach the restart.
+DRAIN_STEP_S, DRAIN_TOKENS = 0.05, 900
+
+
+def drain_inventory(args: dict):
+    services = {"drainy": {"gpu": 0, "port": DRAIN_PORT, "model": "Qwen3.6-27B-DFlash", "model_in": "store",
+                           "stop_timeout_s": 90, "args": args, "env": {"STANDIN_STEP_S": DRAIN_STEP_S}}}
+    return write_inventory("test_drain", {SPARE: {"services": services, "run_services": ["drainy"]}})
+
+
+def test_a_restart_drains_the_request_in_flight_and_loses_none(spare_with_venv):
+    """A long generation runs on the service while a deploy changes one of its flags: the restart stops it with
+    SIGTERM and waits (TimeoutStopSec, from `stop_timeout_s`), the stand-in finishes the generation, the request gets
+    its 200 and every token, and the new process passes its gate on /ready. Before drained stops the process died at
+    SIGTERM and the request's connection was cut."""
+    import json
+    import shlex
+    import threading
+
+    unit = "sglang-drainy.service"
+    first = deploy(drain_inventory({}))
+    assert first.returncode == 0, first
+    assert "TimeoutStopSec=90\n" in ssh(SPARE, f"cat /etc/systemd/system/{unit}").stdout
+    assert ssh(SPARE, f"systemctl show -p TimeoutStopUSec --value {unit}").stdout.strip() == "1min 30s"
+    assert http_get(SPARE, DRAIN_PORT, "/ready")[0] == 200
+    old_pid = main_pid(SPARE, unit)
+
+    client = (
+        "import json, time, urllib.request\n"
+        f"body = json.dumps({{'text': 'alpha beta', 'sampling_params': {{'max_new_tokens': {DRAIN_TOKENS}}}}}).encode()\n"
+        f"req = urllib.request.Request('http://127.0.0.1:{DRAIN_PORT}/generate', data=body, "
+        "headers={'Content-Type': 'application/json'})\n"
+        "began = time.monotonic()\n"
+        "try:\n"
+        "    r = urllib.request.urlopen(req, timeout=300)\n"
+        "    print(json.dumps({'status': r.status, 'tokens': len(json.loads(r.read())['output_ids']),"
+        " 'took_s': time.monotonic() - began}))\n"
+        "except Exception as e:\n"
+        "    print(json.dumps({'status': None, 'error': repr(e), 'took_s': time.monotonic() - began}))\n"
+    )
+    answer = {}
+    worker = threading.Thread(target=lambda: answer.update(
+        out=ssh(SPARE, f"python3 -c {shlex.quote(client)}", timeout=360).stdout))
+    worker.start()
+    try:
+        changed = deploy(drain_inventory({"max-running-requests": 8}), timeout=600)
+    finally:
+        worker.join(timeout=360)
+    assert changed.returncode == 0, changed
+    assert main_pid(SPARE, unit) != old_pid  # the flag change restarted it
+    assert re.search(rf"{SPARE}/drainy\s+http://127\.0\.0\.1:{DRAIN_PORT}\s+ready\s+[0-9.]+ s after \(re\)start "
+                     r"\(by /ready\)", changed.stderr), changed.stderr[-3000:]
+    result = json.loads(answer["out"])
+    assert (result["status"], result.get("tokens")) == (200, DRAIN_TOKENS), result
+    # The restart came while the generation ran, and the old process drained it before it exited.
+    journal = ssh(SPARE, f"journalctl -u {unit} --no-pager -o cat _PID={old_pid}").stdout
+    assert "received SIGTERM: draining (1 request(s) in flight" in journal, journal[-3000:]
+    assert "drained: no request in flight, exiting" in journal, journal[-3000:]
+    assert "--max-running-requests" in ssh(SPARE, f"cat /etc/systemd/system/{unit}").stdout

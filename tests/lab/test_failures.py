@@ -73,4 +73,4 @@ def test_a_service_that_never_becomes_ready_fails_at_the_timeout(spare_with_venv
     inventory = write_inventory("test_never_ready", {SPARE: {"services": services, "run_services": ["slow"], "readiness_timeout_s": 5}})
     result = deploy(inventory)
     assert result.returncode != 0
-    assert "did not answer http://127.0.0.1:30101/health with 200 within 5 s (last: HTTP 503)" in result.stderr
+    assert "did not answer http://127.0.0.1:30101/ready with 200 within 5 s (last: HTTP 503)" in result.stderr

@@ -34,8 +34,9 @@ def test_leftovers_are_our_units_that_no_placed_service_owns():
 
 def _config(*services):
     return SimpleNamespace(services=tuple(
-        SimpleNamespace(name=name, definition=name.split("@")[0], unit_name=f"sglang-{name}.service", bind=bind, port=port)
-        for name, bind, port in services
+        SimpleNamespace(name=name, definition=name.split("@")[0], unit_name=f"sglang-{name}.service", bind=bind, port=port,
+                        stop_timeout_s=rest[0] if rest else 60)
+        for name, bind, port, *rest in services
     ))
 
 
@@ -121,10 +122,12 @@ class FakeHost:
         self.name = "gpu-d"
         self.ok = ok
         self.commands = []
+        self.timeouts = []
         self.logs = []
 
     def run_shell_command(self, command, print_output=False, _timeout=None):
         self.commands.append(command)
+        self.timeouts.append(_timeout)
         return self.ok, SimpleNamespace(stdout="", stderr="boom")
 
     def log(self, text, **_):
@@ -166,6 +169,33 @@ def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
         "systemctl disable --now sglang-tmp.service && rm -f -- /p && systemctl daemon-reload"
         " && { systemctl reset-failed sglang-tmp.service 2>/dev/null || true; }"
     ]
+
+
+def test_placements_carry_each_replicas_stop_timeout():
+    configs = {"gpu-e": _config(("dflash", "127.0.0.1", 30001, 600)), "gpu-f": _config(("dflash", "127.0.0.1", 30001))}
+    assert [p.stop_timeout_s for p in placement.placements(configs)["dflash"]] == [600, 60]
+
+
+def test_a_removal_is_bounded_by_the_longest_drain_of_the_services_placements_and_a_margin():
+    """The unit's stop waits for the engine to drain (TimeoutStopSec, from `stop_timeout_s`): the removal's own bound
+    is the largest `stop_timeout_s` among the service's placements, never below the default, plus the margin (it was
+    a fixed 180 s, which a drain of 600 s outlasts)."""
+    margin = placement.REMOVAL_MARGIN_S
+    slow = placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash", 600)
+    quick = placement.Placed("gpu-f", "sglang-dflash.service", "127.0.0.1", 30001, "dflash", 5)
+    assert placement.removal_timeout_s((slow, quick)) == 600 + margin
+    assert placement.removal_timeout_s((quick,)) == 60 + margin  # a unit written with the default before
+    assert placement.removal_timeout_s(()) == 60 + margin  # a service gone from the data: the default
+    assert 60 + margin == 180  # today's figure where nothing says more
+
+
+def test_remove_waits_as_long_as_the_drain_may_take(monkeypatch):
+    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
+    monkeypatch.setattr(placement, "answers_now", lambda state, p: None)
+    host = FakeHost()
+    slow = placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash", 900)
+    assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (slow,)) is True
+    assert host.timeouts == [900 + placement.REMOVAL_MARGIN_S]
 
 
 def test_remove_keeps_the_unit_when_the_new_host_passed_its_gate_but_does_not_answer_now(monkeypatch):

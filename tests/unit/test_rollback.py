@@ -163,3 +163,15 @@ def test_a_canary_still_serving_after_its_soak_passes(report, halts, monkeypatch
     host = ScriptedHost([waited(True, ready_s=4.0), waited(True, ready_s=0.1)])
     assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x", soak_s=60) is True
     assert halts == {} and report["gpu-a"]["x"]["ready"] == "4.0 s after (re)start"
+
+
+@pytest.mark.parametrize("by", ["/ready", "/health"])
+def test_the_gate_says_which_endpoint_proved_readiness(report, halts, monkeypatch, by):
+    """`ready_by` from the host's gate: /ready on sglang 0.5.23, /health on an engine without it; the deploy's log
+    line and its summary row say it, after the canary's soak too."""
+    monkeypatch.setattr(readiness.gevent, "sleep", lambda s: None)
+    body = {"ok": True, "ready_s": 4.0, "ready_by": by, "reply": "hi"}
+    host = ScriptedHost([(True, json.dumps(body)), waited(True, ready_s=0.1)])
+    assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x", soak_s=60) is True
+    assert report["gpu-a"]["x"]["ready"] == f"4.0 s after (re)start (by {by})"
+    assert f"x: ready in 4.0 s on e (by {by}), smoke reply 'hi'" in host.lines

@@ -28,8 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_DIR = ROOT / "lab" / "standin"
-WHEEL_NAME = "sglang_standin-0.1.4-py3-none-any.whl"
-BANNER = "sglang-standin 0.1.4 (a stand-in for sglang.launch_server, no GPU, no model weights loaded)"
+WHEEL_NAME = "sglang_standin-0.1.5-py3-none-any.whl"
+BANNER = "sglang-standin 0.1.5 (a stand-in for sglang.launch_server, no GPU, no model weights loaded)"
 
 # Direct opener: never route loopback test traffic through an http_proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -139,27 +139,27 @@ def test_wheel_is_deterministic_and_well_formed(tmp_path, wheel):
         names = [i.filename for i in infos]
         assert "sglang_standin/__init__.py" in names
         assert "sglang_standin/launch_server.py" in names
-        assert names[-1] == "sglang_standin-0.1.4.dist-info/RECORD"
+        assert names[-1] == "sglang_standin-0.1.5.dist-info/RECORD"
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
         for i in infos:
             assert i.date_time == (1980, 1, 1, 0, 0, 0)
             assert (i.external_attr >> 16) == 0o100644
 
-        meta = zf.read("sglang_standin-0.1.4.dist-info/METADATA").decode()
+        meta = zf.read("sglang_standin-0.1.5.dist-info/METADATA").decode()
         head = meta.split("\n\n", 1)[0].splitlines()
         assert "Metadata-Version: 2.1" in head
         assert "Name: sglang-standin" in head
-        assert "Version: 0.1.4" in head
+        assert "Version: 0.1.5" in head
         summary = [line_ for line_ in head if line_.startswith("Summary: ")]
         assert summary and "stand-in" in summary[0]
 
-        wheel_meta = zf.read("sglang_standin-0.1.4.dist-info/WHEEL").decode().splitlines()
+        wheel_meta = zf.read("sglang_standin-0.1.5.dist-info/WHEEL").decode().splitlines()
         assert "Wheel-Version: 1.0" in wheel_meta
         assert "Root-Is-Purelib: true" in wheel_meta
         assert "Tag: py3-none-any" in wheel_meta
         assert any(line_.startswith("Generator: ") for line_ in wheel_meta)
 
-        rows = list(csv.reader(io.StringIO(zf.read("sglang_standin-0.1.4.dist-info/RECORD").decode())))
+        rows = list(csv.reader(io.StringIO(zf.read("sglang_standin-0.1.5.dist-info/RECORD").decode())))
         recorded = {r[0] for r in rows}
         assert recorded == set(names)
         for path, digest, size in rows:
@@ -291,7 +291,7 @@ def test_server_readiness_endpoints_and_sigterm(venv_python, model_dir, tmp_path
             assert info["speculative_algorithm"] == "DFLASH"
             assert info["attention_backend"] == "triton"
             assert info["grammar_backend"] == "none"
-            assert info["version"] == "0.1.4-standin"
+            assert info["version"] == "0.1.5-standin"
             assert info["standin"] is True
             assert info["parser"] == "standin-argparse"
             assert info["env"] == {
@@ -354,6 +354,76 @@ def test_never_ready_keeps_health_503(venv_python, model_dir, tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=5) == 0
+
+
+def _started(venv_python, model_dir, tmp_path, **env):
+    """A stand-in on a free port, its log file, and its base URL, once /health answers 200."""
+    port = _free_port()
+    base = "http://127.0.0.1:%d" % port
+    log_path = tmp_path / "stderr.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [str(venv_python), "-m", "sglang_standin.launch_server", "--model-path", str(model_dir),
+             "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+            env=_clean_env(STANDIN_WARMUP_S="0", STANDIN_LOAD_S="0", **env),
+        )
+    deadline = time.monotonic() + 8
+    while _http("GET", base + "/health", timeout=1)[0] != 200:
+        assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
+        time.sleep(0.05)
+    return proc, base, log_path
+
+
+def test_ready_answers_200_when_serving_and_404_without_it(venv_python, model_dir, tmp_path):
+    """/ready as sglang 0.5.23 serves it (no key needed), and STANDIN_NO_READY=1: an engine without it."""
+    for no_ready, expected in (("", 200), ("1", 404)):
+        proc, base, log_path = _started(venv_python, model_dir, tmp_path, STANDIN_NO_READY=no_ready)
+        try:
+            assert _http("GET", base + "/ready")[0] == expected, log_path.read_text()
+            assert _http("GET", base + "/health")[0] == 200
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=5) == 0
+
+
+def test_sigterm_drains_the_generation_in_flight_then_exits(venv_python, model_dir, tmp_path):
+    """A SIGTERM while a generation runs: /ready and /health answer 503 at once, a new request is refused, the one in
+    flight completes with all its tokens, and only then does the process exit (status 0). Seen failing before the
+    drain: the process exited at once and the generation's connection was cut."""
+    import threading
+
+    proc, base, log_path = _started(venv_python, model_dir, tmp_path, STANDIN_STEP_S="0.02",
+                                    STANDIN_DRAIN_POLL_S="0.02")
+    answer = {}
+
+    def generate():
+        answer["result"] = _http("POST", base + "/generate",
+                                 {"text": "alpha beta", "sampling_params": {"max_new_tokens": 100}}, timeout=30)
+
+    try:
+        worker = threading.Thread(target=generate)
+        worker.start()
+        time.sleep(0.5)  # about a quarter of its 100 steps of 0.02 s
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        assert proc.poll() is None, "it exited with a generation in flight"
+        assert _http("GET", base + "/ready")[0] == 503
+        assert _http("GET", base + "/health")[0] == 503
+        refused = _http("POST", base + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}})
+        assert refused[0] == 503 and b"draining" in refused[1], refused
+        worker.join(timeout=30)
+        code, body = answer["result"]
+        assert code == 200, (code, body)
+        assert len(json.loads(body)["output_ids"]) == 100
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = log_path.read_text()
+    assert "received SIGTERM: draining (1 request(s) in flight" in log and "drained" in log, log
+    assert "Traceback" not in log
 
 
 def test_crash_at_start_exits_nonzero(venv_python, model_dir, tmp_path):

@@ -268,3 +268,41 @@ def test_a_new_patch_digest_changes_the_unit_text():
     config = lab_config()
     service = dataclasses.replace(config.services[0], patch_sets=("ddtree-sample",))
     assert render(config, service, {"ddtree-sample": "a" * 64}) != render(config, service, {"ddtree-sample": "b" * 64})
+
+
+# Drained stops (issue 48 item 2) ---------------------------------------------------------------
+
+# The unit's stop lines as they were rendered before `stop_timeout_s` existed (TimeoutStopSec=60).
+STOP_LINES = ("# SGLang has no sd_notify: the deploy polls /health for readiness; loading can take long.\n"
+              "TimeoutStartSec=infinity\nTimeoutStopSec={}\nKillMode=mixed\nRestart=on-failure\n")
+
+
+def test_the_default_stop_timeout_leaves_the_unit_as_it_was():
+    """A converged host must not restart on upgrade: `stop_timeout_s: 60` (the default, written or not) renders the
+    lines the unit always had, and the template's note about them stays in the template."""
+    text = render(lab_config(stop_timeout_s=60))
+    assert text == render(lab_config())
+    assert STOP_LINES.format(60) in text
+    assert "{#" not in text and "stop_timeout_s" not in text
+    assert "KillSignal" not in text  # systemd's default, SIGTERM, on which sglang drains
+
+
+def test_stop_timeout_s_is_the_units_timeout_stop_sec():
+    text = render(lab_config(stop_timeout_s=120))
+    assert STOP_LINES.format(120) in text
+    assert text.replace("TimeoutStopSec=120\n", "TimeoutStopSec=60\n") == render(lab_config())
+
+
+@pytest.mark.parametrize("value", [0, 3601, -5, "60", 1.5, True])
+def test_a_stop_timeout_out_of_bounds_is_refused_naming_field_value_and_fix(value):
+    with pytest.raises(DataError) as caught:
+        lab_config(stop_timeout_s=value)
+    error = caught.value
+    assert (error.key_path, error.value) == ("services.ddtree.stop_timeout_s", value), str(error)
+    assert error.fix == "must be whole seconds from 1 to 3600", str(error)
+    assert "stop_timeout_s" in str(error) and "must be whole seconds from 1 to 3600" in str(error)
+
+
+@pytest.mark.parametrize("value", [1, 3600])
+def test_a_stop_timeout_at_its_bounds_passes(value):
+    assert f"TimeoutStopSec={value}\n" in render(lab_config(stop_timeout_s=value))

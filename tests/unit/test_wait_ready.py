@@ -1,8 +1,9 @@
 """The readiness gate's script (operations/remote/wait_ready.py) against a real HTTP server on loopback.
 
 systemctl and journalctl are stand-ins on PATH (the unit's state and journal are what the test says);
-the script, its HTTP client and the server are real. Covers the README's claims: /health must answer
-200, the smoke chat completion must answer (`smoke_test: true`), and `smoke_test: false` sends none.
+the script, its HTTP client and the server are real. Covers the README's claims: /ready must answer
+200 (/health where the engine has no /ready), the smoke chat completion must answer (`smoke_test: true`), and
+`smoke_test: false` sends none.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from pathlib import Path
 import pytest
 
 from operations import remote
-from tests.unit.remote_calls import own_control_group
+from tests.unit.remote_calls import load_remote_module, own_control_group
 
 KEY = "unit-test-wait-ready-key-5d1e"  # a test value
 
 
 class Server:
-    """/health answers `health` (one status per request, the last repeated); chat answers `chat` (status, body)."""
+    """/health answers `health` (one status per request, the last repeated), /ready `ready` likewise (None: 404, an
+    engine older than sglang 0.5.23); chat answers `chat` (status, body)."""
 
-    def __init__(self, health=(200,), chat=(200, {"choices": [{"message": {"content": "OK"}}]})):
+    def __init__(self, health=(200,), chat=(200, {"choices": [{"message": {"content": "OK"}}]}), ready=None):
         self.health, self.chat = list(health), chat
+        self.ready = list(ready) if ready is not None else [404]
         self.requests: list[tuple[str, str, dict]] = []
         outer = self
 
@@ -43,7 +46,8 @@ class Server:
 
             def do_GET(self):
                 outer.requests.append(("GET", self.path, dict(self.headers)))
-                status = outer.health.pop(0) if len(outer.health) > 1 else outer.health[0]
+                answers = outer.ready if self.path == "/ready" else outer.health
+                status = answers.pop(0) if len(answers) > 1 else answers[0]
                 self.reply(status, b"")
 
             def do_POST(self):
@@ -104,7 +108,8 @@ def test_ready_then_the_smoke_completion_answers_with_the_key_from_the_config_fi
     config.write_text(f'api-key: "{KEY}"\n')
     result = gate(tools, srv.port, smoke=True, config=config)
     assert result["ok"] is True and result["reply"] == "OK", result
-    assert [(m, p) for m, p, _ in srv.requests] == [("GET", "/health")] * 3 + [("POST", "/v1/chat/completions")]
+    assert [(m, p) for m, p, _ in srv.requests] == [("GET", "/ready")] + [("GET", "/health")] * 3 + [("POST", "/v1/chat/completions")]
+    assert result["ready_by"] == "/health"  # an engine without /ready (404)
     chat = srv.requests[-1][2]
     assert chat["Authorization"] == f"Bearer {KEY}"
     assert chat["body"]["messages"] == [{"role": "user", "content": "Reply with OK."}]
@@ -127,8 +132,8 @@ def test_a_failed_smoke_completion_fails_the_gate_with_the_reason_and_the_journa
 def test_smoke_test_false_sends_no_completion(tools, server):
     srv = server(chat=(500, {"error": "would fail"}))
     result = gate(tools, srv.port, smoke=False)
-    assert result == {"ok": True, "ready_s": result["ready_s"], "reply": None}
-    assert [m for m, _, _ in srv.requests] == ["GET"]
+    assert result == {"ok": True, "ready_s": result["ready_s"], "ready_by": "/health", "reply": None}
+    assert [m for m, _, _ in srv.requests] == ["GET", "GET"]
 
 
 def test_health_that_never_turns_200_fails_at_the_timeout_with_the_last_answer(tools, server):
@@ -199,3 +204,48 @@ def test_a_failure_reason_quoting_the_key_leaves_the_host_masked(tools, server, 
     assert result["ok"] is False and "smoke chat completion failed" in result["reason"], result
     assert "<redacted>" in result["reason"] and KEY not in json.dumps(result), result
 
+
+
+# /ready where the engine has it (sglang 0.5.23), /health where it has not ----------------------------------------
+
+
+@pytest.mark.parametrize(("path", "status", "then"), [
+    ("/ready", 404, "/health"),   # no such endpoint: an older engine
+    ("/ready", 401, "/health"),   # an older engine with a key guards every path it does not know (0.5.13)
+    ("/ready", 403, "/health"),
+    ("/ready", 503, "/ready"),    # warming up, paused or draining: wait, do not fall back
+    ("/ready", 500, "/ready"),
+    ("/health", 404, "/health"),  # once on /health, it stays there
+])
+def test_the_fallback_rule(path, status, then):
+    assert load_remote_module("wait_ready").next_probe(path, status) == then
+
+
+def test_ready_is_polled_where_the_engine_has_it_and_proves_readiness_without_the_key(tools, server, tmp_path):
+    srv = server(ready=(503, 503, 200), health=(500,))
+    config = tmp_path / "x.yml"
+    config.write_text(f'api-key: "{KEY}"\n')
+    result = gate(tools, srv.port, smoke=True, config=config)
+    assert result["ok"] is True and result["ready_by"] == "/ready", result
+    assert [(m, p) for m, p, _ in srv.requests] == [("GET", "/ready")] * 3 + [("POST", "/v1/chat/completions")]
+    assert all("Authorization" not in headers for m, _, headers in srv.requests if m == "GET")
+    assert srv.requests[-1][2]["Authorization"] == f"Bearer {KEY}"
+
+
+def test_a_ready_that_answers_503_is_waited_out_not_replaced_by_health(tools, server):
+    """A server that is up (/health 200) but not ready (paused, draining) is not ready: the gate waits for /ready."""
+    srv = server(ready=(503,), health=(200,))
+    result = gate(tools, srv.port, smoke=False, timeout=1)
+    assert result["ok"] is False
+    assert result["reason"] == f"sglang-x.service did not answer http://127.0.0.1:{srv.port}/ready with 200 within 1 s (last: HTTP 503)"
+    assert {p for _, p, _ in srv.requests} == {"/ready"}
+
+
+def test_an_older_keyed_engine_falls_back_to_health(tools, server, tmp_path):
+    srv = server(ready=(401,), health=(503, 200))
+    config = tmp_path / "x.yml"
+    config.write_text(f'api-key: "{KEY}"\n')
+    result = gate(tools, srv.port, smoke=False, config=config)
+    assert result["ok"] is True and result["ready_by"] == "/health", result
+    assert [p for _, p, _ in srv.requests] == ["/ready", "/health", "/health"]
+    assert all("Authorization" not in headers for _, _, headers in srv.requests)

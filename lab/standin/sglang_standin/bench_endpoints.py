@@ -294,7 +294,8 @@ def handle(handler, method: str, path: str, raw: bytes = b"") -> bool:
     if method != "POST" or path not in ("/generate", "/flush_cache"):
         return False
     if not handler.state.ready():
-        handler._error(503, "server is warming up (sglang-standin)", "ServiceUnavailableError")
+        handler._error(503, "server is %s (sglang-standin)" % handler.state.not_ready_status(),
+                       "ServiceUnavailableError")
         return True
     if path == "/flush_cache":
         handler._send(200, b"Cache flushed.\n", "text/plain")

@@ -21,9 +21,17 @@ Behaviour, in order:
    (clients see connection refused), then listen.
 5. ``/health`` and ``/health_generate`` answer 503 ``{"status":"warming up"}``
    for ``STANDIN_WARMUP_S`` seconds (default 2.0) after the port opens, then
-   200 (forever 503 with ``STANDIN_NEVER_READY=1``).
+   200 (forever 503 with ``STANDIN_NEVER_READY=1``). ``/ready`` (sglang 0.5.23's)
+   answers the same way, but 503 also while draining; ``STANDIN_NO_READY=1``
+   makes it answer 404, as an engine without it does.
 
-SIGTERM and SIGINT stop the server with exit status 0.
+SIGTERM drains, as sglang does: the server stops taking new work (a new
+request is answered 503, ``/ready`` and ``/health`` answer 503), finishes
+the requests in flight (a generation in flight completes), then exits with
+status 0; it checks every ``STANDIN_DRAIN_POLL_S`` seconds (default 0.05)
+whether any is left. (sglang 0.5.23 still takes new requests while it
+drains: a load balancer must take it out of rotation by ``/ready``.)
+SIGTERM before the port opens, and SIGINT, stop it at once, status 0.
 Stdlib only.
 """
 
@@ -38,6 +46,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -404,11 +413,23 @@ class StandinState:
         self.api_key = args.get("api_key") or None
         self.ready_at: float | None = None  # set when the port opens
         self.created = int(time.time())
+        self.no_ready = _env_flag("STANDIN_NO_READY")  # /ready answers 404 (an older engine)
+        self.draining = False  # SIGTERM: no new work, the requests in flight finish
+        self.in_flight = 0
+        self._lock = threading.Lock()
 
     def ready(self) -> bool:
-        if self.never_ready or self.ready_at is None:
+        if self.never_ready or self.ready_at is None or self.draining:
             return False
         return time.monotonic() >= self.ready_at
+
+    def not_ready_status(self) -> str:
+        return "draining" if self.draining else "warming up"
+
+    def busy(self, delta: int) -> None:
+        """A request begins (+1) or ends (-1): a drain waits until none is in flight."""
+        with self._lock:
+            self.in_flight += delta
 
     def server_info(self) -> dict:
         info = masked(self.args)
@@ -467,7 +488,7 @@ class StandinHandler(BaseHTTPRequestHandler):
 
     def _authorized(self, path: str) -> bool:
         key = self.state.api_key
-        if not key or path in ("/health", "/health_generate", "/metrics"):
+        if not key or path in ("/health", "/health_generate", "/ready", "/metrics"):
             return True
         auth = self.headers.get("Authorization", "")
         return auth == "Bearer " + key
@@ -486,7 +507,10 @@ class StandinHandler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             if st.ready():
                 return self._send(200, b"", "")
-            return self._json(503, {"status": "warming up"})
+            return self._json(503, {"status": st.not_ready_status()})
+        if path == "/ready" and not st.no_ready:
+            # sglang 0.5.23: 200 when startup is done and it is neither paused nor shutting down
+            return self._send(200 if st.ready() else 503, b"", "")
         if path == "/v1/models":
             return self._json(
                 200,
@@ -518,6 +542,13 @@ class StandinHandler(BaseHTTPRequestHandler):
         return self._error(404, "Not Found: %s" % path, "NotFoundError")
 
     def do_POST(self):
+        self.state.busy(+1)
+        try:
+            self._post()
+        finally:
+            self.state.busy(-1)
+
+    def _post(self):
         path = self._path()
         if not self._authorized(path):
             return self._error(401, "Unauthorized", "AuthenticationError")
@@ -531,7 +562,8 @@ class StandinHandler(BaseHTTPRequestHandler):
         if path != "/v1/chat/completions":
             return self._error(404, "Not Found: %s" % path, "NotFoundError")
         if not self.state.ready():
-            return self._error(503, "server is warming up (sglang-standin)", "ServiceUnavailableError")
+            return self._error(503, "server is %s (sglang-standin)" % self.state.not_ready_status(),
+                               "ServiceUnavailableError")
         try:
             body = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
@@ -585,8 +617,34 @@ def make_server(host: str, port: int, state: StandinState) -> ThreadingHTTPServe
 # ---------------------------------------------------------------------------
 
 
+# The running server and its state, once the port is open: SIGTERM drains it.
+_RUNNING: dict = {}
+
+
+def _drain(srv, state: StandinState, poll_s: float) -> None:
+    poll_s = max(0.01, poll_s)
+    time.sleep(poll_s)  # a request accepted just before the signal has counted itself by now
+    while True:
+        with state._lock:
+            left = state.in_flight
+        if left == 0:
+            break
+        time.sleep(poll_s)
+    log("drained: no request in flight, exiting")
+    srv.shutdown()
+
+
 def _on_signal(signum, frame):
-    raise _Terminate(signum)
+    srv, state = _RUNNING.get("srv"), _RUNNING.get("state")
+    if signum != signal.SIGTERM or srv is None:
+        raise _Terminate(signum)
+    if state.draining:
+        return
+    state.draining = True
+    log("received SIGTERM: draining (%d request(s) in flight; new requests and /ready answer 503)"
+        % state.in_flight)
+    threading.Thread(target=_drain, args=(srv, state, _env_float("STANDIN_DRAIN_POLL_S", 0.05)),
+                     daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -651,9 +709,11 @@ def _main(argv: list[str]) -> int:
         "listening on http://%s:%d; /health answers 503 %s"
         % (host, port, "forever (STANDIN_NEVER_READY)" if never_ready else "for %.2fs (warm-up)" % warmup_s)
     )
+    _RUNNING.update(srv=srv, state=state)
     try:
         srv.serve_forever(poll_interval=0.2)
     finally:
+        _RUNNING.clear()
         srv.server_close()
     return 0
 
