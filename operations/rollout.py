@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import gevent
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
@@ -224,13 +225,16 @@ def probe_of(state, configs: dict[str, HostConfig]) -> Probe:
 def down_beside(service: Service, host_name: str, rollout_: Rollout,
                 probe: Callable[[Replica], str | None]) -> dict[str, str]:
     """The other replicas of `service`'s rollout (not `service`'s own replica on `host_name`) that
-    do not serve now, each asked afresh by `probe`: host/replica -> why not, in wave order."""
+    do not serve now, each asked afresh by `probe`, all at once: host/replica -> why not, in wave
+    order."""
     me = f"{host_name}/{service.name}"
-    out = {}
-    for replica in replicas(rollout_):
-        if str(replica) != me and (why := probe(replica)) is not None:
-            out[str(replica)] = why
-    return out
+    asked = [(r, gevent.spawn(probe, r)) for r in replicas(rollout_) if str(r) != me]
+    gevent.joinall([job for _, job in asked])
+    # a probe that raised counts as down, with what it raised
+    answers = {str(r): (job.value if job.successful() else
+                        f"{r} could not be asked ({type(job.exception).__name__}: {job.exception})")
+               for r, job in asked}
+    return {replica: why for replica, why in answers.items() if why is not None}
 
 
 def short_of(service: Service, host_name: str, rollout_: Rollout,
