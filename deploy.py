@@ -55,9 +55,15 @@ else:
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):
         wave_opened(number, len(waves))
-        held = {name: rollout.hold_reason(prepared[name].service, host.name) for name, _ in wave}
+        # Before a restart, who serves now (asked afresh each wave): a restart that would leave
+        # fewer replicas serving than the data allows is held (operations/rollout.py `Hold`).
+        probe = rollout.probe_of(state, run.inventory)
+        held = {name: rollout.hold_reason(prepared[name].service, host.name,
+                                          rollouts[prepared[name].service.definition], probe,
+                                          planned=plan.restarts_running(name))
+                for name, _ in wave}
         for name, _ in wave:
-            restarted(prepared[name], held[name])
+            restarted(prepared[name], held[name], plan.restarts_running(name))
         # a canary's soak: it must keep serving that long before the next wave
         # and, against a replica still on the old version, its probe figures
         for name, canary in wave:

@@ -202,14 +202,17 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
 
 
 @deploy(STEP)
-def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
+def restarted(prepared: Prepared, held: Callable[..., str | None], restarts: bool = False) -> None:
     """In the replica's wave: its unit written and the unit (re)started if anything it loads
-    changed, unless its service's rollout halted earlier in this run (`held`): then its unit file
-    and process stay as they are."""
+    changed, unless it is held (`held`, operations/rollout.py `Hold`: its service's rollout halted
+    earlier in this run, or restarting it would leave too few replicas serving): then its unit file
+    and process stay as they are. `restarts`: the host's plan restarts the running replica (a
+    rewritten unit would restart it), so the unit write asks as a restart does."""
     service = prepared.service
     unit_path = service.unit_path
     unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=prepared.unit_text,
-                      rewritten=prepared.rewritten, _if=lambda: held() is None)
+                      rewritten=prepared.rewritten,
+                      _if=lambda: held(restarting=restarts) is None)
 
     # Read before this run changes anything (one answer from the host's read): inputs whose content
     # differs from what the running process was started with. A touched file, or a file dropped
@@ -235,7 +238,7 @@ def restarted(prepared: Prepared, held: Callable[[], str | None]) -> None:
 
 
 @deploy(STEP)
-def gated(config, prepared: Prepared, held: Callable[[], str | None], planned: bool,
+def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: bool,
           soak_s: int = 0, old_replica: tuple | None = None) -> None:
     """In the replica's wave, after every restart of the wave: the readiness gate (and a canary's
     soak). `planned`: the host's plan (re)starts it; when its rollout halted (`held`), it was kept

@@ -83,7 +83,7 @@ def running(
     unit_changed: Callable[[], bool] | None = None,
     inputs_changed: Callable[[], bool] | None = None,
     outcome: Restarted | None = None,
-    held: Callable[[], str | None] | None = None,
+    held: Callable[..., str | None] | None = None,
     service: str = "",
 ):
     """
@@ -98,8 +98,9 @@ def running(
     + unit_changed: callable, true when this run rewrote the unit file
     + inputs_changed: callable, true when this run changed any of its inputs
     + outcome: a `Restarted` set when this run (re)started the unit
-    + held: callable, why the unit must not (re)start now (its service's rollout halted in this
-      run), or None
+    + held: callable (`rollout.Hold`), why the unit must not (re)start now (its service's rollout
+      halted in this run, or restarting it would leave too few replicas serving), or None; asked
+      with ``restarting``: whether this is a restart of the running unit (not a start)
     + service: the replica's name, for the message when it is held
 
     A restart happens when the unit runs and an input changed, in this run or since it started
@@ -110,7 +111,10 @@ def running(
     state = readiness.service_state(unit, readiness.probe_address(bind), port, inputs)
     todo = steps(state, unit_path, unit_changed=this_run.changed(unit_changed),
                  inputs_changed=this_run.changed(inputs_changed))
-    why_held = (held() if held is not None and this_run.executing() and (todo.start or todo.restart)
+    # A replica that is down only starts (it adds a serving replica); one that runs restarts: only
+    # that is counted against the replicas that serve (rollout.Hold).
+    why_held = (held(restarting=todo.restart)
+                if held is not None and this_run.executing() and (todo.start or todo.restart)
                 else None)
     if why_held:
         # Its service's rollout halted: this replica keeps its old unit and process (a later run

@@ -98,6 +98,11 @@ class HostPlan:
         """Does the plan (re)start service replica `name`?"""
         return any(c.action in ("restart", "start") for c in self.of_service(name))
 
+    def restarts_running(self, name: str) -> bool:
+        """Does the plan restart service replica `name` where it runs now (not start it where it
+        is down)?"""
+        return any(c.action == "restart" for c in self.of_service(name))
+
     def steps(self) -> list[str]:
         return list(dict.fromkeys(c.step for c in self.changes))
 

@@ -287,10 +287,22 @@ def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s
           spec: dict | None = None, baseline: Baseline | None = None) -> bool:
     """The gate as an operation runs it: a replica of a rollout that fails is recorded by `_wait`,
     and its host fails after its waves (`rollout.gates_passed`), so the wave's other gates there
-    still run (each with its own rollback)."""
-    return (_wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s, spec=spec,
-                  baseline=baseline)
-            or bool(rollout))
+    still run (each with its own rollback).
+
+    A gate that ends without a verdict (the connection dropped, a timeout, any error) halts its
+    rollout too, before the error fails the host: no later wave restarts another replica of a
+    service whose replica was never seen serving."""
+    try:
+        passed = _wait(state, host, unit, service, *args, rollout=rollout, soak_s=soak_s,
+                       spec=spec, baseline=baseline)
+    except BaseException as exc:
+        if rollout:
+            reason = redact.engine_text(
+                f"its readiness gate ended without a verdict ({type(exc).__name__}: {exc})")
+            rollouts.halt(rollout, f"{host.name}/{service}", reason)
+            rollouts.gate_failed(host.name, service, reason[:200])
+        raise
+    return passed or bool(rollout)
 
 
 @operation()

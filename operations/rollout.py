@@ -18,16 +18,26 @@ A replica that fails its gate (and is rolled back, as before) halts its service
 (report/rollouts.py): a later wave's replica of that service is not restarted (`lifecycle.running`'s
 `held`), and keeps its old unit and process. Other services go on. A replica with nothing to restart
 passes its wave at once (a wave is a fixed group of replicas, as Ansible's `serial` batches are).
+
+Before a replica that runs is restarted, the wave counts who serves now, not only what this run
+restarted (`Hold`, `short_of`): every other replica of its service is asked on its own host
+(`Probe`, through `placement.answers_now`), and a restart that would leave fewer serving than
+`replicas - wave_size(max_unavailable)` is held before it happens: the replica keeps its unit and
+process, the rollout halts (`HELD_BEFORE_RESTART`), and the host fails after its waves, naming the
+replicas that are down. A replica that is down itself may still start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+import gevent
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
 from configuration.typed import HostConfig, Service
+from operations import placement
 from operations.host_reads import operation
 from report import rollouts
 
@@ -173,17 +183,138 @@ def gates_passed():
     yield FunctionCommand(_failed_gates, (), {})
 
 
-def hold_reason(service: Service, host_name: str):
-    """A flag for `lifecycle.running` / `readiness.ready`: why `service`'s replica on `host_name`
-    must not restart now (its service's rollout halted earlier in this run), or None. Read while the
-    run executes."""
+def replicas(rollout_: Rollout) -> list[Replica]:
+    """Every replica of the rollout, in wave order."""
+    return [r for wave in rollout_.waves for r in wave]
 
-    def reason() -> str | None:
-        found = rollouts.halted(service.definition)
-        if found is None or found.replica == f"{host_name}/{service.name}":
+
+class Probe:
+    """Does a replica serve now? None when it does, else why not: asked on its own host at this
+    moment through `placement.answers_now` (active, `/health` 200, and the port's answer comes
+    from a process of the replica's own unit), never from an answer read earlier in the run.
+
+    An answer that it serves is kept for this probe's life (`probe_of` makes one per wave: the
+    unit write's check and the restart's ask the same question twice); one that it does not is
+    asked again every time (it may have come back)."""
+
+    def __init__(self, state, configs: dict[str, HostConfig]) -> None:
+        self.state = state
+        self.placed = {f"{p.host}/{p.replica}": p
+                       for found in placement.placements(configs).values() for p in found}
+        self.cleared: set[str] = set()
+
+    def __call__(self, replica: Replica) -> str | None:
+        key = str(replica)
+        if key in self.cleared:
             return None
-        return (f"the rollout of {service.definition} halted: {found.replica} failed its readiness "
-                f"gate ({found.reason[:120]})")
+        placed = self.placed.get(key)
+        why = (placement.answers_now(self.state, placed) if placed is not None
+               else f"{key} is not placed in the inventory")
+        if why is None:
+            self.cleared.add(key)
+        return why
 
-    return reason
 
+def probe_of(state, configs: dict[str, HostConfig]) -> Probe:
+    """A fresh `Probe` over the inventory's replicas (`configs`: every host's validated
+    configuration). deploy.py makes one per host and wave, so every wave counts anew, earlier
+    waves' replicas included (one that passed its gate and died since is counted down)."""
+    return Probe(state, configs)
+
+
+def down_beside(service: Service, host_name: str, rollout_: Rollout,
+                probe: Callable[[Replica], str | None]) -> dict[str, str]:
+    """The other replicas of `service`'s rollout (not `service`'s own replica on `host_name`) that
+    do not serve now, each asked afresh by `probe`, all at once: host/replica -> why not, in wave
+    order."""
+    me = f"{host_name}/{service.name}"
+    asked = [(r, gevent.spawn(probe, r)) for r in replicas(rollout_) if str(r) != me]
+    gevent.joinall([job for _, job in asked])
+    # a probe that raised counts as down, with what it raised
+    answers = {str(r): (job.value if job.successful() else
+                        f"{r} could not be asked ({type(job.exception).__name__}: {job.exception})")
+               for r, job in asked}
+    return {replica: why for replica, why in answers.items() if why is not None}
+
+
+def short_of(service: Service, host_name: str, rollout_: Rollout,
+             probe: Callable[[Replica], str | None]) -> str | None:
+    """Why restarting `service`'s replica on `host_name` now would leave fewer replicas serving
+    than its data allows (`replicas - wave_size(max_unavailable)`), naming those down; or None.
+
+    Going down with it: the replicas that do not serve now (`down_beside`), and its wave's other
+    replicas whose host's plan restarts them (they restart at the same time; report/rollouts.py
+    `RESTARTING`)."""
+    every = replicas(rollout_)
+    allowed = len(every) - wave_size(service.max_unavailable, len(every))
+    if allowed <= 0:
+        return None  # it may take every replica down at once: nothing to count
+    me = f"{host_name}/{service.name}"
+    down = down_beside(service, host_name, rollout_, probe)
+    wave_ = next((w for w in rollout_.waves if me in map(str, w)), [])
+    going = {me, *(str(r) for r in wave_ if str(r) in rollouts.RESTARTING)}
+    serving = len(every) - len(going | set(down))
+    if serving >= allowed:
+        return None
+    named = "; ".join(f"{replica} ({why[:160]})" for replica, why in down.items())
+    return (f"restarting {me} now would leave {serving} of {len(every)} replicas of "
+            f"{service.definition} serving, fewer than the {allowed} its max_unavailable "
+            f"({service.max_unavailable}) allows; not serving now: {named or 'none'}")
+
+
+class Hold:
+    """A flag for `lifecycle.running`, the unit write and `readiness.ready`: why `service`'s replica
+    on `host_name` must not (re)start now, or None. Read while the run executes; called with
+    `restarting`, whether this run would restart (or stop) the replica where it runs now.
+
+    - Its service's rollout halted earlier in this run (another replica failed its gate): held.
+    - It would restart, and restarting it would leave too few replicas serving (`short_of`): held
+      before its restart; that halts the rollout (`HELD_BEFORE_RESTART`) and fails the host, so the
+      run ends non-zero naming the replicas that are down. A replica that is down itself may still
+      start (it only adds a serving replica), also after such a halt.
+
+    Once held, it stays held for the run: the gate after it says so, whatever the count reads
+    later."""
+
+    def __init__(self, service: Service, host_name: str, rollout_: Rollout | None = None,
+                 probe: Callable[[Replica], str | None] | None = None,
+                 planned: bool = False) -> None:
+        self.service = service
+        self.host_name = host_name
+        self.rollout = rollout_
+        self.probe = probe
+        self.replica = f"{host_name}/{service.name}"
+        self.why: str | None = None
+        if planned:
+            rollouts.RESTARTING.add(self.replica)
+
+    def __call__(self, restarting: bool = False) -> str | None:
+        if self.why is None:
+            self.why = self._reason(restarting)
+        return self.why
+
+    def _reason(self, restarting: bool) -> str | None:
+        found = rollouts.halted(self.service.definition)
+        if found is not None and found.replica != self.replica and (
+                restarting or found.what != rollouts.HELD_BEFORE_RESTART):
+            return (f"the rollout of {self.service.definition} halted: {found.replica} "
+                    f"{found.what} ({found.reason[:200]})")
+        if not restarting or self.rollout is None or self.probe is None:
+            return None
+        why = short_of(self.service, self.host_name, self.rollout, self.probe)
+        if why is not None:
+            rollouts.halt(self.service.definition, self.replica, why,
+                          what=rollouts.HELD_BEFORE_RESTART)
+            rollouts.gate_failed(self.host_name, self.service.name,
+                                 f"held before its restart: {why}")
+            logger.error(f"{self.replica}: HELD before its restart, on its old version: {why}")
+        return why
+
+
+def hold_reason(service: Service, host_name: str, rollout_: Rollout | None = None,
+                probe: Callable[[Replica], str | None] | None = None,
+                planned: bool = False) -> Hold:
+    """The `Hold` flag of `service`'s replica on `host_name`; `rollout_` and `probe` count who
+    serves before it restarts (without them, only a halt holds it); `planned`: its host's plan
+    restarts it where it runs (`Plan.restarts_running`): a wave-mate's count takes it down too."""
+    return Hold(service, host_name, rollout_, probe, planned)

@@ -50,6 +50,7 @@ class SummaryPrinter(BaseStateCallback):
         REPORT.clear()
         rollouts.HALTS.clear()
         rollouts.FAILED_GATES.clear()
+        rollouts.RESTARTING.clear()
 
 
 def install_summary(state) -> None:

@@ -9,6 +9,9 @@ changes the service.
 - a change that fails at start on one replica halts the rollout: the replicas after it keep their process (same PID)
   and old unit, the run ends non-zero naming the service, the replica and how many run the old version, the status
   view shows the rollout in progress, and the run after the fix goes on.
+- a replica already down counts: with two replicas of a service and one stopped by hand, a change does not take the
+  other down (held before its restart, same PID and unit); the run ends non-zero naming the replica that is down, the
+  down one is started, and the next run goes on.
 
 Hosts gpu-a, gpu-b, gpu-c; each left without services.
 """
@@ -28,6 +31,7 @@ from tests.lab.labutil import (
     ROOT,
     clean_host,
     deploy,
+    health_inside,
     lab_hosts,
     main_pid,
     ssh,
@@ -203,4 +207,51 @@ def test_a_failing_change_halts_the_rollout_and_the_next_run_goes_on():
     assert final["gpu-a/rep"] == after["gpu-a/rep"]  # already on the new version
     assert all(final[r] != after[r] for r in ("gpu-b/rep", "gpu-c/rep", "gpu-c/rep@2"))
     again = deploy(fixed)
+    assert again.returncode == 0 and again.changed == [], again
+
+
+# A second service with two replicas, beside `rep`'s base (GPU 1 of gpu-a and gpu-b).
+PAIR = {"gpu": 1, "port": 30110, "bind": "0.0.0.0", "allow_unauthenticated": True, "model": "Qwen3.6-27B", "model_in": "store",
+        "args": {"attention-backend": "auto"}, "env": {"STANDIN_WARMUP_S": "2"}}
+
+
+def with_pair(name: str, pair: dict | None = None) -> str:
+    definition = {**PAIR, **(pair or {})}
+    data = {}
+    for host in HOSTS:
+        placed = [{}, {"gpu": 1, "port": 30101}] if host == "gpu-c" else None
+        data[host] = {"services": {"rep": REP, "pair": definition},
+                      "run_services": {"rep": placed, **({"pair": None} if host in ("gpu-a", "gpu-b") else {})}}
+    return str(write_inventory(f"test_rollout_{name}", data))
+
+
+def test_a_replica_already_down_holds_the_wave_that_would_leave_too_few_serving():
+    unit = "/etc/systemd/system/sglang-pair.service"
+    first = deploy(with_pair("pair"))
+    assert first.returncode == 0, first
+    ssh("gpu-b", "systemctl stop sglang-pair.service")
+    serving_pid, serving_unit = main_pid("gpu-a", "sglang-pair.service"), ssh("gpu-a", f"cat {unit}").stdout
+
+    # Its flags change: gpu-a/pair (wave 1) would restart while gpu-b/pair is down, leaving none.
+    changed = with_pair("pair_changed", {"args": {"attention-backend": "auto", "max-running-requests": 8}})
+    result = deploy(changed, as_json=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
+    assert "ROLLOUT HALTED: service pair: replica gpu-a/pair was held before its restart" in out, out[-3000:]
+    assert "restarting gpu-a/pair now would leave 0 of 2 replicas of pair serving" in out, out[-3000:]
+    assert "not serving now: gpu-b/pair (sglang-pair.service on gpu-b is inactive" in out, out[-3000:]
+    # The serving replica still serves its old version: same process, same unit.
+    assert main_pid("gpu-a", "sglang-pair.service") == serving_pid
+    assert ssh("gpu-a", f"cat {unit}").stdout == serving_unit and "max-running-requests" not in serving_unit
+    assert health_inside("gpu-a", 30110) == 200
+    # The replica that was down only adds a serving one: it was started, on the new version.
+    assert health_inside("gpu-b", 30110) == 200
+    assert "max-running-requests" in ssh("gpu-b", f"cat {unit}").stdout
+
+    # Both serve now: the next run restarts gpu-a's replica, and then changes nothing.
+    done = deploy(changed)
+    assert done.returncode == 0, done
+    assert main_pid("gpu-a", "sglang-pair.service") != serving_pid
+    assert "max-running-requests" in ssh("gpu-a", f"cat {unit}").stdout
+    again = deploy(changed)
     assert again.returncode == 0 and again.changed == [], again

@@ -553,7 +553,7 @@ def test_a_held_replica_is_not_restarted_and_says_why():
     """Its service's rollout halted earlier in this run: no reload, restart or record; the outcome carries why."""
     outcome = lifecycle.Restarted()
     result = run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, outcome=outcome,
-                           held=lambda: "the rollout of x halted")
+                           held=lambda restarting: "the rollout of x halted")
     assert result.commands == [] and outcome() is False and outcome.held == "the rollout of x halted"
 
 
@@ -561,8 +561,22 @@ def test_a_hold_touches_only_what_would_restart():
     """A replica with nothing to (re)start is not held: it only gets what it needs (an enable)."""
     outcome = lifecycle.Restarted()
     result = run_lifecycle(unit_state(enabled="disabled"), executing=True, unit_changed=lambda: False, inputs_changed=lambda: False,
-                           outcome=outcome, held=lambda: "halted")
+                           outcome=outcome, held=lambda restarting: "halted")
     assert calls(result) == [f"systemctl enable {UNIT}"] and outcome.held is None
+
+
+def test_a_hold_is_asked_whether_it_restarts_the_running_replica_or_starts_a_stopped_one():
+    """A restart takes a serving replica down (counted against the others: rollout.Hold); a start only adds one."""
+    asked = []
+
+    def held(restarting):
+        asked.append(restarting)
+        return None
+
+    run_lifecycle(unit_state(), executing=True, unit_changed=lambda: True, inputs_changed=lambda: True, held=held)
+    run_lifecycle(unit_state(active="inactive", sub="dead"), executing=True, unit_changed=lambda: True,
+                  inputs_changed=lambda: True, held=held)
+    assert asked == [True, False]
 
 
 def test_lifecycle_restarts_when_another_input_changed_in_this_run():

@@ -175,3 +175,20 @@ def test_the_gate_says_which_endpoint_proved_readiness(report, halts, monkeypatc
     assert readiness._wait(None, host, UNIT, "x", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x", soak_s=60) is True
     assert report["gpu-a"]["x"]["ready"] == f"4.0 s after (re)start (by {by})"
     assert f"x: ready in 4.0 s on e (by {by}), smoke reply 'hi'" in host.lines
+
+
+def test_a_gate_that_ends_without_a_verdict_halts_its_rollout(report, halts, monkeypatch):
+    from report import rollouts
+
+    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
+
+    class Dropped(ScriptedHost):
+        def run_shell_command(self, command, print_output=False, _timeout=None):
+            raise TimeoutError("the connection to gpu-a timed out")
+
+    with pytest.raises(TimeoutError):
+        readiness._gate(None, Dropped([]), UNIT, "x@2", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x")
+    # No later wave restarts another replica of x, and the host fails after its waves.
+    assert halts["x"].replica == "gpu-a/x@2"
+    assert halts["x"].reason == "its readiness gate ended without a verdict (TimeoutError: the connection to gpu-a timed out)"
+    assert rollouts.FAILED_GATES["gpu-a"] == [f"x@2: {halts['x'].reason}"]

@@ -79,3 +79,130 @@ def test_the_waves_follow_each_services_own_keys():
                                   [Replica("c", "rep", "rep")]]
     assert set(fleet["rep"].canaries) == {Replica("c", "rep@2", "rep")}
     assert rollout.host_waves(fleet, "c") == [[("rep@2", True)], [], [("rep", False)]]
+
+
+# Who serves now, before a restart (rollout.down_beside, rollout.hold_reason).
+
+@pytest.fixture
+def halts(monkeypatch):
+    from report import rollouts
+
+    monkeypatch.setattr(rollouts, "HALTS", {})
+    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
+    monkeypatch.setattr(rollouts, "RESTARTING", set())
+    return rollouts
+
+
+def replicated(hosts: tuple[str, ...], **rollout_keys) -> tuple[dict, rollout.Rollout]:
+    configs = {h: config(h, service("rep", "rep", 30000, **rollout_keys)) for h in hosts}
+    return configs, rollout.fleet(configs)["rep"]
+
+
+class Answers:
+    """A probe answering from `down` (host -> why its replica `rep` does not serve); records who was asked."""
+
+    def __init__(self, **down: str) -> None:
+        self.down = {f"{host}/rep": why for host, why in down.items()}
+        self.asked: list[str] = []
+
+    def __call__(self, replica) -> str | None:
+        self.asked.append(str(replica))
+        return self.down.get(str(replica))
+
+
+def rep_of(configs: dict, host: str) -> Service:
+    return configs[host].services[0]
+
+
+def test_down_beside_asks_every_other_replica_now():
+    configs, rep = replicated(("a", "b", "c"))
+    probe = Answers(b="sglang-rep.service on b is inactive, /health None now")
+    assert rollout.down_beside(rep_of(configs, "a"), "a", rep, probe) == {
+        "b/rep": "sglang-rep.service on b is inactive, /health None now"}
+    assert probe.asked == ["b/rep", "c/rep"]  # not its own replica
+
+
+def test_two_replicas_one_down_holds_the_restart_of_the_other(halts):
+    configs, rep = replicated(("a", "b"))
+    held = rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(b="inactive"), planned=True)
+    why = held(restarting=True)
+    assert why is not None and "b/rep (inactive)" in why and "leave 0 of 2 replicas of rep serving" in why
+    # The rollout halts, held before its restart, and the host fails after its waves.
+    assert halts.HALTS["rep"].what == halts.HELD_BEFORE_RESTART and halts.HALTS["rep"].replica == "a/rep"
+    assert [line.split(": ")[0] for line in halts.FAILED_GATES["a"]] == ["rep"]
+    assert "was held before its restart" in halts.lines()[0] and "b/rep (inactive)" in halts.lines()[0]
+    # Held for the rest of the run, whatever the gate asks afterwards.
+    assert held() == why
+
+
+def test_three_replicas_max_unavailable_one_with_one_down_holds(halts):
+    configs, rep = replicated(("a", "b", "c"), max_unavailable=1)
+    held = rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(c="failed"))
+    why = held(restarting=True)
+    assert why is not None and "c/rep (failed)" in why and "fewer than the 2" in why
+
+
+def test_all_serving_is_not_held(halts):
+    configs, rep = replicated(("a", "b", "c"), max_unavailable=1)
+    probe = Answers()
+    assert rollout.hold_reason(rep_of(configs, "b"), "b", rep, probe, planned=True)(restarting=True) is None
+    assert halts.HALTS == {} and halts.FAILED_GATES == {} and probe.asked == ["a/rep", "c/rep"]
+
+
+def test_max_unavailable_covers_the_down_replica(halts):
+    configs, rep = replicated(("a", "b", "c"), max_unavailable=2)
+    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(c="failed"))(restarting=True) is None
+
+
+def test_a_wave_mate_that_restarts_counts_as_going_down(halts):
+    configs, rep = replicated(("a", "b", "c", "d"), max_unavailable=2)  # waves [a, b], [c, d]; 2 must serve
+    probe = Answers(d="failed")
+    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None  # b does not restart
+    rollout.hold_reason(rep_of(configs, "b"), "b", rep, probe, planned=True)
+    assert "leave 1 of 4" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True)
+
+
+def test_the_down_replica_itself_may_start(halts):
+    configs, rep = replicated(("a", "b"))
+    probe = Answers(a="inactive")
+    # a is down: starting it only adds a serving replica; nothing is asked.
+    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
+    assert probe.asked == [] and halts.HALTS == {}
+    # ... also once the rollout halted because too few serve (the held replica was b).
+    halts.halt("rep", "b/rep", "too few", what=halts.HELD_BEFORE_RESTART)
+    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
+    # A restart after that halt is held, and so is any (re)start after a failed gate.
+    assert "b/rep was held before its restart" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(
+        restarting=True)
+    halts.HALTS.clear()
+    halts.halt("rep", "b/rep", "exited at start")
+    assert "b/rep failed its readiness gate" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)()
+
+
+def test_one_replica_is_never_counted(halts):
+    configs, rep = replicated(("a",))
+    probe = Answers()
+    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None and probe.asked == []
+
+
+def test_the_probe_keeps_a_serving_answer_and_asks_a_down_one_again(monkeypatch):
+    from operations import placement
+
+    configs, rep = replicated(("a", "b", "c"))
+    answers = {"b": None, "c": "sglang-rep.service on c is inactive, /health None now"}
+    asked = []
+
+    def answers_now(state, placed):
+        asked.append(placed.host)
+        return answers[placed.host]
+
+    monkeypatch.setattr(placement, "answers_now", answers_now)
+    probe = rollout.probe_of(None, configs)
+    me = rep_of(configs, "a")
+    assert list(rollout.down_beside(me, "a", rep, probe)) == ["c/rep"]
+    answers["c"] = None
+    assert rollout.down_beside(me, "a", rep, probe) == {}
+    assert asked == ["b", "c", "c"]  # b's answer kept, c asked again
+    # A new wave's probe asks afresh (a replica that served may have died since).
+    answers["b"] = "sglang-rep.service on b is failed, /health None now"
+    assert list(rollout.down_beside(me, "a", rep, rollout.probe_of(None, configs))) == ["b/rep"]
