@@ -9,7 +9,8 @@
 - plan_host's lines: the body of the function every view reads the plan from;
 - operations/ modules over 500 lines (remote/ included);
 - module-level run stores in operations/: names a function rebinds with `global`, and module-level empty
-  containers (`{}`, `[]`, `set()`, `dict()`, weak-keyed dictionaries) that the run fills.
+  containers (`{}`, `[]`, `set()`, `dict()`, weak-keyed dictionaries) that the run fills; `PROCESS_WIDE` names
+  the registries that are no run's, and why.
 
 Floors and circles of operations/ come from `farm-studio look operations` (not counted here).
 """
@@ -20,6 +21,14 @@ import ast
 import sys
 from pathlib import Path
 
+# Module-level containers that are no run's: filled once per process, whichever run asks.
+PROCESS_WIDE = {
+    "operations/host_reads.py:_BATCHED": "the fact classes read in a host's batch, registered at import",
+    "operations/host_reads.py:_SLOW": "the same registry's slow facts",
+    "operations/redact.py:_PATTERNS": "the process's output filter: every secret value the process was told",
+    "configuration/redaction.py:_REGISTERED": "the same filter's secret values, by name",
+    "configuration/redaction.py:_LISTENERS": "who is told of a new secret value (operations/redact.py)",
+}
 STEP_MODULES = {"gpu_check", "environments", "models", "service_account", "service", "cleanup", "planning"}
 
 
@@ -80,9 +89,9 @@ def long_modules(root: Path, limit: int = 500) -> list[str]:
             if (n := len(p.read_text().splitlines())) > limit]
 
 
-def run_stores(root: Path) -> list[str]:
+def run_stores(root: Path, packages: tuple[str, ...] = ("operations",)) -> list[str]:
     found = []
-    for path in _py(root, "operations"):
+    for path in (p for package in packages if (root / package).is_dir() for p in _py(root, package)):
         if "remote" in path.parts:
             continue  # scripts run on hosts: one process per call
         tree = ast.parse(path.read_text())
@@ -97,8 +106,10 @@ def run_stores(root: Path) -> list[str]:
                 and (getattr(value.func, "id", "") in ("set", "dict")
                      or getattr(value.func, "attr", "") in ("WeakKeyDictionary", "WeakValueDictionary")))
             for target in targets:
-                if isinstance(target, ast.Name) and (empty or target.id in rebound):
-                    found.append(f"{path.relative_to(root)}:{target.id}")
+                name = f"{path.relative_to(root)}:{getattr(target, 'id', '')}"
+                if (isinstance(target, ast.Name) and (empty or target.id in rebound)
+                        and name not in PROCESS_WIDE):
+                    found.append(name)
     return found
 
 
@@ -109,6 +120,8 @@ def figures(root: Path) -> dict[str, object]:
         "plan_host lines": plan_host_lines(root),
         "operations/ modules over 500 lines": len(long_modules(root)),
         "module-level run stores in operations/": len(run_stores(root)),
+        "module-level run stores elsewhere": len(run_stores(root, ("report", "views", "deploys",
+                                                                   "configuration"))),
     }
 
 

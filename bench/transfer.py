@@ -167,10 +167,9 @@ def ours_fanout(listing: str, names: list[str], enabled: bool) -> dict:
     lets a host serve the next ones (fanout.CheckedWheels). With `enabled` off, every host is pushed from here."""
     import gevent
 
-    from operations import fanout, peer_keys
+    from operations import fanout
 
-    fanout.ENABLED = enabled
-    peer_keys.forget_told()
+    fanout.ENABLED = enabled  # a new run (`_state`) below: nothing told or decided in an earlier one
     state, inventory = _state(names)
     files = json.loads(Path(listing).read_text())
     pins = {Path(path).name: sha for path, sha in files}

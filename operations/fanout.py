@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -40,7 +39,7 @@ from typing import Mapping
 from pyinfra import logger
 from pyinfra.api.command import StringCommand
 
-from operations import openssh, peer_keys, streaming
+from operations import openssh, peer_keys, run_state, streaming
 
 # a receiver whose bytes landed but whose check never ran (its run stopped) counts this long
 LANDED_GRACE_S = 900
@@ -202,8 +201,6 @@ class Swarm:
             self._cond.notify_all()
 
 
-_SWARMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SWARMS_LOCK = threading.Lock()
 # off: every receiver reads from the origin at once, as before fan-out (bench/transfer.py compares)
 ENABLED = True
 
@@ -211,8 +208,9 @@ ENABLED = True
 def swarm(state, key: tuple, what: str, control_origin: bool) -> Swarm:
     """The run's swarm for `key` (the same bytes: one stack's wheels by their pins, one model from
     one source)."""
-    with _SWARMS_LOCK:
-        swarms = _SWARMS.setdefault(state, {})
+    run = run_state.of(state)
+    with run.swarms_lock:
+        swarms = run.swarms
         if key not in swarms:
             swarms[key] = Swarm(what, control_origin)
         return swarms[key]

@@ -47,7 +47,6 @@ import os
 import re
 import shlex
 import time
-import weakref
 import zlib
 from pathlib import Path
 
@@ -59,7 +58,7 @@ from pyinfra.api import operation as pyinfra_operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.facts import files, server, systemd
 
-from operations import remote, this_run
+from operations import remote, run_state, this_run
 from operations.private_dir import cache_root, private_dir
 from operations.pyinfra_adapter import connector_arguments, connector_context, real_host
 
@@ -168,10 +167,6 @@ class HostReads:
         return len(old)
 
 
-# Each run's hosts' reads: State -> host name -> HostReads (nothing is kept on pyinfra's objects).
-_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _key(cls: type, kwargs: dict) -> str:
     return f"{_name(cls)} {json.dumps(kwargs, sort_keys=True)}"
 
@@ -184,7 +179,7 @@ def prepare(state, host, config_digest: str, keep_read_set: bool = True) -> Host
     view, such as the status, asks less than a deploy: it must not shrink the deploy's next
     read)."""
     host = real_host(host)
-    hosts = _RUNS.setdefault(state, {})
+    hosts = run_state.of(state).reads
     reads = hosts.get(host.name)
     if reads is not None:
         return reads
@@ -198,7 +193,8 @@ def prepare(state, host, config_digest: str, keep_read_set: bool = True) -> Host
 def reads_of(host) -> HostReads | None:
     """`host`'s reads in its run, None where `prepare` was not called for it."""
     state = getattr(host, "state", None)  # an object that is no pyinfra Host (a test's) has none
-    return None if state is None else _RUNS.get(state, {}).get(host.name)
+    run = None if state is None else run_state.found(state)
+    return None if run is None else run.reads.get(host.name)
 
 
 def get(host, cls: type, **kwargs):
@@ -706,7 +702,8 @@ class Reads(BaseStateCallback):
             reads.forget_answers()
 
     def operation_end(self, state, op_hash):
-        for name, reads in _RUNS.get(state, {}).items():
+        run = run_state.found(state)
+        for name, reads in (run.reads if run is not None else {}).items():
             host = state.inventory.get_host(name, None)
             if host is not None and _ran_commands(state, host, op_hash):
                 reads.accounted.add(op_hash)

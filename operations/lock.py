@@ -93,7 +93,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
 from configuration.settings import GLOBAL_KEYS
-from operations import host_reads, remote
+from operations import host_reads, remote, run_state
 from operations.private_dir import NotPrivate, cache_root, private_dir
 from operations.pyinfra_adapter import real_host, ssh_transport, unix_command
 from operations.streaming import first_line, open_session, rest_of_output
@@ -858,9 +858,6 @@ class _Run(BaseStateCallback):
         self.locks.host_done(host, "the run ended")
 
 
-_RUN: _Run | None = None
-
-
 DEFAULT_WAIT_S = float(GLOBAL_KEYS["lock_wait_s"].default)
 
 
@@ -891,8 +888,9 @@ def holds(host) -> bool:
     """Does this run hold `host`'s deploy lock now? Never under `--dry` (it takes none) nor in a
     view."""
     host = real_host(host)
-    return (_RUN is not None and _RUN.state is host.state
-            and host.name in _RUN.locks.held_host_names())
+    run = run_state.found(host.state)
+    return (run is not None and run.locks is not None
+            and host.name in run.locks.locks.held_host_names())
 
 
 def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None,
@@ -910,13 +908,13 @@ def acquire(host, state, wait_s: int, on_held: Callable[..., None] | None = None
     `waits`: every host's validated `lock_wait_s` by name (a host may be locked before its own load
     arrives).
     """
-    global _RUN
     host = real_host(host)
     state = host.state
-    if _RUN is None or _RUN.state is not state:
-        _RUN = _Run(state, _executing(), waits)
-        state.add_callback_handler(_RUN)
-    run = _RUN
+    kept = run_state.of(state)
+    if kept.locks is None:
+        kept.locks = _Run(state, _executing(), waits)
+        state.add_callback_handler(kept.locks)
+    run = kept.locks
     run.arrive(host, wait_s, on_held, read)
     outcome = run.locks.outcomes.get(host.name)
     if outcome is None or outcome.held:

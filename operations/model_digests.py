@@ -20,10 +20,9 @@ import os
 import shlex
 import stat
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from operations import remote, remote_call
+from operations import remote, remote_call, run_state
 
 # Hashing a model, or a partial copy of one, on a host: a 54 GB target at 100 MB/s in nine
 # minutes, and a store on a slower disk in more.
@@ -35,8 +34,6 @@ _WORKERS = max(1, min(8, os.cpu_count() or 1))
 Digests = dict  # {relpath: [size, sha256 hex]}, or [SYMLINK, its target] for a symbolic link
 SYMLINK = "symlink"
 
-_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_RUNS_LOCK = threading.Lock()
 
 
 class OriginUnreadable(OSError):
@@ -46,9 +43,9 @@ class OriginUnreadable(OSError):
 def of_origin(state, key: tuple, compute) -> Digests:
     """The run's digests for `key` (one model from one origin), `compute()`d by the first host that
     asks; the others wait for it. A failure is not kept: the next host asks again."""
-    with _RUNS_LOCK:
-        run = _RUNS.setdefault(state, {})
-        slot = run.setdefault(key, [threading.Lock(), None])
+    run = run_state.of(state)
+    with run.digests_lock:
+        slot = run.digests.setdefault(key, [threading.Lock(), None])
     with slot[0]:
         if slot[1] is None:
             slot[1] = compute()

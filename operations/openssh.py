@@ -37,6 +37,7 @@ import threading
 from typing import Callable
 
 from configuration import ssh_login
+from operations import run_state
 
 CIPHER = "aes128-gcm@openssh.com"
 # OpenSSH's default order (8.x and 9.x); offered after CIPHER, each only where this machine's ssh
@@ -136,18 +137,15 @@ def ssh_argv(host, ssh: str = "ssh") -> list[str]:
     return [*argv, "--", login.address]
 
 
-# Per run: each host's route, decided once (a probe `ssh ... true`), and said once where it is
-# pyinfra's connection.
-_ROUTES: dict[tuple[int, str], tuple[list[str] | None, str]] = {}
-_TOLD: set[tuple[int, str]] = set()
+# Per run (run_state.RunState.routes): each host's route, decided once (a probe `ssh ... true`),
+# and said once where it is pyinfra's connection.
 
 
 def route(host, log: Callable[[str], None] | None = None) -> list[str] | None:
     """`ssh_argv(host)` once `ssh HOST true` with it has worked in this run; None (and why, through
     `log`, once per host and run) where the host's bytes go over pyinfra's paramiko connection
     instead."""
-    _said(host, log)
-    return _ROUTES[_key(host)][0]
+    return _said(host, log)
 
 
 def decide(hosts, log: Callable[[str], None] | None = None) -> None:
@@ -156,8 +154,9 @@ def decide(hosts, log: Callable[[str], None] | None = None) -> None:
     connection."""
     hosts = list(dict.fromkeys(hosts))
     threads = [
-        threading.Thread(target=lambda h=h: _ROUTES.setdefault(_key(h), _decide(h)), daemon=True)
-        for h in hosts if _key(h) not in _ROUTES]
+        threading.Thread(target=lambda h=h: _routes(h).setdefault(_name(h), _decide(h)),
+                         daemon=True)
+        for h in hosts if _name(h) not in _routes(h)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -166,17 +165,24 @@ def decide(hosts, log: Callable[[str], None] | None = None) -> None:
         _said(host, log)
 
 
-def _key(host) -> tuple[int, str]:
-    return (id(getattr(host, "state", None)), str(getattr(host, "name", "")))
+def _name(host) -> str:
+    return str(getattr(host, "name", ""))
 
 
-def _said(host, log) -> None:
-    if _key(host) not in _ROUTES:
-        _ROUTES[_key(host)] = _decide(host)
-    argv, why = _ROUTES[_key(host)]
-    if argv is None and log is not None and _key(host) not in _TOLD:
-        _TOLD.add(_key(host))
+def _routes(host) -> dict:
+    return run_state.of_host(host).routes
+
+
+def _said(host, log) -> list[str] | None:
+    routes, name = _routes(host), _name(host)
+    if name not in routes:
+        routes[name] = _decide(host)
+    argv, why = routes[name]
+    told = run_state.of_host(host).routes_told
+    if argv is None and log is not None and name not in told:
+        told.add(name)
         log(f"bulk bytes go over pyinfra's paramiko connection (slower): {why}")
+    return argv
 
 
 def _decide(host) -> tuple[list[str] | None, str]:
@@ -199,12 +205,6 @@ def _decide(host) -> tuple[list[str] | None, str]:
         return (None, f"`ssh {host.name} true` with its pyinfra settings failed (exit "
                       f"{probe.returncode}: {said})")
     return argv, "OpenSSH"
-
-
-def forget_routes() -> None:
-    """Decide every host's route afresh (tests, benches)."""
-    _ROUTES.clear()
-    _TOLD.clear()
 
 
 def streams(host) -> int:

@@ -58,7 +58,7 @@ from typing import Callable
 from pyinfra.api import FactBase
 
 from configuration import ssh_login
-from operations import host_reads, lock, openssh, remote, streaming
+from operations import host_reads, lock, openssh, remote, run_state, streaming
 
 MARK = "sglang-deploy-peer"
 # an entry nobody removed stops working after this (sshd's expiry-time, the source's clock)
@@ -68,7 +68,6 @@ CIPHERS = ("aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@open
 KEYS_DIR = "/run/sglang-deploy/peer-keys"
 
 # What was said, once per (run, source, receiver), of a pair that goes through this machine.
-_TOLD: set[tuple] = set()
 
 
 def _script_command(mode: str, *args: str) -> str:
@@ -215,9 +214,9 @@ def granted(source, receiver, root: str, names: list[str],
     why = _make(source, receiver, root, names, log)
     if isinstance(why, Grant):
         return why
-    told = (id(getattr(source, "state", None)), source.name, receiver.name)
-    if told not in _TOLD:
-        _TOLD.add(told)
+    told, pair = run_state.of_host(source).relays_told, (source.name, receiver.name)
+    if pair not in told:
+        told.add(pair)
         log(f"{receiver.name} does not read from {source.name} directly ({why}): the bytes go "
             "through this machine")
     return None
@@ -264,6 +263,3 @@ def _make(source, receiver, root: str, names: list[str], log) -> Grant | str:
     return grant
 
 
-def forget_told() -> None:
-    """Say afresh which pairs go through this machine (tests, benches)."""
-    _TOLD.clear()

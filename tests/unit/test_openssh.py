@@ -143,25 +143,17 @@ def test_every_key_of_pyinfras_ssh_connector_is_classified_with_pyinfras_default
 
 def test_without_ssh_on_this_machine_the_bytes_go_over_pyinfras_connection_and_the_run_says_so(monkeypatch):
     monkeypatch.setattr(openssh.shutil, "which", lambda name: None)
-    openssh.forget_routes()
     said = []
-    host = make_host({}, LAB)
-    try:
-        assert openssh.route(host, said.append) is None and openssh.route(host, said.append) is None
-    finally:
-        openssh.forget_routes()
+    host = make_host({}, LAB)  # a run of its own: nothing decided yet
+    assert openssh.route(host, said.append) is None and openssh.route(host, said.append) is None
     assert said == ["bulk bytes go over pyinfra's paramiko connection (slower): OpenSSH's `ssh` is not installed on this "
                     "machine (Debian/Ubuntu: apt-get install openssh-client)"]
 
 
 def test_a_host_openssh_cannot_log_in_to_goes_over_pyinfras_connection(monkeypatch):
     monkeypatch.setattr(openssh.shutil, "which", lambda name: "/bin/false")  # `ssh HOST true` fails
-    openssh.forget_routes()
     said = []
-    try:
-        assert openssh.route(make_host({}, LAB), said.append) is None
-    finally:
-        openssh.forget_routes()
+    assert openssh.route(make_host({}, LAB), said.append) is None
     assert len(said) == 1 and "`ssh gpu-a true` with its pyinfra settings failed (exit 1" in said[0]
 
 
