@@ -16,7 +16,17 @@ from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory
 
 from configuration import settings
-from operations import directory, patches, rollback, service_user, transfer, venv
+from operations import (
+    directory,
+    lifecycle,
+    patches,
+    readiness,
+    rollback,
+    service_inputs,
+    service_user,
+    transfer,
+    venv,
+)
 from tests.unit.test_host_plan import converged_world, lab_fleet, plan_of
 from tests.unit.test_operations import FakeFs, run
 
@@ -227,3 +237,56 @@ def test_an_account_that_is_someone_elses_is_refused_by_plan_and_deploy_alike(la
     assert refused.why == _raises(lambda: run(service_user.dedicated_account,
                                               {service_user.AccountStanding: lambda user: standing},
                                               user=config.service_user))
+
+
+# Service: the unit's lifecycle -----------------------------------------------------------------------------------
+
+# (the drift of a running, enabled, recorded service's state, what the plan and the operation must both do)
+SERVICE_DRIFTS = [
+    ("stopped", {"active": "inactive", "sub": "dead", "health": None}, {"start"}),
+    ("failed", {"active": "failed", "sub": "failed", "health": None}, {"start"}),
+    ("disabled", {"enabled": "disabled"}, {"enable"}),
+    ("its venv link changed since it started", {"newer": ["venv"]}, {"restart"}),
+    ("its unit file changed since it started, not reloaded", {"newer": ["unit"], "need_reload": True},
+     {"reload", "restart"}),
+    ("no record covers its process", {"recorded": False}, {"record"}),
+]
+
+
+def _lifecycle_of_plan(plan, name: str) -> set[str]:
+    verbs = set()
+    for c in plan.of_service(name):
+        if c.action in ("start", "restart", "enable", "reload"):
+            verbs.add(c.action)
+        elif c.action == "update" and c.what.startswith("record of what"):
+            verbs.add("record")
+    return verbs
+
+
+def _lifecycle_of_commands(commands) -> set[str]:
+    verbs = set()
+    for command in commands:
+        text = command if isinstance(command, str) else str(command)
+        verbs |= {"reload"} if text == "systemctl daemon-reload" else set()
+        verbs |= {verb for verb in ("start", "restart", "enable") if text.startswith(f"systemctl {verb} ")}
+        verbs |= {"record"} if text.startswith("(cd / && exec python3") and " --record " in text else set()
+    # A (re)start writes its record too: the plan counts it in the (re)start.
+    return verbs - {"record"} if verbs & {"start", "restart"} else verbs
+
+
+@pytest.mark.parametrize(("what", "drift", "both"), SERVICE_DRIFTS, ids=[d[0] for d in SERVICE_DRIFTS])
+def test_a_services_lifecycle_is_planned_as_its_operation_runs_it(lab, what, drift, both):
+    config, stack, patch_sets = lab
+    world = converged_world(config, stack, patch_sets)
+    service = config.services[0]
+    watched = service_inputs.watched_inputs(service, service.unit_path)
+    key = dict(unit=service.unit_name, address=readiness.probe_address(service.bind), port=service.port,
+               inputs=watched)
+    state = world.read(readiness.ServiceState, **key)
+    named = {"venv": service.environment.path, "unit": service.unit_path}
+    state.update({k: [named[n] for n in v] if k == "newer" else v for k, v in drift.items()})
+    world.set(readiness.ServiceState, state, **key)
+    planned = _lifecycle_of_plan(plan_of(config, stack, patch_sets, world), service.name)
+    result = run(lifecycle.running, {readiness.ServiceState: lambda **kw: state}, unit=service.unit_name,
+                 unit_path=service.unit_path, bind=service.bind, port=service.port, inputs=watched)
+    assert planned == _lifecycle_of_commands(result.commands) == both, (what, planned, result.commands)
