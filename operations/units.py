@@ -150,15 +150,20 @@ def render_unit(
     inputs: str,
     after_units: tuple[str, ...] = (),
     supplementary_groups: tuple[str, ...] = (),
+    runs: str | None = None,
 ) -> str:
     """The unit; `supplementary_groups`: the groups of this host's GPU devices
-    (service_user.gpu_device_groups)."""
+    (service_user.gpu_device_groups); `runs`: the venv generation it runs (`venv.generation`'s
+    path: its ExecStart and PATH name it, not the live link, so a unit kept as it was - its
+    service's rollout held - restarts on what it ran); None: the live link (a sandbox's
+    properties, which name neither)."""
+    runs = runs or service.environment.path
     return template("sglang.service.j2").render(
         user=config.service_user,
         group=service_user.group_of(config.service_user),
         supplementary_groups=list(supplementary_groups),
         runtime_environment={**service_user.runtime_environment(),
-                             "PATH": venv_bin_path(service.environment.path)},
+                             "PATH": venv_bin_path(runs)},
         bind_paths=bind_paths(service),
         service=service,
         host_name=config.host,
@@ -166,6 +171,7 @@ def render_unit(
         inputs=inputs,
         environment={**GPU_ORDER, **service.environment_variables()},
         venv_path=service.environment.path,
+        runs=runs,
         launcher=config.launcher,
         flag_lines=flag_lines(service.argv()),
         after_units=list(after_units),

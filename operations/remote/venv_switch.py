@@ -1,7 +1,8 @@
-# Make generation ID the live venv: LIVE (the path units run) becomes a symlink to
+# Make generation ID the live venv: LIVE (the link the deploy switches) becomes a symlink to
 # LIVE.generations/ID in one rename, so a process starting at any moment sees either the old
 # or the new environment, whole. The generation it replaces is kept as `previous` (for
-# rollback, which is this same switch back); older generations are deleted.
+# rollback, which is this same switch back); older generations are deleted, but one a unit of
+# ours still runs (its ExecStart names its generation: a replica kept on its old version).
 # A plain venv directory at LIVE (from before generations) is moved in as a generation, but only a
 # venv (pyvenv.cfg, bin/python) of root's: anything else is refused, named, and never moved or
 # deleted. Root runs what LIVE leads to: LIVE, the generations directory and the generation switched
@@ -10,6 +11,7 @@
 # argv: LIVE ID, or LIVE --previous (roll back to the kept generation)
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -22,6 +24,7 @@ from _common import (  # noqa: E402 - remote.script puts _common.py here
 )
 
 live, wanted = sys.argv[1:3]
+UNIT_DIR = "/etc/systemd/system"  # configuration/host_paths.py UNIT_DIR
 generations = live + ".generations"
 state_path = os.path.join(generations, "state.json")
 
@@ -99,8 +102,31 @@ with new_file(state_path + ".tmp") as handle:
     json.dump(state, handle)
 os.rename(state_path + ".tmp", state_path)
 
+
+def named_by_units():
+    """The generations a unit of ours runs (its ExecStart names the generation, not the link): a
+    replica kept on its old version restarts there, so its generation stays."""
+    named = set()
+    prefix = os.path.join(generations, "")
+    try:
+        units = os.listdir(UNIT_DIR)
+    except OSError:
+        units = []
+    for unit in units:
+        if not (unit.startswith("sglang-") and unit.endswith(".service")):
+            continue
+        try:
+            with open(os.path.join(UNIT_DIR, unit), errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        named.update(re.findall(re.escape(prefix) + r"([^/\s]+)/", text))
+    return named
+
+
+kept = {wanted, previous} | named_by_units()
 for name in os.listdir(generations):
-    if name in (wanted, previous) or name.endswith(".json") or name.endswith(".tmp"):
+    if name in kept or name.endswith(".json") or name.endswith(".tmp"):
         continue
     if why_untrusted(os.path.join(generations, name)):
         continue  # not root's: never deleted (it may be someone's data), and never run either

@@ -9,8 +9,9 @@ import pytest
 
 from configuration import group_files, settings, stacks
 from configuration.errors import DataError
+from configuration.patch_sets import load_patch_set
 from configuration.settings import REPO_ROOT
-from operations import gpus, service_user, units
+from operations import gpus, service_inputs, service_user, units, venv
 from tests.unit.hosts import make_host
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy."
@@ -306,3 +307,20 @@ def test_a_stop_timeout_out_of_bounds_is_refused_naming_field_value_and_fix(valu
 @pytest.mark.parametrize("value", [1, 3600])
 def test_a_stop_timeout_at_its_bounds_passes(value):
     assert f"TimeoutStopSec={value}\n" in render(lab_config(stop_timeout_s=value))
+
+
+def test_a_unit_runs_its_generation_not_the_live_link():
+    """ExecStart and PATH name the venv generation of the service's stack and patch sets, so a replica kept on its
+    old version (its rollout held) restarts on what it ran, whatever the live link says; the working directory stays
+    the live venv."""
+    config = lab_config()
+    service = config.services[0]
+    stack = stacks.load_stack(config.stack)
+    patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
+    gen = venv.generation(service.environment.path, stack,
+                          {name: patch_sets[name].digest for name in service.environment.patch_sets})
+    text = service_inputs.unit_text(config, service, stack, patch_sets, ())
+    assert f"ExecStart={gen.path}/bin/python -m " in text
+    assert f"PATH={gen.path}/bin:" in text
+    assert f"WorkingDirectory={service.environment.path}\n" in text
+    assert f"{service.environment.path}/bin/python" not in text

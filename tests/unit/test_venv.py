@@ -557,6 +557,27 @@ def test_switch_script_replaces_a_plain_venv_and_keeps_one_previous_generation(t
     assert missing.returncode != 0 and "does not exist" in missing.stderr
 
 
+def test_switch_script_keeps_a_generation_a_unit_of_ours_still_runs(tmp_path):
+    """A replica kept on its old version (its rollout held) runs the generation its unit names: the switch that
+    makes a newer one live prunes every other, never that one."""
+    live, units = tmp_path / "venv", tmp_path / "units"
+    gens = Path(f"{live}.generations")
+    for name in ("g1", "g2", "g3"):
+        _fake_venv(gens / name, {})
+    units.mkdir()
+    (units / "sglang-held.service").write_text(f"[Service]\nExecStart={gens}/g1/bin/python -m sglang.launch_server \\\n"
+                                               "    --port 30000\n")
+    (units / "other.service").write_text(f"ExecStart={gens}/g2/bin/python\n")  # not ours: it keeps nothing
+    script = remote.script("venv_switch").replace('UNIT_DIR = "/etc/systemd/system"', f'UNIT_DIR = "{units}"')
+    for wanted in ("g3", "g3"):  # the second switch finds g3 live and no previous: only the unit keeps g1
+        done = subprocess.run([sys.executable, "-", str(live), wanted], input=script, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in gens.iterdir()) == ["g1", "g3", "state.json"]
+    (units / "sglang-held.service").unlink()
+    subprocess.run([sys.executable, "-", str(live), "g3"], input=script, check=True, capture_output=True, text=True)
+    assert sorted(p.name for p in gens.iterdir()) == ["g3", "state.json"]
+
+
 def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     source = tmp_path / "venv.generations" / "old"
     _fake_venv(source, {"torch": ["torch/__init__.py"]})
