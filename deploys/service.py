@@ -260,7 +260,8 @@ def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: 
         inputs=prepared.watched,
         rollback_plan=rollback.Restorable(
             service.unit_path, service.unit_name, prepared.rewritten,
-            [(service.environment.path, prepared.environment.switched.did_change)]),
+            [(service.environment.path, prepared.environment.switched.did_change)],
+            stop_timeout_s=service.stop_timeout_s),
         rollout=service.definition,
         held=lambda: prepared.started.held or (held() if planned else None),
         soak_s=soak_s,

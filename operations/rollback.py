@@ -34,6 +34,10 @@ BACKUP_DIR = f"{STATE_DIR}/rollback"
 RECORD_DIR = f"{STATE_DIR}/started"  # remote/service_state.py: RECORD_DIR
 
 
+STEP_TIMEOUT_S = 300  # one step of a rollback on the host
+RESTART_MARGIN_S = 120  # a restart beyond its unit's drain: the kill of what is left, the start
+
+
 def backup_path(unit_name: str) -> str:
     return f"{BACKUP_DIR}/{unit_name}"
 
@@ -56,6 +60,8 @@ class Restorable:
     unit_changed: Callable[[], bool]
     # (venv_path, "this run switched it to a new generation")
     venvs: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)
+    # the unit's drain (its `stop_timeout_s`, TimeoutStopSec): the restart waits for it first
+    stop_timeout_s: int = 60
 
     def parts(self) -> tuple[bool, list[str]]:
         return self.unit_changed(), [path for path, switched in self.venvs if switched()]
@@ -79,7 +85,10 @@ def undo(host, plan: Restorable) -> tuple[list[str], str | None]:
                     "models or API keys)")
     commands.append(f"systemctl restart {shlex.quote(plan.unit_name)}")
     for command in commands:
-        ok, output = host.run_shell_command(command, print_output=False, _timeout=300)
+        # The restart first stops what runs (the failed change), draining up to its stop timeout.
+        bound = (max(STEP_TIMEOUT_S, plan.stop_timeout_s + RESTART_MARGIN_S)
+                 if command.startswith("systemctl restart ") else STEP_TIMEOUT_S)
+        ok, output = host.run_shell_command(command, print_output=False, _timeout=bound)
         if not ok:
             return (done, f"rollback step failed: {command.splitlines()[0][:120]}: "
                           f"{' '.join(output.stderr.split())[-300:]}")

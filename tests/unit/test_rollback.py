@@ -22,10 +22,11 @@ class ScriptedHost:
 
     def __init__(self, answers):
         self.answers = list(answers)
-        self.commands, self.lines = [], []
+        self.commands, self.lines, self.timeouts = [], [], []
 
     def run_shell_command(self, command, print_output=False, _timeout=None):
         self.commands.append(command)
+        self.timeouts.append(_timeout)
         ok, stdout = self.answers.pop(0) if self.answers else (True, "")
         return ok, SimpleNamespace(stdout=stdout, stderr="" if ok else "boom")
 
@@ -38,6 +39,16 @@ class ScriptedHost:
 
 def plan(unit_changed=True, switched=("/root/venv_sglang",)):
     return rollback.Restorable(UNIT_PATH, UNIT, lambda: unit_changed, [(p, (lambda: True)) for p in switched] + [("/root/other", lambda: False)])
+
+
+@pytest.mark.parametrize(("stop_timeout_s", "restart_bound"), [(60, 300), (600, 720)])
+def test_the_rollbacks_restart_waits_out_the_units_drain(stop_timeout_s, restart_bound):
+    """The restart first stops the failed change, which drains up to its `stop_timeout_s`: its bound follows."""
+    host = ScriptedHost([])
+    restorable = rollback.Restorable(UNIT_PATH, UNIT, lambda: True, [], stop_timeout_s=stop_timeout_s)
+    assert rollback.undo(host, restorable) == ([f"unit {UNIT} (the previous one)"], None)
+    assert host.commands[-1] == f"systemctl restart {UNIT}"
+    assert host.timeouts == [rollback.STEP_TIMEOUT_S, restart_bound]
 
 
 def waited(ok, reason="", ready_s=3.0):
