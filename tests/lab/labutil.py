@@ -106,7 +106,9 @@ class DeployResult:
         return self.json.get("results") or {}
 
     def __repr__(self) -> str:
-        return f"DeployResult(rc={self.returncode}, changed={self.changed}, errors={self.errors})\n{self.stderr[-4000:]}"
+        # Both streams' tails: without --json, pyinfra writes a failed operation's own lines to stdout.
+        return (f"DeployResult(rc={self.returncode}, changed={self.changed}, errors={self.errors})\n"
+                f"--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-3000:]}")
 
 
 def deploy(inventory: str | Path = "lab/inventory.py", *extra: str, env: dict | None = None, timeout: int = 900, as_json: bool = True,
