@@ -105,12 +105,12 @@ def placements(configs: dict[str, HostConfig]) -> dict[str, list[Placed]]:
     return out
 
 
-def removal_timeout_s(others) -> int:
+def removal_timeout_s(others, own: int | None = None) -> int:
     """How long the removal of a unit of a service placed at `others` (`Placed`) may take: the
-    longest drain its unit was likely given (the largest `stop_timeout_s` among the service's
-    placements, never less than the default: a service gone from the data, or one placed with less
-    now than when this host's unit was written) and REMOVAL_MARGIN_S."""
-    drain = max([DEFAULT_STOP_TIMEOUT_S, *(p.stop_timeout_s for p in others)])
+    longest drain its unit may have (its own TimeoutStopSec as the host's file says, `own`; the
+    largest `stop_timeout_s` among the service's placements; never less than the default) and
+    REMOVAL_MARGIN_S."""
+    drain = max([DEFAULT_STOP_TIMEOUT_S, own or 0, *(p.stop_timeout_s for p in others)])
     return drain + REMOVAL_MARGIN_S
 
 
@@ -158,7 +158,8 @@ def removal_commands(unit: str, path: str) -> list[str]:
     ]
 
 
-def _remove(state, host, unit: str, path: str, service: str, others: tuple = ()) -> bool:
+def _remove(state, host, unit: str, path: str, service: str, others: tuple = (),
+            own_stop_s: int | None = None) -> bool:
     halted = rollouts.halted(service)
     if halted is not None:
         # A replica of it failed its gate in this run: the one being removed may be the last on the
@@ -192,7 +193,8 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = ())
     else:
         moved = ""
     ok, output = remote_call.run(host, " && ".join(removal_commands(unit, path)),
-                                 f"stopping and removing {unit}", removal_timeout_s(others))
+                                 f"stopping and removing {unit}",
+                                 removal_timeout_s(others, own_stop_s))
     if not ok:
         host.log_styled(
             f"{unit}: removal failed: {(output.stderr or output.stdout).strip()[-500:]}", fg="red",
@@ -247,7 +249,8 @@ def unplaced_removed(keep: tuple[str, ...] | list[str] = (),
         when = f"once it answers /health on {', '.join(map(str, others))}" if others else "now"
         host.log(f"{unit}: service {service} is no longer placed on this host: stop, disable and "
                  f"remove it {when}")
-        yield FunctionCommand(_remove, (unit, units[unit]["path"], service, others), {})
+        yield FunctionCommand(_remove, (unit, units[unit]["path"], service, others,
+                                        units[unit].get("stop_timeout_s")), {})
 
 
 def remove_unplaced(config: HostConfig, configs: dict[str, HostConfig]) -> None:

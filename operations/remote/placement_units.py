@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import sys
 
 from _common import systemctl_show  # noqa: E402 - remote.script puts _common.py here
@@ -16,12 +17,15 @@ out = {}
 for path, name in zip(paths, names):
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            managed = handle.read(len(MANAGED)) == MANAGED
+            text = handle.read(1 << 16)
     except OSError:
         continue
     info = props.get(name, {})
+    # The drain this unit was written with (our units write whole seconds): a removal waits for it.
+    stop = re.search(r"^TimeoutStopSec=(\d+)\s*$", text, re.M)
     out[name] = {
-        "path": path, "managed": managed, "active": info.get("ActiveState", ""),
+        "path": path, "managed": text.startswith(MANAGED), "active": info.get("ActiveState", ""),
         "enabled": info.get("UnitFileState", ""), "pid": int(info.get("MainPID") or 0),
+        "stop_timeout_s": int(stop.group(1)) if stop else None,
     }
 print(json.dumps(out))

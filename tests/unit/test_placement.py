@@ -113,7 +113,7 @@ def test_nothing_unplaced_is_a_noop():
 
 def test_an_unplaced_unit_is_removed_once_ready_elsewhere():
     commands, _, logs = run_op({"sglang-dflash.service": unit()}, [], {"dflash": [placed()]})
-    assert [(c.function, c.args[1:]) for c in commands] == [(placement._remove, ("/etc/systemd/system/x", "dflash", (placed(),)))]
+    assert [(c.function, c.args[1:]) for c in commands] == [(placement._remove, ("/etc/systemd/system/x", "dflash", (placed(),), None))]
     assert logs == ["sglang-dflash.service: service dflash is no longer placed on this host: stop, disable and remove it once it answers /health on gpu-e"]
 
 
@@ -186,6 +186,9 @@ def test_a_removal_is_bounded_by_the_longest_drain_of_the_services_placements_an
     assert placement.removal_timeout_s((slow, quick)) == 600 + margin
     assert placement.removal_timeout_s((quick,)) == 60 + margin  # a unit written with the default before
     assert placement.removal_timeout_s(()) == 60 + margin  # a service gone from the data: the default
+    # The unit as the host has it says its own drain: a service gone from the data, written with 900 s.
+    assert placement.removal_timeout_s((), own=900) == 900 + margin
+    assert placement.removal_timeout_s((slow,), own=30) == 600 + margin
     assert 60 + margin == 180  # today's figure where nothing says more
 
 
@@ -196,6 +199,10 @@ def test_remove_waits_as_long_as_the_drain_may_take(monkeypatch):
     slow = placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash", 900)
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (slow,)) is True
     assert host.timeouts == [900 + placement.REMOVAL_MARGIN_S]
+    # A service gone from the data: its unit's own TimeoutStopSec, as the host's file says it.
+    host = FakeHost()
+    assert placement._remove(None, host, "sglang-gone.service", "/p", "gone", (), 1200) is True
+    assert host.timeouts == [1200 + placement.REMOVAL_MARGIN_S]
 
 
 def test_remove_keeps_the_unit_when_the_new_host_passed_its_gate_but_does_not_answer_now(monkeypatch):
@@ -252,13 +259,15 @@ def test_a_failed_removal_fails_the_host(monkeypatch):
 
 
 def test_units_fact_script_reads_the_header(tmp_path):
-    (tmp_path / "sglang-a.service").write_text(HEADER + "[Unit]\n")
+    (tmp_path / "sglang-a.service").write_text(HEADER + "[Unit]\n[Service]\nTimeoutStopSec=240\n")
     (tmp_path / "sglang-b.service").write_text("[Unit]\n")
     (tmp_path / "other.service").write_text(HEADER)
     proc = subprocess.run([sys.executable, "-", str(tmp_path)], input=remote.script("placement_units"), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     assert {name: u["managed"] for name, u in found.items()} == {"sglang-a.service": True, "sglang-b.service": False}
+    # the drain each unit was written with, for its removal's bound
+    assert {name: u["stop_timeout_s"] for name, u in found.items()} == {"sglang-a.service": 240, "sglang-b.service": None}
 
 
 def test_a_halted_rollout_keeps_the_unplaced_replica(monkeypatch):
