@@ -122,8 +122,9 @@ def ready_elsewhere(service: str, others, report: dict) -> tuple[list, list]:
 
 
 def answers_now(state, placed: Placed) -> str | None:
-    """None when `placed`'s service is active and answers /health with 200 now, read by a command on
-    its host at this moment; else why not. A host not in this run, failed, or unreachable does not
+    """None when `placed`'s service is active and answers /health with 200 now (and /ready with 200,
+    where its engine has /ready: not starting, paused or draining), read by a command on its host at
+    this moment; else why not. A host not in this run, failed, or unreachable does not
     answer."""
     other = state.inventory.get_host(placed.host) if state is not None else None
     if other is None or other not in state.activated_hosts or other in state.failed_hosts:
@@ -143,6 +144,10 @@ def answers_now(state, placed: Placed) -> str | None:
     if found.get("active") != "active" or found.get("health") != 200:
         return (f"{placed.unit} on {placed.host} is {found.get('active')}, /health "
                 f"{found.get('health')} now")
+    # /health alone stays 200 while the engine drains or is paused: where it has /ready, that says
+    if found.get("ready") not in (None, 200):
+        return (f"{placed.unit} on {placed.host} answers /health but not /ready "
+                f"({found.get('ready') or 'no answer'}: starting, paused or draining) now")
     return None
 
 

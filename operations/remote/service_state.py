@@ -167,6 +167,19 @@ except ValueError as exc:
     health_error = f"the port answers, but not with HTTP ({exc})"
 # how long /health took to answer (the status view shows it)
 health_ms = round((time.monotonic() - asked) * 1000, 1)
+# Serving now, as the readiness gate judges it (remote/wait_ready.py): GET /ready where the engine
+# has it (sglang 0.5.23: 503 while starting, paused or draining after a SIGTERM), asked only once
+# /health answered 200. None where the engine has none (404; or 401/403, the key an older engine
+# guards unknown paths with) or it was not asked; 0 where it did not answer.
+ready = None
+if health == 200:
+    try:
+        ready = http_status(address, port, "/ready", unit, props.get("ControlGroup"))
+        ready = None if ready in (401, 403, 404) else ready
+    except NotTheService as exc:
+        stranger = health_error = str(exc)
+    except (OSError, ValueError):
+        ready = 0
 uptime = None
 try:
     with open("/proc/uptime") as handle:
@@ -219,7 +232,7 @@ print(json.dumps({
     # Whether the unit starts at boot, and whether its file changed since systemd loaded it
     # (a run that died between writing the unit and `daemon-reload`): operations/lifecycle.py.
     "enabled": props.get("UnitFileState"), "need_reload": props.get("NeedDaemonReload") == "yes",
-    "health": health, "health_error": health_error, "health_ms": health_ms,
+    "health": health, "health_error": health_error, "health_ms": health_ms, "ready": ready,
     "uptime_s": uptime, "newer": newer, "recorded": record is not None,
     # Set when another process than the unit's holds the port (its uid, pid, cgroup): no answer of
     # it counts.

@@ -767,6 +767,11 @@ def test_service_state_reads_the_health_status_line_as_http_defines_it(service_h
             conn.sendall(part)
             time.sleep(0.1)  # each part arrives on its own
         conn.close()
+        if health == 200:  # /ready is asked next: an engine without it
+            conn, _ = server.accept()
+            asked.append(conn.recv(4096))
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n")
+            conn.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -775,6 +780,36 @@ def test_service_state_reads_the_health_status_line_as_http_defines_it(service_h
     server.close()
     assert (state["health"], state["health_error"] and "not with HTTP") == (health, error)
     assert asked and asked[0].startswith(b"GET /health HTTP/1.1\r\n")
+    assert state["ready"] is None  # not asked, or the engine has no /ready (404)
+
+
+@pytest.mark.parametrize(("ready_answer", "ready"), [(b"200 OK", 200), (b"503 Service Unavailable", 503),
+                                                     (b"404 Not Found", None), (b"401 Unauthorized", None)])
+def test_service_state_asks_ready_once_health_answers(service_host, ready_answer, ready):
+    """Who serves now is judged as the gate judges it: /ready where the engine has it (503 while draining or paused);
+    an engine without it (404, or 401 where an older engine guards unknown paths with its key) is judged by /health."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(2)
+    asked = []
+
+    def serve():
+        for status in (b"200 OK", ready_answer):
+            conn, _ = server.accept()
+            asked.append(conn.recv(4096).split(b"\r\n", 1)[0])
+            conn.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    state = service_host("sglang-x.service", "127.0.0.1", str(server.getsockname()[1]))
+    thread.join(5)
+    server.close()
+    assert asked == [b"GET /health HTTP/1.1", b"GET /ready HTTP/1.1"]
+    assert (state["health"], state["ready"]) == (200, ready)
 
 
 def test_service_state_says_nothing_answers_on_a_closed_port(service_host):

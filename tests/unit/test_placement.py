@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 from unittest import mock
 
+import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
@@ -281,3 +282,14 @@ def test_a_halted_rollout_keeps_the_unplaced_replica(monkeypatch):
     assert host.commands == []
     assert summary.REPORT["gpu-d"]["dflash@2"]["state"] == "kept"
     assert "the rollout of service dflash halted in this run (gpu-f/dflash failed" in summary.REPORT["gpu-d"]["dflash@2"]["ready"]
+
+
+@pytest.mark.parametrize(("ready", "serves"), [(200, True), (None, True), (503, False), (0, False)])
+def test_a_replica_that_answers_health_but_not_ready_does_not_serve_now(ready, serves):
+    """Draining after a SIGTERM, or paused, sglang 0.5.23 still answers /health 200: /ready says it does not serve
+    (None: an engine without /ready, judged by /health alone; 0: /ready did not answer)."""
+    other = OtherHost({"active": "active", "health": 200, "ready": ready})
+    why = placement.answers_now(_state(other), placed())
+    assert (why is None) == serves, why
+    if not serves:
+        assert "answers /health but not /ready" in why
