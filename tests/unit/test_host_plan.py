@@ -14,9 +14,8 @@ import pytest
 from pyinfra.facts.files import Directory, File, FileContents, Sha1File
 from pyinfra.facts.server import Groups
 
-from configuration import settings, stacks
+from configuration import settings
 from configuration.host_paths import SECRETS_DIR
-from configuration.patch_sets import load_patch_set
 from configuration.secrets import config_path
 from deploys.plan import plan_host
 from operations import (
@@ -34,7 +33,7 @@ from operations import (
     venv,
 )
 from operations.plan import Change, HostPlan
-from tests.unit.test_units import LAB_GPUS, lab_config
+from tests.unit.test_units import LAB_GPUS
 
 
 def _key(fact, kwargs) -> tuple:
@@ -67,21 +66,6 @@ class World:
 @pytest.fixture(autouse=True)
 def fresh_key_sources(monkeypatch):
     monkeypatch.setattr(settings, "_KEY_SOURCES", {})
-
-
-@pytest.fixture
-def lab(monkeypatch):
-    return lab_fleet(monkeypatch)
-
-
-def lab_fleet(monkeypatch):
-    """The lab's configuration, stack and patch sets: ddtree has an API key (its key file, the secrets directory),
-    dflash none."""
-    monkeypatch.setenv("SGLANG_DEPLOY_SECRET_DDTREE_KEY", "k" * 32)
-    config = lab_config(run_services=("ddtree", "dflash"), api_key_secret="ddtree-key")
-    stack = stacks.load_stack(config.stack)
-    patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
-    return config, stack, patch_sets
 
 
 def converged_world(config, stack, patch_sets) -> World:

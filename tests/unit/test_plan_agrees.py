@@ -15,7 +15,6 @@ import pytest
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory
 
-from configuration import settings
 from operations import (
     directory,
     lifecycle,
@@ -27,18 +26,8 @@ from operations import (
     transfer,
     venv,
 )
-from tests.unit.test_host_plan import converged_world, lab_fleet, plan_of
+from tests.unit.test_host_plan import converged_world, plan_of
 from tests.unit.test_operations import FakeFs, run
-
-
-@pytest.fixture(autouse=True)
-def fresh_key_sources(monkeypatch):
-    monkeypatch.setattr(settings, "_KEY_SOURCES", {})
-
-
-@pytest.fixture
-def lab(monkeypatch):
-    return lab_fleet(monkeypatch)
 
 
 def _with(config, **data):
