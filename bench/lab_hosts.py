@@ -9,7 +9,9 @@ units, GPUs and clean-up never meet the demo's: after `make demo`, `make bench` 
     listed_hosts()                   the lab's running hosts (lab/state/hosts.json, as lab/lab.py keeps it)
     demo_placement()                 host -> the services the demo places there (PLACEMENT, then lab/inventory.py)
     free_lab_hosts(n)                n such hosts on this lab, starting spare lab hosts (gpu-c, ...) where fewer
-                                     are running; lab/inventory.py lists the hosts it listed before
+                                     are running
+    running(names)                   start those of the named lab hosts that do not run; lab/inventory.py
+                                     lists the hosts it listed before
 
 Others' tests may have left services on a free host: a free host is one the demo does not use, not an empty one;
 a group cleans its hosts as it always did (tests/lab/labutil.py `clean_host`).
@@ -85,18 +87,24 @@ def _lab(*args: str) -> None:
         sys.exit(f"bench: lab.py {' '.join(args)} failed ({proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
 
 
+def running(names: list[str]) -> None:
+    """Start those of `names` that do not run (`lab.py up`; a group that names its hosts, such as bench/locks.py's
+    gpu-c and gpu-d, runs on the lab `make demo` leaves, which starts gpu-a and gpu-b only); lab/inventory.py then
+    lists the hosts it listed before again, as bench/fleet.py leaves it."""
+    missing = [h for h in names if h not in listed_hosts()]
+    if missing:
+        before = [name for name, _ in _inventory_rows()]
+        _lab("up", "--hosts", ",".join(dict.fromkeys(before + missing)))
+        if before:
+            _lab("up", "--hosts", ",".join(before))
+
+
 def free_lab_hosts(n: int, start: bool = True) -> list[str]:
     """`n` running lab hosts on which the demo places no service. Where fewer run and `start`, the first spare
-    lab hosts (LAB_HOST_NAMES) that the demo leaves free are started (`lab.py up`); lab/inventory.py then lists
-    the hosts it listed before again, as bench/fleet.py leaves it."""
-    placement, running = demo_placement(), listed_hosts()
-    missing = n - len([h for h in running if not placement.get(h)])
+    lab hosts (LAB_HOST_NAMES) that the demo leaves free are started (`running`)."""
+    placement, up = demo_placement(), listed_hosts()
+    missing = n - len([h for h in up if not placement.get(h)])
     if missing > 0 and start:
-        spares = [h for h in LAB_HOST_NAMES if h not in running and not placement.get(h)][:missing]
-        if spares:
-            before = [name for name, _ in _inventory_rows()]
-            _lab("up", "--hosts", ",".join(dict.fromkeys(before + spares)))
-            if before:
-                _lab("up", "--hosts", ",".join(before))
-            running = listed_hosts()
-    return free_hosts(placement, running, n)
+        running([h for h in LAB_HOST_NAMES if h not in up and not placement.get(h)][:missing])
+        up = listed_hosts()
+    return free_hosts(placement, up, n)
