@@ -37,3 +37,24 @@ def test_the_placement_is_the_labs_and_its_inventorys(monkeypatch, tmp_path):
     assert placement["gpu-a"] == ["ddtree", "dflash"] and placement["gpu-c"] == ["x"] and not placement["gpu-b"]
     monkeypatch.setattr(lab_hosts, "listed_hosts", lambda: ["gpu-a", "gpu-b", "gpu-c", "gpu-d"])
     assert lab_hosts.free_lab_hosts(2, start=False) == ["gpu-b", "gpu-d"]
+
+
+def test_on_the_demos_lab_spare_hosts_are_started_and_the_inventory_kept(monkeypatch, tmp_path):
+    """`make demo` starts gpu-a and gpu-b only: a group needing 3 free hosts starts gpu-c and gpu-d, then has
+    lab/inventory.py list gpu-a and gpu-b again."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text('lab_hosts = [("gpu-a", {"run_services": ["ddtree", "dflash"]}), ("gpu-b", {"run_services": []})]\n')
+    monkeypatch.setattr(lab_hosts, "INVENTORY", inventory)
+    up = ["gpu-a", "gpu-b"]
+    calls = []
+
+    def lab(*args):
+        calls.append(args)
+        up.extend(h for h in args[2].split(",") if h not in up)
+
+    monkeypatch.setattr(lab_hosts, "_lab", lab)
+    monkeypatch.setattr(lab_hosts, "listed_hosts", lambda: list(up))
+    assert lab_hosts.free_lab_hosts(3) == ["gpu-b", "gpu-c", "gpu-d"]
+    assert calls == [("up", "--hosts", "gpu-a,gpu-b,gpu-c,gpu-d"), ("up", "--hosts", "gpu-a,gpu-b")]
+    calls.clear()
+    assert lab_hosts.free_lab_hosts(3) == ["gpu-b", "gpu-c", "gpu-d"] and calls == []
