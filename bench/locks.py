@@ -28,9 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
+    from bench.lab_hosts import running
     from tests.lab import test_lock
     from tests.lab.labutil import PYINFRA, clean_host, lab, ssh
 
+    running([test_lock.STUCK, test_lock.OTHER])  # not among the hosts `make demo` starts
     tries = int(os.environ.get("LOCK_BENCH_TRIES", "20"))
     lab("restore", test_lock.STUCK)
     for host in (test_lock.STUCK, test_lock.OTHER):

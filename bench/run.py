@@ -16,6 +16,8 @@ Each figure's script says how it is measured: bench/models.py (model staging), b
 re-runs with 8 services on a host, and over 16 hosts), bench/transfer.py (bulk bytes: wheels pushed, a model streamed
 between hosts, against scp and an ssh pipe), bench/rollout.py (a rollout over 3 replicas against one replica's
 restart), bench/spec_gate.py (what a speculative service's gate check adds to a restart), below (the deploy).
+The groups that deploy services of their own take lab hosts the demo leaves free (bench/lab_hosts.py), so
+`make bench` after `make demo` leaves the demo's services on gpu-a as they were.
 
 deploy.noop_vs_floor  a converged re-run of the lab deploy over `pyinfra ... exec -- true` on the same hosts
                       (both include pyinfra's start-up and SSH connection; the ratio is what the deploy's

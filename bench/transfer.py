@@ -308,9 +308,11 @@ def push_vs_scp() -> None:
 def fanout_4_vs_1() -> None:
     """One stack's wheels (WHEELS_GIB) to four lab hosts that lack them against the same to one host; and, beside it,
     the four through this machine (fan-out off), as every deploy did before."""
+    from bench.lab_hosts import running
     from tests.lab.labutil import routed
 
     four = FANOUT_HOSTS
+    running(four)  # gpu-c, gpu-d and gpu-e are not among the hosts `make demo` starts
     with tempfile.TemporaryDirectory(prefix="bench-wheels-") as tmp, routed(four):
         files = _wheels(Path(tmp))
         listing = Path(tmp) / "files.json"
