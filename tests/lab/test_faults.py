@@ -293,8 +293,9 @@ def test_network_cut_during_an_install(holds, uv_held):
     release(HOST, "install")
     wait_until(lambda: host_ssh(f"kill -0 {installer} 2>/dev/null || echo gone").strip() == "gone", 300, interval=1,
                what="the interrupted install ending on the host")
-    # The unit still runs the old venv: nothing was switched or restarted under it.
-    assert f"{VENV}/bin/python" in host_ssh(f"cat /etc/systemd/system/{UNIT}")
+    # The unit still runs the old venv (its generation: units name theirs): nothing was switched or restarted under it.
+    unit = host_ssh(f"cat /etc/systemd/system/{UNIT}")
+    assert f"ExecStart={VENV}.generations/" in unit and NEW_VENV not in unit, unit
     converges(inv, BIG)
     script = f"import importlib.metadata as m; print(*(m.version(d) for d in {DISTS!r}))"
     versions = host_ssh(f"{NEW_VENV}/bin/python -c {shlex.quote(script)}")
