@@ -144,6 +144,10 @@ REFUSALS = [
 def test_status_plan_and_deploy_refuse_alike(converged_host, tmp_path, what, breaks, mends, step):
     inv = inventory()
     code, plan = planned(inv, tmp_path)
+    if plan["changes"]:  # the drift cases above end on another flag's data: converge on this one first
+        result = deploy(inv, env=ENV)
+        assert result.returncode == 0, result
+        code, plan = planned(inv, tmp_path)
     assert code == 0 and plan["changes"] == [], f"not converged before: {plan}"
     ssh(SPARE, breaks.format(patched=patched_file()))
     try:
