@@ -56,7 +56,7 @@ test-lab: test-lab-hosts wheelhouse
 	$(PY) -m pytest tests/lab -q -m lab
 
 test: test-lab-hosts wheelhouse
-	$(PY) -m pytest tests -q -m 'lab or not lab'
+	$(PY) -m pytest tests -q -m 'lab or not lab' --durations=30
 
 bench: lab wheelhouse
 	$(PY) bench/run.py $(FIGURES)
