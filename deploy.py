@@ -58,12 +58,13 @@ else:
         # Before a restart, who serves now (asked afresh each wave): a restart that would leave
         # fewer replicas serving than the data allows is held (operations/rollout.py `Hold`).
         probe = rollout.probe_of(state, run.inventory)
+        restarts = {name: plan.restarts_running(name) for name, _ in wave}  # the plan's, read once
         held = {name: rollout.hold_reason(prepared[name].service, host.name,
                                           rollouts[prepared[name].service.definition], probe,
-                                          planned=plan.restarts_running(name))
+                                          planned=restarts[name])
                 for name, _ in wave}
         for name, _ in wave:
-            restarted(prepared[name], held[name], plan.restarts_running(name))
+            restarted(prepared[name], held[name], restarts[name])
         # a canary's soak: it must keep serving that long before the next wave
         # and, against a replica still on the old version, its probe figures
         for name, canary in wave:

@@ -108,9 +108,8 @@ def _generation(plan_, reading: Reading, env, gen: venv.Generation, facts: dict,
         if installed is None:
             plan_.unread.append(f"{what}: no answer")
             continue
-        # As `patches.applied` decides while the run is planned: over a fresh base where this run
-        # installs it.
-        fresh = install.installs(patch_set.distribution) or installed["version"] is None
+        fresh = patches.over_fresh_base(installed, True, install.installs(patch_set.distribution),
+                                        executing=False)
         try:
             steps = patches.decide(patch_set, installed, gen.path, site_packages, fresh=fresh)
         except Refusal as refusal:

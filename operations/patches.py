@@ -232,6 +232,14 @@ def decide(patch_set: PatchSet, state: dict, venv_path: str, site_packages: str,
     return PatchSteps(tuple(said), tuple(commands))
 
 
+def over_fresh_base(state: dict, present: bool, base_installed: bool, executing: bool) -> bool:
+    """Is the set decided over a fresh install of its base? While the run is planned (the change
+    check, --dry, the host's plan), where the venv step leaves one: it builds the generation (no
+    base read yet) or reinstalls the base (`base_installed`). Executing, never: the run reads what
+    the host then holds."""
+    return not executing and ((state["version"] is None and present) or base_installed)
+
+
 @operation()
 def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bool = True,
             base_installed: bool = False):
@@ -265,9 +273,7 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     """
     state = host_reads.get(host, InstalledFiles,
                            **read_arguments(patch_set, venv_path, site_packages))
-    # Planned (the change check, --dry) over what the venv step leaves: a fresh base where it builds
-    # the generation or reinstalls the base. Executing, the run reads what the host then holds.
-    fresh = not this_run.executing() and ((state["version"] is None and present) or base_installed)
+    fresh = over_fresh_base(state, present, base_installed, this_run.executing())
     if not fresh:  # what changed since it was applied, named before any refusal
         for line in _explain_record(patch_set, state["record"], state["version"]):
             host.log(line)
