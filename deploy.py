@@ -17,7 +17,10 @@ from deploys.plan import plan_host
 from deploys.run import HostRun
 from deploys.service import gated, gates_checked, restarted, service, wave_opened
 from deploys.service_account import service_account
-from operations import converged, gpus, host_reads, peer_keys, rollout
+from operations.gpu import gpus
+from operations.run import host_reads
+from operations.service import converged, rollout
+from operations.transport import peer_keys
 from report import plan_view
 
 # The validated data (a bad value anywhere stops the run before any host is touched), then the
@@ -26,7 +29,7 @@ run = HostRun.of(host)
 run.deploying(state)
 config, stack, patch_sets = run.config, run.stack, run.patch_sets
 # One-time keys a run that died left between hosts: removed by the next run that holds the host
-# (operations/peer_keys.py), from the same read.
+# (operations/transport/peer_keys.py), from the same read.
 peer_keys.swept(host, host.log)
 
 # Plan: every step's decision from the host's one read (deploys/plan.py: each step plans in its own
@@ -46,8 +49,8 @@ else:
     copies = models(config)
     device_groups = service_account(config)
     # Every replica prepared (key file, flags through the engine's parser) before the first restart;
-    # then the rollout's waves, the same list on every host (operations/rollout.py): a wave's
-    # restarts, then its gates.
+    # then the rollout's waves, the same list on every host (operations/service/rollout.py): a
+    # wave's restarts, then its gates.
     prepared = {placed.name: service(config, placed, stack, patch_sets,
                                      envs[placed.environment.path], copies, device_groups,
                                      gpu_decisions.after_staging.get(placed.name, {}))
@@ -56,7 +59,8 @@ else:
     for number, wave in host.loop(enumerate(waves, start=1)):
         wave_opened(number, len(waves))
         # Before a restart, who serves now (asked afresh each wave): a restart that would leave
-        # fewer replicas serving than the data allows is held (operations/rollout.py `Hold`).
+        # fewer replicas serving than the data allows is held (operations/service/rollout.py
+        # `Hold`).
         probe = rollout.probe_of(state, run.inventory)
         restarts = {name: plan.restarts_running(name) for name, _ in wave}  # the plan's, read once
         held = {name: rollout.hold_reason(prepared[name].service, host.name,

@@ -15,7 +15,7 @@ probe requests), MEASURE_TIMEOUT_S=1800, MEASURE_OUT=FILE (the raw results' JSON
 the service's host; default: the path the deploy staged the service's model at). Every service gets
 the same load, one service at a time, the client running as the service user in the service's
 sandbox (views/measure.py). Nothing is changed, restarted or locked: this file takes no deploy
-lock (operations/lock.py is not called) and adds no operation but the measurements.
+lock (operations/lock/lock.py is not called) and adds no operation but the measurements.
 """
 
 import os

@@ -21,7 +21,7 @@ import shutil
 from pyinfra import host, state
 
 from deploys.run import HostRun
-from operations.service_inputs import watched_inputs
+from operations.service.service_inputs import watched_inputs
 from report import status_view
 from views import status as status_reads
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 # Module-level containers that are no run's: filled once per process, whichever run asks.
 PROCESS_WIDE = {
-    "operations/host_reads.py:_BATCHED": "the fact classes read in a host's batch, registered at import",
-    "operations/host_reads.py:_SLOW": "the same registry's slow facts",
-    "operations/redact.py:_PATTERNS": "the process's output filter: every secret value the process was told",
+    "operations/run/host_reads.py:_BATCHED": "the fact classes read in a host's batch, registered at import",
+    "operations/run/host_reads.py:_SLOW": "the same registry's slow facts",
+    "operations/run/redact.py:_PATTERNS": "the process's output filter: every secret value the process was told",
     "configuration/redaction.py:_REGISTERED": "the same filter's secret values, by name",
-    "configuration/redaction.py:_LISTENERS": "who is told of a new secret value (operations/redact.py)",
+    "configuration/redaction.py:_LISTENERS": "who is told of a new secret value (operations/run/redact.py)",
 }
 STEP_MODULES = {"gpu_check", "environments", "models", "service_account", "service", "cleanup", "planning"}
 
@@ -55,7 +55,7 @@ def changes_outside_steps(root: Path) -> int:
         if not (root / package).is_dir():
             continue
         for path in _py(root, package):
-            if path.name == "plan.py" and path.parent.name == "operations":
+            if path.name == "plan.py" and path.parent.name in ("operations", "run"):
                 continue  # where Change is defined (HostPlan.add, refuse)
             if path.parent.name == "deploys" and path.stem in STEP_MODULES:
                 continue
@@ -92,7 +92,7 @@ def long_modules(root: Path, limit: int = 500) -> list[str]:
 def run_stores(root: Path, packages: tuple[str, ...] = ("operations",)) -> list[str]:
     found = []
     for path in (p for package in packages if (root / package).is_dir() for p in _py(root, package)):
-        if "remote" in path.parts:
+        if "remote" in path.parts or "on_host" in path.parts:
             continue  # scripts run on hosts: one process per call
         tree = ast.parse(path.read_text())
         rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}

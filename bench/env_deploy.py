@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.operations.util import any_changed
 
 from configuration import settings, stacks
-from operations import venv
+from operations.environment import venv
 
 BENCH_VENV = "/root/bench_venv"
 GPU_ARGS = {"driver_cuda": None, "compute_caps": []}

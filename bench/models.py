@@ -1,6 +1,6 @@
 """Model staging figures, one `name: value` line each, measured side by side in one run on a lab host.
 
-models.stage_vs_cp   staging throughput (remote/stage_model.py: copy into a temporary sibling, every byte
+models.stage_vs_cp   staging throughput (model/on_host/stage_model.py: copy into a temporary sibling, every byte
                      checked against the manifest, marker, rename) over a plain `cp -a` of the same
                      directory into the same shm dir on the same host; the source's manifest is cached
                      (as on every run after the first) and the page cache is warm for both. Runs
@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from operations import models, remote  # noqa: E402
+from operations import remote  # noqa: E402
+from operations.model import models  # noqa: E402
 from tests.lab.labutil import STATE, lab_hosts  # noqa: E402
 
 HOST = os.environ.get("LAB_MODELS_HOST", "gpu-b")

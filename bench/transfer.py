@@ -17,7 +17,7 @@ transfer.stream_vs_ssh_pipe a 2 GiB model (16 files of 128 MiB) from one lab hos
 transfer.fanout_4_vs_1      one stack's wheels (the same 1.1 GiB) to four lab hosts that lack them (LAB_FANOUT_HOSTS,
                             routed to one another for the run) against the same to one host: every host as a deploy
                             runs it, the push and then the check against the pins after which a host serves the
-                            next ones (operations/fanout.py). Target at most 2.2. Beside it
+                            next ones (operations/transport/fanout.py). Target at most 2.2. Beside it
                             `transfer.through_here_4_vs_1`: the four with fan-out off, all pushed from here at once.
 Both sides of each figure include their SSH connection set-up (ours: its route probes too, which a deploy pays once
 per host and run); ours runs in a process of its own under gevent, as pyinfra's CLI runs the deploy. Runs
@@ -135,7 +135,7 @@ def _cpu() -> dict:
 
 
 def ours_stream() -> dict:
-    from operations import transfer
+    from operations.model import transfer
 
     state, inventory = _state([SOURCE, TARGET])
     target = _Logged(inventory.get_host(TARGET))
@@ -145,7 +145,7 @@ def ours_stream() -> dict:
 
 
 def ours_push(listing: str) -> dict:
-    from operations import streaming
+    from operations.transport import streaming
 
     state, inventory = _state([TARGET])
     host = _Logged(inventory.get_host(TARGET))
@@ -167,7 +167,7 @@ def ours_fanout(listing: str, names: list[str], enabled: bool) -> dict:
     lets a host serve the next ones (fanout.CheckedWheels). With `enabled` off, every host is pushed from here."""
     import gevent
 
-    from operations import fanout
+    from operations.transport import fanout
 
     fanout.ENABLED = enabled  # a new run (`_state`) below: nothing told or decided in an earlier one
     state, inventory = _state(names)

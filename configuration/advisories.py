@@ -12,13 +12,13 @@ Where it is checked:
 - on the control machine, before connecting (configuration/service_args.py): every entry whose
   condition the data decides (no compute capability; an attention backend given in the data, or
   sglang's default);
-- in the host's GPU check (operations/gpus.py): the entries that need the GPU, with its compute
+- in the host's GPU check (operations/gpu/gpus.py): the entries that need the GPU, with its compute
   capability and the backend `attention-backend: auto` resolves to there. An entry with `prefer`
   says what `auto` resolves to where it holds (sm 12.x: triton);
 - an entry on the target model's kind (`target`: hybrid or dense, read from the model's own
   config.json where its bytes are: `model_kind` in operations/remote/_common.py) by the GPU check
   where the host's store holds the model, else by the preflight once the model is staged
-  (operations/preflight.py), before the unit is written.
+  (operations/service/preflight.py), before the unit is written.
 """
 
 from __future__ import annotations

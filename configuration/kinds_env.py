@@ -48,7 +48,7 @@ STEERING_NAMES = frozenset({
 # (`CUDA_VISIBLE_DEVICES` numbers GPUs as nvidia-smi does only with CUDA_DEVICE_ORDER=PCI_BUS_ID,
 # which the unit sets; container runtimes, MPS and ROCm have their own). PATH and HOME, which the
 # unit also sets, may be set: they reach only the sandboxed service (root's preflight takes neither,
-# operations/preflight.py).
+# operations/service/preflight.py).
 DERIVED_ENV = {
     "CUDA_VISIBLE_DEVICES": "is derived from the service key `gpu`; set that instead",
     "CUDA_DEVICE_ORDER": "is set by the unit to PCI_BUS_ID, so that `gpu` (CUDA_VISIBLE_DEVICES) "

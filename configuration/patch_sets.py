@@ -9,7 +9,7 @@ the set was served on: a service using it must run on one of them (`unserved_bac
 set that parses and imports can still die on the GPU in a backend it never met (DDTree on fa3:
 bench/results/h200-2026-12-03-b2ac97c-ddtree-auto.txt). `load_patch_set(name)` returns the checked
 `PatchSet`, or the `DataError` naming the manifest, the key and the fix. Applying one on a host is
-operations/patches.py's; `python -m tools.patchset_build` writes a manifest.
+operations/environment/patches.py's; `python -m tools.patchset_build` writes a manifest.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def unserved_backend(patch_set: PatchSet, args: dict[str, Any]) -> tuple[str, An
     flag is left out and sglang's default for the GPU would run (fa3 on an H200). None where the set
     names no backends, or all fit. `attention-backend: auto` is the deploy's own value, resolved on
     the host from the GPU: passed over here, checked again there once resolved
-    (operations/gpus.py)."""
+    (operations/gpu/gpus.py)."""
     if patch_set.attention_backends is None:
         return None
     for flag in ATTENTION_BACKEND_FLAGS:

@@ -2,10 +2,10 @@
 
 A value is registered where secrets are loaded (configuration/secrets.py: every value of the secrets
 file and of the environment, used or not, and each key a service names) and where the deploy derives
-one (operations/secrets.py: a key file's sha256). This is the registry only, a plain map of value ->
-name: operations/redact.py reads it to replace each value, in every form it may be printed in, in
-everything the run prints, and listens (`on_register`) to wrap the CLI's output streams from the
-first registration on.
+one (operations/service/secrets.py: a key file's sha256). This is the registry only, a plain map of
+value -> name: operations/run/redact.py reads it to replace each value, in every form it may be
+printed in, in everything the run prints, and listens (`on_register`) to wrap the CLI's output
+streams from the first registration on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ MIN_LENGTH = 8
 
 # value -> the name it was last registered under, in the order first registered
 _REGISTERED: dict[str, str] = {}
-# told of each registration (operations/redact.py: compiles the value's forms, wraps the output
+# told of each registration (operations/run/redact.py: compiles the value's forms, wraps the output
 # streams)
 _LISTENERS: list[Callable[[str], None]] = []
 

@@ -9,7 +9,7 @@ redaction (configuration/redaction.py), so no message the run prints quotes one.
 
 On the host the value lives only in `config_path(service)`
 (`/etc/sglang-deploy/secrets/<service>.yml`), which sglang reads through `--config`; writing that
-file is operations/secrets.py's.
+file is operations/service/secrets.py's.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ _POSITIVE_INT_DESTS = (
     "speculative_ddtree_budget",
 )
 _FRACTION_DESTS = ("mem_fraction_static",)
-# `args` values the tool resolves itself before the unit is written (operations/gpus.py).
+# `args` values the tool resolves itself before the unit is written (operations/gpu/gpus.py).
 _RESOLVED_BY_US = {("attention_backend", "auto")}
 
 
@@ -121,7 +121,7 @@ def advisories_refused(src: str, args_path: str, args: list[Arg], engine,
     """An engine advisory (files/engine_advisories.yml) with effect `refuse` whose condition the
     data decides and which holds: refused before connecting, naming the flag it is about, the
     reference and the fix. Those that need the GPU (or warn) are the host's GPU check's
-    (operations/gpus.py)."""
+    (operations/gpu/gpus.py)."""
     judged = advisories.EngineUse(version, {a.flag: a.value for a in args}, engine, patch_sets)
     for advisory in advisories.applying(judged):
         if advisory.effect != "refuse":

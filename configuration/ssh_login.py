@@ -1,6 +1,6 @@
 """How pyinfra's SSH connector logs in to a host, read from the host's data as pyinfra reads it:
 what an OpenSSH process needs to reach the host exactly as pyinfra's connection does
-(operations/openssh.py builds its command line).
+(operations/transport/openssh.py builds its command line).
 
 pyinfra 3.10's SSH connector (`make_paramiko_kwargs`, then
 `sshuserclient.client.SSHClient.parse_config`): the address is `ssh_hostname`, else the inventory
@@ -185,7 +185,7 @@ def reached_at(host) -> tuple[str, int, bool]:
     reaches it through a jump host). The address and port are pyinfra's (`ssh_hostname`, `ssh_port`)
     as the SSH config file maps them (`HostName`, `Port`); a jump host (`ProxyJump`, `ProxyCommand`)
     is not followed: the other host tries the address itself, and where it cannot reach it the bytes
-    go through the control machine (operations/peer_keys.py)."""
+    go through the control machine (operations/transport/peer_keys.py)."""
     data = host.data
     address = str(data.get("ssh_hostname") or getattr(host, "name", ""))
     entry, _ = _config_entry(_config_file(host), address)

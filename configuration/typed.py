@@ -76,7 +76,7 @@ class Service:
     # Every way the data makes the service listen beyond loopback (key path, why): `bind`, engine
     # flags.
     listens_beyond_loopback: tuple[tuple[str, str], ...] = ()
-    # The service's canary (operations/rollout.py): a count, or the hosts named.
+    # The service's canary (operations/service/rollout.py): a count, or the hosts named.
     canary: int | tuple[str, ...] = 0
 
     def __getattr__(self, name: str) -> Any:

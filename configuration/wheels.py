@@ -5,8 +5,8 @@ and the rule that no two distributions of a stack install one file.
 (hashes are cached by size and mtime, so a large wheel is hashed once); a missing or altered file
 fails with the file's name and where it was looked for. `overlaps` reads each wheel's RECORD and
 names two distributions that install one file (which copy a venv ends up with would depend on
-install order). The venv operations read a wheelhouse through these (operations/venv.py); `python -m
-tools.wheelhouse` fills one.
+install order). The venv operations read a wheelhouse through these
+(operations/environment/venv.py); `python -m tools.wheelhouse` fills one.
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ class Overlap:
 
 
 def overlaps(wheels: dict[Package, Path]) -> list[Overlap]:
-    """Pairs of distributions whose wheels install one file, as `remote/venv_state.py` counts a
-    conflict.
+    """Pairs of distributions whose wheels install one file, as `environment/on_host/venv_state.py`
+    counts a conflict.
 
     A file inside a package directory with a size is a claim; a loose top-level file both ship
     (0.5.11's flashinfer-python and torch-c-dlpack-ext each carry `build_backend.py`) and empty

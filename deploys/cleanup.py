@@ -1,7 +1,7 @@
 """Cleanup: what the inventory no longer places on this host, after every readiness gate.
 
 pyinfra runs each operation on every host before the next, so a service moved to another host
-stops here only once it answers /health there (operations/placement.py); the models only it
+stops here only once it answers /health there (operations/service/placement.py); the models only it
 used are released after it.
 """
 
@@ -12,7 +12,8 @@ from pyinfra.api import deploy
 
 from configuration import settings
 from deploys.planning import Reading
-from operations import models, placement
+from operations.model import models
+from operations.service import placement
 
 STEP = "Cleanup"
 

@@ -1,8 +1,8 @@
 """Environments: one venv per combination of stack and patch sets (settings.Environment).
 
 Each is built as a generation beside the live one, patched there, proven by the ABI probe and
-only then switched in (operations/venv.py); the previous generation stays for rollback. A host
-with nothing placed on it gets none: it stays ready to receive a service. The deploy's state
+only then switched in (operations/environment/venv.py); the previous generation stays for rollback.
+A host with nothing placed on it gets none: it stays ready to receive a service. The deploy's state
 directory (saved units for rollback, the records of what each service started with) is kept root's
 alone, 0700.
 """
@@ -18,8 +18,10 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations.util import any_changed
 
 from deploys.planning import Reading, directory_change
-from operations import patches, progress, rollback, venv
-from operations.plan import Refusal
+from operations.environment import patches, venv
+from operations.run import progress
+from operations.run.plan import Refusal
+from operations.service import rollback
 
 STEP = "Environments"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from deploys.planning import Reading
-from operations import gpus
+from operations.gpu import gpus
 
 STEP = "GPU check"
 

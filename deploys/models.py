@@ -2,8 +2,8 @@
 dir.
 
 A host that lacks a store copy (a host moved to) gets it streamed from the host that
-`model_sources` names (operations/transfer.py); `shm` models are staged, verified, and staged
-again at boot by a unit of their own (operations/models.py).
+`model_sources` names (operations/model/transfer.py); `shm` models are staged, verified, and staged
+again at boot by a unit of their own (operations/model/models.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pyinfra.api import deploy
 from pyinfra.api.operation import OperationMeta
 
 from deploys.planning import Reading
-from operations import models as staging
-from operations import transfer
-from operations.plan import Refusal
+from operations.model import models as staging
+from operations.model import transfer
+from operations.run.plan import Refusal
 
 STEP = "Models"
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 from deploys import cleanup, environments, gpu_check, models, service, service_account
 from deploys.planning import Unread, reading
-from operations.plan import HostPlan
+from operations.run.plan import HostPlan
 
 STEPS = (gpu_check.plan, environments.plan, models.plan, service_account.plan, service.plan,
          cleanup.plan)

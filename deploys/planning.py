@@ -3,7 +3,8 @@
 Each step of the deploy plans in its own module (`plan(reading)` in deploys/gpu_check.py,
 environments.py, models.py, service_account.py, service.py, cleanup.py), from the very deciders
 its operations apply, read with the very arguments they read with (so every answer comes from the
-host's one batched read, operations/host_reads.py). deploys/plan.py runs them in the deploy's order.
+host's one batched read, operations/run/host_reads.py). deploys/plan.py runs them in the deploy's
+order.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from operations import directory
-from operations.plan import HostPlan, Refusal
+from operations.run import directory
+from operations.run.plan import HostPlan, Refusal
 
 
 class Unread(Exception):

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from configuration import settings, stacks
 from configuration.patch_sets import PatchSet, load_patch_set
 from configuration.settings import HostConfig
-from operations import host_reads, lock
+from operations.lock import lock
 from operations.pyinfra_adapter import real_host
+from operations.run import host_reads
 from report import health_timer, plan_view, summary
 
 
@@ -45,7 +46,8 @@ class HostRun:
 
     @property
     def digest(self) -> str:
-        """What the host's read set is kept under: this configuration (operations/host_reads.py)."""
+        """What the host's read set is kept under: this configuration
+        (operations/run/host_reads.py)."""
         return repr(self.config)
 
     def deploying(self, state) -> None:
@@ -67,7 +69,7 @@ class HostRun:
         """A read-only view's machinery: the host's one read as the deploy reads it, with `also`
         (the view's own small reads) in it; no lock is taken or waited for, and nothing is kept on
         the control machine (what it asks is not saved as the next read set)."""
-        # each command otherwise waits for a delayed ACK (operations/lock.py)
+        # each command otherwise waits for a delayed ACK (operations/lock/lock.py)
         lock.send_without_delay(self.host)
         # a host that stops answering is dropped within seconds, not waited for
         lock.watch_connection(self.host)

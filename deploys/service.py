@@ -23,21 +23,20 @@ from deploys.environments import BuiltEnvironment
 from deploys.gpu_check import STEP as GPU_STEP
 from deploys.models import ModelCopies
 from deploys.planning import Reading, Unread
-from operations import (
+from operations.run import progress, this_run
+from operations.service import (
     lifecycle,
     preflight,
-    progress,
     readiness,
     rollback,
     rollout,
     secrets,
-    this_run,
     unit_file,
     units,
 )
-from operations.service_inputs import unit_text as unit_text_of
-from operations.service_inputs import watched_inputs
-from operations.service_user import GpuDevices, device_access, group_of
+from operations.service.service_inputs import unit_text as unit_text_of
+from operations.service.service_inputs import watched_inputs
+from operations.service.service_user import GpuDevices, device_access, group_of
 
 STEP = "Service"
 
@@ -204,10 +203,10 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
 @deploy(STEP)
 def restarted(prepared: Prepared, held: Callable[..., str | None], restarts: bool = False) -> None:
     """In the replica's wave: its unit written and the unit (re)started if anything it loads
-    changed, unless it is held (`held`, operations/rollout.py `Hold`: its service's rollout halted
-    earlier in this run, or restarting it would leave too few replicas serving): then its unit file
-    and process stay as they are. `restarts`: the host's plan restarts the running replica (a
-    rewritten unit would restart it), so the unit write asks as a restart does."""
+    changed, unless it is held (`held`, operations/service/rollout.py `Hold`: its service's rollout
+    halted earlier in this run, or restarting it would leave too few replicas serving): then its
+    unit file and process stay as they are. `restarts`: the host's plan restarts the running replica
+    (a rewritten unit would restart it), so the unit write asks as a restart does."""
     service = prepared.service
     unit_path = service.unit_path
     unit_file.written(name=f"Unit {service.unit_name}", path=unit_path, text=prepared.unit_text,
@@ -271,13 +270,13 @@ def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: 
 
 @deploy(STEP)
 def wave_opened(number: int, of: int) -> None:
-    """A rollout's wave begins, on every host alike (operations/rollout.py `wave`: it orders the
-    waves across hosts)."""
+    """A rollout's wave begins, on every host alike (operations/service/rollout.py `wave`: it orders
+    the waves across hosts)."""
     rollout.wave(name=f"Rollout wave {number} of {of}", number=number, of=of)
 
 
 @deploy(STEP)
 def gates_checked() -> None:
     """After the last wave: the host fails where one of its replicas failed its gate
-    (operations/rollout.py)."""
+    (operations/service/rollout.py)."""
     rollout.gates_passed(name="Readiness gates passed")

@@ -4,7 +4,7 @@ for the units' sandbox. Nothing on a host with no service placed on it.
 
 The deploy makes the account its own and runs the engine with its privileges, so an account that is
 someone else's, or GPU devices it cannot open, refuse the host before anything changes
-(operations/service_user.py).
+(operations/service/service_user.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pyinfra.facts.server import Groups
 
 from configuration.host_paths import SECRETS_DIR
 from deploys.planning import Reading, directory_change
-from operations import secrets
-from operations.plan import Refusal
-from operations.service_user import (
+from operations.run.plan import Refusal
+from operations.service import secrets
+from operations.service.service_user import (
     NOLOGIN,
     Account,
     AccountStanding,
@@ -29,7 +29,7 @@ from operations.service_user import (
     refuse_closed_devices,
     refuse_not_dedicated,
 )
-from operations.service_user import STATE_DIR as ACCOUNT_HOME
+from operations.service.service_user import STATE_DIR as ACCOUNT_HOME
 
 STEP = "Service account"
 

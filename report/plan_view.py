@@ -36,7 +36,7 @@ PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each h
 
 
 # service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}: its
-# rollout's waves (operations/rollout.py), the same from every host's load.
+# rollout's waves (operations/service/rollout.py), the same from every host's load.
 ROLLOUTS: dict[str, dict] = {}
 
 

@@ -1,13 +1,13 @@
-"""What this run's rollouts did, as the operations record it (operations/rollout.py) and the summary
-prints it.
+"""What this run's rollouts did, as the operations record it (operations/service/rollout.py) and the
+summary prints it.
 
 A replica that fails its readiness gate halts its service's rollout (`halt`): no later wave restarts
 another replica of it in this run (`halted`), and each replica kept on its old version says so
 (`record_held`). So does a replica held before its restart because too few of its service's
-replicas serve (`HELD_BEFORE_RESTART`, operations/rollout.py `hold_reason`); that halt holds only
-restarts: a later replica that is down may still start. The end-of-run summary prints one line per
-halted service (`lines`): which replica failed (or was held) and why, and which replicas still run
-the old version. Like `report.summary.REPORT`, the
+replicas serve (`HELD_BEFORE_RESTART`, operations/service/rollout.py `hold_reason`); that halt holds
+only restarts: a later replica that is down may still start. The end-of-run summary prints one line
+per halted service (`lines`): which replica failed (or was held) and why, and which replicas still
+run the old version. Like `report.summary.REPORT`, the
 store is the module's and is emptied when the summary is printed.
 """
 
@@ -38,7 +38,7 @@ FAILED_GATES: dict[str, list[str]] = {}
 
 # host/replica of each replica whose host's plan restarts its running process in this run (added
 # while the deploy adds its operations, read while it executes): a wave's other replicas that go
-# down with it when its count is taken (operations/rollout.py `hold_reason`).
+# down with it when its count is taken (operations/service/rollout.py `hold_reason`).
 RESTARTING: set[str] = set()
 
 

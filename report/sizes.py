@@ -1,8 +1,8 @@
 """How the deploy writes a number of bytes for people: one rule for every message of the control
 machine (the GPU check's fit, the prerequisites' free space, the progress lines).
 
-The host scripts write their own (operations/remote/stage_model.py `human`): they run on the host
-with the standard library alone and cannot import this.
+The host scripts write their own (operations/model/on_host/stage_model.py `human`): they run on the
+host with the standard library alone and cannot import this.
 """
 
 from __future__ import annotations

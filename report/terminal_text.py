@@ -9,9 +9,9 @@ sequence, as a visible escape (`\\x1b`, `\\r`, `\\u009b`, `\\u202e`); only the S
 click.style writes (pyinfra's colours) stay raw. A host's own SGR sequence of that kind passes too:
 in a stream of text the two cannot be told apart (conceal, which click never writes, does not pass).
 
-The one place it is applied is the CLI's output streams (operations/redact.py's stream, installed
-under the pyinfra CLI as that module loads): whoever prints, pyinfra or we, writes through it.
-pyinfra's own cursor control (its progress spinner's `\\r` and line clear, its confirm prompt's
+The one place it is applied is the CLI's output streams (operations/run/redact.py's stream,
+installed under the pyinfra CLI as that module loads): whoever prints, pyinfra or we, writes through
+it. pyinfra's own cursor control (its progress spinner's `\\r` and line clear, its confirm prompt's
 cursor-up) is let through only when written by that code of pyinfra's (`for_terminal`). Renderers
 that lay host words out in columns (report/summary.py, report/status_view.py) know that what they
 lay out is data: they use `one_line()`, which also escapes `\\n`, `\\t` and every SGR sequence, so

@@ -5,7 +5,7 @@ its real parser.
     python -m tools.engine_flags generate /path/to/venv/bin/python
     python -m tools.engine_flags generate /path/to/venv/bin/python --patch-set ddtree-sample
 
-`generate` runs operations/remote/engine_flags.py (it builds the parser exactly as
+`generate` runs operations/environment/on_host/engine_flags.py (it builds the parser exactly as
 `prepare_server_args` does and prints its actions) with that Python; with `--patch-set` it
 first overlays the set's files on a copy of the installed package. The files are read by
 configuration/engine_flags.py, which resolves the data's `args` against them.

@@ -5,8 +5,8 @@ size and mtime, so a large wheel is hashed once); a missing or altered file fail
 the file's name and where it was looked for. `build()` fills a wheelhouse: wheels are
 downloaded from the package index with `pip download --no-deps` (exact pins only), and
 stand-ins with a `build:` script are built locally. Beside the stack's files it puts the
-pinned uv wheel (operations/installer.py `UV_WHEELS`) for the stack's architecture, so that
-hosts install with uv (`installer: auto`); it is sha256-checked like any pinned file.
+pinned uv wheel (operations/environment/installer.py `UV_WHEELS`) for the stack's architecture, so
+that hosts install with uv (`installer: auto`); it is sha256-checked like any pinned file.
 Last, it reads each wheel's RECORD and refuses a stack in which two distributions install one file
 (`overlaps`): which copy a venv ends up with would depend on install order. Finding, checking and
 reading a wheel is configuration/wheels.py's (the deploy's venv operations read a wheelhouse there
@@ -28,7 +28,7 @@ from pathlib import Path
 from configuration.errors import DataError
 from configuration.stacks import Package, Stack, load_stack
 from configuration.wheels import WheelhouseError, find, locate, refuse_overlaps, sha256_of
-from operations import installer
+from operations.environment import installer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,8 +5,8 @@ client.
 given, on every host: the host that runs the service measures it, the others note nothing. pyinfra
 runs an operation on every host before the next, so the services are measured one at a time. On the
 service's host, from the service's own venv, against its local port, as the service user in the
-service's own sandbox (a transient unit: operations/transient.py, units.service_sandbox), never as
-root:
+service's own sandbox (a transient unit: operations/environment/transient.py,
+units.service_sandbox), never as root:
 
     VENV/bin/python -I -c CLIENT_SHIM sglang.bench_serving --backend sglang \\
         --base-url http://127.0.0.1:PORT --model=MODEL --tokenizer=TOKENIZER \\
@@ -50,7 +50,10 @@ from pyinfra.api.state import BaseStateCallback
 
 from configuration import kinds
 from configuration.typed import speculative_algorithm
-from operations import redact, remote, remote_call, service_user, transient, units
+from operations import remote
+from operations.environment import transient
+from operations.run import redact, remote_call
+from operations.service import service_user, units
 
 MARK = "MEASURE-RESULT "
 DEFAULTS = {"prompts": 64, "input_len": 256, "output_len": 256, "concurrency": 8, "probe": 4,
@@ -184,7 +187,7 @@ CLIENT_ENV = {
                       "(sglang/benchmark/serving.py get_auth_headers)",
     "SGLANG_DEPLOY_PEER_GUARD": "the service's unit and control group, which every connection the "
                                 "client makes must reach before its first byte leaves "
-                                "(operations/remote/peer_guard.py); names no file",
+                                "(operations/transport/on_host/peer_guard.py); names no file",
 }
 CLIENT_FIXED_ENV = {"PATH": transient.SYSTEM_PATH, "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "LC_CTYPE": "C.UTF-8"}
@@ -508,7 +511,7 @@ def _run(state, host, service: str, venv: str, command: str, report: Report,
         host, command, f"measuring {service}",
         limit_s(report.options.timeout_s, report.options.probe) + 60)
     # The engine's own text: secret-named values masked, registered ones redacted
-    # (operations/redact.py). A line that failed (the transient unit could not start, a check of
+    # (operations/run/redact.py). A line that failed (the transient unit could not start, a check of
     # root's failed) gives no result, whatever it printed.
     printed = parse_output(output.stdout or "") or {}
     result = (printed if ok else None) or {
@@ -568,8 +571,8 @@ def served(service: str, placed=None, report: Report | None = None, config=None)
     }
     sandbox = client_sandbox(units.service_sandbox(config, placed), report.options.tokenizer)
     # The client connects on its own: the port's every listener must be the unit's, before it runs
-    # and after (peer identity, operations/remote/port_holder.py), or its figures (and the key it
-    # sent) went to someone else.
+    # and after (peer identity, operations/service/on_host/port_holder.py), or its figures (and the
+    # key it sent) went to someone else.
     holder = remote.command("port_holder", shlex.quote(placed.unit_name), str(int(placed.port)))
     command = host_command(placed.environment.path, spec, sandbox, before=(holder,),
                            after=(holder,))

@@ -31,16 +31,12 @@ from pyinfra.api import FactBase
 from deploys import environments
 from deploys import models as models_step
 from deploys.plan import plan_host
-from operations import (
-    gpus,
-    host_reads,
-    lifecycle,
-    models,
-    patches,
-    readiness,
-    remote,
-    venv,
-)
+from operations import remote
+from operations.environment import patches, venv
+from operations.gpu import gpus
+from operations.model import models
+from operations.run import host_reads
+from operations.service import lifecycle, readiness
 
 COVERS = (
     "DEPLOY WOULD is the deploy's own plan from this read (deploys/plan.py): every step, "

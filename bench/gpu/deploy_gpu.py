@@ -18,7 +18,9 @@ from pyinfra import host
 from pyinfra.operations import files
 
 from configuration import settings, stacks
-from operations import gpus, patches, preflight, units, venv
+from operations.environment import patches, venv
+from operations.gpu import gpus
+from operations.service import preflight, units
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
@@ -26,7 +28,7 @@ patch_sets = {name: patches.load_patch_set(name) for name in config.patch_sets}
 
 gpu_plan = gpus.plan_for_host(config, stack)
 # The GPU machine has no systemd (PID 1 is not systemd): bench/gpu's systemctl, journalctl and systemd-run stand in
-# for it, so the prerequisite that refuses such a host (operations/prerequisites.py) is set aside here, and only here.
+# for it, so the prerequisite that refuses such a host (operations/gpu/prerequisites.py) is set aside here, and only here.
 gpu_plan = dataclasses.replace(gpu_plan, errors=tuple(e for e in gpu_plan.errors if not e.startswith("its init is ")))
 config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)

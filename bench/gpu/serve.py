@@ -2,12 +2,12 @@
 
     python3 bench/gpu/serve.py /etc/systemd/system/sglang-NAME.service TIMEOUT_S
 
-Reads the unit that operations/units.py rendered (deploy_gpu.py wrote it): its `Environment=`
+Reads the unit that operations/service/units.py rendered (deploy_gpu.py wrote it): its `Environment=`
 lines, `WorkingDirectory=`, and `ExecStart=` (systemd's quoting undone: `"..."` words, `\\`
 continuations, `$$` and `%%`), creates its `StateDirectory=`/`CacheDirectory=` as systemd would
 (`/var/lib/<name>`, `/var/cache/<name>`), and starts the process with that environment only
 (systemd passes no other). Then runs the deploy's own readiness script
-(operations/remote/wait_ready.py: /health 200, then one chat completion), with bench/gpu's
+(operations/service/on_host/wait_ready.py: /health 200, then one chat completion), with bench/gpu's
 `systemctl`/`journalctl` stand-ins answering for the process, and asks /server_info which
 attention backend, speculative algorithm and grammar backend the server really runs.
 Prints one JSON line; the process is stopped at the end. Not applied: `User=` and the sandbox
@@ -79,7 +79,7 @@ def main(unit_path: str, timeout: int) -> int:
     address = unit["argv"][unit["argv"].index("--host") + 1]
     gate_env = {**os.environ, "PATH": f"{HERE}:{os.environ['PATH']}", "GPU_RUN": str(RUN)}
     gate = subprocess.run(
-        [sys.executable, str(ROOT / "operations/remote/wait_ready.py"), name, address, port, str(timeout), "1", "-"],
+        [sys.executable, str(ROOT / "operations/service/on_host/wait_ready.py"), name, address, port, str(timeout), "1", "-"],
         capture_output=True, text=True, env=gate_env,
     )
     result = {"unit": name, "argv": unit["argv"], "env": unit["env"], "wall_s": round(time.monotonic() - started, 1)}

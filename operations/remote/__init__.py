@@ -6,14 +6,18 @@ installed on a host just to inspect it. Every python that root starts on a host 
 script's on `sys.path`) and from `/`, so no directory a local user writes and no variable of the
 session reaches what root imports; tests/unit/test_isolated.py holds every command to it.
 
-What several scripts share lives in `_common.py`; a script's `from _common import ...` statement
-is replaced by that file's text here, so each script still travels, and runs, as one file.
+Each script lives with the step that runs it, in that step's `on_host/` folder
+(operations/model/on_host/stage_model.py, operations/service/on_host/wait_ready.py, ...), and is
+named by its file's stem, unique across the steps (`scripts()`). What several scripts share lives
+here, in `_common.py`; a script's `from _common import ...` statement is replaced by that file's
+text here, so each script still travels, and runs, as one file.
 """
 
 import ast
 import functools
 from pathlib import Path
 
+# _common.py's folder; the steps' packages, each with its `on_host/`, lie beside it
 _DIR = Path(__file__).parent
 
 
@@ -61,14 +65,29 @@ def top_level_imports(body: str) -> tuple[str, ...]:
     return _GIVEN.get(body, ())
 
 
+@functools.lru_cache(maxsize=None)
+def scripts() -> dict[str, Path]:
+    """Every host script, by name: the files of the steps' `on_host/` folders. Two steps may not
+    name a script alike (a name is what every caller asks for)."""
+    found: dict[str, Path] = {}
+    for path in sorted(_DIR.parent.glob("*/on_host/*.py")):
+        assert path.stem not in found, (
+            f"two host scripts named {path.stem}: {found.get(path.stem)} and {path}; rename one")
+        found[path.stem] = path
+    return found
+
+
 def script_path(name: str) -> Path:
     """The file of remote script `name` as it lies here (run as it is, with `_common` not inlined,
     only by scripts that do not import it: tools/engine_flags.py runs `engine_flags` with a venv's
     Python on the control machine)."""
-    return _DIR / f"{name}.py"
+    try:
+        return scripts()[name]
+    except KeyError:
+        raise KeyError(f"no host script {name!r} in operations/*/on_host/") from None
 
 
-# Where a script text sent in a batch (operations/host_reads.py) held `shared_text()`: the batch
+# Where a script text sent in a batch (operations/run/host_reads.py) held `shared_text()`: the batch
 # carries that text once.
 SHARED_MARK = "#@@sglang-deploy-shared@@"
 
@@ -90,7 +109,7 @@ def script(name: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _script(name: str) -> tuple[str, tuple[str, ...]]:
     """`script(name)` and its top-level imports, read, inlined and parsed once per process."""
-    body = (_DIR / f"{name}.py").read_text(encoding="utf-8")
+    body = script_path(name).read_text(encoding="utf-8")
     tree = ast.parse(body)
     includes = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "_common"]
     if not includes:
@@ -118,10 +137,11 @@ def _script(name: str) -> tuple[str, tuple[str, ...]]:
 
 def _clear() -> None:
     _script.cache_clear()
+    scripts.cache_clear()
     shared_text.cache_clear()
 
 
-script.cache_clear = _clear  # tests that swap the scripts' directory
+script.cache_clear = _clear  # tests that swap the scripts' or _common's directory
 
 
 def isolated(interpreter: str, rest: str) -> str:

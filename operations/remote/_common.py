@@ -3,7 +3,7 @@
 # and remote.script() puts this whole file in that line's place, so each script still travels
 # and runs as one file (`python3 - ARGS`, or the boot unit's installed copy of stage_model.py).
 # ctypes is imported where it is used (a venv switch): the converged read, which imports every
-# script's top-level imports once before it forks (remote/run_scripts.py), never needs it.
+# script's top-level imports once before it forks (run/on_host/run_scripts.py), never needs it.
 import hashlib as _hashlib
 import json as _json
 import os as _os
@@ -22,7 +22,8 @@ HASH_BLOCK = 1 << 22
 # `layer_types` (Qwen3-Next/3.5's linear_attention, LFM2's conv, ...) keeps a recurrent state.
 ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention", "attention",
                     "global", "local")
-# Touched by the deploy after each install into a venv generation (operations/venv.py: STAMP).
+# Touched by the deploy after each install into a venv generation (operations/environment/venv.py:
+# STAMP).
 STAMP = _os.path.join(".sglang-deploy", "installed")
 
 

@@ -240,7 +240,7 @@ def wait_until(check, timeout: float, interval: float = 0.2, what: str = "the co
 
 # Test hooks that hold a deploy at a known point (tests/lab/test_faults.py) --------------
 
-HOOKS = "/run/sglang-deploy-test"  # operations/remote/stage_model.py's TEST_HOOK_DIR
+HOOKS = "/run/sglang-deploy-test"  # operations/model/on_host/stage_model.py's TEST_HOOK_DIR
 
 
 def hold(host: str, what: str, name: str) -> None:

@@ -16,7 +16,7 @@ import sys  # noqa: E402
 
 from pyinfra.api import Config, Inventory, State  # noqa: E402
 
-from operations import peer_keys  # noqa: E402
+from operations.transport import peer_keys  # noqa: E402
 from tests.lab.labutil import STATE, lab_hosts  # noqa: E402
 
 

@@ -89,7 +89,7 @@ def test_second_run_reports_no_changes_and_restarts_nothing(first_run):
 
 
 def test_a_converged_run_reads_each_host_in_one_call(first_run):
-    """pyinfra's --debug log names each host's read calls (operations/host_reads.py): on a converged host one, the
+    """pyinfra's --debug log names each host's read calls (operations/run/host_reads.py): on a converged host one, the
     command that took its deploy lock; every fact the run asks comes from it."""
     result = deploy("lab/inventory.py", "--debug")
     assert result.returncode == 0 and result.changed == [], result
@@ -149,7 +149,7 @@ def test_truncated_staged_file_is_repaired(first_run):
 
 
 def test_overwritten_patch_file_is_named_by_a_dry_run_and_put_back(first_run):
-    from operations.patches import load_patch_set
+    from operations.environment.patches import load_patch_set
 
     patch_set = load_patch_set("ddtree-sample")
     env = "/root/venv_sglang+ddtree-sample"

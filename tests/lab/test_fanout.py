@@ -1,4 +1,4 @@
-"""Fan-out on the lab: four hosts that need the same new stack and the same model in one run (operations/fanout.py).
+"""Fan-out on the lab: four hosts that need the same new stack and the same model in one run (operations/transport/fanout.py).
 
 The control machine pushes the stack's wheels once; the other hosts read them from a host that got them in this
 run, each on a one-time key, and check every wheel against its pin before it takes its name. The model, named in

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import models
+from operations.model import models
 from tests.lab.labutil import (
     HOOKS,
     ROOT,
@@ -259,7 +259,7 @@ exec "$0.real" "$@"
 def uv_held():
     """The host's uv behind a wrapper that can hold an install (put back afterwards)."""
     from configuration import settings
-    from operations import installer
+    from operations.environment import installer
 
     uv = installer.uv_binary(settings.GLOBAL_KEYS["host_wheel_cache"].default)
     assert host_ssh(f"test -x {uv} && echo ok").strip() == "ok", f"{uv} missing: the deploy installs with uv on the lab"

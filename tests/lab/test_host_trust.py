@@ -16,7 +16,7 @@ import shlex
 
 import pytest
 
-from operations import models
+from operations.model import models
 from tests.lab.labutil import (
     deploy,
     http_get,

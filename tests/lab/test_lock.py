@@ -267,7 +267,7 @@ def test_a_lock_of_a_copy_of_this_control_machine_is_not_taken_over_while_it_ren
     which alone once proved a reboot and let this run take the lock over while the copy deployed. While the copy's
     run renews its lock (touches `alive`, as every run does every RENEW_S), the host fails alone naming the copy; once
     the renewals stop, the lock is taken over. Seen failing without the renewal check: taken over at once."""
-    from operations import lock
+    from operations.lock import lock
 
     me = lock.new_owner()
     record = {**me, "id": "clone-run", "who": "root@ctl-copy", "boot": "0" * 8 + me["boot"][8:], "token": "c" * 32}

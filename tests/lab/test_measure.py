@@ -235,7 +235,7 @@ IMPOSTOR = impostor_source(SERVICES["dflash"]["port"])
 def test_the_key_goes_only_to_the_unit_when_the_engine_dies_mid_run(measured):
     """Root checks the port's listeners before the client and after it; in between the engine dies and another
     local user binds its port. Every connection of the client is checked on its own before its first byte
-    (operations/remote/peer_guard.py): the first one to the squatter stops the run, which fails naming the holder,
+    (operations/transport/on_host/peer_guard.py): the first one to the squatter stops the run, which fails naming the holder,
     and the squatter hears nothing. Seen failing without the guard: the squatter's journal held
     `HEARD GET /v1/models Bearer <the key>`. Last in the module: it kills dflash's engine."""
     port, unit = SERVICES["dflash"]["port"], UNITS["dflash"]

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from operations import models, remote
+from operations import remote
+from operations.model import models
 from tests.lab.labutil import (
     PYINFRA,
     ROOT,
@@ -44,7 +45,7 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pyinfra import host
 from configuration import settings
-from operations import models
+from operations.model import models
 models.stage_for_host(settings.host_config(host))
 """
 

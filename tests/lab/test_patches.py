@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import yaml
 
-from operations.patches import PATCHES_DIR, load_patch_set
+from operations.environment.patches import PATCHES_DIR, load_patch_set
 from tests.lab.labutil import (
     PYINFRA,
     ROOT,

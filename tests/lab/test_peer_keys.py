@@ -1,4 +1,4 @@
-"""Host to host on a one-time key (operations/peer_keys.py), on the lab, over real SSH: a model moves from gpu-d to
+"""Host to host on a one-time key (operations/transport/peer_keys.py), on the lab, over real SSH: a model moves from gpu-d to
 gpu-e with no byte through the deploy, the key reads its file list and nothing else, no key is left after a run, one
 left by a killed run is removed by the next, and where gpu-e cannot reach gpu-d the bytes go through this machine and
 the run says so.

@@ -78,7 +78,7 @@ def test_the_checked_in_engine_flags_are_the_lab_venvs_parser():
     if found is None:
         pytest.skip("no lab host holds a venv with sglang yet (run tests/lab/test_deploy.py first)")
     host, generation, *patch_sets = found
-    script = (ROOT / "operations" / "remote" / "engine_flags.py").read_text()
+    script = (ROOT / "operations" / "environment" / "on_host" / "engine_flags.py").read_text()
     out = ssh(host, f"cd / && CUDA_VISIBLE_DEVICES= {generation}/bin/python - <<'PYEOF'\n{script}\nPYEOF").stdout
     live = json.loads(out.strip().splitlines()[-1])
     assert len(patch_sets) <= 1, patch_sets

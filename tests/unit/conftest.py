@@ -12,7 +12,7 @@ from tests.unit.test_units import lab_config
 
 @pytest.fixture
 def sm(tmp_path, monkeypatch):
-    """operations/remote/stage_model.py as a module, its test hook directory moved under tmp_path (the real one is /run/...)."""
+    """operations/model/on_host/stage_model.py as a module, its test hook directory moved under tmp_path (the real one is /run/...)."""
     module = load_remote_module("stage_model", "stage_model_under_test")
     monkeypatch.setattr(module, "TEST_HOOK_DIR", str(tmp_path / "hooks"))
     return module

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pyinfra.api import Config, Inventory, State
 
-from operations import transfer
+from operations.model import transfer
 
 
 def make_host(all_data: dict, host_data: dict | None = None, groups: dict | None = None, override: dict | None = None, name: str = "gpu-a"):
@@ -19,7 +19,7 @@ def make_host(all_data: dict, host_data: dict | None = None, groups: dict | None
 
 
 def local_listing(path: str) -> dict[str, int] | None:
-    """What `transfer.StoreListing` (remote/model_listing.py) says, for a model directory on this machine: regular
+    """What `transfer.StoreListing` (model/on_host/model_listing.py) says, for a model directory on this machine: regular
     files and links followed for their sizes, our own files left out."""
     root = Path(path)
     if not root.is_dir():

@@ -15,25 +15,24 @@ from pathlib import Path
 
 from operations import remote
 
-REMOTE_DIR = Path(__file__).resolve().parents[2] / "operations" / "remote"
 _SHAPE = re.compile(r"\A\(cd / && exec python3 -I - (?P<args>.*?) ?<<'PYEOF'\n(?P<body>.*)\nPYEOF\n\)\Z", re.S)
 
 
 def remote_call(command) -> tuple[str, list[str]]:
-    """('stage_model', ['/root/models/X', ...]) for a command that runs operations/remote/stage_model.py."""
+    """('stage_model', ['/root/models/X', ...]) for a command that runs operations/model/on_host/stage_model.py."""
     assert isinstance(command, str), f"not a shell command: {command!r}"
     match = _SHAPE.match(command)
     assert match, f"not a remote-script command: {command[:120]!r}"
     # Which script: its text as sent (with _common.py inlined); the arguments stay literal expectations.
-    names = [p.stem for p in sorted(REMOTE_DIR.glob("*.py")) if not p.stem.startswith("_") and remote.script(p.stem) == match["body"]]
-    assert len(names) == 1, f"the script body matches {names or 'no file'} in {REMOTE_DIR}"
+    names = [name for name in sorted(remote.scripts()) if remote.script(name) == match["body"]]
+    assert len(names) == 1, f"the script body matches {names or 'no file'} in operations/*/on_host/"
     return names[0], shlex.split(match["args"])
 
 
 def load_remote_module(name: str, module_name: str | None = None) -> types.ModuleType:
     """Remote script `name` as the host runs it (_common.py inlined), as a module: its functions, its main part not run."""
     module = types.ModuleType(module_name or name)
-    module.__file__ = str(REMOTE_DIR / f"{name}.py")
+    module.__file__ = str(remote.script_path(name))
     exec(compile(remote.script(name), module.__file__, "exec"), module.__dict__)
     return module
 

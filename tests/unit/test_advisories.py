@@ -14,7 +14,7 @@ import yaml
 
 from configuration import advisories, engine_flags, patch_sets, settings
 from configuration.errors import DataError
-from operations import gpus
+from operations.gpu import gpus
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_data
 

@@ -178,7 +178,7 @@ def test_a_backend_the_patch_set_was_not_served_on_is_refused(world, args, key, 
 @pytest.mark.parametrize("args", [
     "attention-backend: triton",
     "attention-backend: triton, decode-attention-backend: triton, speculative-draft-attention-backend: triton",
-    "attention-backend: auto",  # resolved from the GPU on the host, and checked there (operations/gpus.py)
+    "attention-backend: auto",  # resolved from the GPU on the host, and checked there (operations/gpu/gpus.py)
 ])
 def test_the_backends_it_served_on_are_accepted(world, args):
     served_on_triton(world)

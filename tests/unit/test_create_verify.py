@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from configuration.kinds import writable_by_others
-from operations import models, remote
+from operations import remote
+from operations.model import models
 from tests.unit.remote_calls import load_remote_module
 from tests.unit.test_models import FILES, make_model, script, stage, state
 

@@ -46,7 +46,7 @@ def named_paths(page: Path) -> set[str]:
 
 
 def exists(path: str) -> bool:
-    """A file or directory; a module named without `.py` (`operations/redact`); a module's name
+    """A file or directory; a module named without `.py` (`operations/run/redact`); a module's name
     (`operations/openssh.ssh_argv`), which its source defines."""
     if (ROOT / path).exists() or (ROOT / f"{path}.py").exists():
         return True
@@ -110,6 +110,6 @@ def test_the_checker_sees_a_stale_path_and_a_made_up_target(tmp_path):
     page.parent.mkdir()
     page.write_text("See `operations/no_such_module.py:12`, [x](other.md), `lab/state/hosts` and `files/stacks/<name>.yml`.")
     assert named_paths(page) == {"operations/no_such_module.py"}
-    assert not exists("operations/no_such_module.py") and exists("operations/redact") and exists("operations/openssh.ssh_argv")
+    assert not exists("operations/no_such_module.py") and exists("operations/run/redact") and exists("operations/transport/openssh.ssh_argv")
     assert not exists("operations/openssh.no_such_function")
     assert "nosuchtarget" not in make_targets() and "test" in make_targets()

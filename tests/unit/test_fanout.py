@@ -1,4 +1,4 @@
-"""Fan-out as data: who serves whom when several hosts need the same bytes in one run (operations/fanout.py)."""
+"""Fan-out as data: who serves whom when several hosts need the same bytes in one run (operations/transport/fanout.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import fanout
-from operations.fanout import ORIGIN, WAIT, Coming, Holder, Swarm, choose
+from operations.transport import fanout
+from operations.transport.fanout import ORIGIN, WAIT, Coming, Holder, Swarm, choose
 
 WANT = {"torch.whl": "aa", "sglang.whl": "bb"}
 

@@ -1,4 +1,4 @@
-"""operations/file_write.py run for real on pyinfra's @local host: content, owner and mode land whole."""
+"""operations/run/file_write.py run for real on pyinfra's @local host: content, owner and mode land whole."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.connect import connect_all
 
-from operations.file_write import TMP_SUFFIX, replace_file
+from operations.run.file_write import TMP_SUFFIX, replace_file
 
 
 @pytest.fixture

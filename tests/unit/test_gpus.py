@@ -12,7 +12,8 @@ import pytest
 
 from configuration import group_files, settings
 from configuration.settings import REPO_ROOT
-from operations import gpus, remote
+from operations import remote
+from operations.gpu import gpus
 from tests.unit.hosts import make_host
 
 # Real output of driver 580.159.04 on one H200 (shared/fixtures/h200-probe.txt).

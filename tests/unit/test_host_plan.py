@@ -18,21 +18,19 @@ from configuration import settings
 from configuration.host_paths import SECRETS_DIR
 from configuration.secrets import config_path
 from deploys.plan import plan_host
-from operations import (
-    gpus,
-    models,
-    patches,
+from operations.environment import patches, venv
+from operations.gpu import gpus
+from operations.model import models, transfer
+from operations.run.plan import Change, HostPlan
+from operations.service import (
     placement,
     readiness,
     rollback,
     secrets,
     service_inputs,
     service_user,
-    transfer,
     unit_file,
-    venv,
 )
-from operations.plan import Change, HostPlan
 from tests.unit.test_units import LAB_GPUS
 
 

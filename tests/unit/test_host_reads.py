@@ -1,4 +1,4 @@
-"""operations/host_reads.py on pyinfra's @local host: real shell commands, real fact classes.
+"""operations/run/host_reads.py on pyinfra's @local host: real shell commands, real fact classes.
 
 What must hold: a batch answers each fact exactly as that fact's own read does; a fact is read
 from the host once until a command runs there; the read set of one run makes the next run's
@@ -26,8 +26,9 @@ from pyinfra.api.operations import run_ops
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.operations import files, server
 
-from operations import host_reads, remote
-from operations.transfer import StoreListing
+from operations import remote
+from operations.model.transfer import StoreListing
+from operations.run import host_reads
 
 
 @pytest.fixture
@@ -204,7 +205,7 @@ def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree)
 
 
 def test_a_full_verify_is_never_read_ahead(local, tmp_path):
-    from operations.venv import VenvState
+    from operations.environment.venv import VenvState
 
     state, host, reads = installed(local, "d")
     kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
@@ -279,7 +280,7 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
 
 
 def test_the_batch_has_its_scripts_imports_made_once_before_the_forks():
-    from operations import readiness
+    from operations.service import readiness
 
     command, python_ids = host_reads.batch_command([(0, readiness.ServiceState(), {"unit": "u.service", "address": "127.0.0.1", "port": 1})])
     assert python_ids == {0}
@@ -321,7 +322,7 @@ def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
     gevent.joinall(reads.pending)  # the read is done...
     assert reads.answers
     (tree / "config.json").write_text('{"another run": 1}')
-    host_reads.forget(host)  # ...then the lock is given back (operations/lock.py `_give_back` says so)
+    host_reads.forget(host)  # ...then the lock is given back (operations/lock/lock.py `_give_back` says so)
     assert not reads.answers
     host_reads.install(state, host, config_digest="lock-2")
     assert reads.remote_reads == 2  # read again, in one call
@@ -359,7 +360,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
 
 
 def _run_locally(command: str, answer_after_s: float = 0.0):
-    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock.py hands on for the
+    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock/lock.py hands on for the
     read it ran in the command that took the host's lock. The command runs at once; its answer may come later."""
     import gevent
 
@@ -523,7 +524,7 @@ def test_a_read_set_too_large_for_one_shell_argument_is_batched_in_part_and_the_
     state, host = local()
     read_set = host_reads.read_set_path(host, "d")
     entries = [["pyinfra.facts.files:File", {"path": p}] for p in paths]
-    entries.append(["operations.transfer:StoreListing", {"path": str(tree)}])
+    entries.append(["operations.model.transfer:StoreListing", {"path": str(tree)}])
     read_set.write_text(json.dumps(entries))
     reads = host_reads.HostReads(read_set, "x")
     batch = host_reads.plan_batch(reads, None, None, None)
@@ -554,7 +555,10 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
     32 kB, is shorter than a script), and the lab's gpu-a read set (two services) outgrew MAX_BATCH_BYTES: its python
     reads were dropped from the lock's call and made one by one (20 calls). The batch carries it once: these five
     reads took 82.7 kB before, 42 kB now."""
-    from operations import gpus, models, readiness, venv
+    from operations.environment import venv
+    from operations.gpu import gpus
+    from operations.model import models
+    from operations.service import readiness
 
     entries = [(0, gpus.GpuState(), {"models": ("/root/models/A", "/root/models/B")})]
     for i, unit in enumerate(("sglang-ddtree.service", "sglang-dflash.service")):

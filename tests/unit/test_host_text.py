@@ -1,4 +1,4 @@
-"""One gate for text from hosts (report/terminal_text.py, applied by operations/redact.py's stream on the CLI's
+"""One gate for text from hosts (report/terminal_text.py, applied by operations/run/redact.py's stream on the CLI's
 stdout and stderr): what a host wrote (a unit name, a journal line, a model name, a failure's reason) reaches the
 operator's terminal with every control in it visible, never acting; pyinfra's own colours, spinner and prompt
 keep working; JSON stays JSON and the Prometheus textfile one sample a line."""
@@ -17,13 +17,13 @@ import click
 import pytest
 from pyinfra import progress
 
-from operations import redact
+from operations.run import redact
 from report import status_view as view
 from report import summary, terminal_text
 from tests.unit.test_layers import ENTRY_POINTS, import_graph, reachable
 from tests.unit.test_status import service_row
 
-ROOT = Path(redact.__file__).resolve().parents[1]
+ROOT = Path(redact.__file__).resolve().parents[2]
 
 # what a host may write -> how the operator sees it
 HOSTILE = {
@@ -75,7 +75,7 @@ def test_text_from_a_host_is_shown_not_obeyed(case):
 CLI_TERMINAL = """
 import io, json, os, sys
 import click
-from operations import redact
+from operations.run import redact
 
 class Terminal(io.StringIO):
     def isatty(self):
@@ -122,7 +122,7 @@ click.echo(click.style(f"model {{text}}", fg="red"), err=True)
 
 
 def test_the_cli_wraps_its_streams_as_the_gate_loads_without_any_secret(tmp_path):
-    """Under pyinfra's CLI the streams are wrapped when operations/redact.py is imported (by every entry point), not
+    """Under pyinfra's CLI the streams are wrapped when operations/run/redact.py is imported (by every entry point), not
     at the first registered secret: a run with no secret at all still prints no host's control."""
     texts = [text for text, _ in HOSTILE.values()]
     script = f"""
@@ -131,7 +131,7 @@ from pyinfra import logger
 from pyinfra_cli.log import setup_logging
 pyinfra.is_cli = True
 setup_logging(20)
-from operations import redact
+from operations.run import redact
 texts = {texts!r}
 for text in texts:
     logger.info("[gpu-a] " + text)
@@ -149,9 +149,9 @@ raise RuntimeError(texts[0])
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_imports_the_gate(entry):
-    """The gate is installed as operations/redact.py loads: an entry point that does not reach it prints host text raw
+    """The gate is installed as operations/run/redact.py loads: an entry point that does not reach it prints host text raw
     (test_layers checks it only for those that load secrets)."""
-    assert "operations.redact" in reachable(import_graph(), entry)
+    assert "operations.run.redact" in reachable(import_graph(), entry)
 
 
 # -- pyinfra's own drawing -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationError
 
-from operations import models
+from operations.model import models
 from tests.unit.remote_calls import load_remote_module
 from tests.unit.test_models import FILES, make_model, script, stage, state
 
@@ -382,7 +382,7 @@ def test_the_switch_adopts_no_venv_of_another_user_and_deletes_no_generation_of_
 
 # The deploy's state on the host: saved units, and the records that hold the key file's sha256 ------------
 
-from operations import rollback  # noqa: E402
+from operations.service import rollback  # noqa: E402
 from tests.unit.test_operations import FakeFs, run, service_host  # noqa: E402, F401 - a fixture
 
 
@@ -442,5 +442,5 @@ def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, se
 def test_a_venv_read_through_its_link_as_a_donors_is_trusted(tmp_path):
     gen = _fake_venv(tmp_path / "venv.generations" / "g1", {"torch": ["torch/__init__.py"]})
     (tmp_path / "venv").symlink_to(gen)
-    # operations/venv.py reads a donor's venv with wanted = live = its venv_path, a symlink of root's.
+    # operations/environment/venv.py reads a donor's venv with wanted = live = its venv_path, a symlink of root's.
     assert venv_read(tmp_path / "venv", tmp_path / "venv", Path("/nonexistent"))["untrusted"] == []

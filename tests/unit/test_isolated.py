@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from operations import host_reads, remote
+from operations import remote
+from operations.run import host_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [*sorted((ROOT / "operations").rglob("*.py")), *sorted((ROOT / "deploys").rglob("*.py")),

@@ -1,33 +1,35 @@
 """One layer order, guarded: every module of the deploy imports only from layers below its own (or its own package).
 
     1 configuration                 the operators' data and its rules: loaded, validated, typed (imports no other layer)
-    2 operations/remote             the stdlib scripts run on hosts (sent alone: they import only `_common`)
+    2 operations/remote             the stdlib scripts run on hosts (sent alone: they import only `_common`): each
+                                    step's `on_host/` folder, and operations/remote (their loader and `_common`)
       operations/pyinfra_adapter    the one module that reaches into pyinfra's internals
       report                        the run's printed record (summary, status view, health timer): pyinfra state
                                     callbacks over plain rows; it imports nothing of the deploy, and the operations
                                     (layer 3) record into `report.summary`, so it sits below them
-    3 operations                    our operations and facts, one concern each
+    3 operations                    our operations and facts, one concern each, in rooms by step (ROOMS: a room
+                                    imports only from rooms below it or from itself)
     4 deploys                       the components: a deploy's steps in order, each planning itself (`plan`) and adding
                                     the operations that apply its plan
     5 views                         what a person reads (the status view's rows, the measurements): they read the
                                     deploy's plan (deploys/plan.py) and change nothing
     6 entry points                  deploy.py, status.py, measure.py (and config.py, inventory.py, group_data/*.py)
       tools                         control-machine command-line tools (`python -m tools.X`): they read the data and
-                                    use operations' pure parts (`operations.installer`'s pinned uv wheels), and nothing
+                                    use operations' pure parts (`operations.environment.installer`'s pinned uv wheels), and nothing
                                     of the deploy imports them, so they sit with the entry points
 
 The rules (each failure names the file, the line, the import and the fix):
 
 - a module imports a project module only from a lower layer, or from its own package (layer 2's three groups, and
   layer 6's entry points and tools, do not import each other); nothing imports `tests`, `lab` or `bench`;
-- a remote script (operations/remote/*.py) imports nothing of the project but `from _common import ...`, which
+- a remote script (operations/*/on_host/*.py) imports nothing of the project but `from _common import ...`, which
   `operations.remote.script()` replaces by _common.py's text;
 - every project import is at the top of its module (no import inside a function, class or block): what a module
   needs is seen at a glance, and an import circle cannot hide behind a late import;
 - no import circle among the project's modules (strongly connected components of the module import graph);
 - only configuration reads a host's data (`host.data`, `inventory.get_host(...).data`, the inventory's data
   getters): operations, deploys, report, tools and the entry points receive the validated `HostConfig`;
-- every entry point that loads the data (and with it the secrets) imports operations.redact, which wraps the run's
+- every entry point that loads the data (and with it the secrets) imports operations.run.redact, which wraps the run's
   output at the first registered secret (configuration/redaction.py tells it).
 
 The allowances below are exceptions with their reason, each to be deleted once its line is fixed: an allowance
@@ -63,7 +65,7 @@ class Layer:
 def layer_of(module: str) -> Layer:
     if module.split(".")[0] == "configuration":
         return Layer("configuration", 1)
-    if module == "operations.remote" or module.startswith("operations.remote."):
+    if module == "operations.remote" or module.startswith("operations.remote.") or is_remote_script(module):
         return Layer("operations/remote", 2)
     if module == "operations.pyinfra_adapter":
         return Layer("operations/pyinfra_adapter", 2)
@@ -106,7 +108,26 @@ def rel(path: Path) -> str:
 
 
 def is_remote_script(module: str) -> bool:
-    return module.startswith("operations.remote.")
+    parts = module.split(".")
+    return parts[0] == "operations" and (parts[1:2] == ["remote"] and len(parts) > 2 or "on_host" in parts)
+
+
+# The rooms of operations/ (layer 3), by step, lowest first: what a step plans, applies and runs on the host,
+# together. A room imports only from rooms below it, or from itself.
+ROOMS = {
+    "run": 1,          # the run's own machinery: one read per host, writes, channels, per-run state, templates
+    "lock": 2,         # one deploy at a time per host
+    "transport": 3,    # bytes between hosts: streams, OpenSSH, one-time keys, fan-out
+    "gpu": 4,          # the GPU check and a host's prerequisites
+    "environment": 4,  # the serving venv's generations, the installer, patch sets, the sandboxed engine
+    "model": 4,        # models staged into the store and shm
+    "service": 5,      # units, the service account, readiness gates, rollback, placement, rollout
+}
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "operations" and len(parts) >= 2 and parts[1] in ROOMS else None
 
 
 @dataclass(frozen=True)
@@ -199,6 +220,32 @@ def test_a_module_imports_only_from_lower_layers_or_its_own_package():
             problems.append(f"{where(imp)} imports {imp.target} ({theirs.group}, layer {theirs.rank}) into "
                             f"{mine.group} (layer {mine.rank}): a module imports only from lower layers or its own "
                             f"package ({ORDER}). Fix: {fix}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_operation_lives_in_a_room_by_step():
+    """operations/ is rooms by step (ROOMS), with only the remote scripts' loader and the pyinfra adapter beside them:
+    a module dropped at its top would pass every other rule unseen."""
+    loose = [rel(MODULES[m]) for m in MODULES
+             if m.startswith("operations.") and room_of(m) is None and layer_of(m).rank == 3]
+    assert not loose, (f"{loose}: put each into the room of the step that uses it (operations/<room>/: {sorted(ROOMS)}), "
+                       "or into operations/run/ if every step does")
+    assert {m.split(".")[1] for m in MODULES if room_of(m)} == set(ROOMS)
+
+
+def test_a_room_imports_only_from_rooms_below_it_or_itself():
+    problems = []
+    for imports in IMPORTS.values():
+        for imp in imports:
+            mine, theirs = room_of(imp.importer), room_of(imp.target)
+            if mine is None or theirs is None or is_remote_script(imp.importer) or mine == theirs:
+                continue
+            if ROOMS[theirs] < ROOMS[mine]:
+                continue
+            problems.append(f"{where(imp)} imports {imp.target} (room {theirs}, {ROOMS[theirs]}) into room {mine} "
+                            f"({ROOMS[mine]}): a room imports only from rooms below it ({ROOMS}). Fix: move what it "
+                            f"uses down into a room below both (operations/run/ if every step needs it), or pass it in "
+                            "as an argument from the room above")
     assert not problems, "\n".join(problems)
 
 
@@ -349,10 +396,10 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_an_entry_point_that_loads_secrets_wraps_the_output_first(entry):
     """configuration/secrets.py registers every secret value it loads in configuration/redaction.py, which knows nothing
-    of output; operations/redact.py wraps the CLI's streams when told of the first one, once it is imported. Every
+    of output; operations/run/redact.py wraps the CLI's streams when told of the first one, once it is imported. Every
     import of an entry point runs before its first line loads the data, so importing it is enough."""
     loaded = reachable(import_graph(), entry)
     if "configuration.secrets" in loaded:
-        assert "operations.redact" in loaded, (
-            f"{entry}.py loads secrets (configuration.secrets) but never imports operations.redact: a registered secret "
-            f"would reach the output. Fix: import operations.redact in {entry}.py or in an operation it uses")
+        assert "operations.run.redact" in loaded, (
+            f"{entry}.py loads secrets (configuration.secrets) but never imports operations.run.redact: a registered secret "
+            f"would reach the output. Fix: import operations.run.redact in {entry}.py or in an operation it uses")

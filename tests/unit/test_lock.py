@@ -1,4 +1,4 @@
-"""operations/lock.py with the real lock script (operations/remote/lock_host.py) run on this machine.
+"""operations/lock/lock.py with the real lock script (operations/lock/on_host/lock_host.py) run on this machine.
 
 Each fake host is a "machine" of its own: a directory holding its /run/sglang-deploy.lock
 (SGLANG_DEPLOY_LOCK) and its identity (machine-id, boot_id: SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID),
@@ -23,7 +23,8 @@ import click
 import gevent
 import pytest
 
-from operations import lock, private_dir
+from operations.lock import lock
+from operations.run import private_dir
 
 
 class FakeHost:
@@ -731,7 +732,7 @@ def test_a_lock_taken_again_after_a_wait_is_told_again(tmp_path):
 
 
 class LocalChannel:
-    """A paramiko channel's calls that operations/lock.py makes, run on this machine (bash, the host's lock dir)."""
+    """A paramiko channel's calls that operations/lock/lock.py makes, run on this machine (bash, the host's lock dir)."""
 
     def __init__(self, host: FakeHost):
         self.host, self.proc, self.timeout, self.closed = host, None, None, False

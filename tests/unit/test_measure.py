@@ -295,7 +295,7 @@ KEY_CLIENT = (
 def test_a_run_whose_connection_reaches_another_holder_stops_there_and_says_so(impostor, tmp_path):  # noqa: F811
     """The engine died and another local user holds its port when the client connects: the client's first
     connection is refused before its first byte, the client stops, no probe is sent, and the result names the holder
-    (operations/remote/peer_guard.py). Seen failing without the guard: the impostor printed the key."""
+    (operations/transport/on_host/peer_guard.py). Seen failing without the guard: the impostor printed the key."""
     port, proc = impostor
     fake = tmp_path / "fake"
     for rel, text in {**FAKE_TRANSFORMERS, "keyclient.py": KEY_CLIENT}.items():
@@ -323,7 +323,7 @@ def test_the_client_runs_as_the_service_user_in_the_services_sandbox():
     tokenizer under a hidden home directory is bound in read-only; the run's environment is only PATH."""
     import shlex
 
-    from operations import units
+    from operations.service import units
     from tests.unit.test_units import lab_config, render
 
     config = lab_config()
@@ -388,8 +388,8 @@ def test_the_command_takes_no_lock_and_restarts_nothing():
     # runs in), the transient run's command line, where a home directory hides a path, the remote scripts (the
     # read-only check of the port's holder): none locks, reads for a deploy or changes.
     assert {m for m in imports(ROOT / "views" / "measure.py") if m.startswith(("operations", "deploys"))} <= {
-        "operations.redact", "operations.units", "operations.transient", "operations.service_user", "operations.remote",
-        "operations.remote_call"}
+        "operations.run.redact", "operations.service.units", "operations.environment.transient", "operations.service.service_user", "operations.remote",
+        "operations.run.remote_call"}
 
 
 def test_runs_made_one_service_at_a_time_combine_into_one_table(tmp_path, capsys):

@@ -14,12 +14,12 @@ import pytest
 
 from configuration import settings
 from configuration.settings import HostConfig
-from operations import models, remote
+from operations import remote
+from operations.model import models
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import load_remote_module, remote_call
 from tests.unit.test_operations import run
 
-REMOTE = Path(models.__file__).parent / "remote"
 MARKER = models.MARKER
 SRC = "/root/models/Qwen3.6-27B"
 DEST = "/dev/shm/Qwen3.6-27B"

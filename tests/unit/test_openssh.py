@@ -1,4 +1,4 @@
-"""Bulk bytes over OpenSSH (operations/openssh.py, configuration/ssh_login.py, operations/streaming.py's "Bulk bytes").
+"""Bulk bytes over OpenSSH (operations/transport/openssh.py, configuration/ssh_login.py, operations/transport/streaming.py's "Bulk bytes").
 
 The `ssh` command line is built from a host's pyinfra data (hosts from plain data, tests/unit/hosts.py; none contacted)
 and read back by OpenSSH itself (`ssh -G`: its effective settings, no connection). Then the transfers run end to end
@@ -22,7 +22,8 @@ import paramiko
 import pytest
 
 from configuration import connection, schema, ssh_login
-from operations import model_digests, openssh, streaming, transfer
+from operations.model import model_digests, transfer
+from operations.transport import openssh, streaming
 from tests.unit.hosts import ThisMachine, make_host
 
 LAB = {"ssh_hostname": "10.213.0.2", "ssh_user": "root", "ssh_key": "/srv/lab/id_ed25519",

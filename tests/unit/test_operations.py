@@ -27,7 +27,10 @@ from pyinfra.facts.server import TmpDir
 
 from configuration import patch_sets
 from configuration.errors import DataError
-from operations import lifecycle, models, patches, readiness, remote, service_user
+from operations import remote
+from operations.environment import patches
+from operations.model import models
+from operations.service import lifecycle, readiness, service_user
 from report import summary
 from tests.unit.hosts import make_host
 from tests.unit.remote_calls import remote_call
@@ -624,7 +627,7 @@ def test_lifecycle_judges_by_the_host_alone_before_executing():
     assert outcome() is False
 
 
-# operations/remote/service_state.py, run here against a stand-in systemctl ---------------------
+# operations/service/on_host/service_state.py, run here against a stand-in systemctl ---------------------
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The key goes only to the unit, for the whole run (operations/remote/peer_guard.py): in a process that talks to a
+"""The key goes only to the unit, for the whole run (operations/transport/on_host/peer_guard.py): in a process that talks to a
 service over its own connections (measure.py's benchmark client and probes), every TCP connection is checked on its
 own before its first byte leaves, and the first that is not the unit's stops the run.
 

@@ -82,7 +82,7 @@ def test_the_gate_sends_nothing_to_whoever_else_holds_the_port_and_names_it(tool
 
 
 def service_state(tools, port: int) -> dict:  # noqa: F811 - the fixture's value
-    """The status view's and the migration's read of a service (operations/remote/service_state.py), run here."""
+    """The status view's and the migration's read of a service (operations/service/on_host/service_state.py), run here."""
     proc = subprocess.run(
         [sys.executable, "-", "sglang-x.service", "127.0.0.1", str(port)],
         input=remote.script("service_state"), capture_output=True, text=True, timeout=60,
@@ -138,7 +138,7 @@ def test_the_unit_cgroup_is_found_on_this_hosts_layout():
 
 
 def port_holder(tools, port: int) -> subprocess.CompletedProcess:  # noqa: F811 - the fixture's value
-    """measure.py's check of root's, before and after the benchmark client (operations/remote/port_holder.py)."""
+    """measure.py's check of root's, before and after the benchmark client (operations/service/on_host/port_holder.py)."""
     return subprocess.run(["sh", "-c", remote.command("port_holder", "sglang-x.service", str(port))], capture_output=True,
                           text=True, timeout=60, env={"PATH": f"{tools[0]}:/usr/bin:/bin"})
 

@@ -1,5 +1,5 @@
 """One-time keys a run that died left between hosts are removed by the next deploy that reads the host (issue 46 item
-8; operations/peer_keys.py `swept`): from the host's one read (peer_access.py `left`), only while the run holds the
+8; operations/transport/peer_keys.py `swept`): from the host's one read (peer_access.py `left`), only while the run holds the
 host's deploy lock (never under --dry, never in a view), and only those provably dead (`_stale`: expired, without
 their record, or of a deploy of this control machine that is gone). A live run's grant stays.
 """
@@ -12,7 +12,9 @@ import subprocess
 import sys
 import time
 
-from operations import lock, peer_keys, remote
+from operations import remote
+from operations.lock import lock
+from operations.transport import peer_keys
 
 ME = lock.control_identity()
 DEAD, LIVE, BARE, EXPIRED = "a" * 32, "b" * 32, "c" * 32, "d" * 32

@@ -12,7 +12,8 @@ import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import placement, remote
+from operations import remote
+from operations.service import placement
 from report import rollouts, summary
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy.\n"

@@ -15,17 +15,10 @@ import pytest
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory
 
-from operations import (
-    directory,
-    lifecycle,
-    patches,
-    readiness,
-    rollback,
-    service_inputs,
-    service_user,
-    transfer,
-    venv,
-)
+from operations.environment import patches, venv
+from operations.model import transfer
+from operations.run import directory
+from operations.service import lifecycle, readiness, rollback, service_inputs, service_user
 from tests.unit.test_host_plan import converged_world, plan_of
 from tests.unit.test_operations import FakeFs, run
 

@@ -8,7 +8,8 @@ import yaml
 
 from configuration import settings
 from configuration.settings import REPO_ROOT
-from operations import preflight, transient, units
+from operations.environment import transient
+from operations.service import preflight, units
 from tests.unit.hosts import make_host
 
 
@@ -278,7 +279,7 @@ def test_dry_run_that_passes_or_cannot_check_yet_does_not_fail(monkeypatch):
 def test_dry_run_names_the_inputs_the_run_changes_first(monkeypatch):
     from pyinfra.api.operation import OperationMeta
 
-    from operations.this_run import Inputs
+    from operations.run.this_run import Inputs
 
     passing = {"parser": "sglang 0.5.23", "parse_error": None, "import_error": None}
     rebuilt, same, probe = OperationMeta("a", True), OperationMeta("b", False), OperationMeta("c", True)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configuration import stacks
-from operations import prerequisites as P
+from operations.gpu import prerequisites as P
 from tests.unit.test_units import LAB_GPUS, lab_config
 
 REAL = stacks.load_stack("sglang-0.5.23-cu130")

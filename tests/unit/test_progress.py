@@ -7,8 +7,8 @@ import gevent
 import pytest
 
 from configuration import redaction
-from operations import progress
-from operations.progress import Reader, Watch, progress_line
+from operations.run import progress
+from operations.run.progress import Reader, Watch, progress_line
 
 
 def test_time_so_far_only():

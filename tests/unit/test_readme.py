@@ -86,8 +86,11 @@ def test_layout_table_names_every_package_and_module():
     assert packages, "no packages found"
     missing = [f"{p}/" for p in packages if f"`{p}/`" not in layout]
     for package in ("configuration", "deploys", "operations", "report", "tools", "views"):
-        missing += [f"{package}/{m.stem}" for m in sorted((REPO_ROOT / package).glob("*.py"))
+        missing += [str(m.relative_to(REPO_ROOT)) for m in sorted((REPO_ROOT / package).rglob("*.py"))
                     if m.stem != "__init__" and f"`{m.stem}`" not in layout]
+    # operations/ is rooms by step: each room is named, as `room/`
+    missing += [f"operations/{room.name}/" for room in sorted((REPO_ROOT / "operations").iterdir())
+                if (room / "__init__.py").exists() and f"`{room.name}/`" not in layout]
     assert missing == [], f"docs/layout.md's layout table does not name: {missing}"
 
 

@@ -17,7 +17,9 @@ import pytest
 from configuration import settings
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
-from operations import gpus, preflight, remote
+from operations import remote
+from operations.gpu import gpus
+from operations.service import preflight
 from tests.served_sets import served_copy
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_config, lab_data, render
@@ -230,7 +232,7 @@ def test_a_bad_donor_entry_names_the_key_and_the_fix(entry, key, fix):
 
 
 def test_a_same_host_donor_copies_with_cp_on_the_host_and_rewrites_the_scripts(tmp_path):
-    from operations import venv
+    from operations.environment import venv
 
     donor = _fake_venv(tmp_path / "donor", {"torch": ["torch/__init__.py", "torch/lib/x.so"], "numpy": ["numpy/__init__.py"]})
     (donor / "bin/torchrun").write_text(f"#!{donor}/bin/python\nimport torch\n")
@@ -250,7 +252,7 @@ def test_a_same_host_donor_copies_with_cp_on_the_host_and_rewrites_the_scripts(t
 
 
 def test_a_same_host_donor_copy_fails_when_the_donor_lacks_the_pin(tmp_path):
-    from operations import venv
+    from operations.environment import venv
 
     donor = _fake_venv(tmp_path / "donor", {"torch": ["torch/__init__.py"]})
     gen = venv.Generation(str(tmp_path / "venv"), "g1")
@@ -292,7 +294,7 @@ def test_a_kernel_in_a_stack_without_torch_fails_the_probe_and_says_why(tmp_path
 
 def test_the_probe_is_told_whether_the_stack_has_torch():
     from configuration import stacks
-    from operations import venv
+    from operations.environment import venv
 
     assert venv.probe_for(stacks.load_stack("lab-standin"), "sglang.launch_server", {})["torch"] is False
     assert venv.probe_for(stacks.load_stack("lab-cpu-sglang"), "sglang.launch_server", {})["torch"] is True

@@ -1,4 +1,4 @@
-"""Redaction (operations/redact.py): a registered secret value, in each form it may be printed in, and
+"""Redaction (operations/run/redact.py): a registered secret value, in each form it may be printed in, and
 secret-named values in the engine's text, never reach what the run prints."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import shlex
 import subprocess
 import sys
 import urllib.parse
+from pathlib import Path
 
 import click
 import pytest
 
 from configuration import redaction
-from operations import redact
-from operations.remote import _DIR as REMOTE_DIR
+from operations import remote
+from operations.run import redact
 
 # Test values only. KEY holds the characters that each encoding changes: / + = ' " \ & % ?
 KEY = "unit-redact/k+e=y'q\"b\\s&p%x?z-0123456789"
@@ -129,7 +130,7 @@ def test_engine_text_also_redacts_registered_values_by_name():
 
 def test_the_host_and_the_control_machine_mask_the_same_names():
     """wait_ready.py runs on hosts (stdlib, one file): it carries its own copy of the rule, kept equal here."""
-    tree = ast.parse((REMOTE_DIR / "wait_ready.py").read_text())
+    tree = ast.parse(remote.script_path("wait_ready").read_text())
     host_rule = next(
         node.value for node in tree.body
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SECRET_ASSIGNMENT" for t in node.targets)
@@ -197,14 +198,15 @@ from pyinfra_cli.log import setup_logging
 pyinfra.is_cli = True
 setup_logging(20)
 from configuration import redaction
-from operations import redact
+from operations import remote
+from operations.run import redact
 {registry}.register("cli-key", {PLAIN!r})
 click.echo("echo {PLAIN}")
 logger.info("log {PLAIN}")
 print("print {PLAIN}", file=sys.stderr)
 raise RuntimeError("failed with {PLAIN}")
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REMOTE_DIR.parents[1])
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     out = proc.stdout + proc.stderr
     assert "RuntimeError: failed with <secret cli-key>" in out, out
     assert PLAIN not in out

@@ -5,13 +5,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from operations import remote
 
-SCRIPTS = sorted(p.stem for p in Path(remote.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+SCRIPTS = sorted(remote.scripts())
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -28,15 +27,17 @@ def test_every_script_is_one_file_that_imports_only_the_standard_library(name):
 def test_a_shared_helper_is_written_once():
     shared = {"norm", "exchange", "walk_files", "systemctl_show", "file_digest", "sha256_file", "manifest_paths"}
     for name in SCRIPTS:
-        text = (Path(remote.__file__).parent / f"{name}.py").read_text()
+        text = remote.script_path(name).read_text()
         defined = {n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
         assert not defined & shared, f"{name}.py defines {defined & shared} again"
 
 
 def make_script_dir(tmp_path, monkeypatch, common: str, script: str):
-    (tmp_path / "_common.py").write_text(common)
-    (tmp_path / "x.py").write_text(script)
-    monkeypatch.setattr(remote, "_DIR", tmp_path)
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "_common.py").write_text(common)
+    (tmp_path / "step" / "on_host").mkdir(parents=True)
+    (tmp_path / "step" / "on_host" / "x.py").write_text(script)
+    monkeypatch.setattr(remote, "_DIR", tmp_path / "remote")
     remote.script.cache_clear()
 
 
@@ -68,7 +69,7 @@ def test_an_include_that_would_change_meaning_when_inlined_is_refused(tmp_path, 
 
 def _constant(script: str, name: str):
     """The value a remote script assigns to `name` at its top level (a literal, or the default of `os.environ.get`)."""
-    tree = ast.parse((Path(remote.__file__).parent / f"{script}.py").read_text())
+    tree = ast.parse(remote.script_path(script).read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             value = node.value
@@ -82,7 +83,8 @@ def test_the_host_paths_a_script_keeps_a_copy_of_are_the_deploys():
     """A script travels alone (stdlib only): where it cannot be given a path as an argument, it keeps a copy of
     configuration/host_paths.py's, compared here."""
     from configuration import host_paths
-    from operations import lock, rollback
+    from operations.lock import lock
+    from operations.service import rollback
 
     assert _constant("service_state", "RECORD_DIR") == rollback.RECORD_DIR == f"{host_paths.STATE_DIR}/started"
     assert _constant("wait_ready", "RECORD_DIR") == rollback.RECORD_DIR  # the gate's figures, beside the records

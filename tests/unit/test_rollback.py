@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import readiness, rollback, rollout
+from operations.service import readiness, rollback, rollout
 from report import summary
 from tests.unit.test_operations import run
 
@@ -119,7 +119,7 @@ def test_the_unit_in_use_is_saved_only_when_it_is_about_to_change():
 
     from pyinfra.facts.files import Sha1File
 
-    from operations import preflight
+    from operations.service import preflight
 
     text = "[Unit]\n"
     args = dict(service="x", venv_path="/root/venv_sglang", launcher="sglang.launch_server", argv=["--port", "30000"],

@@ -1,4 +1,4 @@
-"""A service's replicas in waves (operations/rollout.py): sizes, canaries, and the same waves on every host."""
+"""A service's replicas in waves (operations/service/rollout.py): sizes, canaries, and the same waves on every host."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from configuration.schema import GroupData, ServiceSpec
 from configuration.typed import Environment, HostConfig, ModelUse, Service
-from operations import rollout
-from operations.rollout import Replica
+from operations.service import rollout
+from operations.service.rollout import Replica
 
 
 @pytest.mark.parametrize(("given", "replicas", "size"), [
@@ -186,7 +186,7 @@ def test_one_replica_is_never_counted(halts):
 
 
 def test_the_probe_keeps_a_serving_answer_and_asks_a_down_one_again(monkeypatch):
-    from operations import placement
+    from operations.service import placement
 
     configs, rep = replicated(("a", "b", "c"))
     answers = {"b": None, "c": "sglang-rep.service on c is inactive, /health None now"}

@@ -3,7 +3,7 @@
 Hypothesis generates data the schema accepts (services with random names, GPUs, ports, models, engine flags and
 values, environment variables, host paths, launcher, user and host name drawn from the accepted kinds, values
 full of quotes, `$`, `%`, `\\`, `;`, `#`, `=`, spaces and non-ASCII letters), validates it as a deploy does, renders
-the unit with the real rendering code (operations/units.py and templates/sglang.service.j2), and asserts that:
+the unit with the real rendering code (operations/service/units.py and templates/sglang.service.j2), and asserts that:
 
 - every line is one the template produces for some input: blank, a comment, a section header, a `Key=` line of a
   key the template writes, or a flag continuation line (`    --flag ...`);
@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 
 from configuration import kinds, settings, stacks
 from configuration.errors import DataError
-from operations import units
+from operations.run import templates
+from operations.service import units
 from tests.unit.hosts import make_host
 
-TEMPLATE_KEYS = frozenset(re.findall(r"^([A-Za-z]+)=", (units.TEMPLATES / "sglang.service.j2").read_text(), re.M))
+TEMPLATE_KEYS = frozenset(re.findall(r"^([A-Za-z]+)=", (templates.TEMPLATES / "sglang.service.j2").read_text(), re.M))
 PER_VALUE_KEYS = ("Environment", "BindReadOnlyPaths")
 STACK = "lab-standin"
 

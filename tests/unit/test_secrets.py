@@ -9,7 +9,7 @@ from configuration import redaction, settings
 from configuration import secrets as lookup
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
-from operations import secrets
+from operations.service import secrets
 from tests.unit.hosts import make_host
 
 KEY = "unit-test-key-0123456789abcdef"
@@ -126,7 +126,7 @@ def test_every_punctuation_character_is_a_usable_key():
 
 def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp_path):
     """The secrets file's values and every $SGLANG_DEPLOY_SECRET_* value, used by a service or not."""
-    from operations import redact
+    from operations.run import redact
 
     monkeypatch.setattr(redaction, "_REGISTERED", {})
     unused = "unit-test-unused-env-secret-31f0"
@@ -142,7 +142,7 @@ def test_every_secret_the_run_knows_is_registered_for_redaction(monkeypatch, tmp
 
 def test_a_secret_is_redacted_under_its_own_name_however_many_services_ask(monkeypatch):
     """`<secret dflash-key>`, not the variable it came from, also after other secrets were resolved."""
-    from operations import redact
+    from operations.run import redact
 
     monkeypatch.setattr(redaction, "_REGISTERED", {})
     admin = "unit-test-admin-key-77aa01bc9d"
@@ -159,7 +159,7 @@ def test_a_key_file_is_never_staged_under_tmp_even_under_sudo():
     from pyinfra.api.command import FileUploadCommand
     from pyinfra.connectors.ssh import SSHConnector
 
-    from operations.file_write import replace_file
+    from operations.run.file_write import replace_file
 
     path = secrets.config_path("s")
     upload = next(c for c in replace_file(path, secrets.config_text(secrets.Secret("k", KEY), None), "640", "root", "sglang")
@@ -188,7 +188,7 @@ def test_the_key_files_sha256_is_redacted_like_the_keys(monkeypatch):
     """-vvv prints the key file's state fact and the started record, which hold the file's sha256: derived from the keys."""
     import hashlib
 
-    from operations import redact
+    from operations.run import redact
     from tests.unit.test_operations import run
 
     monkeypatch.setattr(redaction, "_REGISTERED", {})

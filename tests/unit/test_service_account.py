@@ -17,7 +17,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from configuration import settings
 from configuration.errors import DataError
-from operations import service_user
+from operations.service import service_user
 from tests.unit.hosts import make_host
 from tests.unit.test_settings import base_data, merged
 

@@ -1,4 +1,4 @@
-"""A speculative service's gate (operations/remote/wait_ready.py, issue 45): its greedy tokens are its target's, its
+"""A speculative service's gate (operations/service/on_host/wait_ready.py, issue 45): its greedy tokens are its target's, its
 acceptance at least its floor.
 
 The gate's functions are loaded from the script as the host runs it; its requests go to the lab's stand-in's own
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import readiness
+from operations.service import readiness
 from tests.unit.remote_calls import load_remote_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab" / "standin"))
@@ -181,7 +181,7 @@ def test_a_canary_within_its_margins_or_on_another_model_passes(new):
 
 
 def test_the_canarys_baseline_is_a_replica_of_a_later_wave():
-    from operations import rollout
+    from operations.service import rollout
 
     class Config:
         def __init__(self, *services):

@@ -442,7 +442,7 @@ UV_ARM = Package(
 @pytest.fixture
 def fake_index(monkeypatch):
     """`pip download` replaced: it writes the pinned file with `content[name]` (default: the bytes its pin expects)."""
-    from operations import installer
+    from operations.environment import installer
 
     monkeypatch.setitem(installer.UV_WHEELS, "x86_64", UV_X86)
     monkeypatch.setitem(installer.UV_WHEELS, "aarch64", UV_ARM)
@@ -521,7 +521,7 @@ def test_a_stack_that_pins_uv_itself_gets_no_second_one(tmp_path, house, fake_in
 
 
 def test_the_real_stacks_uv_wheel_is_installers_pin():
-    from operations import installer
+    from operations.environment import installer
 
     assert wheelhouse.uv_package(stacks.load_stack("lab-cpu-sglang")) == installer.UV_WHEELS["x86_64"]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import models
+from operations.model import models
 
 MARKER = models.MARKER
-SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "remote" / "stage_model.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "model" / "on_host" / "stage_model.py"
 
 
 @pytest.fixture

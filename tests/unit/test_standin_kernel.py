@@ -102,7 +102,7 @@ def test_under_another_torch_it_fails_like_a_kernel_built_against_another_libtor
 
 def test_the_abi_probe_names_the_mismatched_kernel_in_one_line(tmp_path):
     site = _site(tmp_path, "0.4.9+cpu", "2.13.0+cpu")
-    probe = ROOT / "operations" / "remote" / "abi_probe.py"
+    probe = ROOT / "operations" / "environment" / "on_host" / "abi_probe.py"
     out = _python(site, str(probe), json.dumps({"kernels": ["sglang-kernel"], "modules": []}))
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
@@ -114,7 +114,7 @@ def test_the_abi_probe_names_the_mismatched_kernel_in_one_line(tmp_path):
 
 def test_the_abi_probe_passes_the_matching_kernel(tmp_path):
     site = _site(tmp_path, "0.4.10+cpu", "2.13.0+cpu")
-    probe = ROOT / "operations" / "remote" / "abi_probe.py"
+    probe = ROOT / "operations" / "environment" / "on_host" / "abi_probe.py"
     out = _python(site, str(probe), json.dumps({"kernels": ["sglang-kernel"], "modules": []}))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1])["sglang-kernel"] == "0.4.10+cpu"

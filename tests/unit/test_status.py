@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from configuration.patch_sets import PatchFile, PatchSet
-from operations import gpus, patches, readiness
-from operations.patches import applied_record
+from operations.environment import patches
+from operations.environment.patches import applied_record
+from operations.gpu import gpus
+from operations.service import readiness
 from report import status_view as view
 from tests.unit.remote_calls import own_control_group
 from views import status

@@ -1,6 +1,6 @@
 """What a target model is (hybrid or dense), read from its own config.json where its bytes are: by the GPU check's read
 where the host's store holds it, by the preflight once it is staged (operations/remote/_common.py: model_kind), and
-what the preflight then says of the engine advisories on the target's kind (operations/preflight.py: advised).
+what the preflight then says of the engine advisories on the target's kind (operations/service/preflight.py: advised).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 from bench.gpu import tiny_models
 from configuration import advisories
-from operations import preflight, remote
+from operations import remote
+from operations.service import preflight
 from tests.unit.test_gpus import run_fact_script, standin_config
 
 

@@ -57,7 +57,7 @@ def test_the_scan_sees_an_unbounded_call(tmp_path):
 
 
 def test_a_call_past_its_bound_fails_naming_what_it_waited_for():
-    from operations import remote_call
+    from operations.run import remote_call
     from tests.unit.hosts import ThisMachine
 
     host = ThisMachine()

@@ -3,7 +3,7 @@
 import pytest
 from pyinfra.api import OperationError
 
-from operations import transfer
+from operations.model import transfer
 from tests.unit.test_operations import run
 
 PATH = "/root/models/Qwen3.6-27B"

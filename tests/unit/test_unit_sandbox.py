@@ -9,7 +9,9 @@ from pyinfra.api import OperationError
 
 from configuration import settings, stacks
 from configuration.errors import DataError
-from operations import gpus, secrets, service_user, units
+from operations.gpu import gpus
+from operations.run import templates
+from operations.service import secrets, service_user, units
 from tests.unit.hosts import make_host
 from tests.unit.test_operations import run
 from tests.unit.test_units import LAB_GPUS, environment_lines, lab_config, lab_data, render
@@ -212,6 +214,6 @@ def test_the_places_the_service_user_writes_are_the_ones_configuration_refuses_f
 
     assert {host_paths.SERVICE_STATE_DIR, host_paths.SERVICE_CACHE_DIR} <= set(kinds.WRITABLE_BY_OTHERS)
     assert (host_paths.SERVICE_STATE_DIR, host_paths.SERVICE_CACHE_DIR) == (service_user.STATE_DIR, service_user.CACHE_DIR)
-    template = (units.TEMPLATES / "sglang.service.j2").read_text()
+    template = (templates.TEMPLATES / "sglang.service.j2").read_text()
     assert f"StateDirectory={Path(service_user.STATE_DIR).name}" in template
     assert f"CacheDirectory={Path(service_user.CACHE_DIR).name}" in template

@@ -11,7 +11,10 @@ from configuration import group_files, settings, stacks
 from configuration.errors import DataError
 from configuration.patch_sets import load_patch_set
 from configuration.settings import REPO_ROOT
-from operations import gpus, service_inputs, service_user, units, venv
+from operations.environment import venv
+from operations.gpu import gpus
+from operations.run import templates
+from operations.service import service_inputs, service_user, units
 from tests.unit.hosts import make_host
 
 HEADER = "# Managed by sglang-deploy (pyinfra) - local edits are overwritten on the next deploy."
@@ -192,7 +195,7 @@ def test_rendering_is_deterministic():
     ],
 )
 def test_systemd_quote(value, quoted):
-    assert units.systemd_quote(value) == quoted
+    assert templates.systemd_quote(value) == quoted
 
 
 def test_flag_lines_group_values_with_their_flag():

@@ -1,4 +1,4 @@
-"""Bytes from another host land as root's (operations/remote/untar_as_root.py, `streaming.unpack_command`).
+"""Bytes from another host land as root's (operations/transport/on_host/untar_as_root.py, `streaming.unpack_command`).
 
 A source host (a model in its store) or a donor host (its venv's files) sends a tar stream; `tar -x` as root
 would make what the archive says: setuid files of any owner, device nodes, fifos, links and names out of the
@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import model_digests, remote, streaming, transfer, venv
+from operations import remote
+from operations.environment import venv
+from operations.model import model_digests, transfer
+from operations.transport import streaming
 from tests.unit.hosts import ThisMachine
 from tests.unit.test_venv import _fake_venv
 
@@ -354,7 +357,7 @@ def test_a_donors_link_out_of_its_venv_is_refused(tmp_path, donor_here):
 
 def test_a_suffix_lands_every_file_as_name_suffix_and_refuses_links(tmp_path):
     """Wheels read from another host of the run land as NAME.part, to be checked against their pins before they
-    take their names (operations/fanout.py): never under the name a checked wheel has."""
+    take their names (operations/transport/fanout.py): never under the name a checked wheel has."""
     data = stream(entry("torch.whl", data=b"wheel bytes"), entry("sub/", tarfile.DIRTYPE, mode=0o755),
                   entry("sub/other.whl", data=b"more"))
     done = subprocess.run(["sh", "-c", streaming.unpack_command(str(tmp_path), suffix=".part")], input=data,

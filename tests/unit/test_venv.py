@@ -15,7 +15,8 @@ import pytest
 from pyinfra.api import OperationError
 
 from configuration.stacks import Package, Stack
-from operations import installer, remote, venv
+from operations import remote
+from operations.environment import installer, venv
 from tests.unit.test_operations import FakeFs, Result, run
 from tests.unit.test_wheel_overlap import BASE, CU13, make_wheel, pin
 
@@ -413,7 +414,7 @@ def test_probe_runs_the_probe_script_with_the_generation_python_as_a_throwaway_u
     assert properties[:2] == ["DynamicUser=yes", "ProtectHome=tmpfs"] and f"BindReadOnlyPaths={gen.path}" in properties
     assert not any(p.startswith("User=") for p in properties)
     argv = words[words.index("--") + 1:]
-    from operations import transient
+    from operations.environment import transient
 
     assert argv[:4] == ["/usr/bin/env", "-i", f"PATH={transient.SYSTEM_PATH}", "HOME=/tmp"]
     assert argv[-4:-1] == [gen.python, "-I", "-"] and '"kernels": ["sglang-kernel"]' in argv[-1]

@@ -1,4 +1,4 @@
-"""The readiness gate's script (operations/remote/wait_ready.py) against a real HTTP server on loopback.
+"""The readiness gate's script (operations/service/on_host/wait_ready.py) against a real HTTP server on loopback.
 
 systemctl and journalctl are stand-ins on PATH (the unit's state and journal are what the test says);
 the script, its HTTP client and the server are real. Covers the README's claims: /ready must answer

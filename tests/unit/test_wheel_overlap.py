@@ -96,7 +96,7 @@ def test_overlaps_names_the_pair_the_shared_and_the_differing_files(tmp_path, cu
     house = tmp_path / "wheelhouse"
     (found,) = wheels.overlaps({p: house / p.file for p in (cutlass["base"], cutlass["cu13"])})
     assert (found.first.name, found.second.name, found.top) == ("nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13", "nvidia_cutlass_dsl")
-    # py.typed is empty and the .pth a loose top-level file: no claim, as on the host (remote/venv_state.py).
+    # py.typed is empty and the .pth a loose top-level file: no claim, as on the host (environment/on_host/venv_state.py).
     assert found.paths == ("nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so", "nvidia_cutlass_dsl/python_packages/cutlass/__init__.py")
     assert found.differ == ("nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so",)
     assert "2 file(s) are in both wheels, 1 of them differ (e.g. nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so)" in found.describe()

@@ -91,10 +91,10 @@ def test_no_pattern_in_the_project_lets_a_trailing_newline_through():
 def test_a_trailing_newline_is_refused_where_it_was_let_through():
     # The pattern lines changed by this rule, each with the value that used to pass.
     from configuration import kinds, patch_sets, service_args, stacks, yamlload
-    from operations import units
+    from operations.run import templates
 
     assert not re.fullmatch(kinds.NAME, "ddtree\n") and not kinds.FLAG.fullmatch("zz\n")
     assert not kinds.ENV_NAME.fullmatch("X\n") and not service_args._NUMBER_WORD.fullmatch("-1\n")
     assert not stacks._SHA256_RE.match("0" * 64 + "\n") and not patch_sets._SHA_RE.match("0" * 64 + "\n")
     assert not yamlload._INT_OK.match("1\n")
-    assert units.systemd_quote("a\n") != "a\n"
+    assert templates.systemd_quote("a\n") != "a\n"

@@ -6,7 +6,7 @@ and nothing else.
 
 from pyinfra import host
 
-from operations import transfer
+from operations.model import transfer
 
 transfer.in_store(
     name=f"Model {host.data.model} in the store",

@@ -6,7 +6,7 @@
 from pyinfra import host
 
 from configuration import stacks
-from operations import patches
+from operations.environment import patches
 
 stack = stacks.load_stack(host.data.stack)
 patches.applied(

@@ -1,0 +1,63 @@
+"""What one run keeps between its operations and its hosts, on the run object itself (pyinfra's
+`State`: one per `pyinfra ... deploy.py`), never in module globals: a second run in the same
+process (a test, a bench) starts with none of it, and nothing outlives the run.
+
+    run = run_state.of(host.state)   # made by the first module that asks, for this run
+
+Each field belongs to one module, which alone reads and writes it (named beside it).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+_ATTRIBUTE = "sglang_deploy_run"
+_MAKING = threading.Lock()  # two greenlets' or threads' first asks make one RunState
+
+
+@dataclass
+class RunState:
+    # operations/run/host_reads.py: host name -> its HostReads (the host's one read, its answers)
+    reads: dict = field(default_factory=dict)
+    # operations/model/model_digests.py: (model, origin) -> [lock, digests], hashed once per run
+    digests: dict = field(default_factory=dict)
+    digests_lock: threading.Lock = field(default_factory=threading.Lock)
+    # operations/transport/fanout.py: what is being sent -> its Swarm (who holds the bytes, who
+    # serves next)
+    swarms: dict = field(default_factory=dict)
+    swarms_lock: threading.Lock = field(default_factory=threading.Lock)
+    # operations/lock/lock.py: the deploy locks this run takes (its `_Run`, a state callback
+    # handler)
+    locks: object | None = None
+    # operations/transport/openssh.py: host name -> (its OpenSSH argv or None, why); the hosts told
+    # why not
+    routes: dict = field(default_factory=dict)
+    routes_told: set = field(default_factory=set)
+    # operations/transport/peer_keys.py: (source, receiver) pairs told that their bytes go through
+    # here
+    relays_told: set = field(default_factory=set)
+
+
+def of(state) -> RunState:
+    """The run's state: made on first ask, kept on `state` for the run's life."""
+    run = getattr(state, _ATTRIBUTE, None)
+    if run is None:
+        with _MAKING:
+            run = getattr(state, _ATTRIBUTE, None)
+            if run is None:
+                run = RunState()
+                setattr(state, _ATTRIBUTE, run)
+    return run
+
+
+def of_host(host) -> RunState:
+    """The run of `host` (its `state`); an object that stands for a host outside any run (this
+    machine as a source) gets a RunState of its own, kept by nothing: each ask decides afresh."""
+    state = getattr(host, "state", None)
+    return RunState() if state is None else of(state)
+
+
+def found(state) -> RunState | None:
+    """The run's state where a module made it, else None (asks nothing into being)."""
+    return getattr(state, _ATTRIBUTE, None)
