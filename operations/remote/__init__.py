@@ -9,8 +9,8 @@ session reaches what root imports; tests/unit/test_isolated.py holds every comma
 Each script lives with the step that runs it, in that step's `on_host/` folder
 (operations/model/on_host/stage_model.py, operations/service/on_host/wait_ready.py, ...), and is
 named by its file's stem, unique across the steps (`scripts()`). What several scripts share lives
-here, in `_common.py`; a script's `from _common import ...` statement is replaced by that file's
-text here, so each script still travels, and runs, as one file.
+here (`SHARED_FILES`: `_common.py`, `_trust.py`, `_peer.py`); a script's `from _common import
+...` statement is replaced by their text here, so each script still travels, and runs, as one file.
 """
 
 import ast
@@ -92,10 +92,30 @@ def script_path(name: str) -> Path:
 SHARED_MARK = "#@@sglang-deploy-shared@@"
 
 
+# What the scripts share, one concern a file: names, digests and walks; trust in a path; a peer's
+# identity. A script imports any of it as `from _common import ...`: the files are inlined as one
+# text.
+SHARED_FILES = ("_common.py", "_trust.py", "_peer.py")
+
+
 @functools.lru_cache(maxsize=None)
 def shared_text() -> str:
-    """_common.py as every script that imports from it holds it, inlined."""
-    return (_DIR / "_common.py").read_text(encoding="utf-8").rstrip("\n")
+    """What the scripts share (SHARED_FILES, those that lie here), as every script that imports from
+    it holds it, inlined."""
+    texts = [_without_shared_imports((_DIR / name).read_text(encoding="utf-8")).rstrip("\n")
+             for name in SHARED_FILES if (_DIR / name).exists()]
+    return "\n\n\n".join(texts)
+
+
+def _without_shared_imports(text: str) -> str:
+    """A shared file's text without its `from _common import ...` (or `_trust`, `_peer`) lines: they
+    name what it uses of the others, which the one inlined text defines beside it."""
+    shared = {name.removesuffix(".py") for name in SHARED_FILES}
+    lines = text.splitlines(keepends=True)
+    for node in reversed(ast.parse(text).body):
+        if isinstance(node, ast.ImportFrom) and node.module in shared and not node.level:
+            del lines[node.lineno - 1:node.end_lineno]
+    return "".join(lines)
 
 
 def script(name: str) -> str:
