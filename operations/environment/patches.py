@@ -21,7 +21,7 @@ from configuration.patch_sets import PATCHES_DIR as PATCHES_DIR
 from configuration.patch_sets import PatchSet
 from configuration.patch_sets import load_patch_set as load_patch_set
 from operations import remote
-from operations.run import host_reads, this_run
+from operations.run import host_reads, read_batch, this_run
 from operations.run.file_write import replace_file
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
@@ -29,7 +29,7 @@ from operations.run.plan import Refusal
 _TMP = ".sglang-deploy-tmp"
 
 
-@host_reads.batched()
+@read_batch.batched()
 class InstalledFiles(FactBase):
     """Installed version of ``distribution`` and sha256 (or None) of each path under
     ``site_packages``."""

@@ -44,7 +44,7 @@ from configuration.stacks import Package, Stack
 from operations import remote
 from operations.environment import installer as installer_mod
 from operations.environment import transient
-from operations.run import host_reads, remote_call
+from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
 from operations.transport import fanout, peer_keys, streaming
@@ -169,7 +169,7 @@ def resolve(
 # Facts ---------------------------------------------------------------------------------
 
 
-@host_reads.batched(slow=True)
+@read_batch.batched(slow=True)
 class VenvState(FactBase):
     """The live link, the wanted and live generations' distributions, the host's wheel cache.
 

@@ -34,7 +34,7 @@ from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
 from operations import remote
 from operations.gpu import prerequisites
-from operations.run import host_reads
+from operations.run import host_reads, read_batch
 from operations.run.host_reads import operation
 from report import summary
 from report.sizes import human_bytes
@@ -250,7 +250,7 @@ def facts_from(raw: dict) -> GpuFacts:
     )
 
 
-@host_reads.batched(slow=True)
+@read_batch.batched(slow=True)
 class GpuState(FactBase):
     """The host's GPUs (``GpuFacts``): nvidia-smi's view, our units' GPUs and processes, the models'
     sizes."""

@@ -19,7 +19,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from operations.run import host_reads
+from operations.run import read_batch
 from report.sizes import human_bytes
 
 _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
@@ -27,7 +27,7 @@ _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
-@host_reads.batched()
+@read_batch.batched()
 class HostBasics(FactBase):
     """The host's user, init, glibc, the stack's Python, and free bytes where models and venvs go.
 

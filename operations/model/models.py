@@ -34,7 +34,7 @@ from configuration import host_paths
 from configuration.host_paths import BOOT_LIST, BOOT_SCRIPT
 from configuration.settings import HostConfig
 from operations import remote
-from operations.run import host_reads, progress, templates
+from operations.run import host_reads, progress, read_batch, templates
 from operations.run.file_write import replace_file
 from operations.run.host_reads import operation
 
@@ -51,7 +51,7 @@ VERIFY_MODES = ("fast", "full")
 # models.staged -------------------------------------------------------------------------
 
 
-@host_reads.batched()
+@read_batch.batched()
 class StagedModel(FactBase):
     """Source listing and staged listing (``{relpath: size}`` or None), the source's cached hashes
     (``{relpath: sha256}``, None when missing or out of date), the staged marker and free bytes;
@@ -209,7 +209,7 @@ def staged(src: str, dest: str, verify: str = "fast", others: tuple[tuple[str, s
 # models.unused_removed -----------------------------------------------------------------
 
 
-@host_reads.batched()
+@read_batch.batched()
 class OwnedInShm(FactBase):
     """``{"owned": {entry: "staged" | "partial" | "old"}, "in_units": [model, ...]}``: directories
     in the shm dir that carry our marker or journal, and the models there that an installed unit
@@ -275,7 +275,7 @@ def unused_removed(shm_dir: str, keep: tuple[str, ...] | list[str] = ()):
 # models.boot_staging -------------------------------------------------------------------
 
 
-@host_reads.batched()
+@read_batch.batched()
 class BootStaging(FactBase):
     """``{"files": {path: sha256}, "enabled": bool}`` for the boot unit's files (absent ones left
     out)."""

@@ -40,7 +40,7 @@ from pyinfra.api import FactBase, FunctionCommand
 
 from operations import remote
 from operations.model import model_digests
-from operations.run import host_reads, remote_call
+from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
 from operations.transport import fanout, openssh, peer_keys, streaming
@@ -48,7 +48,7 @@ from operations.transport import fanout, openssh, peer_keys, streaming
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 
 
-@host_reads.batched()
+@read_batch.batched()
 class StoreListing(FactBase):
     """``{relpath: size}`` of a model directory (marker and manifest files left out), or None if
     absent."""

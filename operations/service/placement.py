@@ -30,7 +30,7 @@ from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig
 from operations import remote
 from operations.model.models import BOOT_UNIT
-from operations.run import host_reads, remote_call
+from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.service.readiness import probe_address
 from report import rollouts, summary
@@ -44,7 +44,7 @@ REMOVAL_MARGIN_S = 120
 DEFAULT_STOP_TIMEOUT_S: int = schema.default_of(schema.ServiceSpec, "stop_timeout_s")
 
 
-@host_reads.batched()
+@read_batch.batched()
 class ManagedUnits(FactBase):
     """``{unit: {"path", "managed", "active", "enabled", "pid"}}`` for the host's
     ``sglang-*.service`` files."""

@@ -23,7 +23,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, OperationError
 
 from operations import remote
-from operations.run import host_reads, redact, this_run
+from operations.run import host_reads, read_batch, redact, this_run
 from operations.run.host_reads import operation
 from operations.service import rollback
 from report import rollouts
@@ -113,7 +113,7 @@ def speculative_check(service) -> dict | None:
 VERDICT_MAX_AGE_S = 30
 
 
-@host_reads.batched()
+@read_batch.batched()
 class ServiceState(FactBase):
     """systemd state of a unit and the HTTP status of its `/health` (None when nothing answers)."""
 

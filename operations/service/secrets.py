@@ -24,7 +24,7 @@ from pyinfra.api import FactBase
 
 from configuration.host_paths import SECRETS_DIR
 from configuration.secrets import Secret, config_path
-from operations.run import directory, host_reads, redact
+from operations.run import directory, host_reads, read_batch, redact
 from operations.run.file_write import replace_file
 from operations.run.host_reads import operation
 
@@ -40,7 +40,7 @@ def config_text(api_key: Secret | None, admin_api_key: Secret | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-@host_reads.batched()
+@read_batch.batched()
 class SecretFileState(FactBase):
     """sha256 and mode of a secret file (never its content), or None if absent."""
 

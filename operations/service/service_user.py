@@ -41,7 +41,7 @@ from pyinfra.facts.server import Groups
 
 from configuration.host_paths import SERVICE_CACHE_DIR as CACHE_DIR
 from configuration.host_paths import SERVICE_STATE_DIR as STATE_DIR
-from operations.run import host_reads
+from operations.run import host_reads, read_batch
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
 
@@ -95,7 +95,7 @@ def hidden_paths(venv_path: str, store_paths: tuple[str, ...]) -> list[tuple[str
     return list(seen.items())
 
 
-@host_reads.batched()
+@read_batch.batched()
 class GpuDevices(FactBase):
     """Mode (octal), group and path of each NVIDIA character device (empty on a host without
     them)."""
@@ -172,7 +172,7 @@ def devices_reachable(user: str):
     yield from ()
 
 
-@host_reads.batched()
+@read_batch.batched()
 class Account(FactBase):
     """One account's passwd entry and its primary group's name, or None when it does not exist.
 
@@ -200,7 +200,7 @@ NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/usr/bin/nologin", "/b
                    "/usr/bin/false")
 
 
-@host_reads.batched()
+@read_batch.batched()
 class AccountStanding(FactBase):
     """What could make an account someone else's: its passwd entry, its primary group's entry
     (before the account exists: the group of its name, which useradd would use), the other accounts

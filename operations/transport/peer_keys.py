@@ -61,7 +61,7 @@ from pyinfra.api import FactBase
 from configuration import ssh_login
 from operations import remote
 from operations.lock import lock
-from operations.run import channels, host_reads, run_state
+from operations.run import channels, host_reads, read_batch, run_state
 from operations.transport import openssh, streaming
 
 MARK = "sglang-deploy-peer"
@@ -153,7 +153,7 @@ def _sweep(host, ours: dict, me: dict, log) -> dict[str, str]:
     return stale
 
 
-@host_reads.batched()
+@read_batch.batched()
 class LeftAccess(FactBase):
     """Every grant (on a source) and key (on a receiver) of ours on the host, with its owner record
     and whether it expired (operations/transport/on_host/peer_access.py `left`); read only."""

@@ -28,7 +28,7 @@ from pyinfra.operations import files, server
 
 from operations import remote
 from operations.model.transfer import StoreListing
-from operations.run import host_reads
+from operations.run import host_reads, read_batch
 
 
 @pytest.fixture
@@ -80,11 +80,11 @@ def test_a_batch_answers_every_fact_as_its_own_read_does(local, tree):
     state, host = local()
     alone = [host.get_fact(cls, **kwargs) for cls, kwargs in facts_for(tree)]
     entries = [(i, cls(), kwargs) for i, (cls, kwargs) in enumerate(facts_for(tree))]
-    command, python_ids = host_reads.batch_command(entries)
+    command, python_ids = read_batch.batch_command(entries)
     assert python_ids == {4, 5}  # both model listings run in the one python process
     ok, output = host.run_shell_command(command, print_output=False)
     assert ok, output.stderr
-    results = host_reads.split_batch(output.stdout_lines, python_ids)
+    results = read_batch.split_batch(output.stdout_lines, python_ids)
     assert sorted(results) == list(range(len(entries)))
     batched = [fact.process(results[i][1]) if results[i][1] else fact.default() for i, fact, _ in entries]
     assert all(results[i][0] == 0 for i, _, _ in entries)
@@ -102,7 +102,7 @@ def _run_runner(jobs, prelude: str = "", imports: list[str] | None = None) -> su
 def test_a_script_that_fails_in_the_runner_keeps_its_status_and_the_next_script_still_runs():
     jobs = [[7, "import sys\nprint('half')\nsys.exit(3)", []], [8, "import sys\nprint(sys.argv[1:])", ["a b"]], [9, "raise KeyError('x')", []]]
     proc = _run_runner(jobs)
-    assert host_reads.split_batch(proc.stdout.splitlines(), {7, 8, 9}) == {7: (3, ["half"]), 8: (0, ["['a b']"]), 9: (1, [])}
+    assert read_batch.split_batch(proc.stdout.splitlines(), {7, 8, 9}) == {7: (3, ["half"]), 8: (0, ["['a b']"]), 9: (1, [])}
     assert "KeyError" in proc.stderr
 
 
@@ -113,7 +113,7 @@ def test_the_runner_returns_each_output_whole_in_memory_files_or_temporary_ones(
     big = "print('x' * 3_000_000)"  # over a pipe's buffer and over one read of the output
     jobs = [[1, big, []], [2, "print('naïve ✓ line')\nprint('second')", []], [3, "pass", []], [4, "import sys\nsys.stdout.write('no newline')", []]]
     proc = _run_runner(jobs, prelude)
-    results = host_reads.split_batch(proc.stdout.splitlines(), {1, 2, 3, 4})
+    results = read_batch.split_batch(proc.stdout.splitlines(), {1, 2, 3, 4})
     assert results[1] == (0, ["x" * 3_000_000])
     assert results[2] == (0, ["naïve ✓ line", "second"])
     assert results[3] == (0, []) and results[4] == (0, ["no newline"])
@@ -125,7 +125,7 @@ def test_the_runner_imports_only_what_the_scripts_import():
     probe = "import sys\nprint(sorted(m for m in ('tempfile', 'shutil', 'traceback', 'bz2', 'lzma', 'logging') if m in sys.modules))"
     imports = sorted({m for name in ("gpu_state", "venv_state", "service_state", "model_state", "model_owned", "placement_units", "model_listing", "installed_files") for m in remote.top_level_imports(remote.script(name))})
     proc = _run_runner([[1, probe, []]], imports=imports)
-    assert host_reads.split_batch(proc.stdout.splitlines(), {1}) == {1: (0, ["[]"])}
+    assert read_batch.split_batch(proc.stdout.splitlines(), {1}) == {1: (0, ["[]"])}
 
 
 def run_operations(state, *operations) -> None:
@@ -229,7 +229,7 @@ class Fails(FactBase):
 
 
 def test_a_fact_that_fails_in_the_batch_is_read_on_its_own_and_fails_as_pyinfra_reports_it(local, tree, monkeypatch):
-    monkeypatch.setitem(host_reads._BATCHED, host_reads._name(Fails), Fails)
+    monkeypatch.setitem(read_batch.BATCHED, read_batch.fact_name(Fails), Fails)
     state, host = local()
     host_reads.install(state, host, config_digest="d")
     with pytest.raises(PyinfraError):
@@ -282,7 +282,7 @@ def test_an_answer_read_while_another_greenlet_changed_the_host_is_not_kept(loca
 def test_the_batch_has_its_scripts_imports_made_once_before_the_forks():
     from operations.service import readiness
 
-    command, python_ids = host_reads.batch_command([(0, readiness.ServiceState(), {"unit": "u.service", "address": "127.0.0.1", "port": 1})])
+    command, python_ids = read_batch.batch_command([(0, readiness.ServiceState(), {"unit": "u.service", "address": "127.0.0.1", "port": 1})])
     assert python_ids == {0}
     call = next(line for line in command.splitlines() if line.startswith("run_all("))
     imports = ast.literal_eval(call[len("run_all("):-1])[1]
@@ -424,16 +424,16 @@ def test_the_scripts_arguments_are_split_as_shlex_splits_them():
     texts = ["", "a b", "'it'\"'\"'s' plain", "a  b", " a", "a\tb", "'a'b'c'", "\"a b\" c"]
     for _ in range(2000):
         words = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 8))) for _ in range(rnd.randint(0, 5))]
-        assert host_reads.split_args(" ".join(shlex.quote(w) for w in words)) == words
+        assert read_batch.split_args(" ".join(shlex.quote(w) for w in words)) == words
         texts.append(" ".join(words))
     for text in texts:
         try:
             expected = shlex.split(text)
         except ValueError:
             with pytest.raises(ValueError):
-                host_reads.split_args(text)
+                read_batch.split_args(text)
             continue
-        assert host_reads.split_args(text) == expected, text
+        assert read_batch.split_args(text) == expected, text
 
 
 @pytest.mark.parametrize("path", [
@@ -466,7 +466,7 @@ def test_a_planted_read_set_runs_nothing_but_the_reads_this_deploy_derives(local
     ([[[[[["deep"]]]]]], False), (b"bytes", False),
 ])
 def test_plain_arguments(value, plain):
-    assert host_reads.plain_arguments(value) is plain
+    assert read_batch.plain_arguments(value) is plain
 
 
 def test_an_answer_older_than_a_decision_allows_is_read_again(local, tree, monkeypatch):
@@ -528,7 +528,7 @@ def test_a_read_set_too_large_for_one_shell_argument_is_batched_in_part_and_the_
     read_set.write_text(json.dumps(entries))
     reads = host_reads.HostReads(read_set, "x")
     batch = host_reads.plan_batch(reads, None, None, None)
-    assert len(batch.command.encode()) <= host_reads.MAX_BATCH_BYTES < 128 * 1024
+    assert len(batch.command.encode()) <= read_batch.MAX_BATCH_BYTES < 128 * 1024
     assert any("StoreListing" in k for k in batch.keys)  # ours are kept before pyinfra's
     assert 0 < len(batch.keys) < len(entries)
     host_reads.install(state, host, config_digest="d")
@@ -567,9 +567,9 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
     entries.append((len(entries), models.StagedModel(), {"src": "/root/models/A", "dest": "/dev/shm/A"}))
     entries.append((len(entries), venv.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
                                                      "host_cache": "/var/cache/sglang-deploy/wheels"}))
-    command, python_ids = host_reads.batch_command(entries)
+    command, python_ids = read_batch.batch_command(entries)
     assert python_ids == {0, 1, 2, 3, 4}  # nvidia-smi's read is a script of ours too
-    assert len(command.encode()) < host_reads.MAX_BATCH_BYTES // 2, len(command.encode())
+    assert len(command.encode()) < read_batch.MAX_BATCH_BYTES // 2, len(command.encode())
     shared = remote.shared_text()
     payload = ast.literal_eval(next(line for line in command.splitlines() if line.startswith("run_all("))[len("run_all("):-1])[0]
     sent = json.loads(zlib.decompress(base64.b64decode(payload)))
@@ -580,4 +580,4 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
 
 def test_the_runner_puts_the_shared_text_back_in_each_body():
     jobs = {"shared": "GREETING = 'hi'", "jobs": [[1, f"{remote.SHARED_MARK}\nprint(GREETING)", []]]}
-    assert host_reads.split_batch(_run_runner(jobs).stdout.splitlines(), {1}) == {1: (0, ["hi"])}
+    assert read_batch.split_batch(_run_runner(jobs).stdout.splitlines(), {1}) == {1: (0, ["hi"])}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from operations import remote
-from operations.run import host_reads
+from operations.run import read_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [*sorted((ROOT / "operations").rglob("*.py")), *sorted((ROOT / "deploys").rglob("*.py")),
@@ -104,7 +104,7 @@ def test_what_the_builders_make_imports_nothing_from_the_directory_or_the_variab
 
 
 def test_the_batched_read_runs_its_scripts_isolated_too(planted, monkeypatch):
-    """The host's one read (host_reads.batch_command) starts one python for all of our scripts: that one too."""
+    """The host's one read (read_batch.batch_command) starts one python for all of our scripts: that one too."""
     evil, env = planted
 
     class Script:
@@ -115,7 +115,7 @@ def test_the_batched_read_runs_its_scripts_isolated_too(planted, monkeypatch):
             return remote.heredoc("python3", "", PROBE)
 
     monkeypatch.setattr(remote, "is_script", lambda body: True)
-    command, python_ids = host_reads.batch_command([(0, Script(), {})])
+    command, python_ids = read_batch.batch_command([(0, Script(), {})])
     assert python_ids == {0}
     out = _run(command, evil, env)
     assert not (evil / "RAN").exists() and str(evil / "json.py") not in out and "1 /" in out
