@@ -11,6 +11,8 @@ Each script lives with the step that runs it, in that step's `on_host/` folder
 named by its file's stem, unique across the steps (`scripts()`). What several scripts share lives
 here (`SHARED_FILES`: `_common.py`, `_trust.py`, `_peer.py`); a script's `from _common import
 ...` statement is replaced by their text here, so each script still travels, and runs, as one file.
+A long script keeps parts beside it (`_stage_files.py` beside stage_model.py), named with a leading
+`_` (no script themselves), each inlined the same way where the script first imports it.
 """
 
 import ast
@@ -37,7 +39,7 @@ def _imports(tree: ast.Module) -> list[str]:
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif (isinstance(node, ast.ImportFrom) and node.module and not node.level
-              and node.module != "_common"):
+              and not node.module.startswith("_")):
             names.append(node.module)
     return names
 
@@ -70,7 +72,8 @@ def scripts() -> dict[str, Path]:
     """Every host script, by name: the files of the steps' `on_host/` folders. Two steps may not
     name a script alike (a name is what every caller asks for)."""
     found: dict[str, Path] = {}
-    for path in sorted(_DIR.parent.glob("*/on_host/*.py")):
+    # A name that starts with `_` is a part of a script beside it (`_inlined`), not a script.
+    for path in sorted(_DIR.parent.glob("*/on_host/[!_]*.py")):
         assert path.stem not in found, (
             f"two host scripts named {path.stem}: {found.get(path.stem)} and {path}; rename one")
         found[path.stem] = path
@@ -129,30 +132,53 @@ def script(name: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _script(name: str) -> tuple[str, tuple[str, ...]]:
     """`script(name)` and its top-level imports, read, inlined and parsed once per process."""
-    body = script_path(name).read_text(encoding="utf-8")
+    placed: set[str] = set()
+    text, imports = _inlined(script_path(name), placed)
+    return text, tuple(dict.fromkeys(imports))
+
+
+def _inlined(path: Path, placed: set[str]) -> tuple[str, list[str]]:
+    """The text of host script `path` with each `from _X import ...` statement replaced by what it
+    names: `_common` by the shared text (`shared_text`), any other `_X` by the script's own part
+    `_X.py` beside it (inlined the same way); each once, where it is first imported. `placed`: the
+    parts already in the text. Its top-level imports, the parts' and the shared text's included."""
+    body = path.read_text(encoding="utf-8")
     tree = ast.parse(body)
-    includes = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "_common"]
-    if not includes:
-        return body, tuple(_imports(tree))
-    assert len(includes) == 1, f"{name}.py: one `from _common import` statement"
-    include = includes[0]
-    common = shared_text()
-    common_tree = _common_tree(common)
-    # Inlined, an import is a definition: an alias would not exist, and a name the script
-    # defines again would replace the shared one for every use in the script.
-    assert all(a.asname is None for a in include.names), (
-        f"{name}.py: `from _common import x as y` cannot be inlined")
-    shared = _top_level_names(common_tree)
-    assert {a.name for a in include.names} <= shared, (
-        f"{name}.py imports what _common.py does not define")
-    # The import statement itself defines no top-level name: the script's own names are those of its
-    # tree.
-    clash = shared & _top_level_names(tree)
-    assert not clash, f"{name}.py defines {sorted(clash)} again: rename it, _common.py defines it"
+    imports = _imports(tree)
+    includes = [n for n in tree.body if isinstance(n, ast.ImportFrom) and not n.level
+                and n.module and n.module.startswith("_")]
     lines = body.splitlines(keepends=True)
-    text = ("".join(lines[: include.lineno - 1]) + common.rstrip("\n") + "\n"
-            + "".join(lines[include.end_lineno:]))
-    return text, tuple(_imports(tree) + _imports(common_tree))
+    own = _top_level_names(tree)
+    replacements = []
+    for include in includes:
+        first = include.module not in placed
+        placed.add(include.module)
+        if include.module == "_common":
+            text, defined = shared_text(), _top_level_names(_common_tree(shared_text()))
+            imports += _imports(_common_tree(shared_text()))
+        else:
+            part = path.parent / f"{include.module}.py"
+            assert part.is_file(), f"{path.name} imports {include.module}: no such file beside it"
+            defined = _top_level_names(ast.parse(part.read_text(encoding="utf-8")))
+            text = ""
+            if first:
+                text, part_imports = _inlined(part, placed)
+                imports += part_imports
+        # Inlined, an import is a definition: an alias would not exist, and a name the script
+        # defines again would replace the included one for every use in the script.
+        assert all(a.asname is None for a in include.names), (
+            f"{path.name}: `from {include.module} import x as y` cannot be inlined")
+        assert {a.name for a in include.names} <= defined, (
+            f"{path.name} imports what {include.module}.py does not define")
+        # The import statement itself defines no top-level name: the script's own names are those of
+        # its tree.
+        clash = defined & own
+        assert not clash, (
+            f"{path.name} defines {sorted(clash)} again: rename it, {include.module}.py defines it")
+        replacements.append((include, text if first else ""))
+    for include, text in reversed(replacements):
+        lines[include.lineno - 1:include.end_lineno] = [text.rstrip("\n") + "\n" if text else ""]
+    return "".join(lines), imports
 
 
 def _clear() -> None:

@@ -67,6 +67,34 @@ def test_an_include_that_would_change_meaning_when_inlined_is_refused(tmp_path, 
         remote.script("x")
 
 
+def test_a_scripts_part_is_inlined_once_with_the_shared_text_once(tmp_path, monkeypatch):
+    """A host script may keep parts beside it (`_X.py`, not scripts themselves): each is inlined where first imported,
+    and the shared text once, whichever of them imports it first."""
+    make_script_dir(tmp_path, monkeypatch, "SHARED_MARKER = 1\ndef twice(x):\n    return 2 * x\n",
+                    "import sys\nfrom _part import thrice\nfrom _common import twice\nfrom _part import thrice\n"
+                    "print(twice(thrice(int(sys.argv[1]))))\n")
+    (tmp_path / "step" / "on_host" / "_part.py").write_text(
+        "import math\nfrom _common import twice\n\ndef thrice(x):\n    return twice(x) + x\n")
+    text = remote.script("x")
+    assert "from _" not in text and text.count("SHARED_MARKER = 1") == 1 and text.count("def thrice") == 1
+    assert subprocess.run([sys.executable, "-", "7"], input=text, capture_output=True, text=True).stdout == "42\n"
+    assert "math" in remote.top_level_imports(text)  # the part's imports are the script's (the read imports them once)
+    assert sorted(remote.scripts()) == ["x"]  # a part is no script
+
+
+@pytest.mark.parametrize(("part", "script", "message"), [
+    (None, "from _part import thrice\n", "no such file beside it"),
+    ("def thrice(x):\n    return 3 * x\n", "from _part import four\n", "does not define"),
+    ("def thrice(x):\n    return 3 * x\n", "from _part import thrice\n\ndef thrice(x):\n    return x\n", "again"),
+])
+def test_a_part_that_would_change_meaning_when_inlined_is_refused(tmp_path, monkeypatch, part, script, message):
+    make_script_dir(tmp_path, monkeypatch, "def twice(x):\n    return 2 * x\n", script)
+    if part is not None:
+        (tmp_path / "step" / "on_host" / "_part.py").write_text(part)
+    with pytest.raises(AssertionError, match=message):
+        remote.script("x")
+
+
 def _constant(script: str, name: str):
     """The value a remote script assigns to `name` at its top level (a literal, or the default of `os.environ.get`)."""
     tree = ast.parse(remote.script_path(script).read_text())
