@@ -29,8 +29,8 @@ options = status_view.options_from(os.environ)
 run = HostRun.of(host)
 run.observing(state, also=status_reads.also_read(run.config))
 watched = {s.name: watched_inputs(s, s.unit_path) for s in run.config.services}
-status_view.record(host.name, status_reads.read_host(run.host, run.config, run.stack,
-                                                     run.patch_sets, watched))
+status_view.record(state, host.name, status_reads.read_host(run.host, run.config, run.stack,
+                                                            run.patch_sets, watched))
 # Added last (after the host read's own callbacks): its host_disconnect ends the process with the
 # status's code.
 if not any(isinstance(h, status_view.StatusPrinter) for h in state.callback_handlers):

@@ -23,11 +23,14 @@ from pathlib import Path
 
 # Module-level containers that are no run's: filled once per process, whichever run asks.
 PROCESS_WIDE = {
-    "operations/run/host_reads.py:_BATCHED": "the fact classes read in a host's batch, registered at import",
-    "operations/run/host_reads.py:_SLOW": "the same registry's slow facts",
+    "operations/run/read_batch.py:BATCHED": "the fact classes read in a host's batch, registered at import",
+    "operations/run/read_batch.py:SLOW": "the same registry's slow facts",
     "operations/run/redact.py:_PATTERNS": "the process's output filter: every secret value the process was told",
     "configuration/redaction.py:_REGISTERED": "the same filter's secret values, by name",
     "configuration/redaction.py:_LISTENERS": "who is told of a new secret value (operations/run/redact.py)",
+    "configuration/group_files.py:_KEY_SOURCES": "which group file set each key: filled as pyinfra loads the "
+                                                 "inventory's group_data files, before any run's State exists",
+    "configuration/group_files.py:_GROUP_DIRS": "the group_data folders those loads read, the same way",
 }
 STEP_MODULES = {"gpu_check", "environments", "models", "service_account", "service", "cleanup", "planning"}
 

@@ -28,10 +28,9 @@ concern:
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from configuration import kinds
+from configuration import kinds, run_scope
 from configuration.errors import DataError
 from configuration.group_files import (  # noqa: F401  (re-exported: the deploy reads them here)
     _KEY_SOURCES,  # tests/unit/test_host_plan.py patches it here (the state is group_files')
@@ -71,9 +70,11 @@ def host_config(host) -> HostConfig:
     return validate_inventory(state)[host.name]
 
 
-# Each run's validated inventory (or its first DataError), by the run's State: nothing is kept on
-# pyinfra's objects.
-_VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass
+class _Validated:
+    """A run's validated inventory, or its first DataError (kept on the run: run_scope)."""
+
+    found: dict[str, HostConfig] | DataError | None = None
 
 
 def validate_inventory(state) -> dict[str, HostConfig]:
@@ -86,13 +87,13 @@ def validate_inventory(state) -> dict[str, HostConfig]:
     greenlet runs meanwhile) and keeps the result on the run's `state`; every later load
     gets the same configs, or re-raises the same error. So a bad value for one host stops the
     run before any host's deploy lock is taken."""
-    cached = _VALIDATED.get(state)
-    if cached is None:
+    kept = run_scope.of(state, _Validated)
+    if kept.found is None:
         try:
-            cached = _validate_all(state.inventory)
+            kept.found = _validate_all(state.inventory)
         except DataError as exc:
-            cached = exc
-        _VALIDATED[state] = cached
+            kept.found = exc
+    cached = kept.found
     if isinstance(cached, DataError):
         raise cached
     return cached

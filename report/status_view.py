@@ -20,10 +20,12 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
 
+from configuration import run_scope
 from report.terminal_text import one_line
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 2
@@ -483,11 +485,16 @@ def emit(rows: list[dict], options: dict, covers: str, width: int, out=None) -> 
 
 # -- the run's store and its printer (the one pyinfra piece) -------------------------------------
 
-ROWS: dict[str, list[dict]] = {}  # host name -> its rows, written as each host's load reads it
+@dataclass
+class _Rows:
+    """Host name -> its rows, written as each host's load reads it (kept on the run:
+    configuration/run_scope.py)."""
+
+    by_host: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def record(host_name: str, rows: list[dict]) -> None:
-    ROWS[host_name] = rows
+def record(state, host_name: str, rows: list[dict]) -> None:
+    run_scope.of(state, _Rows).by_host[host_name] = rows
 
 
 def unreachable_row(host_name: str, why: str) -> dict:
@@ -509,10 +516,11 @@ class StatusPrinter(BaseStateCallback):
         super().__init__()
 
     def rows(self, state) -> list[dict]:
-        rows = [row for name in sorted(ROWS) for row in ROWS[name]]
+        by_host = run_scope.of(state, _Rows).by_host
+        rows = [row for name in sorted(by_host) for row in by_host[name]]
         active = {h.name for h in state.activated_hosts}
         for host in state.inventory:
-            if host.name in ROWS or not state.is_host_in_limit(host):
+            if host.name in by_host or not state.is_host_in_limit(host):
                 continue
             why = ("its read failed (pyinfra's error above says why)" if host.name in active
                    else self.reason_for(host))

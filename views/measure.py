@@ -48,7 +48,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
-from configuration import kinds
+from configuration import kinds, run_scope
 from configuration.typed import speculative_algorithm
 from operations import remote
 from operations.environment import transient
@@ -473,16 +473,19 @@ def finish(report: Report) -> None:
     print("\n" + table(report) + f"\n--> raw results: {report.out}\n", flush=True)
 
 
-_REPORT: Report | None = None
+@dataclass
+class _Installed:
+    """The run's one report (kept on the run: configuration/run_scope.py)."""
+
+    report: Report | None = None
 
 
 def install(state, services: list[str], options: Options, out: Path | None) -> Report:
     """The run's one report, printed once every requested service's operation has ended."""
-    global _REPORT
-    if _REPORT is None or _REPORT.services != services:
+    kept = run_scope.of(state, _Installed)
+    if kept.report is None or kept.report.services != services:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        _REPORT = Report(services, options, out or Path(f"measure-{stamp}.json"))
-        report = _REPORT
+        kept.report = report = Report(services, options, out or Path(f"measure-{stamp}.json"))
 
         class Callback(BaseStateCallback):
             @staticmethod
@@ -494,7 +497,7 @@ def install(state, services: list[str], options: Options, out: Path | None) -> R
         import atexit
 
         atexit.register(lambda: report.results and finish(report))
-    return _REPORT
+    return kept.report
 
 
 def limit_s(timeout_s: int, probes: int) -> int:

@@ -1,6 +1,7 @@
 """What one run keeps between its operations and its hosts, on the run object itself (pyinfra's
-`State`: one per `pyinfra ... deploy.py`), never in module globals: a second run in the same
-process (a test, a bench) starts with none of it, and nothing outlives the run.
+`State`: one per `pyinfra ... deploy.py`; configuration/run_scope.py), never in module globals: a
+second run in the same process (a test, a bench) starts with none of it, and nothing outlives the
+run.
 
     run = run_state.of(host.state)   # made by the first module that asks, for this run
 
@@ -12,8 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-_ATTRIBUTE = "sglang_deploy_run"
-_MAKING = threading.Lock()  # two greenlets' or threads' first asks make one RunState
+from configuration import run_scope
 
 
 @dataclass
@@ -41,14 +41,7 @@ class RunState:
 
 def of(state) -> RunState:
     """The run's state: made on first ask, kept on `state` for the run's life."""
-    run = getattr(state, _ATTRIBUTE, None)
-    if run is None:
-        with _MAKING:
-            run = getattr(state, _ATTRIBUTE, None)
-            if run is None:
-                run = RunState()
-                setattr(state, _ATTRIBUTE, run)
-    return run
+    return run_scope.of(state, RunState)
 
 
 def of_host(host) -> RunState:
@@ -60,4 +53,4 @@ def of_host(host) -> RunState:
 
 def found(state) -> RunState | None:
     """The run's state where a module made it, else None (asks nothing into being)."""
-    return getattr(state, _ATTRIBUTE, None)
+    return run_scope.found(state, RunState)
