@@ -38,9 +38,9 @@ peer_keys.swept(host, host.log)
 gpu_decisions = gpus.plan_for_host(config, stack)
 plan = plan_host(host.name, gpu_decisions, stack, patch_sets,
                  read=host_reads.reader(run.host))
-plan_view.record(plan.record())
+plan_view.record(state, plan.record())
 rollouts = rollout.fleet(run.inventory)
-plan_view.record_rollouts({name: r.described() for name, r in rollouts.items()})
+plan_view.record_rollouts(state, {name: r.described() for name, r in rollouts.items()})
 if plan.converged:
     converged.record(host, gpu_decisions, plan)
 else:
@@ -63,7 +63,7 @@ else:
         # `Hold`).
         probe = rollout.probe_of(state, run.inventory)
         restarts = {name: plan.restarts_running(name) for name, _ in wave}  # the plan's, read once
-        held = {name: rollout.hold_reason(prepared[name].service, host.name,
+        held = {name: rollout.hold_reason(state, prepared[name].service, host.name,
                                           rollouts[prepared[name].service.definition], probe,
                                           planned=restarts[name])
                 for name, _ in wave}

@@ -2,7 +2,7 @@
 to its `/health` answering 200 (the migration's figure); and, once every host is done, the hosts
 the run could not reach.
 
-It reads the run's summary store (`summary.REPORT`): a row the readiness gate wrote as ready
+It reads the run's summary rows (`summary.rows`): a row the readiness gate wrote as ready
 "after (re)start" is logged the moment its operation succeeds on that host.
 """
 
@@ -40,7 +40,7 @@ class HealthTimer(BaseStateCallback):
         self.disconnected: set[str] = set()
 
     def operation_host_success(self, state, host, op_hash, retry_count: int = 0):
-        for service, row in summary.REPORT.get(host.name, {}).items():
+        for service, row in summary.rows(state).get(host.name, {}).items():
             key = (host.name, service)
             if (key in self.seen or row.get("state") != "ready"
                     or "after (re)start" not in row.get("ready", "")):

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
+from configuration import run_scope
 from report.status_view import write_atomically
 from report.terminal_text import one_line
 
@@ -32,20 +34,23 @@ from report.terminal_text import one_line
 # field (a change of meaning or a field removed gets a new number; a field added does not).
 SCHEMA = "sglang-deploy-plan/1"
 
-PLANS: dict[str, dict] = {}  # host name -> its plan's record, written as each host's load plans it
+@dataclass
+class Plans:
+    """What the run planned (kept on the run: configuration/run_scope.py)."""
+
+    # host name -> its plan's record, written as each host's load plans it
+    by_host: dict[str, dict] = field(default_factory=dict)
+    # service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}:
+    # its rollout's waves (operations/service/rollout.py), the same from every host's load.
+    rollouts: dict[str, dict] = field(default_factory=dict)
 
 
-# service -> {"replicas", "max_unavailable", "canary", "waves": [["host/replica", ...], ...]}: its
-# rollout's waves (operations/service/rollout.py), the same from every host's load.
-ROLLOUTS: dict[str, dict] = {}
+def record(state, plan: dict) -> None:
+    run_scope.of(state, Plans).by_host[plan["host"]] = plan
 
 
-def record(plan: dict) -> None:
-    PLANS[plan["host"]] = plan
-
-
-def record_rollouts(rollouts: dict[str, dict]) -> None:
-    ROLLOUTS.update(rollouts)
+def record_rollouts(state, rollouts: dict[str, dict]) -> None:
+    run_scope.of(state, Plans).rollouts.update(rollouts)
 
 
 def rollout_actions(plans: list[dict]) -> dict[str, str]:
@@ -58,19 +63,19 @@ def rollout_actions(plans: list[dict]) -> dict[str, str]:
     return out
 
 
-def rollout_document(plans: list[dict]) -> dict:
+def rollout_document(plans: list[dict], rollouts: dict[str, dict]) -> dict:
     actions = rollout_actions(plans)
     return {name: {**{k: v for k, v in r.items() if k != "waves"},
                    "waves": [[{"replica": x, "action": actions.get(x, "none")} for x in wave]
                              for wave in r["waves"]]}
-            for name, r in sorted(ROLLOUTS.items()) if r["replicas"] > 1}
+            for name, r in sorted(rollouts.items()) if r["replicas"] > 1}
 
 
-def rollout_text(plans: list[dict]) -> list[str]:
+def rollout_text(plans: list[dict], rollouts: dict[str, dict]) -> list[str]:
     """Each replicated service's waves in order, each replica with what its plan does (`none`: it
     passes its wave)."""
     lines = []
-    for name, rollout in rollout_document(plans).items():
+    for name, rollout in rollout_document(plans, rollouts).items():
         canary = f", canaries first: {rollout['canary']}" if rollout["canary"] else ""
         lines.append(f"    {name}: {rollout['replicas']} replicas, at most {rollout['wave_size']} "
                      f"not serving at once{canary}")
@@ -89,15 +94,15 @@ def exit_code(plans: list[dict], unplanned: list[str]) -> int:
     return 2 if any(p["exit_code"] == 2 for p in plans) else 0
 
 
-def document(plans: list[dict], unplanned: list[str]) -> dict:
+def document(plans: list[dict], unplanned: list[str], rollouts: dict[str, dict]) -> dict:
     return {"schema": SCHEMA, "exit_code": exit_code(plans, unplanned), "hosts": plans,
-            "rollouts": rollout_document(plans),
+            "rollouts": rollout_document(plans, rollouts),
             "not_planned": [{"host": name, "why": "its load failed before its plan (pyinfra's "
                                                   "error above says why)"}
                             for name in unplanned]}
 
 
-def text(plans: list[dict], unplanned: list[str]) -> str:
+def text(plans: list[dict], unplanned: list[str], rollouts: dict[str, dict]) -> str:
     """The plan per host and service: `host/service: action what: why`, or `host: converged`."""
     lines = ["--> Plan:"]
     for plan in plans:
@@ -115,7 +120,7 @@ def text(plans: list[dict], unplanned: list[str]) -> str:
             lines.append(one_line(f"    {plan['host']}  not read: {what}"))
     for name in unplanned:
         lines.append(f"    {name}: not planned (its load failed: pyinfra's error above says why)")
-    lines += rollout_text(plans)
+    lines += rollout_text(plans, rollouts)
     code = exit_code(plans, unplanned)
     lines.append(f"    exit code {code} (0 nothing to change, 2 changes, 1 refused or not read)")
     return "\n".join(lines)
@@ -136,22 +141,22 @@ class PlanPrinter(BaseStateCallback):
         if self.done or not {h.name for h in state.activated_hosts} <= self.disconnected:
             return
         self.done = True
-        plans = [PLANS[name] for name in sorted(PLANS)]
+        planned = run_scope.of(state, Plans)
+        plans = [planned.by_host[name] for name in sorted(planned.by_host)]
         unplanned = sorted(h.name for h in state.inventory
-                           if h.name not in PLANS and state.is_host_in_limit(h))
+                           if h.name not in planned.by_host and state.is_host_in_limit(h))
         if self.dry or self.json_to:
             # pyinfra's log (stderr): stdout stays its --json, or PLAN_JSON=-
-            logger.info(text(plans, unplanned))
+            logger.info(text(plans, unplanned, planned.rollouts))
         if self.json_to:
-            doc = json.dumps(document(plans, unplanned), indent=2, sort_keys=True) + "\n"
+            doc = json.dumps(document(plans, unplanned, planned.rollouts), indent=2,
+                             sort_keys=True) + "\n"
             if self.json_to == "-":
                 sys.stdout.write(doc)
                 sys.stdout.flush()
             else:
                 write_atomically(Path(self.json_to), doc)
                 logger.info(f"--> Plan written to {self.json_to}")
-        PLANS.clear()
-        ROLLOUTS.clear()
         if self.dry:
             raise SystemExit(exit_code(plans, unplanned))
 

@@ -7,13 +7,15 @@ another replica of it in this run (`halted`), and each replica kept on its old v
 replicas serve (`HELD_BEFORE_RESTART`, operations/service/rollout.py `hold_reason`); that halt holds
 only restarts: a later replica that is down may still start. The end-of-run summary prints one line
 per halted service (`lines`): which replica failed (or was held) and why, and which replicas still
-run the old version. Like `report.summary.REPORT`, the
-store is the module's and is emptied when the summary is printed.
+run the old version. Like the summary's rows, all of it is the run's (`Rollouts`, kept on the run:
+configuration/run_scope.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from configuration import run_scope
 
 # What the replica that halted a rollout did (`Halt.what`).
 FAILED_GATE = "failed its readiness gate"
@@ -28,43 +30,51 @@ class Halt:
     what: str = FAILED_GATE
 
 
-# service -> its halt in this run
-HALTS: dict[str, Halt] = {}
-# host -> "replica: why" of each of its gates that failed in this run: the host fails once its waves
-# are done (`operations/rollout.gates_passed`), so the other gates of a wave, and other services'
-# later waves, still run there.
-FAILED_GATES: dict[str, list[str]] = {}
+@dataclass
+class Rollouts:
+    # service -> its halt in this run
+    halts: dict[str, Halt] = field(default_factory=dict)
+    # host -> "replica: why" of each of its gates that failed in this run: the host fails once its
+    # waves are done (`operations/service/rollout.gates_passed`), so the other gates of a wave, and
+    # other services' later waves, still run there.
+    failed_gates: dict[str, list[str]] = field(default_factory=dict)
+    # host/replica of each replica whose host's plan restarts its running process in this run (added
+    # while the deploy adds its operations, read while it executes): a wave's other replicas that go
+    # down with it when its count is taken (operations/service/rollout.py `hold_reason`).
+    restarting: set[str] = field(default_factory=set)
 
 
-# host/replica of each replica whose host's plan restarts its running process in this run (added
-# while the deploy adds its operations, read while it executes): a wave's other replicas that go
-# down with it when its count is taken (operations/service/rollout.py `hold_reason`).
-RESTARTING: set[str] = set()
+def of(state) -> Rollouts:
+    return run_scope.of(state, Rollouts)
 
 
-def gate_failed(host: str, replica: str, reason: str) -> None:
-    FAILED_GATES.setdefault(host, []).append(f"{replica}: {reason}")
+def gate_failed(state, host: str, replica: str, reason: str) -> None:
+    of(state).failed_gates.setdefault(host, []).append(f"{replica}: {reason}")
 
 
-def halt(service: str, replica: str, reason: str, what: str = FAILED_GATE) -> None:
+def failed_gates(state, host: str) -> list[str]:
+    return of(state).failed_gates.get(host) or []
+
+
+def halt(state, service: str, replica: str, reason: str, what: str = FAILED_GATE) -> None:
     """`replica` of `service` failed its gate (or `what` else it did): the first halt is the one the
     run names."""
-    HALTS.setdefault(service, Halt(replica, reason, what=what))
+    of(state).halts.setdefault(service, Halt(replica, reason, what=what))
 
 
-def halted(service: str) -> Halt | None:
-    return HALTS.get(service)
+def halted(state, service: str) -> Halt | None:
+    return of(state).halts.get(service)
 
 
-def record_held(service: str, replica: str) -> None:
-    found = HALTS.get(service)
+def record_held(state, service: str, replica: str) -> None:
+    found = of(state).halts.get(service)
     if found is not None and replica != found.replica and replica not in found.held:
         found.held.append(replica)
 
 
-def lines() -> list[str]:
+def lines(state) -> list[str]:
     out = []
-    for service, found in sorted(HALTS.items()):
+    for service, found in sorted(of(state).halts.items()):
         old = [found.replica, *found.held]
         out.append(f"ROLLOUT HALTED: service {service}: replica {found.replica} {found.what} "
                    f"({found.reason[:300]}); no further replica was restarted. "

@@ -672,7 +672,7 @@ def _refuse(state, host, plan: GpuDecisions) -> bool:
     for error in plan.errors:
         service = plan.service_of(error)
         for name in [service] if service else [s.name for s in plan.config.services]:
-            summary.record(host.name, name, "-", "FAILED",
+            summary.record(host, name, "-", "FAILED",
                            f"GPU check: {error.split(': ', 1)[-1] if service else error}")
     return False
 

@@ -26,7 +26,7 @@ def record(host, decisions, plan: HostPlan) -> None:
                                address=readiness.probe_address(service.bind), port=service.port,
                                inputs=watched_inputs(service, service.unit_path))
         endpoint = readiness.endpoint_text(service.bind, service.port, service.exposed_without_key)
-        summary_record(host.name, service.name, endpoint, "ready",
+        summary_record(host, service.name, endpoint, "ready",
                        readiness.already(state if isinstance(state, dict) else {}))
     placed = f"{len(config.services)} service(s)" if config.services else "nothing placed"
     host.log(f"converged ({placed}): the read shows nothing to change; no operation added")

@@ -166,7 +166,7 @@ def removal_commands(unit: str, path: str) -> list[str]:
 
 def _remove(state, host, unit: str, path: str, service: str, others: tuple = (),
             own_stop_s: int | None = None) -> bool:
-    halted = rollouts.halted(service)
+    halted = rollouts.halted(host.state, service)
     if halted is not None:
         # A replica of it failed its gate in this run: the one being removed may be the last on the
         # old version.
@@ -175,10 +175,10 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = (),
         host.log_styled(
             f"{unit} KEPT running here: {reason}; run the deploy again once it is fixed",
             fg="yellow", log_func=logger.warning)
-        summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
+        summary.record(host, replica_of(unit), "-", "kept", f"not placed here; {reason}")
         return True
     if others:
-        ready, not_ready = ready_elsewhere(service, others, summary.REPORT)
+        ready, not_ready = ready_elsewhere(service, others, summary.rows(host.state))
         # Read now, on those hosts: their gate may have passed minutes ago, and this stop cannot be
         # undone.
         why_not = {str(p): answers_now(state, p) for p in ready}
@@ -193,7 +193,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = (),
                           "did not answer /health there in this run")
             host.log_styled(f"{unit} KEPT running here: {reason}; run the deploy again once it is "
                             "ready there", fg="yellow", log_func=logger.warning)
-            summary.record(host.name, replica_of(unit), "-", "kept", f"not placed here; {reason}")
+            summary.record(host, replica_of(unit), "-", "kept", f"not placed here; {reason}")
             return True
         moved = f"; it answers on {', '.join(answering)}"
     else:
@@ -207,7 +207,7 @@ def _remove(state, host, unit: str, path: str, service: str, others: tuple = (),
             log_func=logger.error)
         return False
     host.log(f"{unit}: stopped, disabled and removed (no longer placed here{moved})")
-    summary.record(host.name, replica_of(unit), "-", "removed", f"no longer placed here{moved}")
+    summary.record(host, replica_of(unit), "-", "removed", f"no longer placed here{moved}")
     return True
 
 

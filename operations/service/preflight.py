@@ -188,7 +188,7 @@ def _run(state, host, service: str, endpoint: str, cmd: str,
     if reason:
         host.log_styled(f"{service}: PREFLIGHT FAILED, unit and running service left as they were: "
                         f"{reason}", fg="red", log_func=logger.error)
-        summary.record(host.name, service, endpoint, "FAILED", f"preflight: {reason}")
+        summary.record(host, service, endpoint, "FAILED", f"preflight: {reason}")
         return False
     host.log(f"{service}: preflight passed ({ran_as(result)})")
     return True

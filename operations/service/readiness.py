@@ -251,25 +251,25 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         by = ready_by_text(result)
         host.log(f"{service}: ready in {result['ready_s']} s on {endpoint}{by}{reply}{proved}")
         accept = (result.get("spec") or {}).get("accept_length")
-        record(host.name, service, endpoint, "ready", f"{result['ready_s']} s after (re)start"
+        record(host, service, endpoint, "ready", f"{result['ready_s']} s after (re)start"
                + by + (f", accept {accept:.2f}" if accept is not None else ""))
         return True
     # no later wave restarts another replica of this service; the host fails after its waves
     if rollout:
-        rollouts.halt(rollout, f"{host.name}/{service}", result["reason"])
-        rollouts.gate_failed(host.name, service, result["reason"][:200])
+        rollouts.halt(host.state, rollout, f"{host.name}/{service}", result["reason"])
+        rollouts.gate_failed(host.state, host.name, service, result["reason"][:200])
     host.log_styled(f"{service}: NOT READY: {result['reason']}", fg="red", log_func=logger.error)
     journal = result.get("journal") or ""
     if journal:
         host.log(f"{service}: last journal lines of {unit}:\n"
                  + "\n".join(f"    {line}" for line in journal.splitlines()), log_func=logger.error)
     if plan is None:
-        record(host.name, service, endpoint, "FAILED", result["reason"])
+        record(host, service, endpoint, "FAILED", result["reason"])
         return False
     done, error = rollback.undo(host, plan)
     if error:
         host.log_styled(f"{service}: NOT ROLLED BACK: {error}", fg="red", log_func=logger.error)
-        record(host.name, service, endpoint, "FAILED",
+        record(host, service, endpoint, "FAILED",
                f"{result['reason']}; not rolled back: {error}")
         return False
     again = _wait_once(host, unit, address, port, timeout, smoke, config_file)
@@ -281,7 +281,7 @@ def _wait(state, host, unit: str, service: str, endpoint: str, address: str, por
         fg="yellow" if again["ok"] else "red", log_func=logger.error,
     )
     state_word = "ROLLED BACK" if again["ok"] else "FAILED"
-    record(host.name, service, endpoint, state_word,
+    record(host, service, endpoint, state_word,
            f"change failed ({result['reason'][:80]}); {restored}")
     return False
 
@@ -302,8 +302,8 @@ def _gate(state, host, unit: str, service: str, *args, rollout: str = "", soak_s
         if rollout:
             reason = redact.engine_text(
                 f"its readiness gate ended without a verdict ({type(exc).__name__}: {exc})")
-            rollouts.halt(rollout, f"{host.name}/{service}", reason)
-            rollouts.gate_failed(host.name, service, reason[:200])
+            rollouts.halt(host.state, rollout, f"{host.name}/{service}", reason)
+            rollouts.gate_failed(host.state, host.name, service, reason[:200])
         raise
     return passed or bool(rollout)
 
@@ -372,8 +372,8 @@ def ready(
     just_started = this_run.changed(restarted)
     why_held = held() if held is not None and this_run.executing() and not just_started else None
     if why_held:
-        rollouts.record_held(rollout, f"{host.name}/{service}")
-        record(host.name, service, endpoint, "HELD", f"old version kept: {why_held}")
+        rollouts.record_held(host.state, rollout, f"{host.name}/{service}")
+        record(host, service, endpoint, "HELD", f"old version kept: {why_held}")
     if not just_started:
         # The verdict that it serves is the run's last word on it (and a removal on another host may
         # follow it): an answer from the host's read at the lock that is older than
@@ -382,7 +382,7 @@ def ready(
         state = service_state(unit, address, port, inputs)
         if state["active"] == "active" and state["health"] == 200:
             if not why_held:
-                record(host.name, service, endpoint, "ready", already(state))
+                record(host, service, endpoint, "ready", already(state))
             host.noop(f"service {service} answers /health on port {port}")
             return
     yield FunctionCommand(

@@ -157,7 +157,7 @@ def wave(number: int, of: int):
 
 
 def _failed_gates(state, host) -> bool:
-    failed = rollouts.FAILED_GATES.get(host.name) or []
+    failed = rollouts.failed_gates(host.state, host.name)
     if failed:
         host.log_styled(f"readiness gates failed on this host: {'; '.join(failed)}", fg="red",
                         log_func=logger.error)
@@ -177,7 +177,7 @@ def gates_passed():
     from a host whose change failed.
     """
     # read while executing: the gates before it have run
-    if not rollouts.FAILED_GATES.get(host.name):
+    if not rollouts.failed_gates(host.state, host.name):
         host.noop("every readiness gate on this host passed")
         return
     yield FunctionCommand(_failed_gates, (), {})
@@ -238,13 +238,13 @@ def down_beside(service: Service, host_name: str, rollout_: Rollout,
 
 
 def short_of(service: Service, host_name: str, rollout_: Rollout,
-             probe: Callable[[Replica], str | None]) -> str | None:
+             probe: Callable[[Replica], str | None], restarting: set[str]) -> str | None:
     """Why restarting `service`'s replica on `host_name` now would leave fewer replicas serving
     than its data allows (`replicas - wave_size(max_unavailable)`), naming those down; or None.
 
     Going down with it: the replicas that do not serve now (`down_beside`), and its wave's other
-    replicas whose host's plan restarts them (they restart at the same time; report/rollouts.py
-    `RESTARTING`)."""
+    replicas whose host's plan restarts them (`restarting`: they restart at the same time;
+    report/rollouts.py `Rollouts.restarting`)."""
     every = replicas(rollout_)
     allowed = len(every) - wave_size(service.max_unavailable, len(every))
     if allowed <= 0:
@@ -252,7 +252,7 @@ def short_of(service: Service, host_name: str, rollout_: Rollout,
     me = f"{host_name}/{service.name}"
     down = down_beside(service, host_name, rollout_, probe)
     wave_ = next((w for w in rollout_.waves if me in map(str, w)), [])
-    going = {me, *(str(r) for r in wave_ if str(r) in rollouts.RESTARTING)}
+    going = {me, *(str(r) for r in wave_ if str(r) in restarting)}
     serving = len(every) - len(going | set(down))
     if serving >= allowed:
         return None
@@ -276,9 +276,10 @@ class Hold:
     Once held, it stays held for the run: the gate after it says so, whatever the count reads
     later."""
 
-    def __init__(self, service: Service, host_name: str, rollout_: Rollout | None = None,
+    def __init__(self, state, service: Service, host_name: str, rollout_: Rollout | None = None,
                  probe: Callable[[Replica], str | None] | None = None,
                  planned: bool = False) -> None:
+        self.state = state  # the run's: its halts and restarting replicas (report/rollouts.py)
         self.service = service
         self.host_name = host_name
         self.rollout = rollout_
@@ -286,7 +287,7 @@ class Hold:
         self.replica = f"{host_name}/{service.name}"
         self.why: str | None = None
         if planned:
-            rollouts.RESTARTING.add(self.replica)
+            rollouts.of(state).restarting.add(self.replica)
 
     def __call__(self, restarting: bool = False) -> str | None:
         if self.why is None:
@@ -294,27 +295,29 @@ class Hold:
         return self.why
 
     def _reason(self, restarting: bool) -> str | None:
-        found = rollouts.halted(self.service.definition)
+        found = rollouts.halted(self.state, self.service.definition)
         if found is not None and found.replica != self.replica and (
                 restarting or found.what != rollouts.HELD_BEFORE_RESTART):
             return (f"the rollout of {self.service.definition} halted: {found.replica} "
                     f"{found.what} ({found.reason[:200]})")
         if not restarting or self.rollout is None or self.probe is None:
             return None
-        why = short_of(self.service, self.host_name, self.rollout, self.probe)
+        why = short_of(self.service, self.host_name, self.rollout, self.probe,
+                       rollouts.of(self.state).restarting)
         if why is not None:
-            rollouts.halt(self.service.definition, self.replica, why,
+            rollouts.halt(self.state, self.service.definition, self.replica, why,
                           what=rollouts.HELD_BEFORE_RESTART)
-            rollouts.gate_failed(self.host_name, self.service.name,
+            rollouts.gate_failed(self.state, self.host_name, self.service.name,
                                  f"held before its restart: {why}")
             logger.error(f"{self.replica}: HELD before its restart, on its old version: {why}")
         return why
 
 
-def hold_reason(service: Service, host_name: str, rollout_: Rollout | None = None,
+def hold_reason(state, service: Service, host_name: str, rollout_: Rollout | None = None,
                 probe: Callable[[Replica], str | None] | None = None,
                 planned: bool = False) -> Hold:
-    """The `Hold` flag of `service`'s replica on `host_name`; `rollout_` and `probe` count who
+    """The `Hold` flag of `service`'s replica on `host_name` in the run `state`; `rollout_` and
+    `probe` count who
     serves before it restarts (without them, only a halt holds it); `planned`: its host's plan
     restarts it where it runs (`Plan.restarts_running`): a wave-mate's count takes it down too."""
-    return Hold(service, host_name, rollout_, probe, planned)
+    return Hold(state, service, host_name, rollout_, probe, planned)

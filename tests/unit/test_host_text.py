@@ -279,14 +279,15 @@ def test_the_prometheus_textfile_holds_host_words_as_printable_label_values():
 
 def test_the_summary_keeps_a_hosts_reason_on_its_row(monkeypatch):
     """A failure's reason (the host's words) with a newline would print a row of its own: `gpu-a/ddtree ... ready`."""
-    monkeypatch.setattr(summary, "REPORT", {})
+    run = SimpleNamespace()
+    host = SimpleNamespace(name="gpu-a", state=run)
+    run.activated_hosts = [host]
     reason = "import error\n    gpu-a/ddtree  http://127.0.0.1:30000    ready   12 s after (re)start\x1b[2K\rok"
-    summary.record("gpu-a", "dflash", "http://127.0.0.1:30001", "FAILED", reason)
-    summary.record("gpu-a", "ddtree", "http://127.0.0.1:30000", "FAILED", "preflight: \u202eexe")
+    summary.record(host, "dflash", "http://127.0.0.1:30001", "FAILED", reason)
+    summary.record(host, "ddtree", "http://127.0.0.1:30000", "FAILED", "preflight: \u202eexe")
     logged = []
     monkeypatch.setattr(summary.logger, "info", logged.append)
-    host = SimpleNamespace(name="gpu-a")
-    summary.SummaryPrinter().host_disconnect(SimpleNamespace(activated_hosts=[host]), host)
+    summary.SummaryPrinter().host_disconnect(run, host)
     lines = logged[0].splitlines()
     assert len(lines) == 3 and lines[0] == "--> Services:"
     assert lines[1].endswith("FAILED  preflight: \\u202eexe")

@@ -59,6 +59,7 @@ class Result:
     commands: list  # str, or ("put", local, remote), or ("call", function name)
     noops: list[str]
     logs: list[str]
+    summary: dict = field(default_factory=dict)  # the run's summary rows (report/summary.py)
 
 
 def _shown(command) -> Any:
@@ -96,7 +97,8 @@ def run(op, facts: dict[type, Any], fs: FakeFs | None = None, data: dict | None 
         ctx_host.use(host),
     ):
         commands = [_shown(c) for c in op._inner(**kwargs)]
-    return Result(commands, [c.args[0] for c in noop.call_args_list], [c.args[0] for c in log.call_args_list])
+    return Result(commands, [c.args[0] for c in noop.call_args_list], [c.args[0] for c in log.call_args_list],
+                  summary.rows(host.state))
 
 
 def sha1(path: Path) -> str:
@@ -401,12 +403,6 @@ def test_unknown_patch_set(patch_set):
 # readiness.ready -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def report(monkeypatch) -> dict:
-    monkeypatch.setattr(summary, "REPORT", {})
-    return summary.REPORT
-
-
 def run_ready(state, restarted=None) -> Result:
     return run(
         readiness.ready,
@@ -415,14 +411,14 @@ def run_ready(state, restarted=None) -> Result:
     )
 
 
-def test_ready_service_not_restarted_is_a_noop(report):
+def test_ready_service_not_restarted_is_a_noop():
     result = run_ready({"active": "active", "health": 200, "uptime_s": 61.4, "pid": 4242})
     assert result.commands == []
     assert result.noops == ["service ddtree answers /health on port 30000"]
-    assert report == {"gpu-a": {"ddtree": {"endpoint": "http://0.0.0.0:30000", "state": "ready", "ready": "already (up 61 s, pid 4242)"}}}
+    assert result.summary == {"gpu-a": {"ddtree": {"endpoint": "http://0.0.0.0:30000", "state": "ready", "ready": "already (up 61 s, pid 4242)"}}}
 
 
-def test_the_verdict_that_a_service_serves_is_read_no_earlier_than_its_max_age(report, monkeypatch):
+def test_the_verdict_that_a_service_serves_is_read_no_earlier_than_its_max_age(monkeypatch):
     """The host's read at the lock may be minutes old when a late gate decides (hosts run operations in step): the
     gate asks host_reads for an answer no older than VERDICT_MAX_AGE_S (host_reads.fresh, tested in test_host_reads)
     before it reads the state it decides from."""
@@ -447,11 +443,11 @@ def test_the_verdict_that_a_service_serves_is_read_no_earlier_than_its_max_age(r
     ],
     ids=["warming-up", "activating", "failed"],
 )
-def test_service_not_answering_is_waited_for(report, state):
+def test_service_not_answering_is_waited_for(state):
     assert run_ready(state).commands == [("call", "_gate")]
 
 
-def test_restarted_service_is_always_waited_for_without_reading_facts(report, monkeypatch):
+def test_restarted_service_is_always_waited_for_without_reading_facts(monkeypatch):
     # No ServiceState answer is given: reading it would fail the test.
     monkeypatch.setattr(State, "is_executing", True, raising=False)
     result = run(
@@ -481,7 +477,7 @@ def test_changed_base_is_named_from_the_applied_record_before_refusing(patch_set
         run_patches(patch_set, installed(version="0.5.24", record=patches.applied_record(patch_set)))
 
 
-def test_ready_with_no_state_read_stops_the_host_with_a_message(report):
+def test_ready_with_no_state_read_stops_the_host_with_a_message():
     with pytest.raises(OperationError, match="could not read the state of sglang-x.service .*the connection dropped"):
         run(readiness.ready, {readiness.ServiceState: lambda **kw: None}, service="x", unit="sglang-x.service", bind="127.0.0.1", port=30000, timeout=60)
 

@@ -122,6 +122,7 @@ def test_an_unplaced_unit_is_removed_once_ready_elsewhere():
 class FakeHost:
     def __init__(self, ok=True):
         self.name = "gpu-d"
+        self.state = SimpleNamespace()  # a run of its own
         self.ok = ok
         self.commands = []
         self.timeouts = []
@@ -139,20 +140,20 @@ class FakeHost:
 
 
 def test_remove_keeps_the_unit_when_the_new_host_is_not_ready(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "FAILED"}}})
     monkeypatch.setattr(placement, "answers_now", lambda state, p: None)  # answering now does not replace the gate
     host = FakeHost()
+    summary.rows(host.state).update({"gpu-e": {"dflash": {"state": "FAILED"}}})
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
     assert host.commands == []
     assert host.logs[0].startswith("sglang-dflash.service KEPT running here: service dflash is placed on gpu-e but did not answer /health")
-    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "kept"
+    assert summary.rows(host.state)["gpu-d"]["dflash"]["state"] == "kept"
 
 
 def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
     asked = []
     monkeypatch.setattr(placement, "answers_now", lambda state, p: asked.append(p))
     host = FakeHost()
+    summary.rows(host.state).update({"gpu-e": {"dflash": {"state": "ready"}}})
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
     assert asked == [placed()]  # read at the moment of the decision
     assert host.commands == [
@@ -160,11 +161,10 @@ def test_remove_stops_the_unit_once_ready_elsewhere(monkeypatch):
         " && { systemctl reset-failed sglang-dflash.service 2>/dev/null || true; }"
     ]
     assert host.logs == ["sglang-dflash.service: stopped, disabled and removed (no longer placed here; it answers on gpu-e)"]
-    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "removed"
+    assert summary.rows(host.state)["gpu-d"]["dflash"]["state"] == "removed"
 
 
 def test_remove_of_a_service_placed_nowhere_else_needs_no_wait(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {})
     host = FakeHost()
     assert placement._remove(None, host, "sglang-tmp.service", "/p", "tmp", ()) is True
     assert host.commands == [
@@ -195,9 +195,9 @@ def test_a_removal_is_bounded_by_the_longest_drain_of_the_services_placements_an
 
 
 def test_remove_waits_as_long_as_the_drain_may_take(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
     monkeypatch.setattr(placement, "answers_now", lambda state, p: None)
     host = FakeHost()
+    summary.rows(host.state).update({"gpu-e": {"dflash": {"state": "ready"}}})
     slow = placement.Placed("gpu-e", "sglang-dflash.service", "127.0.0.1", 30001, "dflash", 900)
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (slow,)) is True
     assert host.timeouts == [900 + placement.REMOVAL_MARGIN_S]
@@ -209,16 +209,16 @@ def test_remove_waits_as_long_as_the_drain_may_take(monkeypatch):
 
 def test_remove_keeps_the_unit_when_the_new_host_passed_its_gate_but_does_not_answer_now(monkeypatch):
     """A gate passed earlier in the run does not decide a stop: the new host is read again right before it."""
-    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
     monkeypatch.setattr(placement, "answers_now", lambda state, p: f"{p.unit} on {p.host} is failed, /health None now")
     host = FakeHost()
+    summary.rows(host.state).update({"gpu-e": {"dflash": {"state": "ready"}}})
     assert placement._remove(None, host, "sglang-dflash.service", "/p", "dflash", (placed(),)) is True
     assert host.commands == []
     assert host.logs[0] == (
         "sglang-dflash.service KEPT running here: service dflash passed its readiness gate on gpu-e in this run but does not "
         "answer there now (sglang-dflash.service on gpu-e is failed, /health None now); run the deploy again once it is ready there"
     )
-    assert summary.REPORT["gpu-d"]["dflash"]["state"] == "kept"
+    assert summary.rows(host.state)["gpu-d"]["dflash"]["state"] == "kept"
 
 
 class OtherHost:
@@ -256,7 +256,6 @@ def test_answers_now_runs_the_service_state_script_on_the_other_host_at_the_mome
 
 
 def test_a_failed_removal_fails_the_host(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {})
     assert placement._remove(None, FakeHost(ok=False), "sglang-tmp.service", "/p", "tmp", ()) is False
 
 
@@ -275,14 +274,14 @@ def test_units_fact_script_reads_the_header(tmp_path):
 def test_a_halted_rollout_keeps_the_unplaced_replica(monkeypatch):
     """A replica of the service failed its gate in this run: the replica no longer placed may be the last one on the
     version that works, so it stays, whatever answers elsewhere."""
-    monkeypatch.setattr(summary, "REPORT", {"gpu-e": {"dflash": {"state": "ready"}}})
-    monkeypatch.setattr(rollouts, "HALTS", {"dflash": rollouts.Halt("gpu-f/dflash", "exited at start")})
     monkeypatch.setattr(placement, "answers_now", lambda state, p: None)
     host = FakeHost()
+    summary.rows(host.state).update({"gpu-e": {"dflash": {"state": "ready"}}})
+    rollouts.of(host.state).halts.update({"dflash": rollouts.Halt("gpu-f/dflash", "exited at start")})
     assert placement._remove(None, host, "sglang-dflash@2.service", "/p", "dflash", (placed(),)) is True
     assert host.commands == []
-    assert summary.REPORT["gpu-d"]["dflash@2"]["state"] == "kept"
-    assert "the rollout of service dflash halted in this run (gpu-f/dflash failed" in summary.REPORT["gpu-d"]["dflash@2"]["ready"]
+    assert summary.rows(host.state)["gpu-d"]["dflash@2"]["state"] == "kept"
+    assert "the rollout of service dflash halted in this run (gpu-f/dflash failed" in summary.rows(host.state)["gpu-d"]["dflash@2"]["ready"]
 
 
 @pytest.mark.parametrize(("ready", "serves"), [(200, True), (None, True), (503, False), (0, False)])

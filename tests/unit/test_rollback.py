@@ -58,8 +58,9 @@ def waited(ok, reason="", ready_s=3.0):
 
 @pytest.fixture(autouse=True)
 def report(monkeypatch):
-    monkeypatch.setattr(summary, "REPORT", {})
-    return summary.REPORT
+    """The summary rows of a run of this test's own: every ScriptedHost is a host of it."""
+    monkeypatch.setattr(ScriptedHost, "state", SimpleNamespace(), raising=False)
+    return summary.rows(ScriptedHost.state)
 
 
 def test_undo_restores_the_saved_unit_then_switches_back_the_venvs_this_run_switched_then_restarts():
@@ -139,23 +140,21 @@ def test_the_unit_in_use_is_saved_only_when_it_is_about_to_change():
 
 
 @pytest.fixture
-def halts(monkeypatch):
+def halts(report):
     from report import rollouts
 
-    monkeypatch.setattr(rollouts, "HALTS", {})
-    return rollouts.HALTS
+    return rollouts.of(ScriptedHost.state).halts
 
 
 def test_a_failed_gate_halts_its_services_rollout_and_fails_its_host_after_the_waves(report, halts, monkeypatch):
     from report import rollouts
 
-    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
     host = ScriptedHost([waited(False, "exited at start"), (True, ""), (True, ""), (True, ""), waited(True)])
     # The gate's operation goes on (the wave's other gates on this host still run) ...
     assert readiness._gate(None, host, UNIT, "x@2", "e", "127.0.0.1", 30000, 60, True, "-", plan(), rollout="x") is True
     assert halts["x"].replica == "gpu-a/x@2" and halts["x"].reason == "exited at start"
     # ... and the host fails once its waves are done.
-    assert rollouts.FAILED_GATES == {"gpu-a": ["x@2: exited at start"]}
+    assert rollouts.of(host.state).failed_gates == {"gpu-a": ["x@2: exited at start"]}
     assert rollout._failed_gates(None, host) is False and "readiness gates failed on this host: x@2: exited at start" in host.lines
 
 
@@ -191,8 +190,6 @@ def test_the_gate_says_which_endpoint_proved_readiness(report, halts, monkeypatc
 def test_a_gate_that_ends_without_a_verdict_halts_its_rollout(report, halts, monkeypatch):
     from report import rollouts
 
-    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
-
     class Dropped(ScriptedHost):
         def run_shell_command(self, command, print_output=False, _timeout=None):
             raise TimeoutError("the connection to gpu-a timed out")
@@ -202,4 +199,4 @@ def test_a_gate_that_ends_without_a_verdict_halts_its_rollout(report, halts, mon
     # No later wave restarts another replica of x, and the host fails after its waves.
     assert halts["x"].replica == "gpu-a/x@2"
     assert halts["x"].reason == "its readiness gate ended without a verdict (TimeoutError: the connection to gpu-a timed out)"
-    assert rollouts.FAILED_GATES["gpu-a"] == [f"x@2: {halts['x'].reason}"]
+    assert rollouts.of(ScriptedHost.state).failed_gates["gpu-a"] == [f"x@2: {halts['x'].reason}"]

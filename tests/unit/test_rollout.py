@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from configuration.schema import GroupData, ServiceSpec
 from configuration.typed import Environment, HostConfig, ModelUse, Service
 from operations.service import rollout
 from operations.service.rollout import Replica
+from report import rollouts
 
 
 @pytest.mark.parametrize(("given", "replicas", "size"), [
@@ -84,13 +87,9 @@ def test_the_waves_follow_each_services_own_keys():
 # Who serves now, before a restart (rollout.down_beside, rollout.hold_reason).
 
 @pytest.fixture
-def halts(monkeypatch):
-    from report import rollouts
-
-    monkeypatch.setattr(rollouts, "HALTS", {})
-    monkeypatch.setattr(rollouts, "FAILED_GATES", {})
-    monkeypatch.setattr(rollouts, "RESTARTING", set())
-    return rollouts
+def run():
+    """A run of the test's own: its halts, failed gates and restarting replicas (report/rollouts.py)."""
+    return SimpleNamespace()
 
 
 def replicated(hosts: tuple[str, ...], **rollout_keys) -> tuple[dict, rollout.Rollout]:
@@ -122,67 +121,67 @@ def test_down_beside_asks_every_other_replica_now():
     assert probe.asked == ["b/rep", "c/rep"]  # not its own replica
 
 
-def test_two_replicas_one_down_holds_the_restart_of_the_other(halts):
+def test_two_replicas_one_down_holds_the_restart_of_the_other(run):
     configs, rep = replicated(("a", "b"))
-    held = rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(b="inactive"), planned=True)
+    held = rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, Answers(b="inactive"), planned=True)
     why = held(restarting=True)
     assert why is not None and "b/rep (inactive)" in why and "leave 0 of 2 replicas of rep serving" in why
     # The rollout halts, held before its restart, and the host fails after its waves.
-    assert halts.HALTS["rep"].what == halts.HELD_BEFORE_RESTART and halts.HALTS["rep"].replica == "a/rep"
-    assert [line.split(": ")[0] for line in halts.FAILED_GATES["a"]] == ["rep"]
-    assert "was held before its restart" in halts.lines()[0] and "b/rep (inactive)" in halts.lines()[0]
+    assert rollouts.of(run).halts["rep"].what == rollouts.HELD_BEFORE_RESTART and rollouts.of(run).halts["rep"].replica == "a/rep"
+    assert [line.split(": ")[0] for line in rollouts.of(run).failed_gates["a"]] == ["rep"]
+    assert "was held before its restart" in rollouts.lines(run)[0] and "b/rep (inactive)" in rollouts.lines(run)[0]
     # Held for the rest of the run, whatever the gate asks afterwards.
     assert held() == why
 
 
-def test_three_replicas_max_unavailable_one_with_one_down_holds(halts):
+def test_three_replicas_max_unavailable_one_with_one_down_holds(run):
     configs, rep = replicated(("a", "b", "c"), max_unavailable=1)
-    held = rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(c="failed"))
+    held = rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, Answers(c="failed"))
     why = held(restarting=True)
     assert why is not None and "c/rep (failed)" in why and "fewer than the 2" in why
 
 
-def test_all_serving_is_not_held(halts):
+def test_all_serving_is_not_held(run):
     configs, rep = replicated(("a", "b", "c"), max_unavailable=1)
     probe = Answers()
-    assert rollout.hold_reason(rep_of(configs, "b"), "b", rep, probe, planned=True)(restarting=True) is None
-    assert halts.HALTS == {} and halts.FAILED_GATES == {} and probe.asked == ["a/rep", "c/rep"]
+    assert rollout.hold_reason(run, rep_of(configs, "b"), "b", rep, probe, planned=True)(restarting=True) is None
+    assert rollouts.of(run).halts == {} and rollouts.of(run).failed_gates == {} and probe.asked == ["a/rep", "c/rep"]
 
 
-def test_max_unavailable_covers_the_down_replica(halts):
+def test_max_unavailable_covers_the_down_replica(run):
     configs, rep = replicated(("a", "b", "c"), max_unavailable=2)
-    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, Answers(c="failed"))(restarting=True) is None
+    assert rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, Answers(c="failed"))(restarting=True) is None
 
 
-def test_a_wave_mate_that_restarts_counts_as_going_down(halts):
+def test_a_wave_mate_that_restarts_counts_as_going_down(run):
     configs, rep = replicated(("a", "b", "c", "d"), max_unavailable=2)  # waves [a, b], [c, d]; 2 must serve
     probe = Answers(d="failed")
-    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None  # b does not restart
-    rollout.hold_reason(rep_of(configs, "b"), "b", rep, probe, planned=True)
-    assert "leave 1 of 4" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True)
+    assert rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None  # b does not restart
+    rollout.hold_reason(run, rep_of(configs, "b"), "b", rep, probe, planned=True)
+    assert "leave 1 of 4" in rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(restarting=True)
 
 
-def test_the_down_replica_itself_may_start(halts):
+def test_the_down_replica_itself_may_start(run):
     configs, rep = replicated(("a", "b"))
     probe = Answers(a="inactive")
     # a is down: starting it only adds a serving replica; nothing is asked.
-    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
-    assert probe.asked == [] and halts.HALTS == {}
+    assert rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
+    assert probe.asked == [] and rollouts.of(run).halts == {}
     # ... also once the rollout halted because too few serve (the held replica was b).
-    halts.halt("rep", "b/rep", "too few", what=halts.HELD_BEFORE_RESTART)
-    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
+    rollouts.halt(run, "rep", "b/rep", "too few", what=rollouts.HELD_BEFORE_RESTART)
+    assert rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(restarting=False) is None
     # A restart after that halt is held, and so is any (re)start after a failed gate.
-    assert "b/rep was held before its restart" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(
+    assert "b/rep was held before its restart" in rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(
         restarting=True)
-    halts.HALTS.clear()
-    halts.halt("rep", "b/rep", "exited at start")
-    assert "b/rep failed its readiness gate" in rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)()
+    rollouts.of(run).halts.clear()
+    rollouts.halt(run, "rep", "b/rep", "exited at start")
+    assert "b/rep failed its readiness gate" in rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)()
 
 
-def test_one_replica_is_never_counted(halts):
+def test_one_replica_is_never_counted(run):
     configs, rep = replicated(("a",))
     probe = Answers()
-    assert rollout.hold_reason(rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None and probe.asked == []
+    assert rollout.hold_reason(run, rep_of(configs, "a"), "a", rep, probe)(restarting=True) is None and probe.asked == []
 
 
 def test_the_probe_keeps_a_serving_answer_and_asks_a_down_one_again(monkeypatch):
