@@ -87,7 +87,8 @@ else:
                   old_replica=(rollout.old_replica(rollouts[service_.definition], run.inventory)
                                if canary else None))
         for name, _ in wave:
-            if surges[name]:
-                surge_removed(prepared[name], surges[name])
+            left = plan.values.get(("surge left", name))  # one an earlier run left running
+            if surges[name] or left:
+                surge_removed(prepared[name], surges[name] or left, leftover=left is not None)
     gates_checked()
     cleanup(config)

@@ -80,14 +80,17 @@ def surge_of(reading: Reading, service, restarts_running: bool, surges: Surges) 
     the port it would take, that port's state on the host; a surge is kept in the plan's values
     (`("surge", replica)`), which the operations apply."""
     found, no_gpu, port, busy = (), "", None, None
-    if service.max_surge and restarts_running:
+    if service.max_surge and restarts_running and ("surge left", service.name) not in \
+            reading.plan.values:
         found, no_gpu = gpus.surge_gpus(reading.decisions, service, surges.gpus)
         port = surge.port_for(reading.config, service, surges.ports) if found else None
         if port is not None:
             busy = surge.port_busy(reading.ask(
                 readiness.ServiceState, unit=surge.unit_name(service.name),
                 address=readiness.probe_address(service.bind), port=port, inputs=()))
-    decision = surge.decide(service, restarts_running, found, no_gpu, port, busy)
+    left = reading.plan.values.get(("surge left", service.name))
+    decision = surge.decide(service, restarts_running, found, no_gpu, port, busy,
+                            leftover=left.unit if left else None)
     if decision.surge:
         surges.gpus.update({i: f"the surge of {service.name}" for i in decision.surge.gpus})
         surges.ports.add(decision.surge.port)
@@ -103,6 +106,25 @@ def _speculative_words(spec: dict | None) -> str:
             if spec["lossless"] else [])
     asks += [f"an accept length of at least {spec['min_accept']}"] if spec["min_accept"] else []
     return "; " + " and ".join(asks)
+
+
+def surge_left(reading: Reading, service) -> surge.Surge | None:
+    """A surge of a `max_surge` service that an earlier run left running (it stopped between the
+    surge's start and its removal): read on every run (its state joins the host's one read), kept
+    in the plan's values (`("surge left", replica)`) for its removal once the replica serves."""
+    port = surge.port_for(reading.config, service, set())
+    if port is None:
+        return None
+    state = reading.ask(readiness.ServiceState, unit=surge.unit_name(service.name),
+                        address=readiness.probe_address(service.bind), port=port, inputs=())
+    if not isinstance(state, dict) or state.get("active") not in surge.LEFT_STATES:
+        return None
+    left = surge.Surge(service.name, (), port)
+    reading.plan.values[("surge left", service.name)] = left
+    reading.plan.add(STEP, left.unit, "delete",
+                     f"an earlier run left it {state.get('active')}: stopped (drained) and removed "
+                     f"once {service.name} serves", service=service.name)
+    return left
 
 
 def _replica(reading: Reading, service, device_groups: tuple[str, ...],
@@ -151,6 +173,8 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...],
         return
     steps = lifecycle.steps(state, unit_path, unit_changed, inputs_changed)
     unit = service.unit_name
+    if service.max_surge:
+        surge_left(reading, service)
     if steps.reload:
         plan.add(STEP, "systemd", "reload", f"{unit}'s file changed", service=name)
     if steps.enable:
@@ -326,14 +350,14 @@ def surge_started(config, prepared: Prepared, held: Callable[..., str | None],
 
 
 @deploy(STEP)
-def surge_removed(prepared: Prepared, planned: surge.Surge) -> None:
+def surge_removed(prepared: Prepared, planned: surge.Surge, leftover: bool = False) -> None:
     """After the wave's gates: the surge stopped (drained) and removed, once the replica serves on
-    its own GPU and port."""
+    its own GPU and port; `leftover`: one an earlier run left (`surge_left`)."""
     service = prepared.service
     surge.removed(name=f"Surge {planned.unit} stopped and removed", surge=planned,
                   unit=service.unit_name, bind=service.bind, port=service.port,
                   config_file=service.config_file, outcome=prepared.surged,
-                  stop_timeout_s=service.stop_timeout_s)
+                  stop_timeout_s=service.stop_timeout_s, leftover=leftover)
 
 
 @deploy(STEP)

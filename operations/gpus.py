@@ -493,7 +493,8 @@ def surge_gpus(decisions: GpuDecisions, service: Service,
     """The GPUs a surge of `service` (operations/surge.py) may start on, by the GPU check's own
     rule (`_why_not`: present, healthy, not marked failed, used by no process and no active unit of
     ours), and given to no service placed here nor to another surge of this run (`taken`: GPU ->
-    whose); as many as the service uses, lowest first. ((), why not) where too few are free."""
+    whose), and large enough for its models (`_memory`); as many as the service uses, lowest
+    first. ((), why not) where too few are free."""
     facts = decisions.facts
     if facts is None or facts.error:
         return (), "the host's GPUs were not read"
@@ -505,6 +506,11 @@ def surge_gpus(decisions: GpuDecisions, service: Service,
     free = [i for i in others if _why_not(i, facts, failed, users, given) is None]
     need = max(1, len(service.gpus))
     if len(free) >= need:
+        short: list[str] = []  # the GPU check's memory rule, on the surge's GPUs
+        _memory(dataclasses.replace(service, gpus=tuple(free[:need])), facts, [], [], short)
+        if short:
+            return (), f"GPU {','.join(map(str, free[:need]))} is free but too small: " + "; ".join(
+                s.split(": ", 1)[-1] for s in short)
         return tuple(free[:need]), ""
     reasons = "; ".join(f"GPU {i} {_why_not(i, facts, failed, users, given)}"
                         for i in others if i not in free)

@@ -45,6 +45,9 @@ from operations.host_reads import operation
 from report import rollouts, summary
 
 SURGE_DIR = "/run/systemd/system"  # runtime units: a reboot forgets them
+# A surge unit in one of these states, found by a run that did not start it, was left by an earlier
+# run (killed between the surge's start and its removal): removed once the replica serves.
+LEFT_STATES = ("active", "activating", "reloading", "deactivating", "failed")
 MAX_PORT = 65535
 STOP_MARGIN_S = 120
 
@@ -114,13 +117,17 @@ def port_busy(state: dict | None) -> str | None:
 
 
 def decide(service: Service, restarts_running: bool, gpus: tuple[int, ...], no_gpu: str,
-           port: int | None, busy: str | None) -> Decision:
+           port: int | None, busy: str | None, leftover: str | None = None) -> Decision:
     """The one decision: surge or in place. `gpus`, `no_gpu`: `gpus.surge_gpus`; `port`:
-    `port_for`; `busy`: `port_busy` of that port (None: free)."""
+    `port_for`; `busy`: `port_busy` of that port (None: free); `leftover`: the unit of a surge an
+    earlier run left running (removed in this run, once the replica serves)."""
     if not service.max_surge:
         return Decision(None, "max_surge 0")
     if not restarts_running:
         return Decision(None, "it does not run: it only starts")
+    if leftover:
+        return Decision(None, f"{leftover}, left by an earlier run, runs: removed after this run's "
+                              "gate")
     if not gpus:
         return Decision(None, f"no free GPU: {no_gpu}")
     if port is None:
@@ -233,8 +240,8 @@ def started(surge: Surge, unit_text: str, bind: str, timeout: int, smoke: bool =
 
 
 def _remove(state, host, surge: Surge, unit: str, address: str, port: int, config_file: str,
-            outcome: Outcome, stop_timeout_s: int) -> bool:
-    if outcome.serving:
+            outcome: Outcome, stop_timeout_s: int, leftover: bool) -> bool:
+    if outcome.serving or leftover:
         serves = readiness.gate_once(host, unit, address, port, 30, False, config_file)
         if not serves["ok"]:
             why = (f"{surge.replica} does not serve on its own port {port} "
@@ -248,15 +255,15 @@ def _remove(state, host, surge: Surge, unit: str, address: str, port: int, confi
         host.log_styled(f"{surge.replica}: its surge {surge.unit} could not be removed: {said}",
                         fg="red", log_func=logger.error)
         return False
-    if outcome.serving:
+    if outcome.serving or leftover:
         host.log(f"{surge.replica}: serves on its own GPU and port; surge {surge.unit} stopped "
-                 "(drained) and removed")
+                 "(drained) and removed" + (", left by an earlier run" if leftover else ""))
     return True
 
 
 @operation()
 def removed(surge: Surge, unit: str, bind: str, port: int, config_file: str | None = None,
-            outcome: Outcome | None = None, stop_timeout_s: int = 60):
+            outcome: Outcome | None = None, stop_timeout_s: int = 60, leftover: bool = False):
     """
     Stop (drained) and remove a replica's surge once the replica serves on its own GPU and port.
 
@@ -264,7 +271,8 @@ def removed(surge: Surge, unit: str, bind: str, port: int, config_file: str | No
     + unit, bind, port, config_file: the replica's own unit and endpoint
     + outcome: the surge's `Outcome`
     + stop_timeout_s: the drain the stop waits for
+    + leftover: a surge an earlier run left (`LEFT_STATES`), not this run's
     """
     yield FunctionCommand(
         _remove, (surge, unit, readiness.probe_address(bind), port, config_file or "-",
-                  outcome or Outcome(), stop_timeout_s), {})
+                  outcome or Outcome(), stop_timeout_s, leftover), {})

@@ -24,13 +24,19 @@ def lab_of(run_services=("ddtree",), **patch):
     return config, stack, {name: load_patch_set(name) for name in config.patch_sets}
 
 
-def changed_world(config, stack, patch_sets, surge_port_state=FREE):
-    """A converged host whose ddtree unit differs (so the plan restarts it where it runs), and the surge port's answer."""
+def surge_world(config, stack, patch_sets, surge_port_state=FREE):
+    """A converged host, and for ddtree the answer of its surge unit on the port a surge would take."""
     w = converged_world(config, stack, patch_sets)
     ddtree = config.services[0]
-    w.set(Sha1File, "0" * 40, path=ddtree.unit_path)
     w.set(readiness.ServiceState, surge_port_state, unit=surge.unit_name(ddtree.name), address=readiness.probe_address(ddtree.bind),
-          port=ddtree.port + 1, inputs=())
+          port=surge.port_for(config, ddtree, set()), inputs=())
+    return w
+
+
+def changed_world(config, stack, patch_sets, surge_port_state=FREE):
+    """`surge_world` whose ddtree unit differs (so the plan restarts it where it runs)."""
+    w = surge_world(config, stack, patch_sets, surge_port_state)
+    w.set(Sha1File, "0" * 40, path=config.services[0].unit_path)
     return w
 
 
@@ -77,8 +83,21 @@ def test_a_busy_surge_port_rolls_in_place():
 
 def test_a_converged_surge_service_plans_nothing():
     lab = lab_of(max_surge=1)
-    plan = plan_of(*lab, converged_world(*lab))
-    assert plan.changes == [] and not [k for k in plan.values if k[0] == "surge"]
+    plan = plan_of(*lab, surge_world(*lab))
+    assert plan.converged and plan.changes == [] and plan.unread == [], plan
+    assert not [k for k in plan.values if k[0].startswith("surge")]
+
+
+def test_a_surge_an_earlier_run_left_running_is_removed_and_this_run_rolls_in_place():
+    lab = lab_of(max_surge=1)
+    left = {**FREE, "active": "active", "sub": "running", "health": 200}
+    converged = plan_of(*lab, surge_world(*lab, surge_port_state=left))
+    assert [(c.what, c.action) for c in converged.changes] == [("sglang-ddtree.surge.service", "delete")], converged.changes
+    assert "an earlier run left it active" in converged.changes[0].why
+    assert converged.values[("surge left", "ddtree")] == surge.Surge("ddtree", (), 30001)
+    changed = plan_of(*lab, changed_world(*lab, surge_port_state=left))
+    assert "in place (sglang-ddtree.surge.service, left by an earlier run, runs" in restart_of(changed, "ddtree").why
+    assert ("surge", "ddtree") not in changed.values
 
 
 def test_the_gpu_check_rule_decides_which_gpu_is_free():
@@ -121,3 +140,13 @@ def test_a_bad_max_surge_names_the_field_the_value_and_the_fix(value):
         lab_config(max_surge=value)
     text = str(caught.value)
     assert f"services.ddtree.max_surge: {value!r}: must be 0 (a rollout restarts the replica in place) or 1" in text, text
+
+
+def test_a_free_gpu_too_small_for_the_models_is_no_place_to_surge():
+    config = lab_config(run_services=("ddtree",), max_surge=1)
+    ddtree = config.services[0]
+    sizes = {m.store_path: 4 * 1024 * 1024 for m in ddtree.models}
+    listed = (gpus.Gpu(0, "GPU-0", "G", "12.0", 97887, 0, "00000000:0:00.0"), gpus.Gpu(1, "GPU-1", "G", "12.0", 4, 0, "00000000:1:00.0"))
+    small = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", listed, (), (), {}, sizes)
+    found, why = gpus.surge_gpus(gpus.GpuDecisions(config, facts=small), ddtree, {})
+    assert found == () and why.startswith("GPU 1 is free but too small: models need"), why
