@@ -92,7 +92,7 @@ def surge_of(reading: Reading, service, restarts_running: bool, surges: Surges) 
     decision = surge.decide(service, restarts_running, found, no_gpu, port, busy,
                             leftover=left.unit if left else None)
     if decision.surge:
-        surges.gpus.update({i: f"the surge of {service.name}" for i in decision.surge.gpus})
+        surges.gpus.update({i: f"{service.name} (its surge)" for i in decision.surge.gpus})
         surges.ports.add(decision.surge.port)
         reading.plan.values[("surge", service.name)] = decision.surge
     return decision
