@@ -150,3 +150,19 @@ def test_a_free_gpu_too_small_for_the_models_is_no_place_to_surge():
     small = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", listed, (), (), {}, sizes)
     found, why = gpus.surge_gpus(gpus.GpuDecisions(config, facts=small), ddtree, {})
     assert found == () and why.startswith("GPU 1 is free but too small: models need"), why
+
+
+def test_the_replicas_restart_asks_its_hold_as_the_surge_left_it():
+    asked = []
+
+    def hold(restarting=False):
+        asked.append(restarting)
+        return None
+
+    outcome = surge.Outcome()
+    ask = outcome.held(hold)
+    assert ask(restarting=True) is None and asked == [True]  # no surge served (yet): counted as going down
+    outcome.serving = True
+    assert ask(restarting=True) is None and asked == [True, False]  # the surge serves: it takes no replica away
+    outcome.failed = "its surge on GPU 1, port 30101 failed its gate: exit 1"
+    assert ask(restarting=True).startswith("its surge failed its gate: its surge on GPU 1") and asked == [True, False]
