@@ -15,7 +15,15 @@ from deploys.gpu_check import gpu_check
 from deploys.models import models
 from deploys.plan import plan_host
 from deploys.run import HostRun
-from deploys.service import gated, gates_checked, restarted, service, wave_opened
+from deploys.service import (
+    gated,
+    gates_checked,
+    restarted,
+    service,
+    surge_removed,
+    surge_started,
+    wave_opened,
+)
 from deploys.service_account import service_account
 from operations.gpu import gpus
 from operations.run import host_reads
@@ -63,11 +71,16 @@ else:
         # `Hold`).
         probe = rollout.probe_of(state, run.inventory)
         restarts = {name: plan.restarts_running(name) for name, _ in wave}  # the plan's, read once
+        # A replica the plan surges (operations/service/surge.py) keeps serving through its restart.
+        surges = {name: plan.values.get(("surge", name)) for name, _ in wave}
         held = {name: rollout.hold_reason(state, prepared[name].service, host.name,
                                           rollouts[prepared[name].service.definition], probe,
-                                          planned=restarts[name])
+                                          planned=restarts[name] and not surges[name])
                 for name, _ in wave}
         for name, _ in wave:
+            if surges[name]:
+                held[name] = surge_started(config, prepared[name], held[name], surges[name],
+                                           stack, patch_sets, device_groups)
             restarted(prepared[name], held[name], restarts[name])
         # a canary's soak: it must keep serving that long before the next wave
         # and, against a replica still on the old version, its probe figures
@@ -77,5 +90,9 @@ else:
                   soak_s=service_.canary_soak_s if canary else 0,
                   old_replica=(rollout.old_replica(rollouts[service_.definition], run.inventory)
                                if canary else None))
+        for name, _ in wave:
+            left = plan.values.get(("surge left", name))  # one an earlier run left running
+            if surges[name] or left:
+                surge_removed(prepared[name], surges[name] or left, leftover=left is not None)
     gates_checked()
     cleanup(config)

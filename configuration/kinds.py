@@ -174,6 +174,9 @@ MaxUnavailable = one_of(
     (lambda v: isinstance(v, str),
      Annotated[Text, matching(r"(100|[1-9][0-9]?)%", MAX_UNAVAILABLE_FIX)]),
 )
+MAX_SURGE_FIX = ("must be 0 (a rollout restarts the replica in place) or 1 (it starts the new "
+                 "version beside the old one on a free GPU of its host first, where there is one)")
+MaxSurge = Annotated[Int, _in_range(0, 1, MAX_SURGE_FIX), with_fix(MAX_SURGE_FIX)]
 CANARY_FIX = ("must be a number of replicas that go first (0: none), or a list of them, each a "
               "host of the inventory (its one replica of the service) or `host/replica`, e.g. "
               "[gpu-a] or [gpu-a/dflash@2]")

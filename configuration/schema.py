@@ -33,6 +33,7 @@ from configuration.kinds import (
     Gpus,
     IndexUrl,
     IpAddress,
+    MaxSurge,
     MaxUnavailable,
     ModelName,
     ModuleName,
@@ -360,6 +361,13 @@ class ServiceSpec(BaseModel):
            "service reaches its replicas in waves of this size, each wave gated by the readiness "
            "gate before the next (docs/replicas.md).", "many replicas, spare capacity",
         "number or percentage")
+    max_surge: MaxSurge = var(
+        0, "1: a rollout that restarts a replica first starts its new version beside the old one, "
+           "on a GPU of its host that the GPU check finds free (and the lowest free port above "
+           "its own), gates it, stops the old one (drained), restarts the replica on its own GPU "
+           "and port, gates it, and only then stops the surge: the replica never stops serving. "
+           "Where no GPU is free it restarts in place; 0: always in place (docs/replicas.md).",
+        "spare GPUs, replicas that must not go down", "0 or 1")
     canary: Canary = var(
         0, "Replicas that go first in a rollout, alone in their wave: a count (the first ones in "
            "inventory order), or a list of `host` / `host/replica`. The rest wait until they "

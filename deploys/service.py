@@ -23,6 +23,7 @@ from deploys.environments import BuiltEnvironment
 from deploys.gpu_check import STEP as GPU_STEP
 from deploys.models import ModelCopies
 from deploys.planning import Reading, Unread
+from operations.gpu import gpus
 from operations.run import progress, this_run
 from operations.service import (
     lifecycle,
@@ -31,6 +32,7 @@ from operations.service import (
     rollback,
     rollout,
     secrets,
+    surge,
     unit_file,
     units,
 )
@@ -54,13 +56,45 @@ def plan(reading: Reading) -> None:
             device_groups, _ = device_access(reading.ask(GpuDevices), config.service_user)
         except Unread:
             pass
+    surges = Surges()
     for service in config.services:
         if service.name in refused:
             continue  # its unit is written only once the GPU check passes (its GPU is then decided)
         try:
-            _replica(reading, service, device_groups)
+            _replica(reading, service, device_groups, surges)
         except Unread:
             pass
+
+
+@dataclass
+class Surges:
+    """The host's surges planned so far (each GPU and port to one surge)."""
+
+    gpus: dict[int, str] = field(default_factory=dict)
+    ports: set[int] = field(default_factory=set)
+
+
+def surge_of(reading: Reading, service, restarts_running: bool, surges: Surges) -> surge.Decision:
+    """A replica's rollout, surge or in place (`surge.decide`), from the GPU check's read and, for
+    the port it would take, that port's state on the host; a surge is kept in the plan's values
+    (`("surge", replica)`), which the operations apply."""
+    found, no_gpu, port, busy = (), "", None, None
+    if service.max_surge and restarts_running and ("surge left", service.name) not in \
+            reading.plan.values:
+        found, no_gpu = gpus.surge_gpus(reading.decisions, service, surges.gpus)
+        port = surge.port_for(reading.config, service, surges.ports) if found else None
+        if port is not None:
+            busy = surge.port_busy(reading.ask(
+                readiness.ServiceState, unit=surge.unit_name(service.name),
+                address=readiness.probe_address(service.bind), port=port, inputs=()))
+    left = reading.plan.values.get(("surge left", service.name))
+    decision = surge.decide(service, restarts_running, found, no_gpu, port, busy,
+                            leftover=left.unit if left else None)
+    if decision.surge:
+        surges.gpus.update({i: f"{service.name} (its surge)" for i in decision.surge.gpus})
+        surges.ports.add(decision.surge.port)
+        reading.plan.values[("surge", service.name)] = decision.surge
+    return decision
 
 
 def _speculative_words(spec: dict | None) -> str:
@@ -73,7 +107,27 @@ def _speculative_words(spec: dict | None) -> str:
     return "; " + " and ".join(asks)
 
 
-def _replica(reading: Reading, service, device_groups: tuple[str, ...]) -> None:
+def surge_left(reading: Reading, service) -> surge.Surge | None:
+    """A surge of a `max_surge` service that an earlier run left running (it stopped between the
+    surge's start and its removal): read on every run (its state joins the host's one read), kept
+    in the plan's values (`("surge left", replica)`) for its removal once the replica serves."""
+    port = surge.port_for(reading.config, service, set())
+    if port is None:
+        return None
+    state = reading.ask(readiness.ServiceState, unit=surge.unit_name(service.name),
+                        address=readiness.probe_address(service.bind), port=port, inputs=())
+    if not isinstance(state, dict) or state.get("active") not in surge.LEFT_STATES:
+        return None
+    left = surge.Surge(service.name, (), port)
+    reading.plan.values[("surge left", service.name)] = left
+    reading.plan.add(STEP, left.unit, "delete",
+                     f"an earlier run left it {state.get('active')}: stopped (drained) and removed "
+                     f"once {service.name} serves", service=service.name)
+    return left
+
+
+def _replica(reading: Reading, service, device_groups: tuple[str, ...],
+             surges: Surges | None = None) -> None:
     config, plan, ask, changed = reading.config, reading.plan, reading.ask, reading.changed
     name, unit_path = service.name, service.unit_path
     state = ask(secrets.SecretFileState, path=config_path(name))
@@ -118,6 +172,8 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...]) -> None:
         return
     steps = lifecycle.steps(state, unit_path, unit_changed, inputs_changed)
     unit = service.unit_name
+    if service.max_surge:
+        surge_left(reading, service)
     if steps.reload:
         plan.add(STEP, "systemd", "reload", f"{unit}'s file changed", service=name)
     if steps.enable:
@@ -128,8 +184,11 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...]) -> None:
                  f"it is {state.get('active')}/{state.get('sub')}", service=name)
     elif steps.restart:
         newer = ", ".join(state.get("newer") or [])
-        plan.add(STEP, unit, "restart", f"{newer} changed since it started" if newer
-                                           else "what it loads changes in this run", service=name)
+        rolled = (f"; {surge_of(reading, service, True, surges or Surges()).text}"
+                  if service.max_surge else "")
+        plan.add(STEP, unit, "restart", (f"{newer} changed since it started" if newer
+                                         else "what it loads changes in this run") + rolled,
+                 service=name)
     elif steps.record:
         plan.add(STEP, f"record of what {unit} started with", "update",
                  "no record covers the running process", service=name)
@@ -157,6 +216,7 @@ class Prepared:
     watched: tuple[str, ...]
     rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
     started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
+    surged: surge.Outcome = field(default_factory=surge.Outcome)
 
 
 @deploy(STEP)
@@ -266,6 +326,38 @@ def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: 
         soak_s=soak_s,
     )
     progress.watch(gate, f"{service.unit_name} starting", progress.journal(service.unit_name))
+
+
+@deploy(STEP)
+def surge_started(config, prepared: Prepared, held: Callable[..., str | None],
+                  planned: surge.Surge, stack, patch_sets: dict,
+                  device_groups: tuple[str, ...]) -> Callable[..., str | None]:
+    """In the replica's wave, before its restart: the plan's surge (`planned`) started beside it
+    and gated (operations/service/surge.py). Returns the hold its restart and gate ask instead of
+    `held`: held where the surge failed; a restart the surge covers takes no serving replica
+    away."""
+    service = prepared.service
+    text = unit_text_of(config, surge.surge_service(service, planned), stack, patch_sets,
+                        device_groups)
+    surge.started(
+        name=f"Surge of {service.unit_name} on GPU {','.join(map(str, planned.gpus))}, "
+             f"port {planned.port}",
+        surge=planned, unit_text=text, bind=service.bind, timeout=config.readiness_timeout_s,
+        smoke=config.smoke_test, config_file=service.config_file,
+        spec=readiness.speculative_check(service), rollout=service.definition,
+        outcome=prepared.surged, held=held, stop_timeout_s=service.stop_timeout_s)
+    return prepared.surged.held(held)
+
+
+@deploy(STEP)
+def surge_removed(prepared: Prepared, planned: surge.Surge, leftover: bool = False) -> None:
+    """After the wave's gates: the surge stopped (drained) and removed, once the replica serves on
+    its own GPU and port; `leftover`: one an earlier run left (`surge_left`)."""
+    service = prepared.service
+    surge.removed(name=f"Surge {planned.unit} stopped and removed", surge=planned,
+                  unit=service.unit_name, bind=service.bind, port=service.port,
+                  config_file=service.config_file, outcome=prepared.surged,
+                  stop_timeout_s=service.stop_timeout_s, leftover=leftover)
 
 
 @deploy(STEP)

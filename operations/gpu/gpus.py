@@ -490,6 +490,36 @@ def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> No
     errors.append(Refusal(service, patch_sets.unserved_reason(*unserved, what=what)))
 
 
+def surge_gpus(decisions: GpuDecisions, service: Service,
+               taken: dict[int, str]) -> tuple[tuple[int, ...], str]:
+    """The GPUs a surge of `service` (operations/service/surge.py) may start on, by the GPU check's
+    own rule (`_why_not`: present, healthy, not marked failed, used by no process and no active unit
+    of ours), and given to no service placed here nor to another surge of this run (`taken`: GPU ->
+    whose), and large enough for its models (`_memory`); as many as the service uses, lowest
+    first. ((), why not) where too few are free."""
+    facts = decisions.facts
+    if facts is None or facts.error:
+        return (), "the host's GPUs were not read"
+    users = _users(facts, decisions.config, service)
+    given = {i: s.name for s in decisions.config.services for i in s.gpus}
+    given.update(taken)
+    failed = decisions.config.failed_gpus
+    others = [g.index for g in facts.gpus if g.index not in service.gpus]
+    free = [i for i in others if _why_not(i, facts, failed, users, given) is None]
+    need = max(1, len(service.gpus))
+    if len(free) >= need:
+        short: list[str] = []  # the GPU check's memory rule, on the surge's GPUs
+        _memory(dataclasses.replace(service, gpus=tuple(free[:need])), facts, [], [], short)
+        if short:
+            return (), f"GPU {','.join(map(str, free[:need]))} is free but too small: " + "; ".join(
+                s.split(": ", 1)[-1] for s in short)
+        return tuple(free[:need]), ""
+    reasons = "; ".join(f"GPU {i} {_why_not(i, facts, failed, users, given)}"
+                        for i in others if i not in free)
+    return (), (f"{len(free)} free GPU(s) beside its own, it needs {need}"
+                + (f" ({reasons})" if reasons else ""))
+
+
 def decide(config: HostConfig, facts: GpuFacts | None, engine: str | None = None) -> GpuDecisions:
     """Resolve `gpu: auto` and `attention-backend: auto`, and check every service's GPUs and memory.
 

@@ -179,6 +179,13 @@ def _wait_once(host, unit: str, address: str, port: int, timeout: int, smoke: bo
     return result
 
 
+def gate_once(host, unit: str, address: str, port: int, timeout: int, smoke: bool,
+              config_file: str, spec: dict | None = None) -> dict:
+    """One pass of the gate's host script for `unit` on `port`, without this operation's records or
+    rollback: for a unit the deploy starts beside a replica (operations/service/surge.py)."""
+    return _wait_once(host, unit, address, port, timeout, smoke, config_file, spec)
+
+
 def _soaked(host, unit: str, service: str, address: str, port: int, smoke: bool, config_file: str,
             soak_s: int) -> dict:
     """A canary's soak: `soak_s` seconds after its gate it must still serve (/health 200 and a

@@ -255,3 +255,72 @@ def test_a_replica_already_down_holds_the_wave_that_would_leave_too_few_serving(
     assert "max-running-requests" in ssh("gpu-a", f"cat {unit}").stdout
     again = deploy(changed)
     assert again.returncode == 0 and again.changed == [], again
+
+
+class Serving:
+    """Counts, every 0.25 s from this machine, the instances of `rep` that serve on each of `hosts`: its own port 30100
+    and its surge's 30101 (operations/service/surge.py), each /health at 200."""
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        known = lab_hosts()
+        self.urls = {h: [f"http://{known[h]['address']}:{p}/health" for p in (30100, 30101)] for h in hosts}
+        self.samples: list[dict[str, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append({h: sum(Probe._up(self, u) for u in urls) for h, urls in self.urls.items()})
+            time.sleep(0.25)
+
+    def __enter__(self) -> Serving:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def fewest(self) -> int:
+        return min(sum(s.values()) for s in self.samples)
+
+    def most(self, host: str) -> int:
+        return max(s[host] for s in self.samples)
+
+
+def test_a_surge_never_lowers_the_serving_replicas_and_a_failed_one_changes_nothing():
+    """`max_surge: 1`: gpu-a's and gpu-b's replicas (their GPU 1 free) surge on GPU 1, port 30101; gpu-c's two (both GPUs
+    taken) roll in place. First gpu-b's new version fails at start: its surge is removed and its old process and unit
+    serve on untouched, the rollout halts; then the fix goes on; then nothing changes. Throughout, the replicas of gpu-a
+    and gpu-b that serve (own port or surge) never number fewer than the 2 they were."""
+    surge_unit = "/run/systemd/system/sglang-rep.surge.service"
+    before, base_unit = pids(), ssh("gpu-b", "cat /etc/systemd/system/sglang-rep.service").stdout
+    change = {"max_surge": 1, "env": {"STANDIN_WARMUP_S": "3"}}
+    bad = inventory("surge_bad", rep=change, per_host={"gpu-b": {"env": {"STANDIN_WARMUP_S": "3", "STANDIN_CRASH_AT_START": "1"}}})
+    dry = subprocess.run([PYINFRA, bad, "deploy.py", "--dry"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    plan_text = dry.stdout + dry.stderr
+    assert "surge on GPU 1 (port 30101, sglang-rep.surge.service)" in plan_text, plan_text[-3000:]
+    assert "in place (no free GPU" in plan_text, plan_text[-3000:]
+    fixed = inventory("surge_fixed", rep=change)
+    with Serving(("gpu-a", "gpu-b")) as serving:
+        failed = deploy(bad, as_json=False)
+        out = failed.stdout + failed.stderr
+        assert failed.returncode != 0, out[-3000:]
+        assert "SURGE NOT READY, removed; the old version keeps serving untouched" in out, out[-3000:]
+        assert "ROLLOUT HALTED: service rep: replica gpu-b/rep failed its readiness gate (its surge on GPU 1" in out, out[-3000:]
+        after = pids()
+        assert after["gpu-a/rep"] != before["gpu-a/rep"]  # surged, then restarted on its own GPU and port
+        assert after["gpu-b/rep"] == before["gpu-b/rep"] and ssh("gpu-b", "cat /etc/systemd/system/sglang-rep.service").stdout == base_unit
+        assert after["gpu-c/rep"] == before["gpu-c/rep"]  # the rollout halted before it
+        for host in ("gpu-a", "gpu-b"):
+            assert ssh(host, f"test -e {surge_unit}", check=False).returncode != 0, host
+            assert health_inside(host, 30101) is None and health_inside(host, 30100) == 200, host
+        done = deploy(fixed)
+        assert done.returncode == 0, done
+    assert serving.fewest() >= 2, serving.samples
+    assert serving.most("gpu-a") == 2 and serving.most("gpu-b") == 2, "no surge was seen serving"
+    final = pids()
+    assert final["gpu-a/rep"] == after["gpu-a/rep"] and all(final[r] != after[r] for r in ("gpu-b/rep", "gpu-c/rep", "gpu-c/rep@2"))
+    assert "STANDIN_WARMUP_S=3" in ssh("gpu-b", "cat /etc/systemd/system/sglang-rep.service").stdout
+    again = deploy(fixed)
+    assert again.returncode == 0 and again.changed == [], again
