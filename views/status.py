@@ -33,7 +33,7 @@ from deploys import models as models_step
 from deploys.plan import plan_host
 from operations import remote
 from operations.environment import patches, venv
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from operations.model import models
 from operations.run import host_reads
 from operations.service import lifecycle, readiness
@@ -72,7 +72,7 @@ def health_answer(state: dict | None) -> dict:
     return {"status": status, "latency_ms": state.get("health_ms"), "error": error}
 
 
-def gpu_rows(facts: gpus.GpuFacts | None, indexes: tuple[int, ...] | None = None) -> list[dict]:
+def gpu_rows(facts: gpu_read.GpuFacts | None, indexes: tuple[int, ...] | None = None) -> list[dict]:
     """The GPUs (all, or those of `indexes`) as rows: memory, health, and processes no unit of ours
     runs."""
     if facts is None or facts.error:
@@ -122,7 +122,7 @@ def also_read(config) -> tuple[tuple[type, dict], ...]:
     (`deploys.run.HostRun.observing`): the lock's holder, and where nothing is placed (the deploy
     reads no GPUs there), the GPUs. /health and its latency come with the deploy's own
     ServiceState read."""
-    return ((StatusProbe, {}),) + (((gpus.GpuState, {"models": ()}),) if not config.services
+    return ((StatusProbe, {}),) + (((gpu_read.GpuState, {"models": ()}),) if not config.services
                                    else ())
 
 
@@ -135,7 +135,7 @@ def read_host(host, config, stack, patch_sets: dict,
     the arguments the deploy reads `ServiceState` with (so the answer comes from the same read).
     """
     probe = _fact(host, StatusProbe)
-    bare_gpus = _fact(host, gpus.GpuState, models=()) if not config.services else None
+    bare_gpus = _fact(host, gpu_read.GpuState, models=()) if not config.services else None
     return _rows(host, config, stack, patch_sets, watched, probe, bare_gpus)
 
 
@@ -145,7 +145,7 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
     # deploy reads.
     if config.services:
         paths = sorted({m.store_path for s in config.services for m in s.models})
-        gpu_facts = _fact(host, gpus.GpuState, models=paths)
+        gpu_facts = _fact(host, gpu_read.GpuState, models=paths)
     else:
         gpu_facts = bare_gpus
     facts = gpu_facts if _ok(gpu_facts) else None

@@ -1,12 +1,8 @@
-"""GPUs: what `nvidia-smi` says about a host's GPUs, and the decisions taken from it.
+"""GPUs: the decisions taken from what `nvidia-smi` says about a host's GPUs.
 
-- `GpuState` (fact): one remote call per host runs `nvidia-smi --query-gpu` (index, UUID, name,
-  compute capability, memory, driver, health fields), `--query-compute-apps` and the plain table
-  (its header carries the CUDA version the driver supports; a GPU in trouble shows `ERR!`), and
-  reads our units' GPUs and processes and the models' sizes and kinds (hybrid or dense, from their
-  config.json: the engine advisories' `target`). The command always exits 0: a
-  missing GPU makes nvidia-smi print "Unable to determine the device handle ..." and exit
-  non-zero, which would otherwise fail the host before anything could be said about it.
+- `GpuState` (fact, operations/gpu/gpu_facts.py): the host's GPUs, our units' GPUs and processes
+  and the models' sizes and kinds (hybrid or dense, from their config.json: the engine advisories'
+  `target`), in one remote call per host.
 - `decide(config, facts)` (pure) resolves `gpu: auto` and `attention-backend: auto`, checks each
   service's GPUs (present, healthy, free) and its models' size against GPU memory and
   `mem-fraction-static`, and returns a `GpuDecisions`: the resolved config, one line per decision,
@@ -20,263 +16,27 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
-import shlex
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand
+from pyinfra.api import FunctionCommand
 
-from configuration import advisories, engine_flags, patch_sets, stacks
+from configuration import advisories, stacks
 from configuration.errors import fail_dry_run
-from configuration.host_paths import UNIT_DIR
 from configuration.settings import HostConfig, Service
-from operations import remote
-from operations.gpu import prerequisites
-from operations.run import host_reads, read_batch
+from operations.gpu import fit, prerequisites
+from operations.gpu.gpu_read import (
+    ACTIVE_STATES,
+    GpuFacts,
+    GpuState,
+)
+from operations.run import host_reads
 from operations.run.host_reads import operation
 from report import summary
-from report.sizes import human_bytes
-
-MIB = 1024 * 1024
-# Values nvidia-smi prints for a field it cannot read from a GPU in trouble.
-_BROKEN_VALUES = ("[GPU requires reset]", "ERR!", "[Unknown Error]", "[GPU is lost]")
-_MISSING_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+)")
-_HEADER_RE = re.compile(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)")
-_TABLE_ROW_RE = re.compile(
-    r"^\|\s+(\d+)\s+.*\|\s*([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
-_ACTIVE = ("active", "activating", "reloading", "deactivating")
-
-
-# Facts -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    compute_cap: str
-    memory_total_mib: int | None
-    memory_used_mib: int | None
-    bus_id: str
-    problems: tuple[str, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        return not self.problems
-
-
-@dataclass(frozen=True)
-class App:
-    pid: int
-    gpu_uuid: str
-    used_mib: int | None
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One of the host's `sglang-*.service` units as found."""
-
-    managed: bool
-    gpus: tuple[int, ...] | None
-    active: str
-    pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    nvidia_smi: str | None
-    error: str | None  # nvidia-smi absent or not answering: no GPU can be used
-    driver_version: str | None
-    cuda_version: str | None
-    gpus: tuple[Gpu, ...]
-    missing: tuple[str, ...]  # bus ids nvidia-smi could not reach
-    apps: tuple[App, ...]
-    units: dict[str, Unit] = field(default_factory=dict)
-    model_bytes: dict[str, int | None] = field(default_factory=dict)
-    # a model dir -> `hybrid`, `dense`, or None (no readable config.json); absent: no such dir
-    model_kinds: dict[str, str | None] = field(default_factory=dict)
-
-    def by_index(self) -> dict[int, Gpu]:
-        return {g.index: g for g in self.gpus}
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(float(text))
-    except ValueError:
-        return None
-
-
-def parse_header(table: str) -> tuple[str | None, str | None]:
-    """Driver version and the CUDA version it supports, from the plain table's (or `-q`'s)
-    header."""
-    match = _HEADER_RE.search(table)
-    if match:
-        return match.group(1), match.group(2)
-    driver = re.search(r"^Driver Version\s*:\s*(\S+)", table, re.M)
-    cuda = re.search(r"^CUDA Version\s*:\s*(\S+)", table, re.M)
-    return (driver.group(1) if driver else None), (cuda.group(1) if cuda else None)
-
-
-def parse_table_errors(table: str) -> set[str]:
-    """Bus ids of the GPUs whose block in the plain table shows `ERR!`."""
-    out: set[str] = set()
-    current = None
-    for line in table.splitlines():
-        row = _TABLE_ROW_RE.match(line)
-        if row:
-            current = row.group(2).upper()
-        elif line.startswith("+") or line.startswith("|="):
-            if line.startswith("+-"):
-                current = None
-        if current and "ERR!" in line:
-            out.add(current)
-        if "Processes:" in line:
-            break
-    return out
-
-
-def parse_missing(stderr: str) -> list[str]:
-    """Bus ids from "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error", each
-    once."""
-    seen: dict[str, None] = {}
-    for match in _MISSING_RE.finditer(stderr):
-        seen[match.group(1).rstrip(":").upper()] = None
-    return list(seen)
-
-
-def _same_bus(a: str, b: str) -> bool:
-    # nvidia-smi prints 00000000:2A:00.0 in tables and 0000:2A:00.0 in the device-handle error.
-    return a.upper()[-12:] == b.upper()[-12:]
-
-
-def parse_query_gpu(text: str, fields: str) -> list[Gpu]:
-    """Rows of `--query-gpu=FIELDS --format=csv,noheader,nounits`; broken values become problems."""
-    names = [f.strip() for f in fields.split(",")]
-    gpus = []
-    for line in text.splitlines():
-        if not line.strip() or line.count(",") < len(names) - 1:
-            continue
-        values = dict(zip(names, (v.strip() for v in line.split(", ", len(names) - 1))))
-        if _int(values.get("index", "")) is None:
-            continue
-        problems = []
-        broken = sorted({v for v in values.values() if v in _BROKEN_VALUES})
-        if broken:
-            problems.append(f"nvidia-smi reads {', '.join(broken)}")
-        ecc = _int(values.get("ecc.errors.uncorrected.volatile.total", ""))
-        if ecc:
-            problems.append(f"{ecc} uncorrectable ECC errors since the driver loaded")
-        if values.get("retired_pages.pending") == "Yes":
-            problems.append("retired pages pending (reset the GPU)")
-        if values.get("remapped_rows.pending") == "Yes":
-            problems.append("row remapping pending (reset the GPU)")
-        if values.get("remapped_rows.failure") == "Yes":
-            problems.append("row remapping failed")
-        gpus.append(Gpu(
-            index=int(values["index"]),
-            uuid=values.get("uuid", ""),
-            name=values.get("name", ""),
-            compute_cap=values.get("compute_cap", ""),
-            memory_total_mib=_int(values.get("memory.total", "")),
-            memory_used_mib=_int(values.get("memory.used", "")),
-            bus_id=values.get("pci.bus_id", ""),
-            problems=tuple(problems),
-        ))
-    return gpus
-
-
-def parse_compute_apps(text: str) -> list[App]:
-    """Rows of `--query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits`."""
-    apps = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and _int(parts[0]) is not None:
-            apps.append(App(int(parts[0]), parts[1], _int(parts[2])))
-    return apps
-
-
-def _unit_gpus(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        return None
-
-
-def facts_from(raw: dict) -> GpuFacts:
-    """The fact script's JSON, parsed."""
-    units = {
-        name: Unit(managed=u["managed"], gpus=_unit_gpus(u["gpus"]), active=u["active"] or "",
-                   pids=tuple(u["pids"]))
-        for name, u in raw.get("units", {}).items()
-    }
-    models = raw.get("models", {})
-    if not raw.get("nvidia_smi"):
-        return GpuFacts(None, "nvidia-smi not found (no NVIDIA driver on the host?)", None, None,
-                        (), (), (), units, models)
-    query, apps, table = raw["query"], raw["apps"], raw["table"]
-    gpus = parse_query_gpu(query["stdout"], query.get("fields", ""))
-    missing = parse_missing(query["stderr"] + table["stderr"] + apps["stderr"])
-    driver, cuda = parse_header(table["stdout"])
-    if not driver:
-        driver = next((line.split(", ")[6] for line in query["stdout"].splitlines()
-                       if line.count(", ") >= 6), None)
-    error = None
-    if not gpus and not missing:
-        said = (query["stdout"] + query["stderr"]).strip().splitlines()
-        error = f"nvidia-smi failed (exit {query['rc']}): {said[0] if said else 'no output'}"
-    err_buses = parse_table_errors(table["stdout"])
-    gpus = [
-        dataclasses.replace(g, problems=g.problems + ("the table shows ERR!",))
-        if any(_same_bus(g.bus_id, b) for b in err_buses) and not g.problems else g
-        for g in gpus
-    ]
-    return GpuFacts(
-        nvidia_smi=raw["nvidia_smi"],
-        error=error,
-        driver_version=driver,
-        cuda_version=cuda,
-        gpus=tuple(gpus),
-        missing=tuple(missing),
-        apps=tuple(parse_compute_apps(apps["stdout"])),
-        units=units,
-        model_bytes=models,
-        model_kinds=raw.get("kinds", {}),
-    )
-
-
-@read_batch.batched(slow=True)
-class GpuState(FactBase):
-    """The host's GPUs (``GpuFacts``): nvidia-smi's view, our units' GPUs and processes, the models'
-    sizes."""
-
-    def command(self, models: tuple[str, ...] | list[str] = (), unit_dir: str = UNIT_DIR) -> str:
-        return remote.command("gpu_state", shlex.quote(unit_dir), *(shlex.quote(m) for m in models))
-
-    def process(self, output) -> GpuFacts:
-        return facts_from(json.loads("\n".join(output)))
-
 
 # Decisions -------------------------------------------------------------------------------
 
 
-class Refusal(str):
-    """An error of the GPU check, as text (`dflash: GPU 1 is in use ...`), and the service it is
-    about as data (`service`; None: the host's own, which stops every service on it). Decided where
-    the error is made, never read back from the text (a service may be named like the first word of
-    a host's error)."""
-
-    service: str | None
-
-    def __new__(cls, service: Service, why: str) -> Refusal:
-        made = super().__new__(cls, f"{service.name}: {why}")
-        made.service = service.name
-        return made
 
 
 @dataclass(frozen=True)
@@ -325,8 +85,6 @@ def _summary(facts: GpuFacts) -> str:
             f"{facts.cuda_version or '?'}")
 
 
-def _arg(service: Service, flag: str):
-    return dict(service.args).get(flag)
 
 
 def _users(facts: GpuFacts, config: HostConfig, service: Service) -> dict[int, list[str]]:
@@ -346,7 +104,7 @@ def _users(facts: GpuFacts, config: HostConfig, service: Service) -> dict[int, l
         users.setdefault(by_uuid[app.gpu_uuid], []).append(who)
     placed = {s.unit_name for s in config.services}
     for name, unit in sorted(facts.units.items()):
-        if (name == service.unit_name or not unit.managed or unit.active not in _ACTIVE
+        if (name == service.unit_name or not unit.managed or unit.active not in ACTIVE_STATES
                 or not unit.gpus):
             continue
         why = ("" if name in placed
@@ -385,111 +143,6 @@ def _free_text(free: list[int]) -> str:
             else "no healthy free GPU on this host")
 
 
-def _engine(service: Service, engine: str | None) -> advisories.EngineUse:
-    """`service` as the advisories judge it: its engine version, its flags as that engine's parser
-    reads them, its patch sets."""
-    return advisories.EngineUse(engine, dict(service.args),
-                                engine_flags.for_engine(engine, service.patch_sets),
-                                service.patch_sets)
-
-
-def _caps(service: Service, facts: GpuFacts) -> list[str]:
-    return [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-
-
-def _backend(service: Service, facts: GpuFacts, engine: str | None,
-             decisions: list[str]) -> Service:
-    """`attention-backend: auto` resolved on this GPU: the backend an advisory that holds for
-    sglang's default here prefers (files/engine_advisories.yml: FlashInfer's JIT on sm 12.x prefers
-    triton), else sglang's default."""
-    if _arg(service, "attention-backend") != "auto":
-        return service
-    caps = _caps(service, facts)
-    held = [a for cap in caps
-            for a in advisories.applying(_engine(service, engine), cap, advisories.DEFAULT_BACKEND)
-            if a.prefer]
-    if held:
-        args = [(f, held[0].prefer if f == "attention-backend" else v) for f, v in service.args]
-        decisions.append(f"{service.name}: attention-backend auto -> {held[0].prefer} (sm "
-                         f"{caps[0]}: {held[0].summary} [{held[0].id}])")
-    else:
-        args = [(flag, value) for flag, value in service.args if flag != "attention-backend"]
-        shown = f"sm {caps[0]}" if caps else "GPU not known"
-        decisions.append(f"{service.name}: attention-backend auto -> sglang's default ({shown})")
-    return dataclasses.replace(service, args=tuple(args))
-
-
-def _memory(service: Service, facts: GpuFacts, decisions: list[str], warnings: list[str],
-            errors: list[str]) -> None:
-    gpus = [facts.by_index()[i] for i in service.gpus if i in facts.by_index()]
-    totals = [g.memory_total_mib for g in gpus if g.memory_total_mib]
-    if not totals:
-        return
-    sizes = {m.name: facts.model_bytes.get(m.store_path) for m in service.models}
-    unknown = [name for name, size in sizes.items() if size is None]
-    if unknown:
-        decisions.append(f"{service.name}: size of {', '.join(unknown)} unknown (not in the model "
-                         "store yet): GPU memory not checked")
-        return
-    tp = _int(str(_arg(service, "tp-size") or _arg(service, "tp") or 1)) or 1
-    need = sum(sizes.values()) / tp
-    total = min(totals) * MIB
-    gpu_text = (f"GPU {service.gpus[0]}" if len(service.gpus) == 1
-                else f"GPUs {','.join(map(str, service.gpus))}")
-    models = " + ".join(f"{name} {human_bytes(size)}" for name, size in sizes.items())
-    per = f"{human_bytes(need)} per GPU ({models}{f', tp {tp}' if tp > 1 else ''})"
-    fraction = _arg(service, "mem-fraction-static")
-    if need > total:
-        errors.append(Refusal(service, f"models need {per}, {gpu_text} has {human_bytes(total)}: "
-                                       f"short by {human_bytes(need - total)}; use more GPUs "
-                                       "(tp-size) or a smaller model"))
-        return
-    if fraction is None:
-        if need > 0.9 * total:
-            warnings.append(f"{service.name}: models take {need / total:.0%} of {gpu_text}'s "
-                            f"{human_bytes(total)} ({per}): little or no room for the KV cache "
-                            "once sglang sizes mem-fraction-static itself")
-        else:
-            decisions.append(f"{service.name}: models {per} fit {gpu_text} ({human_bytes(total)}; "
-                             "mem-fraction-static: sglang's choice)")
-        return
-    try:
-        fraction = float(fraction)
-    except ValueError:
-        errors.append(Refusal(service, f"mem-fraction-static {fraction!r} is not a number"))
-        return
-    pool = fraction * total
-    if need > pool:
-        wanted = need / total
-        errors.append(Refusal(service, f"models need {per}, mem-fraction-static {fraction} of "
-                                       f"{gpu_text}'s {human_bytes(total)} gives "
-                                       f"{human_bytes(pool)}: short by {human_bytes(need - pool)}; "
-                                       f"raise mem-fraction-static to more than {wanted:.2f} (and "
-                                       "leave room for the KV cache)"))
-    elif pool - need < 0.1 * pool:
-        warnings.append(f"{service.name}: models {per} leave {human_bytes(pool - need)} "
-                        f"({(pool - need) / pool:.0%}) of the static pool (mem-fraction-static "
-                        f"{fraction} of {human_bytes(total)}) for the KV cache")
-    else:
-        decisions.append(f"{service.name}: models {per} fit mem-fraction-static {fraction} of "
-                         f"{gpu_text} ({human_bytes(pool)}), {human_bytes(pool - need)} left for "
-                         "the KV cache")
-
-
-def _served_backends(service: Service, facts: GpuFacts, errors: list[str]) -> None:
-    """The backend `attention-backend: auto` resolved to on this host's GPU, held to the service's
-    patch sets' served backends (configuration.patch_sets.unserved_backend). The control machine
-    checked every backend the data names; only `auto` waits for the GPU."""
-    unserved = patch_sets.first_unserved(service.patch_sets, dict(service.args))
-    if unserved is None:
-        return
-    caps = [facts.by_index()[i].compute_cap for i in service.gpus if i in facts.by_index()]
-    shown = (_arg(service, "attention-backend")
-             or f"sglang's default on {'sm ' + caps[0] if caps else 'this GPU'}")
-    what = f"`attention-backend: auto` gives {shown} here"
-    errors.append(Refusal(service, patch_sets.unserved_reason(*unserved, what=what)))
-
-
 def surge_gpus(decisions: GpuDecisions, service: Service,
                taken: dict[int, str]) -> tuple[tuple[int, ...], str]:
     """The GPUs a surge of `service` (operations/service/surge.py) may start on, by the GPU check's
@@ -509,7 +162,7 @@ def surge_gpus(decisions: GpuDecisions, service: Service,
     need = max(1, len(service.gpus))
     if len(free) >= need:
         short: list[str] = []  # the GPU check's memory rule, on the surge's GPUs
-        _memory(dataclasses.replace(service, gpus=tuple(free[:need])), facts, [], [], short)
+        fit.memory(dataclasses.replace(service, gpus=tuple(free[:need])), facts, [], [], short)
         if short:
             return (), f"GPU {','.join(map(str, free[:need]))} is free but too small: " + "; ".join(
                 s.split(": ", 1)[-1] for s in short)
@@ -582,7 +235,8 @@ class _Placing:
                 if why:
                     free = [i for i in _free(self.facts, self.config.failed_gpus, users, others)
                             if i not in service.gpus or i == index]
-                    self.errors.append(Refusal(service, f"GPU {index} {why}; {_free_text(free)}"))
+                    self.errors.append(
+                        fit.Refusal(service, f"GPU {index} {why}; {_free_text(free)}"))
             for index in service.gpus:
                 self.taken.setdefault(index, service.name)
             self.resolved[service.name] = service
@@ -617,7 +271,7 @@ class _Placing:
         if not free:
             reasons = "; ".join(f"GPU {g.index} {self._why_not(g.index, users, self.taken)}"
                                 for g in self.facts.gpus)
-            self.errors.append(Refusal(service, "gpu auto: no healthy free GPU on this host "
+            self.errors.append(fit.Refusal(service, "gpu auto: no healthy free GPU on this host "
                                                 f"({reasons or 'no GPUs listed'})"))
             self.resolved[service.name] = service
             return
@@ -633,16 +287,16 @@ class _Placing:
         runs here (`auto` resolved) and its target model's kind: a refusal is an error (before any
         change), a warning is shown (also under --dry). Where the host does not hold the target
         yet, those that depend on its kind go to `after_staging`, for the preflight."""
-        judged = _engine(service, engine)
+        judged = fit.engine_use(service, engine)
         kind = self.facts.model_kinds.get(service.target.store_path)
         seen: set[str] = set()
         pending: dict[str, tuple[advisories.Advisory, ...]] = {}
-        for cap in _caps(service, self.facts) or [None]:
+        for cap in fit.caps_of(service, self.facts) or [None]:
             for advisory in advisories.applying(judged, cap, target=kind):
                 if advisory.id not in seen:
                     seen.add(advisory.id)
                     if advisory.effect == "refuse":
-                        self.errors.append(Refusal(service, advisory.text()))
+                        self.errors.append(fit.Refusal(service, advisory.text()))
                     else:
                         self.warnings.append(f"{service.name}: {advisory.text()}")
             for target, held in (advisories.by_target(judged, cap) if kind is None
@@ -662,12 +316,12 @@ class _Placing:
         patch sets served on, its memory, the engine advisories."""
         services = []
         for placed in self.config.services:
-            auto_backend = _arg(self.resolved[placed.name], "attention-backend") == "auto"
-            service = _backend(self.resolved[placed.name], self.facts, engine, self.decisions)
+            auto_backend = fit.arg(self.resolved[placed.name], "attention-backend") == "auto"
+            service = fit.backend(self.resolved[placed.name], self.facts, engine, self.decisions)
             if auto_backend:
-                _served_backends(service, self.facts, self.errors)
+                fit.served_backends(service, self.facts, self.errors)
             if service.gpus:
-                _memory(service, self.facts, self.decisions, self.warnings, self.errors)
+                fit.memory(service, self.facts, self.decisions, self.warnings, self.errors)
                 self._advised(service, engine)
             services.append(service)
         return GpuDecisions(dataclasses.replace(self.config, services=tuple(services)),

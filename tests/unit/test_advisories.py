@@ -14,16 +14,16 @@ import yaml
 
 from configuration import advisories, engine_flags, patch_sets, settings
 from configuration.errors import DataError
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_data
 
 STACKS = {"0.5.11": "sglang-0.5.11-cu130", "0.5.13": "sglang-0.5.13-cu130", "0.5.23": None}  # None: the lab's own (0.5.23)
 
 
-def facts(cap: str, kinds: dict[str, str | None] | None = None) -> gpus.GpuFacts:
-    return gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
-                         (gpus.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {},
+def facts(cap: str, kinds: dict[str, str | None] | None = None) -> gpu_read.GpuFacts:
+    return gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
+                         (gpu_read.Gpu(0, "GPU-0", "a GPU", cap, 143771, 0, "00000000:00:06.0"),), (), (), {}, {},
                          kinds or {})
 
 

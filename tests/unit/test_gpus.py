@@ -13,7 +13,7 @@ import pytest
 from configuration import group_files, settings
 from configuration.settings import REPO_ROOT
 from operations import remote
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from tests.unit.hosts import make_host
 
 # Real output of driver 580.159.04 on one H200 (shared/fixtures/h200-probe.txt).
@@ -61,19 +61,19 @@ TARGET, DRAFT = "Qwen3.6-27B", "Qwen3.6-27B-DFlash"
 
 
 def test_h200_header_gives_driver_and_cuda():
-    assert gpus.parse_header(H200_TABLE) == ("580.159.04", "13.0")
-    assert gpus.parse_header(H200_Q_HEADER) == ("580.159.04", "13.0")
+    assert gpu_read.parse_header(H200_TABLE) == ("580.159.04", "13.0")
+    assert gpu_read.parse_header(H200_Q_HEADER) == ("580.159.04", "13.0")
 
 
 def test_h200_query_row():
-    (gpu,) = gpus.parse_query_gpu(H200_QUERY, H200_QUERY_FIELDS)
-    assert gpu == gpus.Gpu(0, "GPU-f7c77805-5010-e7b3-2b81-4ad38173a1b2", "NVIDIA H200", "9.0", 143771, 0, "", ())
+    (gpu,) = gpu_read.parse_query_gpu(H200_QUERY, H200_QUERY_FIELDS)
+    assert gpu == gpu_read.Gpu(0, "GPU-f7c77805-5010-e7b3-2b81-4ad38173a1b2", "NVIDIA H200", "9.0", 143771, 0, "", ())
     assert gpu.healthy  # "[N/A]" retired pages (H200 uses row remapping) is not a problem
 
 
 def test_h200_table_has_no_errors_and_empty_compute_apps():
-    assert gpus.parse_table_errors(H200_TABLE) == set()
-    assert gpus.parse_compute_apps("") == []
+    assert gpu_read.parse_table_errors(H200_TABLE) == set()
+    assert gpu_read.parse_compute_apps("") == []
 
 
 def test_health_fields_become_problems():
@@ -83,7 +83,7 @@ def test_health_fields_become_problems():
         "1, GPU-b, NVIDIA H200, 9.0, [GPU requires reset], [GPU requires reset], 580.159.04, 00000000:2A:00.0, "
         "[GPU requires reset], [GPU requires reset], [GPU requires reset], [GPU requires reset]\n"
     )
-    first, second = gpus.parse_query_gpu(text, fields)
+    first, second = gpu_read.parse_query_gpu(text, fields)
     assert first.problems == (
         "2 uncorrectable ECC errors since the driver loaded", "retired pages pending (reset the GPU)",
         "row remapping pending (reset the GPU)", "row remapping failed",
@@ -93,7 +93,7 @@ def test_health_fields_become_problems():
 
 def test_missing_gpu_message_is_parsed_once_per_bus_id():
     err = "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error\n" * 3
-    assert gpus.parse_missing(err) == ["0000:2A:00.0"]
+    assert gpu_read.parse_missing(err) == ["0000:2A:00.0"]
 
 
 def test_h200_busy_with_a_real_process():
@@ -101,13 +101,13 @@ def test_h200_busy_with_a_real_process():
     fields = "index,uuid,name,compute_cap,memory.total,memory.used,driver_version,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure"
     query = "0, GPU-51421db1-6b43-fafe-5aba-44453c3b6da5, NVIDIA H200, 9.0, 143771, 8719, 580.159.04, 00000000:00:06.0, 0, [N/A], No, No\n"
     apps = "452, GPU-51421db1-6b43-fafe-5aba-44453c3b6da5, 8710\n"
-    (h200,) = gpus.parse_query_gpu(query, fields)
+    (h200,) = gpu_read.parse_query_gpu(query, fields)
     assert (h200.memory_used_mib, h200.bus_id, h200.healthy) == (8719, "00000000:00:06.0", True)
-    assert gpus.parse_compute_apps(apps) == [gpus.App(452, "GPU-51421db1-6b43-fafe-5aba-44453c3b6da5", 8710)]
+    assert gpu_read.parse_compute_apps(apps) == [gpu_read.App(452, "GPU-51421db1-6b43-fafe-5aba-44453c3b6da5", 8710)]
 
 
 def test_compute_apps_rows():
-    assert gpus.parse_compute_apps("4242, GPU-a, 81234\n17, GPU-b, [N/A]\n") == [gpus.App(4242, "GPU-a", 81234), gpus.App(17, "GPU-b", None)]
+    assert gpu_read.parse_compute_apps("4242, GPU-a, 81234\n17, GPU-b, [N/A]\n") == [gpu_read.App(4242, "GPU-a", 81234), gpu_read.App(17, "GPU-b", None)]
 
 
 # The fact script, run here against the lab's stand-in nvidia-smi --------------------------
@@ -130,7 +130,7 @@ def standin_config(tmp_path: Path, count=2, name="NVIDIA RTX PRO 6000 Blackwell 
     return path
 
 
-def run_fact_script(tmp_path: Path, config: Path | None, units: dict[str, str] | None = None, models: dict[str, dict[str, int]] | None = None) -> gpus.GpuFacts:
+def run_fact_script(tmp_path: Path, config: Path | None, units: dict[str, str] | None = None, models: dict[str, dict[str, int]] | None = None) -> gpu_read.GpuFacts:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if config is not None:
@@ -152,7 +152,7 @@ def run_fact_script(tmp_path: Path, config: Path | None, units: dict[str, str] |
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-", str(unit_dir), *model_paths], input=script, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    return gpus.GpuState().process(proc.stdout.splitlines())
+    return gpu_read.GpuState().process(proc.stdout.splitlines())
 
 
 def test_fact_from_the_standin_defaults(tmp_path):
@@ -178,7 +178,7 @@ def test_fact_with_a_missing_gpu_still_answers_and_exits_0(tmp_path):
 
 def test_fact_lists_compute_apps(tmp_path):
     facts = run_fact_script(tmp_path, standin_config(tmp_path, processes=[(0, 4242, 81234)]))
-    assert facts.apps == (gpus.App(4242, "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd", 81234),)
+    assert facts.apps == (gpu_read.App(4242, "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd", 81234),)
     assert facts.gpus[0].memory_used_mib == 81234
 
 
@@ -226,19 +226,19 @@ def config_for(run_services, host_data=None, **services):
 
 
 def gpu(index, cap="12.0", mib=97887, problems=()):
-    return gpus.Gpu(index, f"GPU-{index}", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cap, mib, 0, f"00000000:{index:02X}:00.0", tuple(problems))
+    return gpu_read.Gpu(index, f"GPU-{index}", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cap, mib, 0, f"00000000:{index:02X}:00.0", tuple(problems))
 
 
 def facts(count=2, cap="12.0", mib=97887, sick=None, apps=(), units=None, sizes=None, missing=()):
     sick = sick or {}
     listed = [gpu(i, cap, mib, sick.get(i, ())) for i in range(count) if i not in missing]
     default_sizes = {"/root/models/Qwen3.6-27B": 4 * 1024 * 1024, "/root/models/Qwen3.6-27B-DFlash": 1024 * 1024}
-    return gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0", tuple(listed),
+    return gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0", tuple(listed),
                          tuple(f"0000:{i:02X}:00.0" for i in missing), tuple(apps), units or {}, sizes or default_sizes)
 
 
 def unit(gpus_=(1,), active="active", pids=(), managed=True):
-    return gpus.Unit(managed, tuple(gpus_), active, tuple(pids))
+    return gpu_read.Unit(managed, tuple(gpus_), active, tuple(pids))
 
 
 def argv_of(plan, name):
@@ -297,19 +297,19 @@ def test_a_gpu_marked_failed_by_the_operator_is_refused():
 
 
 def test_a_gpu_busy_with_a_foreign_process_is_refused():
-    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpus.App(4242, "GPU-1", 81234)]))
+    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpu_read.App(4242, "GPU-1", 81234)]))
     assert plan.errors == ("dflash: GPU 1 is in use by pid 4242, 81234 MiB; healthy free GPUs: 0",)
 
 
 def test_the_services_own_process_does_not_make_its_gpu_busy():
     units = {"sglang-dflash.service": unit((1,), pids=(4242, 4250))}
-    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpus.App(4250, "GPU-1", 81234)], units=units))
+    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpu_read.App(4250, "GPU-1", 81234)], units=units))
     assert plan.ok
 
 
 def test_a_gpu_used_by_another_of_our_services_is_refused_naming_it():
     units = {"sglang-tmp.service": unit((1,), pids=(77,))}
-    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpus.App(77, "GPU-1", 1000)], units=units))
+    plan = gpus.decide(config_for(["dflash"]), facts(apps=[gpu_read.App(77, "GPU-1", 1000)], units=units))
     assert plan.errors == ("dflash: GPU 1 is in use by sglang-tmp.service (pid 77, 1000 MiB); healthy free GPUs: 0",)
 
 
@@ -327,7 +327,7 @@ def test_a_stopped_unit_of_ours_does_not_hold_its_gpu():
 
 
 def test_gpu_auto_takes_the_lowest_healthy_free_gpu():
-    plan = gpus.decide(config_for({"dflash": {"gpu": "auto"}}), facts(count=4, sick={0: ["x"]}, apps=[gpus.App(9, "GPU-1", 10)]))
+    plan = gpus.decide(config_for({"dflash": {"gpu": "auto"}}), facts(count=4, sick={0: ["x"]}, apps=[gpu_read.App(9, "GPU-1", 10)]))
     assert plan.ok and plan.config.services[0].gpus == (2,)
     assert "dflash: gpu auto -> GPU 2 (lowest healthy free GPU)" in plan.decisions
 
@@ -353,14 +353,14 @@ def test_gpu_auto_fits_around_fixed_gpus_and_other_autos():
 
 
 def test_gpu_auto_without_a_free_gpu_fails_saying_why_for_each():
-    plan = gpus.decide(config_for({"dflash": {"gpu": "auto"}}), facts(count=2, sick={0: ["row remapping failed"]}, apps=[gpus.App(5, "GPU-1", 10)]))
+    plan = gpus.decide(config_for({"dflash": {"gpu": "auto"}}), facts(count=2, sick={0: ["row remapping failed"]}, apps=[gpu_read.App(5, "GPU-1", 10)]))
     assert plan.errors == (
         "dflash: gpu auto: no healthy free GPU on this host (GPU 0 is unhealthy: row remapping failed; GPU 1 is in use by pid 5, 10 MiB)",
     )
 
 
 def test_no_nvidia_smi_is_an_error_for_services_that_need_a_gpu():
-    missing = gpus.GpuFacts(None, "nvidia-smi not found (no NVIDIA driver on the host?)", None, None, (), (), ())
+    missing = gpu_read.GpuFacts(None, "nvidia-smi not found (no NVIDIA driver on the host?)", None, None, (), (), ())
     plan = gpus.decide(config_for(["ddtree", "dflash"]), missing)
     assert plan.errors == ("nvidia-smi not found (no NVIDIA driver on the host?): services ddtree, dflash need a GPU",)
     assert gpus.decide(config_for([]), missing).ok  # a host without services needs no GPU
@@ -448,7 +448,7 @@ def test_checked_with_an_error_yields_the_refusal():
 
 
 def test_gpu_state_fact_command_runs_the_script_with_quoted_paths():
-    cmd = gpus.GpuState().command(models=["/root/models/a b"])
+    cmd = gpu_read.GpuState().command(models=["/root/models/a b"])
     assert cmd.startswith("(cd / && exec python3 -I - /etc/systemd/system '/root/models/a b' <<'PYEOF'")
 
 

@@ -19,7 +19,7 @@ from configuration.host_paths import SECRETS_DIR
 from configuration.secrets import config_path
 from deploys.plan import plan_host
 from operations.environment import patches, venv
-from operations.gpu import gpus
+from operations.gpu import fit, gpus
 from operations.model import models, transfer
 from operations.run.plan import Change, HostPlan
 from operations.service import (
@@ -278,7 +278,7 @@ def test_a_gpu_refusal_is_a_refusal_and_its_service_gets_no_unit_plan(lab):
     config, stack, patch_sets = lab
     w = converged_world(*lab)
     w.set(Sha1File, "0" * 40, path=config.services[0].unit_path)
-    plan = plan_of(config, stack, patch_sets, w, errors=(gpus.Refusal(config.services[0], "GPU 0 is busy"),))
+    plan = plan_of(config, stack, patch_sets, w, errors=(fit.Refusal(config.services[0], "GPU 0 is busy"),))
     assert [(c.step, c.action) for c in plan.of_service(config.services[0].name)] == [("GPU check", "refuse")]
     assert plan.exit_code() == 1 and not plan.converged
 
@@ -291,7 +291,7 @@ def test_whose_refusal_it_is_is_data_not_the_first_word_of_its_text(lab):
     w = converged_world(*lab)
     plan = plan_of(config, stack, patch_sets, w, errors=(f"{first}: looks like a service's, is the host's",))
     assert [(c.step, c.what, c.action, c.service) for c in plan.refusals] == [("GPU check", "this host", "refuse", None)]
-    assert gpus.GpuDecisions.service_of(gpus.Refusal(config.services[1], "x")) == second
+    assert gpus.GpuDecisions.service_of(fit.Refusal(config.services[1], "x")) == second
 
 
 def test_an_unanswered_read_is_named_and_never_converged(lab):

@@ -556,11 +556,11 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
     reads were dropped from the lock's call and made one by one (20 calls). The batch carries it once: these five
     reads took 82.7 kB before, 42 kB now."""
     from operations.environment import venv
-    from operations.gpu import gpus
+    from operations.gpu import gpu_read
     from operations.model import models
     from operations.service import readiness
 
-    entries = [(0, gpus.GpuState(), {"models": ("/root/models/A", "/root/models/B")})]
+    entries = [(0, gpu_read.GpuState(), {"models": ("/root/models/A", "/root/models/B")})]
     for i, unit in enumerate(("sglang-ddtree.service", "sglang-dflash.service")):
         entries.append((len(entries), readiness.ServiceState(), {"unit": unit, "address": "127.0.0.1", "port": 30000 + i,
                                                                  "inputs": (f"/etc/systemd/system/{unit}", "/root/venv")}))

@@ -18,14 +18,14 @@ from configuration import settings
 from configuration.errors import DataError
 from configuration.settings import REPO_ROOT
 from operations import remote
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from operations.service import preflight
 from tests.served_sets import served_copy
 from tests.unit.hosts import make_host
 from tests.unit.test_units import lab_config, lab_data, render
 from tests.unit.test_venv import _fake_venv, _remote
 
-H200 = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0", (gpus.Gpu(0, "GPU-0", "NVIDIA H200", "9.0", 143771, 0, "00000000:00:06.0"),), (), ())
+H200 = gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580.159.04", "13.0", (gpu_read.Gpu(0, "GPU-0", "NVIDIA H200", "9.0", 143771, 0, "00000000:00:06.0"),), (), ())
 
 
 def _serve_module():
@@ -157,7 +157,7 @@ def test_the_gpu_check_refuses_the_combination_that_died_on_the_h200(engine, arg
 
 
 def test_the_combination_is_not_refused_on_sm_12():
-    blackwell = dataclasses.replace(H200, gpus=(gpus.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
+    blackwell = dataclasses.replace(H200, gpus=(gpu_read.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
     assert not [e for e in gpus.decide(_h200_config("0.5.11"), blackwell, "0.5.11").errors if "piecewise" in e]
 
 
@@ -194,7 +194,7 @@ def test_auto_resolved_to_sglangs_default_is_refused_for_a_set_served_only_on_tr
 
 
 def test_auto_resolved_to_triton_is_accepted(served_on_triton):
-    blackwell = dataclasses.replace(H200, gpus=(gpus.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
+    blackwell = dataclasses.replace(H200, gpus=(gpu_read.Gpu(0, "GPU-0", "NVIDIA RTX PRO 6000", "12.0", 97887, 0, "b"),))
     plan = gpus.decide(_served_config(), blackwell, "0.5.23")
     assert plan.errors == () and dict(plan.config.services[0].args)["attention-backend"] == "triton"
 

@@ -16,7 +16,7 @@ import pytest
 from configuration.patch_sets import PatchFile, PatchSet
 from operations.environment import patches
 from operations.environment.patches import applied_record
-from operations.gpu import gpus
+from operations.gpu import gpu_read
 from operations.service import readiness
 from report import status_view as view
 from tests.unit.remote_calls import own_control_group
@@ -244,16 +244,16 @@ def test_patch_drift_applied_drifted_original_and_wrong_base():
     assert not patches.drift(ps, None)["applied"]
 
 
-def gpu_facts(**more) -> gpus.GpuFacts:
+def gpu_facts(**more) -> gpu_read.GpuFacts:
     base = dict(
         nvidia_smi="/usr/bin/nvidia-smi", error=None, driver_version="580", cuda_version="13.0",
-        gpus=(gpus.Gpu(0, "U0", "NVIDIA H200", "9.0", 143771, 1000, "00:01"),
-              gpus.Gpu(1, "U1", "NVIDIA H200", "9.0", 143771, 0, "00:02", ("[GPU requires reset]",))),
-        missing=(), apps=(gpus.App(11, "U0", 900), gpus.App(4242, "U0", 100)),
-        units={"sglang-ddtree.service": gpus.Unit(True, (0,), "active", (11,))},
+        gpus=(gpu_read.Gpu(0, "U0", "NVIDIA H200", "9.0", 143771, 1000, "00:01"),
+              gpu_read.Gpu(1, "U1", "NVIDIA H200", "9.0", 143771, 0, "00:02", ("[GPU requires reset]",))),
+        missing=(), apps=(gpu_read.App(11, "U0", 900), gpu_read.App(4242, "U0", 100)),
+        units={"sglang-ddtree.service": gpu_read.Unit(True, (0,), "active", (11,))},
     )
     base.update(more)
-    return gpus.GpuFacts(**base)
+    return gpu_read.GpuFacts(**base)
 
 
 def test_gpu_rows_name_foreign_processes_health_and_missing_gpus():

@@ -11,7 +11,7 @@ from pyinfra.facts.files import Sha1File
 from configuration import stacks
 from configuration.errors import DataError
 from configuration.patch_sets import load_patch_set
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from operations.service import readiness, surge
 from tests.unit.test_host_plan import converged_world, plan_of
 from tests.unit.test_units import lab_config
@@ -104,14 +104,14 @@ def test_a_surge_an_earlier_run_left_running_is_removed_and_this_run_rolls_in_pl
 def test_the_gpu_check_rule_decides_which_gpu_is_free():
     config = lab_config(run_services=("ddtree",), max_surge=1)
     ddtree = config.services[0]
-    three = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0",
-                          tuple(gpus.Gpu(i, f"GPU-{i}", "G", "12.0", 97887, 0, f"00000000:{i}:00.0",
+    three = gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0",
+                          tuple(gpu_read.Gpu(i, f"GPU-{i}", "G", "12.0", 97887, 0, f"00000000:{i}:00.0",
                                          ("the table shows ERR!",) if i == 1 else ()) for i in range(3)),
-                          (), (gpus.App(4242, "GPU-2", 1000),))
+                          (), (gpu_read.App(4242, "GPU-2", 1000),))
     decisions = gpus.GpuDecisions(config, facts=three)
     found, why = gpus.surge_gpus(decisions, ddtree, {})
     assert found == () and "GPU 1 is unhealthy" in why and "GPU 2 is in use by pid 4242" in why, why
-    healthy = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", three.gpus[:1] + (three.gpus[2],), (), ())
+    healthy = gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", three.gpus[:1] + (three.gpus[2],), (), ())
     assert gpus.surge_gpus(gpus.GpuDecisions(config, facts=healthy), ddtree, {}) == ((2,), "")
     # one surge per free GPU in a run
     found, why = gpus.surge_gpus(gpus.GpuDecisions(config, facts=healthy), ddtree, {2: "the surge of other"})
@@ -147,8 +147,8 @@ def test_a_free_gpu_too_small_for_the_models_is_no_place_to_surge():
     config = lab_config(run_services=("ddtree",), max_surge=1)
     ddtree = config.services[0]
     sizes = {m.store_path: 4 * 1024 * 1024 for m in ddtree.models}
-    listed = (gpus.Gpu(0, "GPU-0", "G", "12.0", 97887, 0, "00000000:0:00.0"), gpus.Gpu(1, "GPU-1", "G", "12.0", 4, 0, "00000000:1:00.0"))
-    small = gpus.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", listed, (), (), {}, sizes)
+    listed = (gpu_read.Gpu(0, "GPU-0", "G", "12.0", 97887, 0, "00000000:0:00.0"), gpu_read.Gpu(1, "GPU-1", "G", "12.0", 4, 0, "00000000:1:00.0"))
+    small = gpu_read.GpuFacts("/usr/bin/nvidia-smi", None, "580", "13.0", listed, (), (), {}, sizes)
     found, why = gpus.surge_gpus(gpus.GpuDecisions(config, facts=small), ddtree, {})
     assert found == () and why.startswith("GPU 1 is free but too small: models need"), why
 

@@ -12,7 +12,7 @@ from configuration.errors import DataError
 from configuration.patch_sets import load_patch_set
 from configuration.settings import REPO_ROOT
 from operations.environment import venv
-from operations.gpu import gpus
+from operations.gpu import gpu_read, gpus
 from operations.run import templates
 from operations.service import service_inputs, service_user, units
 from tests.unit.hosts import make_host
@@ -34,9 +34,9 @@ def lab_data() -> dict:
 
 # The lab's stand-in GPUs (sm 12.0): the deploy renders units from the GPU plan, where
 # `attention-backend: auto` becomes triton.
-LAB_GPUS = gpus.GpuFacts(
+LAB_GPUS = gpu_read.GpuFacts(
     "/usr/bin/nvidia-smi", None, "580.159.04", "13.0",
-    tuple(gpus.Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 97887, 0, f"00000000:{i}:00.0") for i in range(2)),
+    tuple(gpu_read.Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 97887, 0, f"00000000:{i}:00.0") for i in range(2)),
     (), (),
 )
 
