@@ -47,7 +47,7 @@ from operations.environment import transient
 from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
-from operations.transport import fanout, peer_keys, streaming
+from operations.transport import fanout, peer_keys, stream_ends, streaming
 
 # Installed with every venv by `python -m venv`; kept unless the stack pins them.
 BOOTSTRAP = {"pip", "setuptools", "wheel"}
@@ -850,9 +850,9 @@ def _stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Gener
     else:
         tar = f"tar -C {shlex.quote(donor_live)}/ -cf - -T -"
         job = streaming.Job(f"from donor {donor_name}", 0,
-                            streaming.sending_end(donor, listing(f" | {tar}"), log=host.log),
+                            stream_ends.sending_end(donor, listing(f" | {tar}"), log=host.log),
                             # as root's files
-                            streaming.receiving_end(host, streaming.unpack_command(gen.path),
+                            stream_ends.receiving_end(host, streaming.unpack_command(gen.path),
                                                     host.log))
     try:
         moved = streaming.transfer([job], 1)

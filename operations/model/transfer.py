@@ -43,7 +43,7 @@ from operations.model import model_digests
 from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
-from operations.transport import fanout, openssh, peer_keys, streaming
+from operations.transport import fanout, openssh, peer_keys, stream_ends, streaming
 
 OURS = (".sglang-deploy-",)  # our marker, manifest and journal files: never part of a model
 
@@ -70,12 +70,12 @@ class _HostSource:
         if not self.host.connected:
             self.host.connect(reason=f"to stream a model to {target.name}", raise_exceptions=False)
 
-    def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
+    def sender(self, names: list[str], log) -> Callable[[], stream_ends.Source]:
         # Names from stdin (NUL-separated, taken as they are), each as `./NAME` (the member names a
         # whole-tree tar gives).
         tar = (f"tar -C {shlex.quote(self.path)} --null --verbatim-files-from --no-recursion "
                "-T - -cf -")
-        return streaming.sending_end(self.host, tar,
+        return stream_ends.sending_end(self.host, tar,
                                      b"".join(f"./{n}".encode() + b"\0" for n in names), log)
 
     def together(self, rel: str):
@@ -83,12 +83,12 @@ class _HostSource:
         # copies)
         return rel
 
-    def dirs_sender(self, log) -> Callable[[], streaming.Source]:
+    def dirs_sender(self, log) -> Callable[[], stream_ends.Source]:
         """The model's directories alone (their modes and mtimes, empty ones too), sent once every
         file is in."""
         tar = (f"cd {shlex.quote(self.path)} && find . -type d -print0 | tar --null "
                "--verbatim-files-from --no-recursion -T - -cf -")
-        return streaming.sending_end(self.host, tar, log=log, small=True)
+        return stream_ends.sending_end(self.host, tar, log=log, small=True)
 
     def hosts(self) -> tuple:
         return (self.host,)
@@ -105,9 +105,9 @@ class _LocalSource:
     def __init__(self, state, target, path: str):
         self.label, self.path = f"control machine:{path}", str(Path(path).resolve())
 
-    def sender(self, names: list[str], log) -> Callable[[], streaming.Source]:
+    def sender(self, names: list[str], log) -> Callable[[], stream_ends.Source]:
         files = [(os.path.join(self.path, n), f"./{n}") for n in names]
-        return lambda: streaming.FilesSource(files)
+        return lambda: stream_ends.FilesSource(files)
 
     def together(self, rel: str):
         """Files that are hard links of one another go in one stream (the receiving end links them
@@ -115,13 +115,13 @@ class _LocalSource:
         st = os.lstat(os.path.join(self.path, rel))
         return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else rel
 
-    def dirs_sender(self, log) -> Callable[[], streaming.Source]:
+    def dirs_sender(self, log) -> Callable[[], stream_ends.Source]:
         """The model's directories alone (their modes and mtimes, empty ones too), sent once every
         file is in."""
         dirs = [os.path.relpath(os.path.join(top, d), self.path)
                 for top, names, _ in os.walk(self.path) for d in names
                 if not os.path.islink(os.path.join(top, d))]
-        return lambda: streaming.FilesSource(
+        return lambda: stream_ends.FilesSource(
             [(os.path.join(self.path, d), f"./{d}") for d in sorted(dirs)])
 
     def hosts(self) -> tuple:
@@ -264,7 +264,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         if direct else
         streaming.Job(f"{name}: {len(names)} file(s)", sum(sizes[n] for n in names),
                       source.sender(names, host.log),
-                      streaming.receiving_end(host, unpack(names), host.log))
+                      stream_ends.receiving_end(host, unpack(names), host.log))
         for names in streaming.batches(sizes, streams, source.together)
     ] if sizes else []
     total = sum(sizes.values())
@@ -277,7 +277,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
             direct.close()
     if moved.ok:
         dirs = streaming.Job(f"{name}: its directories", 0, source.dirs_sender(host.log),
-                             streaming.receiving_end(host, unpack([]), host.log, small=True))
+                             stream_ends.receiving_end(host, unpack([]), host.log, small=True))
         moved = streaming.transfer([dirs], 1).after(moved)
     if not moved.ok:
         if moved.refused:

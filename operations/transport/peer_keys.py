@@ -62,7 +62,7 @@ from configuration import ssh_login
 from operations import remote
 from operations.lock import lock
 from operations.run import channels, host_reads, read_batch, run_state
-from operations.transport import openssh, streaming
+from operations.transport import openssh, stream_ends, streaming
 
 MARK = "sglang-deploy-peer"
 # an entry nobody removed stops working after this (sshd's expiry-time, the source's clock)
@@ -197,8 +197,8 @@ class Grant:
         `receive`."""
         fetch = _script_command("fetch", json.dumps(self.argv), receive)
         listed = b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in names)
-        ends = streaming.sending_end(self.receiver, fetch, listed, small=True)
-        return streaming.Job(what, size, lambda: streaming.Fetched(ends()), streaming.Nowhere)
+        opened = stream_ends.sending_end(self.receiver, fetch, listed, small=True)
+        return streaming.Job(what, size, lambda: stream_ends.Fetched(opened()), stream_ends.Nowhere)
 
     def close(self) -> None:
         """Take the access back on both hosts (also where it was only half made)."""

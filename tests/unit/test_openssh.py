@@ -23,7 +23,7 @@ import pytest
 
 from configuration import connection, schema, ssh_login
 from operations.model import model_digests, transfer
-from operations.transport import openssh, streaming
+from operations.transport import openssh, stream_ends, streaming
 from tests.unit.hosts import ThisMachine, make_host
 
 LAB = {"ssh_hostname": "10.213.0.2", "ssh_user": "root", "ssh_key": "/srv/lab/id_ed25519",
@@ -193,7 +193,7 @@ def local_ssh(monkeypatch):
     monkeypatch.setattr(openssh, "decide", lambda hosts, log=None: None)
     seen = {"started": 0, "live": 0, "most": 0}
     lock = threading.Lock()
-    real_init, real_finish = streaming.ProcessSink.__init__, streaming.ProcessSink.finish
+    real_init, real_finish = stream_ends.ProcessSink.__init__, stream_ends.ProcessSink.finish
 
     def init(self, argv, host=None):
         real_init(self, argv, host)
@@ -209,8 +209,8 @@ def local_ssh(monkeypatch):
             with lock:
                 seen["live"] -= 1
 
-    monkeypatch.setattr(streaming.ProcessSink, "__init__", init)
-    monkeypatch.setattr(streaming.ProcessSink, "finish", finish)
+    monkeypatch.setattr(stream_ends.ProcessSink, "__init__", init)
+    monkeypatch.setattr(stream_ends.ProcessSink, "finish", finish)
     return seen
 
 

@@ -25,7 +25,7 @@ import pytest
 from operations import remote
 from operations.environment import venv
 from operations.model import model_digests, transfer
-from operations.transport import streaming
+from operations.transport import stream_ends, streaming
 from tests.unit.hosts import ThisMachine
 from tests.unit.test_venv import _fake_venv
 
@@ -263,7 +263,7 @@ class LocalChannel:
 
 @pytest.fixture
 def this_machine(monkeypatch):
-    monkeypatch.setattr(streaming, "channel", LocalChannel)
+    monkeypatch.setattr(stream_ends, "channel", LocalChannel)
     return ThisMachine()
 
 
@@ -310,7 +310,7 @@ def test_a_models_setuid_file_lands_in_the_store_as_root_without_the_bit(tmp_pat
 @pytest.fixture
 def donor_here(monkeypatch, this_machine):
     """The donor host is this machine too: its reader runs the donor's command under `sh -c`."""
-    monkeypatch.setattr(streaming, "HostReader", lambda host, command: streaming.LocalReader(["sh", "-c", command]))
+    monkeypatch.setattr(stream_ends, "HostReader", lambda host, command: stream_ends.LocalReader(["sh", "-c", command]))
 
     class Donor(ThisMachine):
         connected = True
