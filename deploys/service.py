@@ -194,7 +194,8 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...],
                  "no record covers the running process", service=name)
     if steps.start or steps.restart:
         plan.add(STEP, f"readiness of {name}", "check",
-                 "/health and a smoke completion after the (re)start"
+                 "/ready (/health on an engine without it) and a smoke completion after the "
+                 "(re)start"
                  + _speculative_words(readiness.speculative_check(service)), service=name)
     elif state.get("health") != 200 or state.get("active") != "active":
         answer = (state.get("stranger") or state.get("health_error")
@@ -304,7 +305,7 @@ def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: 
     on its old version, and says so."""
     service = prepared.service
     gate = readiness.ready(
-        name=f"{service.unit_name} answers /health",
+        name=f"{service.unit_name} is ready",
         service=service.name,
         unit=service.unit_name,
         bind=service.bind,

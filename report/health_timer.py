@@ -1,6 +1,6 @@
-"""Time to /health: for each service (re)started in the run, the time from the start of the deploy
-to its `/health` answering 200 (the migration's figure); and, once every host is done, the hosts
-the run could not reach.
+"""Time to ready: for each service (re)started in the run, the time from the start of the deploy
+to its gate proving it ready (`/ready` 200, `/health` on an engine without it: the migration's
+figure); and, once every host is done, the hosts the run could not reach.
 
 It reads the run's summary rows (`summary.rows`): a row the readiness gate wrote as ready
 "after (re)start" is logged the moment its operation succeeds on that host.
@@ -47,7 +47,7 @@ class HealthTimer(BaseStateCallback):
                 continue
             self.seen.add(key)
             elapsed = time.monotonic() - self.started
-            logger.info(f"--> {host.name}/{service} answers /health {elapsed:.1f} s after the "
+            logger.info(f"--> {host.name}/{service} is ready {elapsed:.1f} s after the "
                         "deploy started")
 
     def host_disconnect(self, state, host):

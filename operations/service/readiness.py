@@ -366,7 +366,7 @@ def ready(
     .. code:: python
 
         readiness.ready(
-            name="sglang-ddtree answers /health",
+            name="sglang-ddtree is ready",
             service="ddtree", unit="sglang-ddtree.service", bind="127.0.0.1", port=30000,
             timeout=1800,
         )

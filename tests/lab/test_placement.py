@@ -263,7 +263,7 @@ def test_migration_with_the_old_host_reachable_leaves_the_neighbour_untouched():
     moved = run("move", [], {"tmp": None, "dflash": {"gpu": 1, "port": 30001}})
     text = output(moved)
     assert moved.returncode == 0, text
-    ready_line = re.search(rf"--> {NEW}/dflash answers /health ([0-9.]+) s after the deploy started", text)
+    ready_line = re.search(rf"--> {NEW}/dflash is ready ([0-9.]+) s after the deploy started", text)
     assert ready_line and float(ready_line.group(1)) <= time.monotonic() - start + 5
     removed = f"[{OLD}] sglang-dflash.service: stopped, disabled and removed (no longer placed here; it answers on {NEW})"
     assert removed in text
@@ -283,7 +283,7 @@ def test_migration_with_the_old_host_down_converges_the_new_host():
         assert result.returncode == 1, text
         assert f"[{OLD}] SSH error" in text, text
         assert f"--> {OLD}: not reached (connection failed): nothing there changed; the other hosts were deployed." in text
-        assert f"--> {NEW}/dflash answers /health" in text
+        assert f"--> {NEW}/dflash is ready" in text
         assert http_get(NEW, 30001, "/health")[0] == 200
         # Leaving the dead host out of the run is clean: exit 0, nothing to do.
         limited = run("down", [], ["dflash"], "--limit", NEW)
