@@ -15,9 +15,10 @@ What keeps every trust property of a host-to-host transfer (docs/threat-model.md
   digest (operations/transfer.py): a forwarder becomes one (`Swarm.receiving`) only after that check
   of what an earlier run left. `ready` takes from its listing only names the origin's digests list,
   at the origin's size; the unpacker's temporary names are never among them.
-- Each read is one transfer on a one-time key (operations/peer_keys.py) for exactly the names it
-  reads under that copy, its forced command sending nothing else; the key is taken back when the
-  read ends.
+- The follower reads on one one-time key (operations/peer_keys.py) for exactly the model's files
+  under that copy (its forced command sends nothing else, and only names that are there: whole and
+  checked), asks only for files `ready` found there, and the key is taken back when it stops
+  following (another key once the copy is renamed into place).
 - The follower still checks every file against the origin's digests (its own unpacker with the
   listing, then the listing check before the rename), as from any holder.
 - A forwarder renames its copy into place only once no read of it goes on (`Swarm.closing`); a
@@ -71,52 +72,75 @@ def follow(swarm, forwarder: str, forwarder_host, host, partial: str,
     have = set(have)
     want = set(model_digests.sizes(digests))  # the regular files (a link comes with the rest)
     streams = openssh.streams(host)
-    reads = 0
-    while have < want:
-        state, _ = swarm.forwarder(forwarder)
-        if state == "gone":
-            return False, f"{forwarder} stopped getting it"
-        root = swarm.start_reading(forwarder)
-        if root is None:  # renaming its copy into place: the copy in place next
-            swarm.changed(POLL_S)
-            continue
-        try:
-            names = ready(_listing(forwarder_host, root), digests, have)
-            if not names:
-                if state == "held":
-                    return False, f"{forwarder}'s copy lacks {len(want - have)} file(s)"
-                moved = None
-            else:
-                moved = _read(forwarder_host, host, root, partial, names, digests, streams, log)
-        finally:
-            swarm.done_reading(forwarder)
-        if moved is None:
-            swarm.changed(POLL_S)
-            continue
-        if not moved.ok:
-            return False, moved.why
-        reads += 1
-        have |= set(names)
-        log(f"{len(names)} file(s), {moved.sent / 2**20:.0f} MiB from {forwarder} "
-            f"({'its copy in place' if state == 'held' else 'while it receives'}) in "
-            f"{moved.elapsed_s:.1f} s; {len(have)} of {len(want)}")
-    return True, ""
-
-
-def _read(source, host, root: str, partial: str, names: list[str],
-          digests: model_digests.Digests, streams: int, log) -> streaming.Moved:
-    """`names` from `root` on `source` into `partial` on `host`: one transfer on a one-time key for
-    exactly these names, every file checked against the origin's digests as it lands."""
-    grant = peer_keys.granted(source, host, root, names, log)
-    if grant is None:
-        return streaming.Moved(False, 0, 0.0,
-                               [f"{host.name} cannot read from {source.name} directly"])
-    sizes = {name: model_digests.sent_size(digests[name]) for name in names}
-    jobs = [grant.job(f"{len(batch)} file(s) from {source.name}", sum(sizes[n] for n in batch),
-                      batch, streaming.unpack_command(
-                          partial, listing={n: digests[n] for n in batch}))
-            for batch in streaming.batches(sizes, streams)]
+    access = _Access(forwarder_host, host, sorted(want), log)
     try:
-        return streaming.transfer(jobs, streams)
+        while have < want:
+            state, _ = swarm.forwarder(forwarder)
+            if state == "gone":
+                return False, f"{forwarder} stopped getting it"
+            root = swarm.start_reading(forwarder)
+            if root is None:  # renaming its copy into place: the copy in place next
+                swarm.changed(POLL_S)
+                continue
+            try:
+                names = ready(_listing(forwarder_host, root), digests, have)
+                if not names:
+                    if state == "held":
+                        return False, f"{forwarder}'s copy lacks {len(want - have)} file(s)"
+                    moved = None
+                else:
+                    moved = _read(access.under(root), host, partial, names, digests, streams)
+            finally:
+                swarm.done_reading(forwarder)
+            if moved is None:
+                swarm.changed(POLL_S)
+                continue
+            if not moved.ok:
+                return False, moved.why
+            have |= set(names)
+            log(f"{len(names)} file(s), {moved.sent / 2**20:.0f} MiB from {forwarder} "
+                f"({'its copy in place' if state == 'held' else 'while it receives'}) in "
+                f"{moved.elapsed_s:.1f} s; {len(have)} of {len(want)}")
+        return True, ""
     finally:
-        grant.close()
+        access.close()
+
+
+class _Access:
+    """The follower's one-time key to its forwarder's copy (operations/peer_keys.py), for exactly
+    the model's files under that copy: made at the first read, made again once the copy is renamed
+    into place, taken back when the following ends. The forced command sends only names on that
+    list that are there, and a file has its name there only once whole and checked (the unpacker's
+    temporary names are never on it)."""
+
+    def __init__(self, source, receiver, names: list[str], log):
+        self.source, self.receiver, self.names, self.log = source, receiver, names, log
+        self.root, self.grant = None, None
+
+    def under(self, root: str):
+        """The grant for `root` (None: the receiver cannot read from the source directly)."""
+        if root != self.root:
+            self.close()
+            self.root = root
+            self.grant = peer_keys.granted(self.source, self.receiver, root, self.names, self.log)
+        return self.grant
+
+    def close(self) -> None:
+        if self.grant is not None:
+            self.grant.close()
+        self.grant = None
+
+
+def _read(grant, host, partial: str, names: list[str], digests: model_digests.Digests,
+          streams: int) -> streaming.Moved:
+    """`names` from the grant's copy into `partial` on `host`, every file checked against the
+    origin's digests as it lands."""
+    if grant is None:
+        return streaming.Moved(False, 0, 0.0, [f"{host.name} cannot read from its forwarder "
+                                               "directly"])
+    sizes = {name: model_digests.sent_size(digests[name]) for name in names}
+    jobs = [grant.job(f"{len(batch)} file(s) from {grant.source.name}",
+                      sum(sizes[n] for n in batch), batch,
+                      streaming.unpack_command(partial, listing={n: digests[n] for n in batch}))
+            for batch in streaming.batches(sizes, streams)]
+    return streaming.transfer(jobs, streams)

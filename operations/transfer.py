@@ -254,7 +254,9 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         return False
     if swarm is not None:  # it holds only whole, checked files from now: it may forward them
         swarm.receiving(host.name, host, partial)
-    if already:
+    kept = ("read from a host getting it in this run" if whole is not None
+            else "kept from an earlier run")
+    if already and whole is None:
         host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} "
                  "already (a run that stopped half way), with the origin's sha256: not sent again")
     sizes = {rel: model_digests.sent_size(entry) for rel, entry in digests.items()
@@ -321,7 +323,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
            else streaming.carried_by(*source.hosts(), host))
     host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, "
              f"{moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via} ({len(jobs)} "
-             f"stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
+             f"stream(s){f', {len(already)} file(s) {kept}' if already else ''})")
     return True
 
 

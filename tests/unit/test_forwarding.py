@@ -102,15 +102,24 @@ def test_a_follower_reads_each_file_as_its_forwarder_checks_it(monkeypatch):
     monkeypatch.setattr(forwarding, "_listing", lambda h, root: next(listings))
     monkeypatch.setattr(forwarding.openssh, "streams", lambda h: 4)
 
-    def read(source, h, root, partial, names, digests, streams, log):
-        reads.append((root, names))
+    grants = []
+
+    def granted(source, receiver, root, names, log):
+        grants.append((root, names))
+        return SimpleNamespace(root=root, close=lambda: grants.append("closed"))
+
+    def read(grant, h, partial, names, digests, streams):
+        reads.append((grant.root, names))
         return forwarding.streaming.Moved(True, 1, 0.1)
 
+    monkeypatch.setattr(forwarding.peer_keys, "granted", granted)
     monkeypatch.setattr(forwarding, "_read", read)
     ok, why = forwarding.follow(swarm, "h1", host("h1"), host("h2"), "/m/.x.partial2", DIGESTS, set(), lambda _: None)
     assert ok, why
     assert reads == [("/m/.x.partial", ["a.safetensors"]), ("/m/.x.partial", ["b.safetensors", "sub/c.json"])]
     assert swarm.reading["h1"] == 0
+    # one key for the whole following, for exactly the model's files (no link), taken back at its end
+    assert grants == [("/m/.x.partial", ["a.safetensors", "b.safetensors", "sub/c.json"]), "closed"]
 
 
 def test_a_follower_whose_forwarder_gave_up_stops_and_says_so(monkeypatch):
