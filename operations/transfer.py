@@ -234,11 +234,12 @@ def _resumable(host, partial: str, digests: model_digests.Digests) -> set[str] |
 
 def _stream(state, host, source_name: str, src: str, dest: str,
             digests: model_digests.Digests, swarm: fanout.Swarm | None = None,
-            whole: set[str] | None = None) -> bool:
+            whole: set[str] | None = None, forwarder: str | None = None) -> bool:
     """Stream the model at `source_name:src` (the origin, or a host that got it in this run) into
     `dest`, every file checked against `digests`, the origin's. With `swarm`, this host forwards
     what its `.NAME.partial` holds while it receives (operations/forwarding.py). `whole`: what
-    this run's unpacker wrote there already, checked (following a forwarder), not checked again."""
+    this run's unpacker wrote there already, checked (read from `forwarder` while it received
+    them), not checked again."""
     source = (_LocalSource(state, host, src) if is_local(source_name)
               else _HostSource(state, host, source_name, src))
     # The routes' probes (an SSH handshake each) beside the `.NAME.partial`'s preparation.
@@ -254,7 +255,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         return False
     if swarm is not None:  # it holds only whole, checked files from now: it may forward them
         swarm.receiving(host.name, host, partial)
-    kept = ("read from a host getting it in this run" if whole is not None
+    kept = (f"read from {forwarder} while it received them" if whole is not None
             else "kept from an earlier run")
     if already and whole is None:
         host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} "
@@ -321,7 +322,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         return False
     via = (f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct
            else streaming.carried_by(*source.hosts(), host))
-    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, "
+    host.log(f"streamed {name} from {forwarder or source.label}: {len(src_listing)} files, "
              f"{moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via} ({len(jobs)} "
              f"stream(s){f', {len(already)} file(s) {kept}' if already else ''})")
     return True
@@ -439,7 +440,8 @@ def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
         else:
             ok = _stream(state, host, source_name, src, dest, digests, swarm)
     if whole is not None:  # every file is in: the directories and links from the origin, checks
-        ok = _stream(state, host, source_name, src, dest, digests, swarm, whole)
+        ok = _stream(state, host, source_name, src, dest, digests, swarm, whole,
+                     lease.source.name)
     if not ok and peer:
         host.log(f"{name}: reading from {lease.source.name} failed: resuming from {source_name}")
         ok = _stream(state, host, source_name, src, dest, digests, swarm)
