@@ -146,3 +146,44 @@ def test_a_receiver_others_wait_for_is_told_so_one_alone_is_not():
         time.sleep(0.1)
         assert swarm.awaited("h1"), "h2 waits for a source"
         waiter.join()
+
+
+def test_a_second_receiver_follows_the_first_and_finishes_from_the_origin_with_its_files_as_they_are(monkeypatch):
+    """transfer._fanned_out: gpu-b reads from the origin and forwards; gpu-c follows it, then takes only the rest (the
+    directories and links) from the origin, its followed files not checked again, and says it read them from gpu-b."""
+    from operations import transfer
+
+    state = SimpleNamespace(inventory=None)
+    digests = {"a.safetensors": [100, "aa"], "b.safetensors": [200, "bb"]}
+    first_receiving, calls = threading.Event(), []
+    monkeypatch.setattr(transfer, "_origin_digests", lambda *a: digests)
+    monkeypatch.setattr(transfer, "_resumable", lambda h, partial, d: set())
+
+    def stream(state, h, source, src, dest, d, swarm=None, whole=None, forwarder=None):
+        calls.append((h.name, source, whole, forwarder))
+        if h.name == "gpu-b":  # the first receiver registers as a forwarder, then takes a while
+            swarm.receiving(h.name, h, "/m/.x.partial")
+            first_receiving.set()
+            time.sleep(0.3)
+            swarm.closing(h.name)
+        return True
+
+    def follow(swarm, name, forwarder_host, h, partial, d, have, log):
+        calls.append((h.name, "follows", name, partial))
+        return True, ""
+
+    monkeypatch.setattr(transfer, "_stream", stream)
+    monkeypatch.setattr(transfer.forwarding, "follow", follow)
+    gpu_b = SimpleNamespace(name="gpu-b", log=lambda *a, **k: None, log_styled=lambda *a, **k: None)
+    gpu_c = SimpleNamespace(name="gpu-c", log=lambda *a, **k: None, log_styled=lambda *a, **k: None)
+    results = {}
+    first = threading.Thread(target=lambda: results.update(b=transfer._fanned_out(state, gpu_b, "/data/x", "/data/x",
+                                                                                   "/m/x")))
+    first.start()
+    assert first_receiving.wait(2)
+    results["c"] = transfer._fanned_out(state, gpu_c, "/data/x", "/data/x", "/m/x")
+    first.join()
+    assert results == {"b": True, "c": True}
+    assert ("gpu-b", "/data/x", None, None) in calls
+    assert ("gpu-c", "follows", "gpu-b", "/m/.x.partial") in calls
+    assert ("gpu-c", "/data/x", {"a.safetensors", "b.safetensors"}, "gpu-b") in calls
