@@ -14,18 +14,29 @@ transfer.stream_vs_ssh_pipe a 2 GiB model (16 files of 128 MiB) from one lab hos
                             prepared, the streams relayed here between OpenSSH processes, root's unpacker, the
                             listing check, the rename) over `ssh A tar -c | ssh B tar -x` through this machine with
                             the same cipher, into the same store. Target at most 1.0.
-transfer.fanout_4_vs_1      one stack's wheels (the same 1.1 GiB) to four lab hosts that lack them (LAB_FANOUT_HOSTS,
-                            routed to one another for the run) against the same to one host: every host as a deploy
-                            runs it, the push and then the check against the pins after which a host serves the
-                            next ones (operations/transport/fanout.py). Target at most 2.2. Beside it
-                            `transfer.through_here_4_vs_1`: the four with fan-out off, all pushed from here at once.
+transfer.fanout_4_vs_1      a 1 GiB model (8 files of 128 MiB) staged from the control machine (`model_sources` naming a
+                            directory here) into the stores of four lab hosts that lack it (LAB_FANOUT_HOSTS, routed to
+                            one another for the run), over the time of the same to one host, with this machine's link
+                            to the hosts capped at FANOUT_CAP (40 MiB/s, lab/link_cap.py; host to host left fast): the
+                            case fan-out is for. Each host as a deploy stages it (`transfer._fanned_out`: the origin's
+                            digests, then the model from the origin or from a host that has it, operations/transport/fanout.py).
+                            Receivers forward while they receive (operations/model/forwarding.py). Target at most 2.2.
+                            Beside it, in the same rounds: the four with fan-out but no forwarding (a host serves
+                            others once it holds the model whole: `transfer.store_and_forward_4_vs_1`), and with
+                            fan-out off (`transfer.fanout_4_off_s`, all from here at once through the capped link;
+                            `transfer.through_here_4_vs_1`).
+transfer.wheels_fanout_4_vs_1
+                            one stack's wheels (the same 1.1 GiB) to the four hosts against the same to one host, the
+                            link not capped: the push and then the check against the pins after which a host serves the
+                            next ones. Beside it `transfer.wheels_through_here_4_vs_1`: fan-out off.
 Both sides of each figure include their SSH connection set-up (ours: its route probes too, which a deploy pays once
 per host and run); ours runs in a process of its own under gevent, as pyinfra's CLI runs the deploy. Runs
 alternate (5 rounds), and the median of each is used; the raw times are printed too. Hosts: LAB_TRANSFER_FROM (gpu-a)
 and LAB_TRANSFER_TO (gpu-b), the two hosts `make bench` starts; everything made is removed at the end.
 
-Run it alone: `.venv/bin/python bench/run.py transfer` (make bench FIGURES=transfer); the fan-out figure alone:
-`.venv/bin/python bench/transfer.py fanout`.
+Run it alone: `.venv/bin/python bench/run.py transfer` (make bench FIGURES=transfer); the fan-out figures alone:
+`.venv/bin/python bench/transfer.py fanout` (the model, capped) or `... fanout-wheels`; BENCH_FANOUT_ROUNDS rounds
+(default 3).
 """
 
 from __future__ import annotations
@@ -60,7 +71,10 @@ MODEL_FILES, MODEL_FILE_MIB = 16, 128
 WHEELS_GIB = 1.1
 ROUNDS = 5
 FANOUT_HOSTS = os.environ.get("LAB_FANOUT_HOSTS", "gpu-b,gpu-c,gpu-d,gpu-e").split(",")
-FANOUT_ROUNDS = 3
+FANOUT_ROUNDS = int(os.environ.get("BENCH_FANOUT_ROUNDS", "3"))
+FANOUT_CAP = os.environ.get("BENCH_FANOUT_CAP", "40mibps")  # this machine's link to the hosts (lab/link_cap.py)
+FANOUT_MODEL = "bench-fanout-model"
+FANOUT_MODEL_FILES, FANOUT_MODEL_FILE_MIB = 8, 128  # 1 GiB
 CIPHER = "aes128-gcm@openssh.com"
 
 
@@ -193,6 +207,34 @@ def ours_fanout(listing: str, names: list[str], enabled: bool) -> dict:
     return {"ok": all(job.value[0] for job in jobs), "s": elapsed, "log": said, "cpu": _cpu()}
 
 
+def ours_fanout_model(origin: str, names: list[str], mode: str) -> dict:
+    """The model in directory `origin` of this machine staged into every host of `names` at once, as the Models step
+    runs `transfer.in_store` on each (every host in a greenlet of its own, as pyinfra runs one operation on its hosts).
+    `mode` "on": fan-out, receivers forwarding while they receive; "store": fan-out, a host serving others only once it
+    holds the model whole (before operations/model/forwarding.py); "off": every host reads from here."""
+    import gevent
+
+    from operations.model import transfer
+    from operations.transport import fanout
+
+    # a new run (`_state`) below: nothing told or decided in an earlier one
+    fanout.ENABLED, transfer.FOLLOW = mode != "off", mode == "on"
+    state, inventory = _state(names)
+
+    def one(name: str) -> tuple[bool, list[str]]:
+        host = _Logged(inventory.get_host(name))
+        return transfer._fanned_out(state, host, origin, origin, f"{STORE}/{FANOUT_MODEL}"), host.lines
+
+    start = time.perf_counter()
+    jobs = [gevent.spawn(one, name) for name in names]
+    gevent.joinall(jobs)
+    elapsed = time.perf_counter() - start
+    said = [f"{name}: {line}" for name, job in zip(names, jobs) for line in (job.value or (False, []))[1]
+            if "streamed" in line or "read " in line or "failed" in line or "ended" in line
+            or "while it receives" in line or "in place" in line]
+    return {"ok": all(job.value and job.value[0] for job in jobs), "s": elapsed, "log": said, "cpu": _cpu()}
+
+
 # The figures ---------------------------------------------------------------------------------------------------------
 
 
@@ -305,9 +347,66 @@ def push_vs_scp() -> None:
     print(f"transfer.push_vs_scp: {statistics.median(a) / statistics.median(b):.2f}")
 
 
+def _links() -> dict[str, str]:
+    """{veth: this machine's address on it} of the lab's running hosts (what lab/link_cap.py caps)."""
+    _, hosts = _lab()
+    return {rec["veth"]: rec["control_address"] for rec in hosts.values()
+            if rec.get("veth") and Path(f"/sys/class/net/{rec['veth']}").exists()}
+
+
 def fanout_4_vs_1() -> None:
+    """A 1 GiB model from this machine to four lab hosts that lack it against the same to one host, this machine's link
+    to the hosts capped (FANOUT_CAP); and, beside it, the four with fan-out off, all from here."""
+    from bench.lab_hosts import running
+    from lab.link_cap import capped
+    from tests.lab.labutil import routed
+
+    four = FANOUT_HOSTS
+    running(four)  # gpu-c, gpu-d and gpu-e are not among the hosts `make demo` starts
+    clean = f"rm -rf {STORE}/{FANOUT_MODEL} {STORE}/.{FANOUT_MODEL}.partial"
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp, routed(four), capped(FANOUT_CAP, _links()):
+        origin = Path(tmp) / FANOUT_MODEL
+        origin.mkdir()
+        for i in range(1, FANOUT_MODEL_FILES + 1):
+            with open(origin / f"model-{i:05d}-of-{FANOUT_MODEL_FILES:05d}.safetensors", "wb") as handle:
+                for _ in range(FANOUT_MODEL_FILE_MIB):
+                    handle.write(os.urandom(1 << 20))
+        size = sum(p.stat().st_size for p in origin.iterdir())
+        times: dict[str, list[float]] = {"1": [], "4": [], "4_store": [], "4_off": []}
+        notes: dict[str, list[str]] = {}
+        try:
+            for i in range(FANOUT_ROUNDS):
+                order = [("1", four[:1], "on"), ("4", four, "on"), ("4_store", four, "store"), ("4_off", four, "off")]
+                for key, hosts, mode in (order if i % 2 == 0 else order[::-1]):
+                    for name in four:
+                        ssh(name, clean)
+                    answer = ours("fanout-model", str(origin), ",".join(hosts), mode)
+                    if not answer["ok"]:
+                        sys.exit(f"bench transfer: the model to {hosts} failed: {answer['log']}")
+                    times[key].append(answer["s"])
+                    notes[key] = answer["log"]
+        finally:
+            for name in four:
+                ssh(name, clean)
+    print(f"bench transfer: fanout (model, {size / 2**30:.2f} GiB, capped at {FANOUT_CAP}): "
+          f"{({k: [round(t, 2) for t in v] for k, v in times.items()})} s", file=sys.stderr)
+    for key in ("1", "4", "4_store"):
+        print(f"bench transfer: fanout to {key} said: {notes.get(key)}", file=sys.stderr)
+    median = {key: statistics.median(value) for key, value in times.items()}
+    print(f"transfer.fanout_cap: {FANOUT_CAP} (this machine's link to the hosts, each way; host to host uncapped)")
+    print(f"transfer.fanout_model_gib: {size / 2**30:.2f}")
+    print(f"transfer.fanout_1_s: {median['1']:.2f}")
+    print(f"transfer.fanout_4_s: {median['4']:.2f}")
+    print(f"transfer.fanout_4_store_and_forward_s: {median['4_store']:.2f}")
+    print(f"transfer.fanout_4_off_s: {median['4_off']:.2f}")
+    print(f"transfer.fanout_4_vs_1: {median['4'] / median['1']:.2f}")
+    print(f"transfer.store_and_forward_4_vs_1: {median['4_store'] / median['1']:.2f}")
+    print(f"transfer.through_here_4_vs_1: {median['4_off'] / median['1']:.2f}")
+
+
+def wheels_fanout_4_vs_1() -> None:
     """One stack's wheels (WHEELS_GIB) to four lab hosts that lack them against the same to one host; and, beside it,
-    the four through this machine (fan-out off), as every deploy did before."""
+    the four through this machine (fan-out off), as every deploy did before. The link not capped."""
     from bench.lab_hosts import running
     from tests.lab.labutil import routed
 
@@ -334,19 +433,21 @@ def fanout_4_vs_1() -> None:
         finally:
             for name in four:
                 ssh(name, f"rm -rf {WHEELS_DIR}")
-    print(f"bench transfer: fanout: {({k: [round(t, 2) for t in v] for k, v in times.items()})} s", file=sys.stderr)
-    print(f"bench transfer: fanout to 4 said: {notes.get('4')}", file=sys.stderr)
+    print(f"bench transfer: wheels fanout: {({k: [round(t, 2) for t in v] for k, v in times.items()})} s",
+          file=sys.stderr)
+    print(f"bench transfer: wheels fanout to 4 said: {notes.get('4')}", file=sys.stderr)
     median = {key: statistics.median(value) for key, value in times.items()}
-    print(f"transfer.fanout_1_s: {median['1']:.2f}")
-    print(f"transfer.fanout_4_s: {median['4']:.2f}")
-    print(f"transfer.fanout_4_through_here_s: {median['4_off']:.2f}")
-    print(f"transfer.fanout_4_vs_1: {median['4'] / median['1']:.2f}")
-    print(f"transfer.through_here_4_vs_1: {median['4_off'] / median['1']:.2f}")
+    print(f"transfer.wheels_fanout_1_s: {median['1']:.2f}")
+    print(f"transfer.wheels_fanout_4_s: {median['4']:.2f}")
+    print(f"transfer.wheels_fanout_4_through_here_s: {median['4_off']:.2f}")
+    print(f"transfer.wheels_fanout_4_vs_1: {median['4'] / median['1']:.2f}")
+    print(f"transfer.wheels_through_here_4_vs_1: {median['4_off'] / median['1']:.2f}")
 
 
 def main() -> None:
     push_vs_scp()
     stream_vs_ssh_pipe()
+    wheels_fanout_4_vs_1()
     fanout_4_vs_1()
 
 
@@ -354,8 +455,11 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--ours"]:
         if sys.argv[2] == "fanout":
             answer = ours_fanout(sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "on")
+        elif sys.argv[2] == "fanout-model":
+            answer = ours_fanout_model(sys.argv[3], sys.argv[4].split(","), sys.argv[5])
         else:
             answer = ours_stream() if sys.argv[2] == "stream" else ours_push(sys.argv[3])
         print(json.dumps(answer))
     else:
-        fanout_4_vs_1() if sys.argv[1:2] == ["fanout"] else main()
+        chosen = {"fanout": fanout_4_vs_1, "fanout-wheels": wheels_fanout_4_vs_1}.get(sys.argv[1] if sys.argv[1:] else "")
+        (chosen or main)()

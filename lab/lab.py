@@ -7,6 +7,8 @@
     python3 lab/lab.py cut NAME [--kill-connections] cut the host's network (its veth down); the host runs on
     python3 lab/lab.py restore NAME                  plug it back in, wait for SSH
     python3 lab/lab.py gpus NAME [--count N ...]     set the host's stand-in GPUs (/etc/lab/gpus.json)
+    python3 lab/lab.py cap --rate 40mibps            cap this machine's link to the hosts (lab/link_cap.py)
+    python3 lab/lab.py uncap                         take the cap away
     python3 lab/lab.py down [NAME ...] [--purge]     stop what up started
 
 Each host runs under a small supervisor (`lab.py _supervise NAME`, detached) that restarts systemd-nspawn when
@@ -991,6 +993,32 @@ def cmd_restore(name: str, timeout: float = 60) -> int:
     return 0
 
 
+def cap_links() -> dict[str, str]:
+    """{veth (this side): this machine's address on it} of every running host (what `cap` shapes)."""
+    hosts = load_hosts()
+    return {rec["veth"]: rec["control_address"] for name, rec in sorted(hosts.items())
+            if host_running(name, rec) and rec.get("veth") and Path(f"/sys/class/net/{rec['veth']}").exists()}
+
+
+def cmd_cap(rate: str | None) -> int:
+    """Cap this machine's link to the running hosts at `rate` (lab/link_cap.py); `None`: take it away."""
+    import link_cap
+
+    preflight()
+    links = cap_links()
+    try:
+        if rate is None:
+            link_cap.uncap(list(links))
+            say(f"link to the hosts uncapped ({len(links)} veth(s))")
+            return 0
+        link_cap.cap(links, rate)
+    except link_cap.CapError as e:
+        raise LabError(str(e)) from None
+    say(f"link between this machine and {len(links)} host(s) capped at {link_cap.tc_rate(rate)} each way "
+        "(host to host uncapped); `lab.py uncap` takes it away")
+    return 0
+
+
 def parse_process(spec: str) -> dict:
     try:
         idx, pid, mib = (int(x) for x in spec.split(":"))
@@ -1074,6 +1102,9 @@ def main(argv: list[str]) -> int:
                    help="add a compute app entry")
     g.add_argument("--clear-processes", action="store_true")
     g.add_argument("--reset", action="store_true", help="back to the defaults")
+    cp = sub.add_parser("cap", help="cap this machine's link to the hosts (host to host stays fast); `uncap` undoes it")
+    cp.add_argument("--rate", required=True, help="tc's units (40mibps = 40 MiB/s, 320mbit) or 40MiB/s")
+    sub.add_parser("uncap", help="take the cap of `cap` away")
     sup = sub.add_parser("_supervise")
     sup.add_argument("name")
     args = ap.parse_args(argv)
@@ -1087,6 +1118,8 @@ def main(argv: list[str]) -> int:
             return cmd_cut(args.name, args.kill_connections)
         if args.cmd == "restore":
             return cmd_restore(args.name)
+        if args.cmd in ("cap", "uncap"):
+            return cmd_cap(args.rate if args.cmd == "cap" else None)
         with file_lock(LOCK_FILE):
             if args.cmd == "up":
                 names = [n.strip() for n in args.hosts.split(",") if n.strip()]

@@ -39,7 +39,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand
 
 from operations import remote
-from operations.model import model_digests
+from operations.model import forwarding, model_digests
 from operations.run import host_reads, read_batch, remote_call
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
@@ -226,9 +226,13 @@ def _resumable(host, partial: str, digests: model_digests.Digests) -> set[str] |
 
 
 def _stream(state, host, source_name: str, src: str, dest: str,
-            digests: model_digests.Digests) -> bool:
+            digests: model_digests.Digests, swarm: fanout.Swarm | None = None,
+            whole: set[str] | None = None, forwarder: str | None = None) -> bool:
     """Stream the model at `source_name:src` (the origin, or a host that got it in this run) into
-    `dest`, every file checked against `digests`, the origin's."""
+    `dest`, every file checked against `digests`, the origin's. With `swarm`, this host forwards
+    what its `.NAME.partial` holds while it receives (operations/model/forwarding.py). `whole`: what
+    this run's unpacker wrote there already, checked (read from `forwarder` while it received
+    them), not checked again."""
     source = (_LocalSource(state, host, src) if is_local(source_name)
               else _HostSource(state, host, source_name, src))
     # The routes' probes (an SSH handshake each) beside the `.NAME.partial`'s preparation.
@@ -237,17 +241,24 @@ def _stream(state, host, source_name: str, src: str, dest: str,
     src_listing = model_digests.sizes(digests)
     parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
     partial = f"{parent}/.{name}.partial"
-    already = _resumable(host, partial, digests)
+    already = set(whole) if whole is not None else _resumable(host, partial, digests)
     if already is None:
         host.log_styled(f"streaming {name}: {partial} could not be prepared", fg="red",
                         log_func=logger.error)
         return False
-    if already:
+    if swarm is not None:  # it holds only whole, checked files from now: it may forward them
+        swarm.receiving(host.name, host, partial)
+    kept = (f"read from {forwarder} while it received them" if whole is not None
+            else "kept from an earlier run")
+    if already and whole is None:
         host.log(f"{len(already)} of {len(src_listing)} files of {name} are whole in {partial} "
                  "already (a run that stopped half way), with the origin's sha256: not sent again")
     sizes = {rel: model_digests.sent_size(entry) for rel, entry in digests.items()
              if rel not in already}
-    streams = openssh.streams(host)
+    # Others wait to forward these files from here: one after another, each whole early (the rate
+    # of a link is the same; a file is forwarded a file behind, not a transfer behind).
+    streams = 1 if swarm is not None and FOLLOW and swarm.awaited(host.name) \
+        else openssh.streams(host)
     # Host to host where the receiver reaches the source (a one-time key for exactly these files),
     # else through here.
     direct = source.direct(host, sorted(sizes), host.log) if sizes else None
@@ -296,15 +307,17 @@ def _stream(state, host, source_name: str, src: str, dest: str,
         host.log_styled(f"streamed copy of {name} differs from the origin's listing (files or "
                         f"sizes); left at {partial}", fg="red", log_func=logger.error)
         return False
+    if swarm is not None:  # no host reads the partial copy while it is renamed
+        swarm.closing(host.name)
     ok, output = remote_call.run(host, f"mv {shlex.quote(partial)} {shlex.quote(dest)}",
                                  f"renaming {partial} into place", 60)
     if not ok:
         return False
     via = (f"OpenSSH, {host.name} reading from {source.host.name} directly" if direct
            else streaming.carried_by(*source.hosts(), host))
-    host.log(f"streamed {name} from {source.label}: {len(src_listing)} files, "
+    host.log(f"streamed {name} from {forwarder or source.label}: {len(src_listing)} files, "
              f"{moved.sent / 2**20:.0f} MiB in {moved.elapsed_s:.1f} s over {via} ({len(jobs)} "
-             f"stream(s){f', {len(already)} file(s) kept from an earlier run' if already else ''})")
+             f"stream(s){f', {len(already)} file(s) {kept}' if already else ''})")
     return True
 
 
@@ -404,19 +417,53 @@ def _fanned_out(state, host, source_name: str, src: str, dest: str) -> bool:
                          control_origin=is_local(source_name))
     if not is_local(source_name):
         swarm.seed(fanout.Holder(state.inventory.get_host(source_name), src, origin=True))
-    with swarm.lease(host.name, {}) as lease:
+    name = PurePosixPath(dest).name
+    whole = None
+    with swarm.lease(host.name, {}, follow=FOLLOW) as lease:
         peer = lease.source is not None and not lease.source.origin
-        if peer:
-            host.log(f"{PurePosixPath(dest).name}: {lease.source.name} got it in this run: read "
-                     f"from there, not from {source_name}")
-        ok = _stream(state, host, lease.source.name, lease.source.root, dest, digests) if peer \
-            else _stream(state, host, source_name, src, dest, digests)
+        if peer and lease.source.following:
+            host.log(f"{name}: {lease.source.name} is getting it in this run: read each file from "
+                     f"there once it is checked there, not from {source_name}")
+            whole = _followed(host, swarm, lease.source, dest, digests)
+            ok = whole is not None
+        elif peer:
+            host.log(f"{name}: {lease.source.name} got it in this run: read from there, not from "
+                     f"{source_name}")
+            ok = _stream(state, host, lease.source.name, lease.source.root, dest, digests, swarm)
+        else:
+            ok = _stream(state, host, source_name, src, dest, digests, swarm)
+    if whole is not None:  # every file is in: the directories and links from the origin, checks
+        ok = _stream(state, host, source_name, src, dest, digests, swarm, whole,
+                     lease.source.name)
     if not ok and peer:
-        host.log(f"{PurePosixPath(dest).name}: reading from {lease.source.name} failed: resuming "
-                 f"from {source_name}")
-        ok = _stream(state, host, source_name, src, dest, digests)
+        host.log(f"{name}: reading from {lease.source.name} failed: resuming from {source_name}")
+        ok = _stream(state, host, source_name, src, dest, digests, swarm)
     if ok:
         swarm.hold(fanout.Holder(host, dest))
     else:
         swarm.gone(host.name)
     return ok
+
+
+# off: a receiver waits for a holder to hold the model whole, as before forwarding (bench)
+FOLLOW = True
+
+
+def _followed(host, swarm: fanout.Swarm, forwarder: fanout.Holder, dest: str,
+              digests: model_digests.Digests) -> set[str] | None:
+    """Every file of the model read into this host's `.NAME.partial` from `forwarder` while it gets
+    them (operations/model/forwarding.py), this host forwarding them on in turn: the files that are
+    in whole (all of them), or None (what came whole and right stays: the origin sends the rest)."""
+    parent, name = str(PurePosixPath(dest).parent), PurePosixPath(dest).name
+    partial = f"{parent}/.{name}.partial"
+    already = _resumable(host, partial, digests)
+    if already is None:
+        return None
+    swarm.receiving(host.name, host, partial)
+    ok, why = forwarding.follow(swarm, forwarder.name, forwarder.host, host, partial, digests,
+                                already, host.log)
+    if not ok:
+        host.log_styled(f"{name}: following {forwarder.name} ended: {why}", fg="yellow",
+                        log_func=logger.warning)
+        return None
+    return set(model_digests.sizes(digests))

@@ -58,6 +58,9 @@ class Holder:
     root: str
     names: Mapping[str, str] = field(default_factory=dict)
     origin: bool = False
+    # a receiver still getting the bytes, read as it gets them (`root` its partial copy, where each
+    # file has its name only once whole and checked: operations/model/forwarding.py)
+    following: bool = False
 
     @property
     def name(self) -> str:
@@ -73,6 +76,10 @@ class Coming:
 
     want: Mapping[str, str]
     landed_at: float | None = None
+    # set by `receiving` once its partial copy holds only whole, checked files: it may forward them
+    host: object = None
+    root: str | None = None
+    closing: bool = False  # renaming its copy into place: no new read of `root`
 
 
 def covers(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
@@ -81,9 +88,12 @@ def covers(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
 
 def choose(receiver: str, want: Mapping[str, str], holders: list[Holder], busy: set[str],
            coming: dict[str, Coming], served: Counter, control_origin: bool,
-           no_direct: set[str], now: float):
+           no_direct: set[str], now: float, follow: bool = False):
     """Where `receiver` reads `want` from now: a `Holder`, ORIGIN (the control machine's files, or
-    the named source host as without fan-out), or WAIT (see the module's text)."""
+    the named source host as without fan-out), or WAIT (see the module's text). With `follow`, a
+    receiver that is getting the bytes itself and forwards them (`receiving`) and serves nobody yet
+    is a source too, after an idle holder: the receivers form a chain, each reading what the one
+    before it has checked while both receive."""
     covering = [h for h in holders if h.name != receiver and h.covers(want)]
     # it cannot read from another host directly: from the origin, as without fan-out
     if receiver in no_direct:
@@ -93,6 +103,13 @@ def choose(receiver: str, want: Mapping[str, str], holders: list[Holder], busy: 
     idle = [h for h in covering if h.name not in busy]
     if idle:
         return min(idle, key=lambda h: (served[h.name], h.origin, h.name))
+    if follow and receiver not in no_direct:
+        forwarding = [(name, c) for name, c in coming.items()
+                      if name != receiver and c.root is not None and not c.closing
+                      and name not in busy and covers(c.want, want)]
+        if forwarding:
+            name, c = forwarding[0]  # the first on its way: the furthest along
+            return Holder(c.host, c.root, dict(c.want), following=True)
     if not control_origin:
         return WAIT if covering else ORIGIN
     on_the_way = [name for name, c in coming.items()
@@ -140,6 +157,8 @@ class Swarm:
         self.no_direct: set[str] = set()
         # receiver -> where it read from (the run's record, tests)
         self.sources: dict[str, str] = {}
+        self.reading: Counter = Counter()  # forwarder -> reads of its partial copy going on
+        self.waiting: Counter = Counter()  # receiver -> waiting in `lease` for a source
         self._cond = threading.Condition()
 
     def hold(self, holder: Holder) -> None:
@@ -157,25 +176,93 @@ class Swarm:
             if all(h.name != holder.name for h in self.holders):
                 self.holders.append(holder)
 
-    def lease(self, receiver: str, want: Mapping[str, str], timeout_s: float = 6 * 3600) -> Lease:
+    def lease(self, receiver: str, want: Mapping[str, str], timeout_s: float = 6 * 3600,
+              follow: bool = False) -> Lease:
         """Wait for a source of `want` for `receiver` (see `choose`); `receiver` is on its way from
         then on, until `hold` (its check passed) or `gone`."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while True:
-                answer = choose(receiver, want, self.holders, self.busy, self.coming, self.served,
-                                self.control_origin, self.no_direct, time.monotonic())
-                if answer != WAIT or time.monotonic() >= deadline:
-                    break
-                self._cond.wait(WAIT_POLL_S)
+            self.waiting[receiver] += 1
+            try:
+                while True:
+                    answer = choose(receiver, want, self.holders, self.busy, self.coming,
+                                    self.served, self.control_origin, self.no_direct,
+                                    time.monotonic(), follow)
+                    if answer != WAIT or time.monotonic() >= deadline:
+                        break
+                    self._cond.wait(WAIT_POLL_S)
+            finally:
+                self.waiting[receiver] -= 1
             source = answer if isinstance(answer, Holder) else None
             # only one that reads counts as on its way (never two waiting)
             self.coming[receiver] = Coming(dict(want))
             if source is not None:
                 self.busy.add(source.name)
                 self.served[source.name] += 1
-            self.sources[receiver] = source.name if source else ORIGIN
+            self.sources[receiver] = (
+                f"{source.name} (while it receives)" if source and source.following
+                else source.name if source else ORIGIN)
             return Lease(self, receiver, source)
+
+    def receiving(self, receiver: str, host, root: str) -> None:
+        """`receiver` (`host`) gets the bytes into `root`, which from now on holds only files whole
+        and checked against the origin's digests (each named there only then): it may forward them
+        (`choose`'s `follow`)."""
+        with self._cond:
+            if receiver in self.coming:
+                self.coming[receiver].host, self.coming[receiver].root = host, root
+                self._cond.notify_all()
+
+    def forwarder(self, name: str) -> tuple[str, str | None]:
+        """Where a follower of `name` reads now: ("coming", its partial copy), ("closing", None)
+        while it renames that copy into place, ("held", its copy) once it holds the bytes whole, or
+        ("gone", None)."""
+        with self._cond:
+            held = next((h for h in self.holders if h.name == name), None)
+            if held is not None:
+                return "held", held.root
+            coming = self.coming.get(name)
+            if coming is None or coming.root is None:
+                return "gone", None
+            return ("closing", None) if coming.closing else ("coming", coming.root)
+
+    def start_reading(self, name: str) -> str | None:
+        """A follower starts a read of `name`'s copy: the root to read (which stays where it is
+        until `done_reading`), or None while `name` renames its copy (ask `forwarder` again)."""
+        with self._cond:
+            state, root = self.forwarder(name)
+            if state not in ("coming", "held"):
+                return None
+            self.reading[name] += 1
+            return root
+
+    def done_reading(self, name: str) -> None:
+        with self._cond:
+            self.reading[name] -= 1
+            self._cond.notify_all()
+
+    def closing(self, receiver: str, timeout_s: float = 600) -> None:
+        """`receiver` is about to rename its partial copy into place: no follower starts a read of
+        it from now on, and this returns once the reads started are over."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if receiver in self.coming:
+                self.coming[receiver].closing = True
+            while self.reading[receiver] > 0 and time.monotonic() < deadline:
+                self._cond.wait(WAIT_POLL_S)
+
+    def awaited(self, receiver: str) -> bool:
+        """Whether another receiver waits for a source, or follows one: `receiver` then takes its
+        files one after another, so that each is whole, and forwarded, as early as it can be."""
+        with self._cond:
+            return any(n > 0 for name, n in self.waiting.items() if name != receiver) or any(
+                source != ORIGIN and name != receiver for name, source in self.sources.items()
+                if name in self.coming)
+
+    def changed(self, timeout_s: float) -> None:
+        """Wait until a holder, a receiver or a read changes, or `timeout_s`."""
+        with self._cond:
+            self._cond.wait(timeout_s)
 
     def no_direct_path(self, receiver: str) -> None:
         """`receiver` cannot read from other hosts directly: from now on it reads from the
