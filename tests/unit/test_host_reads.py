@@ -205,7 +205,7 @@ def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree)
 
 
 def test_a_full_verify_is_never_read_ahead(local, tmp_path):
-    from operations.environment.venv import VenvState
+    from operations.environment.venv_read import VenvState
 
     state, host, reads = installed(local, "d")
     kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
@@ -555,7 +555,7 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
     32 kB, is shorter than a script), and the lab's gpu-a read set (two services) outgrew MAX_BATCH_BYTES: its python
     reads were dropped from the lock's call and made one by one (20 calls). The batch carries it once: these five
     reads took 82.7 kB before, 42 kB now."""
-    from operations.environment import venv
+    from operations.environment import venv_read
     from operations.gpu import gpu_read
     from operations.model import models
     from operations.service import readiness
@@ -565,7 +565,7 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
         entries.append((len(entries), readiness.ServiceState(), {"unit": unit, "address": "127.0.0.1", "port": 30000 + i,
                                                                  "inputs": (f"/etc/systemd/system/{unit}", "/root/venv")}))
     entries.append((len(entries), models.StagedModel(), {"src": "/root/models/A", "dest": "/dev/shm/A"}))
-    entries.append((len(entries), venv.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
+    entries.append((len(entries), venv_read.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
                                                      "host_cache": "/var/cache/sglang-deploy/wheels"}))
     command, python_ids = read_batch.batch_command(entries)
     assert python_ids == {0, 1, 2, 3, 4}  # nvidia-smi's read is a script of ours too
