@@ -322,7 +322,7 @@ def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
     gevent.joinall(reads.pending)  # the read is done...
     assert reads.answers
     (tree / "config.json").write_text('{"another run": 1}')
-    host_reads.forget(host)  # ...then the lock is given back (operations/lock/lock.py `_give_back` says so)
+    host_reads.forget(host)  # ...then the lock is given back (operations/lock/run_locks.py `_give_back` says so)
     assert not reads.answers
     host_reads.install(state, host, config_digest="lock-2")
     assert reads.remote_reads == 2  # read again, in one call
@@ -360,7 +360,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
 
 
 def _run_locally(command: str, answer_after_s: float = 0.0):
-    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock/lock.py hands on for the
+    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock/run_locks.py hands on for the
     read it ran in the command that took the host's lock. The command runs at once; its answer may come later."""
     import gevent
 
