@@ -69,7 +69,7 @@ def environment(
     """
     Make the generation ``gen`` hold exactly the distributions of ``stack``, beside the live one.
 
-    + gen: the wanted `Generation` (from `venv.generation`)
+    + gen: the wanted `Generation` (from `venv_read.generation`)
     + stack: the `Stack` to install (from `configuration.stacks.load_stack`)
     + sources: where files come from, tried in order (`Source("wheelhouse", dir)`,
       `Source("index", url)`)
@@ -93,9 +93,9 @@ def environment(
 
         venv.environment(
             name="Serving venv holds stack sglang-0.5.23-cu130",
-            gen=venv.generation("/root/venv_sglang", stack, {}),
+            gen=venv_read.generation("/root/venv_sglang", stack, {}),
             stack=stack,
-            sources=(venv.Source("wheelhouse", "wheelhouse"),),
+            sources=(venv_decide.Source("wheelhouse", "wheelhouse"),),
             host_cache="/var/cache/sglang-deploy/wheels",
         )
     """
