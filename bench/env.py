@@ -3,7 +3,7 @@
 env.fresh_vs_plain_uv  a fresh environment built by our environment step over the same work done plainly:
                        `python -m venv --without-pip` + `uv pip install --no-deps --link-mode copy` of the
                        same wheel files into an empty venv, then the imports the deploy's ABI probe makes
-                       (operations/environment/on_host/abi_probe.py with `venv.probe_for`'s arguments: torch, the stack's
+                       (operations/environment/on_host/abi_probe.py with `venv_probe.probe_for`'s arguments: torch, the stack's
                        kernel packages, flashinfer where installed, the launcher and sglang's server entry
                        point; printed as `env.probe_imports`), run by the new venv's python, on the same host.
                        Ours is a pyinfra run of bench/env_deploy.py (the venv fact, a new venv, the uv
@@ -55,9 +55,9 @@ def probe_imports(stack, launcher: str, wheelhouse: Path) -> list[str]:
     """The modules the ABI probe imports in a generation of `stack`, in its order (operations/environment/on_host/abi_probe.py):
     torch where the stack has it, each kernel distribution's packages (its wheel's top_level.txt, else the probe's
     own KERNEL_IMPORTS), flashinfer where installed, then the probe's `modules` (the launcher, sglang's entry point)."""
-    from operations.environment import venv
+    from operations.environment import venv_probe
 
-    probe = venv.probe_for(stack, launcher, {"driver_cuda": None, "compute_caps": []})
+    probe = venv_probe.probe_for(stack, launcher, {"driver_cuda": None, "compute_caps": []})
     source = (ROOT / "operations" / "environment" / "on_host" / "abi_probe.py").read_text()
     kernel_imports = next(ast.literal_eval(node.value) for node in ast.parse(source).body
                           if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "KERNEL_IMPORTS")

@@ -16,8 +16,8 @@ BOOT_LIST = f"{CONFIG_DIR}/models.json"
 # Scripts the deploy installs (the boot unit's copy of model/on_host/stage_model.py).
 SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
 BOOT_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
-# The deploy lock (a directory; /run empties at a reboot). operations/lock/lock.py keeps its own
-# copy.
+# The deploy lock (a directory; /run empties at a reboot). operations/lock/lock_record.py keeps its
+# own copy.
 LOCK_PATH = "/run/sglang-deploy.lock"
 # systemd's units, ours among them (`sglang-<service>.service`, the boot staging unit).
 UNIT_DIR = "/etc/systemd/system"

@@ -6,7 +6,7 @@ and the rule that no two distributions of a stack install one file.
 fails with the file's name and where it was looked for. `overlaps` reads each wheel's RECORD and
 names two distributions that install one file (which copy a venv ends up with would depend on
 install order). The venv operations read a wheelhouse through these
-(operations/environment/venv.py); `python -m tools.wheelhouse` fills one.
+(operations/environment/venv_decide.py); `python -m tools.wheelhouse` fills one.
 """
 
 from __future__ import annotations

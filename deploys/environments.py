@@ -18,7 +18,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations.util import any_changed
 
 from deploys.planning import Reading, directory_change
-from operations.environment import patches, venv
+from operations.environment import patches, venv, venv_decide, venv_probe, venv_read
 from operations.run import progress
 from operations.run.plan import Refusal
 from operations.service import rollback
@@ -31,7 +31,7 @@ class BuiltEnvironment:
     """What the services of one venv depend on: its generation and the operations that (re)made
     it."""
 
-    gen: venv.Generation
+    gen: venv_read.Generation
     probed: OperationMeta
     switched: OperationMeta
 
@@ -48,9 +48,9 @@ def _probe_needed(not_live: bool, changed) -> Callable[[], bool]:
 
 
 def plan(reading: Reading) -> None:
-    """The state directories, and per venv: its generation's build (`venv.decide`, whose `Install`
-    the build applies: `plan.values[("install", venv path)]`), its patch sets (`patches.decide`,
-    over the install as this run leaves it), the ABI probe and the switch."""
+    """The state directories, and per venv: its generation's build (`venv_decide.decide`, whose
+    `Install` the build applies: `plan.values[("install", venv path)]`), its patch sets
+    (`patches.decide`, over the install as this run leaves it), the ABI probe and the switch."""
     config, plan_, ask = reading.config, reading.plan, reading.ask
     for path in (rollback.STATE_DIR, rollback.RECORD_DIR, rollback.BACKUP_DIR):
         found = ask(Directory, path=path)
@@ -58,17 +58,18 @@ def plan(reading: Reading) -> None:
             directory_change(plan_, STEP, path, found, "700", "root", "root")
     sources = _sources(config)
     for env in config.environments:
-        gen = venv.generation(env.path, reading.stack,
-                              {name: reading.patch_sets[name].digest for name in env.patch_sets})
-        facts = ask(venv.VenvState, live=gen.live, wanted=gen.path,
+        gen = venv_read.generation(
+            env.path, reading.stack,
+            {name: reading.patch_sets[name].digest for name in env.patch_sets})
+        facts = ask(venv_read.VenvState, live=gen.live, wanted=gen.path,
                     host_cache=config.host_wheel_cache, verify=reading.verify)
         before = len(plan_.changes)
         if facts is None:
             plan_.unread.append(f"venv {env.path}: no answer")
             continue
         try:
-            install = venv.decide(gen, reading.stack, facts, sources, config.host_wheel_cache,
-                                  config.installer, reading.verify)
+            install = venv_decide.decide(gen, reading.stack, facts, sources,
+                                         config.host_wheel_cache, config.installer, reading.verify)
         except Refusal as refusal:
             plan_.refuse(STEP, refusal, env.path)
             continue
@@ -85,8 +86,8 @@ def plan(reading: Reading) -> None:
         reading.changed[env.path] = len(plan_.changes) > before
 
 
-def _generation(plan_, reading: Reading, env, gen: venv.Generation, facts: dict,
-                install: venv.Install) -> int:
+def _generation(plan_, reading: Reading, env, gen: venv_read.Generation, facts: dict,
+                install: venv_decide.Install) -> int:
     """The generation's build or update, its RECORD index, and its patch sets; 1 where the index
     is rewritten alone (it changes nothing the services run), else 0."""
     stack, wanted = reading.stack, facts.get("wanted")
@@ -97,10 +98,10 @@ def _generation(plan_, reading: Reading, env, gen: venv.Generation, facts: dict,
         return 0  # its patch sets go onto the fresh install (`patches.applied` previews them)
     for reason in install.todo.reasons:
         plan_.add(STEP, f"generation {gen.id}", "update", reason)
-    index_alone = wanted.get("index") in venv.INDEX_REWRITTEN and len(plan_.changes) == before
+    index_alone = wanted.get("index") in venv_read.INDEX_REWRITTEN and len(plan_.changes) == before
     if index_alone:
         plan_.add(STEP, f"generation {gen.id}'s RECORD index", "update",
-                  venv.INDEX_REWRITTEN[wanted["index"]])
+                  venv_read.INDEX_REWRITTEN[wanted["index"]])
     for name in env.patch_sets:
         patch_set = reading.patch_sets[name]
         site_packages = f"{gen.path}/{stack.site_packages}"
@@ -126,10 +127,11 @@ def _generation(plan_, reading: Reading, env, gen: venv.Generation, facts: dict,
     return int(index_alone)
 
 
-def _sources(config) -> tuple[venv.Source, ...]:
+def _sources(config) -> tuple[venv_decide.Source, ...]:
     return tuple(
-        venv.Source(*source,
-                    live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
+        venv_decide.Source(
+            *source,
+            live_venv=config.peer_venvs.get(source[1]) if source[0] == "donor" else None)
         for source in config.stack_sources)
 
 
@@ -141,14 +143,14 @@ def environments(config, stack, patch_sets: dict, probe_args: dict,
     which its build applies and which says whether its patch sets go onto a fresh base."""
     decided = decided or {}
     sources = _sources(config)
-    probe = venv.probe_for(stack, config.launcher, probe_args)
+    probe = venv_probe.probe_for(stack, config.launcher, probe_args)
     built_envs = {}
     # Made where services will run; elsewhere only an older deploy's (0755) is tightened.
     rollback.state_private(name=f"State directory {rollback.STATE_DIR} is root's alone",
                            create=bool(config.environments))
     for env in config.environments:
-        gen = venv.generation(env.path, stack,
-                              {name: patch_sets[name].digest for name in env.patch_sets})
+        gen = venv_read.generation(env.path, stack,
+                                   {name: patch_sets[name].digest for name in env.patch_sets})
         built = venv.environment(
             name=f"Venv generation {gen.id} holds stack {stack.name}",
             gen=gen,
@@ -180,7 +182,7 @@ def environments(config, stack, patch_sets: dict, probe_args: dict,
             for name in env.patch_sets
         ]
         was = venv.live_target(gen, config.host_wheel_cache)
-        probed = venv.probed(
+        probed = venv_probe.probed(
             name=f"Generation {gen.id} passes the ABI probe",
             gen=gen,
             probe=probe,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from configuration import settings, stacks
 from configuration.patch_sets import PatchSet, load_patch_set
 from configuration.settings import HostConfig
-from operations.lock import lock
+from operations.lock import lock, run_locks
 from operations.pyinfra_adapter import real_host
 from operations.run import host_reads
 from report import health_timer, plan_view, summary
@@ -69,9 +69,9 @@ class HostRun:
         """A read-only view's machinery: the host's one read as the deploy reads it, with `also`
         (the view's own small reads) in it; no lock is taken or waited for, and nothing is kept on
         the control machine (what it asks is not saved as the next read set)."""
-        # each command otherwise waits for a delayed ACK (operations/lock/lock.py)
-        lock.send_without_delay(self.host)
+        # each command otherwise waits for a delayed ACK (operations/lock/run_locks.py)
+        run_locks.send_without_delay(self.host)
         # a host that stops answering is dropped within seconds, not waited for
-        lock.watch_connection(self.host)
+        run_locks.watch_connection(self.host)
         host_reads.prepare(state, self.host, config_digest=self.digest, keep_read_set=False)
         host_reads.install(state, self.host, config_digest=self.digest, also=also)

@@ -32,7 +32,7 @@ from deploys import environments
 from deploys import models as models_step
 from deploys.plan import plan_host
 from operations import remote
-from operations.environment import patches, venv
+from operations.environment import patches, venv_read
 from operations.gpu import gpu_read, gpus
 from operations.model import models
 from operations.run import host_reads
@@ -208,9 +208,9 @@ def _rows(host, config, stack, patch_sets, watched, probe, bare_gpus) -> list[di
 def _environment(host, env, stack, patch_sets, config) -> dict:
     """A venv as its rows show it: the wanted generation, the live one, and each patch set's
     drift."""
-    gen = venv.generation(env.path, stack,
-                          {name: patch_sets[name].digest for name in env.patch_sets})
-    found = _fact(host, venv.VenvState, live=gen.live, wanted=gen.path,
+    gen = venv_read.generation(env.path, stack,
+                               {name: patch_sets[name].digest for name in env.patch_sets})
+    found = _fact(host, venv_read.VenvState, live=gen.live, wanted=gen.path,
                   host_cache=config.host_wheel_cache, verify="fast")
     live_target = (found.get("live") or {}).get("target") if _ok(found) else None
     built = _ok(found) and found.get("wanted") is not None

@@ -18,7 +18,7 @@ from pyinfra import host
 from pyinfra.operations import files
 
 from configuration import settings, stacks
-from operations.environment import patches, venv
+from operations.environment import patches, venv, venv_decide, venv_probe, venv_read
 from operations.gpu import gpus
 from operations.service import preflight, units
 
@@ -33,11 +33,11 @@ gpu_plan = dataclasses.replace(gpu_plan, errors=tuple(e for e in gpu_plan.errors
 config = gpu_plan.config
 gpus.checked(name="GPUs fit the services placed on this host", plan=gpu_plan)
 
-sources = tuple(venv.Source(*source) for source in config.stack_sources)
-probe = venv.probe_for(stack, config.launcher, gpu_plan.probe_args())
+sources = tuple(venv_decide.Source(*source) for source in config.stack_sources)
+probe = venv_probe.probe_for(stack, config.launcher, gpu_plan.probe_args())
 gens = {}
 for env in config.environments:
-    gen = gens[env.path] = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    gen = gens[env.path] = venv_read.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
     built = venv.environment(
         name=f"Venv generation {gen.id} holds stack {stack.name}",
         gen=gen, stack=stack, sources=sources, host_cache=config.host_wheel_cache, installer=config.installer,
@@ -50,7 +50,7 @@ for env in config.environments:
         for name in env.patch_sets
     ]
     was = venv.live_target(gen, config.host_wheel_cache)
-    venv.probed(
+    venv_probe.probed(
         name=f"Generation {gen.id} passes the ABI probe", gen=gen, probe=probe,
         _if=lambda not_live=was != gen.path, built=built, patched=tuple(patched): not_live or built.did_change() or any(p.did_change() for p in patched),
     )

@@ -252,7 +252,7 @@ def applied(patch_set: PatchSet, venv_path: str, site_packages: str, present: bo
     + site_packages: that venv's site-packages directory
     + present: ``False`` restores every original and removes the files the set added
     + base_installed: the venv step of this run (re)installs the base distribution (its plan's
-      `venv.Install.installs`): planned over a fresh install of it, as the run will find it
+      `venv_decide.Install.installs`): planned over a fresh install of it, as the run will find it
 
     Pinned base:
         The set is refused unless the installed base distribution has exactly the

@@ -24,7 +24,7 @@ The mechanism, public pyinfra only (`host.get_fact`, `FactBase`, `BaseStateCallb
   on that host the last time (the *read set*, kept on the control machine, see `read_set_path`). Our
   python scripts run in one python process (run/on_host/run_scripts.py); pyinfra's shell facts run
   in the same shell. The command that takes the host's deploy lock may run that same batch
-  (`lock_read`, run by operations/lock/lock.py once the lock is taken; `start_read` collects it
+  (`lock_read`, run by operations/lock/run_locks.py once the lock is taken; `start_read` collects it
   through `HostRead`'s own `process`). So a converged re-run makes one read call per host.
 - Only cheap facts join a batch (`batched`; a full-verify hash or the engine's parser is read only
   when asked for). A read the batch did not have, or that failed in it, is made on its own with
@@ -191,9 +191,9 @@ def start_read(host, running: tuple[read_batch.Batch, object] | None = None) -> 
 
 
 def lock_read(host) -> read_batch.Batch | None:
-    """The read to make in the same call that takes `host`'s lock (operations/lock/lock.py runs its
-    command once the lock is taken, and hands it back to `start_read`); None where there is nothing
-    to read yet (no read set) or the host's facts are already being read."""
+    """The read to make in the same call that takes `host`'s lock (operations/lock/run_locks.py runs
+    its command once the lock is taken, and hands it back to `start_read`); None where there is
+    nothing to read yet (no read set) or the host's facts are already being read."""
     reads = reads_of(host)
     if reads is None or reads.batched or reads.pending:
         return None

@@ -69,7 +69,7 @@ class HostPlan:
     changes: list[Change] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
     # What a step decided that its operations apply as decided, keyed by (what, object): e.g.
-    # ("install", venv path) -> venv.Install. Never shown; the changes are the plan's words.
+    # ("install", venv path) -> venv_decide.Install. Never shown; the changes are the plan's words.
     values: dict = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, step: str, what: str, action: str, why: str = "",

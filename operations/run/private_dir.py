@@ -1,6 +1,6 @@
 """A directory of this control machine's user that no one else can write: where the deploy keeps
-what it trusts between runs (the dropped-locks records of operations/lock/lock.py; the read sets of
-host_reads).
+what it trusts between runs (the dropped-locks records of operations/lock/lock_record.py; the read
+sets of host_reads).
 
 A file there decides what the deploy does (a dropped-lock record lets a run take a lock over; a read
 set names the commands a host runs): so the directory must be this user's own, mode 0700, and no

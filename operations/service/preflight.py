@@ -209,9 +209,9 @@ def _preview(service: str, venv_path: str, cmd: str, inputs_change: list[str],
     """Planning (--dry): run the read-only check now and say what the run will do.
 
     A generation's path names its content (stack and patch-set digests,
-    operations/environment/venv.py), so an existing one holds the engine the unit will run; the run
-    may still repair it or stage models first, which the message says, but the parser's verdict is
-    the one that counts."""
+    operations/environment/venv_read.py), so an existing one holds the engine the unit will run;
+    the run may still repair it or stage models first, which the message says, but the parser's
+    verdict is the one that counts."""
     result = host_reads.get(host, Verdict, venv_path=venv_path, cmd=cmd,
                             **({"user": user} if user else {}))
     if result.get("absent"):

@@ -4,7 +4,7 @@ for the Service step's plan (deploys/service.py), its operations and the status 
 
 from __future__ import annotations
 
-from operations.environment import venv
+from operations.environment import venv_read
 from operations.model import models
 from operations.service import units
 
@@ -20,10 +20,11 @@ def watched_inputs(service, unit_path: str) -> tuple[str, ...]:
 
 def unit_text(config, service, stack, patch_sets: dict, device_groups: tuple[str, ...]) -> str:
     """The unit the deploy writes for `service` (its GPU decided): the same text for the operation
-    and the plan. It runs its venv's generation of this stack and patch sets (`venv.generation`)."""
+    and the plan. It runs its venv's generation of this stack and patch sets
+    (`venv_read.generation`)."""
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
     env = service.environment
-    gen = venv.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
+    gen = venv_read.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
     staging = (models.boot_unit_name(config)
                if any(m.location == "shm" for m in service.models) else None)
     return units.render_unit(config, service, stack, units.inputs_digest(stack, digests),

@@ -113,7 +113,7 @@ def render_unit(
     runs: str | None = None,
 ) -> str:
     """The unit; `supplementary_groups`: the groups of this host's GPU devices
-    (service_user.gpu_device_groups); `runs`: the venv generation it runs (`venv.generation`'s
+    (service_user.gpu_device_groups); `runs`: the venv generation it runs (`venv_read.generation`'s
     path: its ExecStart and PATH name it, not the live link, so a unit kept as it was - its
     service's rollout held - restarts on what it ran); None: the live link (a sandbox's
     properties, which name neither)."""

@@ -20,7 +20,8 @@ want, none of which weakens authentication: the cipher `aes128-gcm@openssh.com` 
 OpenSSH's own default order (the server picks the first it supports, so one that refuses AES-GCM
 gets the defaults), no compression, `BatchMode` (never a prompt), no agent or X11 forwarding, no
 port forwarding from the config, no multiplexing over someone's control socket, no `LocalCommand`,
-and a peer silent for 10 s ends the transfer (as `lock.DEAD_PEER_S` does for pyinfra's connection).
+and a peer silent for 10 s ends the transfer (as `run_locks.DEAD_PEER_S` does for pyinfra's
+connection).
 
 Where OpenSSH cannot carry a host's bytes (no `ssh` on this machine, another connector, a setting it
 cannot reproduce, or `ssh HOST true` with those settings fails), `route(host, log)` says so once per
@@ -44,7 +45,8 @@ CIPHER = "aes128-gcm@openssh.com"
 # has it.
 DEFAULT_CIPHERS = ("chacha20-poly1305@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr",
                    "aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-ALIVE_INTERVAL_S, ALIVE_COUNT = 5, 2  # a peer silent for 10 s ends the transfer (lock.DEAD_PEER_S)
+# a peer silent for 10 s ends the transfer (run_locks.DEAD_PEER_S)
+ALIVE_INTERVAL_S, ALIVE_COUNT = 5, 2
 
 
 class Unavailable(Exception):

@@ -38,7 +38,7 @@ does) and its expiry. A run that died leaves its grant; the next deploy that rea
 (`swept`: the listing is part of the host's one read, acted on only while the run holds the host's
 lock), and the next grant made on either host, remove every grant and key of ours there that is
 provably dead: expired, without its record (the source rebooted), or owned by a deploy of this
-control machine that is gone (`lock.is_stale`). A live grant of another run is left alone.
+control machine that is gone (`lock_record.is_stale`). A live grant of another run is left alone.
 
 Where the direct path cannot be made (the hosts do not reach each other: no route, a firewall, NAT
 between them, a jump host; the source's sshd reads other key files; no `ssh`, `ssh-keygen` or
@@ -60,7 +60,7 @@ from pyinfra.api import FactBase
 
 from configuration import ssh_login
 from operations import remote
-from operations.lock import lock
+from operations.lock import lock, lock_record
 from operations.run import channels, host_reads, read_batch, run_state
 from operations.transport import openssh, stream_ends, streaming
 
@@ -137,7 +137,7 @@ def _stale(ours: dict, me: dict) -> dict[str, str]:
         elif not found.get("record"):
             out[ident] = "its record is gone (the host restarted)"
         else:
-            why = lock.is_stale(owner, me)
+            why = lock_record.is_stale(owner, me)
             if why:
                 out[ident] = why
     return out
@@ -177,7 +177,7 @@ def swept(host, log: Callable[[str], None]) -> list[str]:
         return []
     left = host_reads.get(host, LeftAccess) or {}
     ours = {**(left.get("keys") or {}), **(left.get("grants") or {})}
-    return sorted(_sweep(host, ours, lock.control_identity(), log))
+    return sorted(_sweep(host, ours, lock_record.control_identity(), log))
 
 
 @dataclass
@@ -237,8 +237,8 @@ def _make(source, receiver, root: str, names: list[str], log) -> Grant | str:
     if jump:
         return f"{source.name} is reached through a jump host"
     ident = uuid.uuid4().hex
-    me = lock.control_identity()
-    owner = {**lock.new_owner(), "token": ident, "source": source.name,
+    me = lock_record.control_identity()
+    owner = {**lock_record.new_owner(), "token": ident, "source": source.name,
              "receiver": receiver.name, "ttl_s": TTL_S}
     grant = Grant(ident, source, receiver, root, [])
     made = _answer(receiver, "keys", ident, address, str(port), given=owner)

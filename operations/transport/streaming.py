@@ -4,7 +4,7 @@ A reader (a command on another inventory host, or a local process on the control
 produces a byte stream; a command on the target host consumes it. Both ends run over the
 SSH connections pyinfra already holds, so nothing is written to the control machine's disk
 and no host needs a key to reach another. Used by transfer.py (a model into a host's store)
-and venv.py (installed distributions copied from a donor host).
+and venv_copy.py (installed distributions copied from a donor host).
 
 The channels themselves (a session on a host's connection, a command's first line as it comes) are
 operations/run/channels.py's.

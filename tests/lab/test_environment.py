@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from configuration.stacks import load_stack
-from operations.environment.venv import generation
+from operations.environment.venv_read import generation
 from tests.lab.labutil import (
     PYINFRA,
     ROOT,

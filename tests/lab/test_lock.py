@@ -267,9 +267,9 @@ def test_a_lock_of_a_copy_of_this_control_machine_is_not_taken_over_while_it_ren
     which alone once proved a reboot and let this run take the lock over while the copy deployed. While the copy's
     run renews its lock (touches `alive`, as every run does every RENEW_S), the host fails alone naming the copy; once
     the renewals stop, the lock is taken over. Seen failing without the renewal check: taken over at once."""
-    from operations.lock import lock
+    from operations.lock import lock_record
 
-    me = lock.new_owner()
+    me = lock_record.new_owner()
     record = {**me, "id": "clone-run", "who": "root@ctl-copy", "boot": "0" * 8 + me["boot"][8:], "token": "c" * 32}
     lock_dir = "/run/sglang-deploy.lock"
     ssh(OTHER, f"mkdir -m 700 {lock_dir} && printf '%s' {shlex.quote(json.dumps(record))} > {lock_dir}/owner.json && "
@@ -283,7 +283,7 @@ def test_a_lock_of_a_copy_of_this_control_machine_is_not_taken_over_while_it_ren
         assert ("with another boot id, and it renewed the lock" in text
                 and "a deploy is running from a copy of this machine (a cloned VM or image)" in text), text[-3000:]
         assert json.loads(lock_owner(OTHER))["id"] == "clone-run"
-        ssh(OTHER, f"touch -d '-{lock.ALIVE_S + 5} seconds' {lock_dir}/alive")  # the copy's run stopped renewing it
+        ssh(OTHER, f"touch -d '-{lock_record.ALIVE_S + 5} seconds' {lock_dir}/alive")  # the copy's run stopped renewing it
         taken = deploy(inventory, as_json=False)
         text = taken.stdout + taken.stderr
         assert taken.returncode == 0, text[-3000:]

@@ -18,7 +18,7 @@ from configuration import settings
 from configuration.host_paths import SECRETS_DIR
 from configuration.secrets import config_path
 from deploys.plan import plan_host
-from operations.environment import patches, venv
+from operations.environment import patches, venv_read
 from operations.gpu import fit, gpus
 from operations.model import models, transfer
 from operations.run.plan import Change, HostPlan
@@ -73,9 +73,9 @@ def converged_world(config, stack, patch_sets) -> World:
         w.set(Directory, {"mode": 700, "user": "root", "group": "root"}, path=path)
     w.set(Directory, {"mode": int(secrets.file_modes(group)[0]), "user": "root", "group": group}, path=SECRETS_DIR)
     for env in config.environments:
-        gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+        gen = venv_read.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
         dists = {p.name: {"version": p.version} for p in stack.packages}
-        w.set(venv.VenvState, {"wanted": {"python": f"{stack.python}.9", "dists": dists, "index": "current"},
+        w.set(venv_read.VenvState, {"wanted": {"python": f"{stack.python}.9", "dists": dists, "index": "current"},
                                "live": {"target": gen.path}, "live_state": None, "cache": {}, "uv": True,
                                "machine": "x86_64"},
               live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
@@ -186,11 +186,11 @@ def test_a_venv_change_restarts_every_service_of_that_venv_only(lab):
     config, stack, patch_sets = lab
     w = converged_world(*lab)
     env = config.services[0].environment
-    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
-    state = w.read(venv.VenvState, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
+    gen = venv_read.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    state = w.read(venv_read.VenvState, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
     first = stack.packages[0].name
     state["wanted"]["dists"][first] = {"version": "0.0.1"}
-    w.set(venv.VenvState, state, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
+    w.set(venv_read.VenvState, state, live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
     plan = plan_of(*lab, w)
     restarted = {c.service for c in plan.changes if c.action == "restart"}
     sharing = {s.name for s in config.services if s.environment.path == env.path}
@@ -202,18 +202,18 @@ def test_a_stale_record_index_is_rewritten_and_restarts_nothing(lab):
     config, stack, patch_sets = lab
     w = converged_world(*lab)
     env = config.environments[0]
-    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    gen = venv_read.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
     args = dict(live=gen.live, wanted=gen.path, host_cache=config.host_wheel_cache, verify=config.verify_env)
-    state = w.read(venv.VenvState, **args)
+    state = w.read(venv_read.VenvState, **args)
     state["wanted"]["index"] = "stale"
-    w.set(venv.VenvState, state, **args)
+    w.set(venv_read.VenvState, state, **args)
     assert brief(plan_of(*lab, w)) == [("Environments", "update", None)]
 
 
 def test_a_patched_file_edited_on_the_host_is_restored_and_its_services_restart(lab):
     config, stack, patch_sets = lab
     patched = next(e for e in config.environments if e.patch_sets)
-    gen = venv.generation(patched.path, stack, {name: patch_sets[name].digest for name in patched.patch_sets})
+    gen = venv_read.generation(patched.path, stack, {name: patch_sets[name].digest for name in patched.patch_sets})
     ps = patch_sets[patched.patch_sets[0]]
     w = converged_world(*lab)
     args = patches.read_arguments(ps, gen.path, f"{gen.path}/{stack.site_packages}")

@@ -205,7 +205,7 @@ def test_the_next_run_reads_what_the_last_one_asked_for_in_one_call(local, tree)
 
 
 def test_a_full_verify_is_never_read_ahead(local, tmp_path):
-    from operations.environment.venv import VenvState
+    from operations.environment.venv_read import VenvState
 
     state, host, reads = installed(local, "d")
     kwargs = {"live": str(tmp_path / "venv"), "wanted": str(tmp_path / "venv"), "host_cache": "/nonexistent"}
@@ -322,7 +322,7 @@ def test_a_read_under_a_lock_given_back_is_dropped_and_read_again(local, tree):
     gevent.joinall(reads.pending)  # the read is done...
     assert reads.answers
     (tree / "config.json").write_text('{"another run": 1}')
-    host_reads.forget(host)  # ...then the lock is given back (operations/lock/lock.py `_give_back` says so)
+    host_reads.forget(host)  # ...then the lock is given back (operations/lock/run_locks.py `_give_back` says so)
     assert not reads.answers
     host_reads.install(state, host, config_digest="lock-2")
     assert reads.remote_reads == 2  # read again, in one call
@@ -360,7 +360,7 @@ def test_only_the_newest_hold_of_the_lock_keeps_its_read(local, tree, monkeypatc
 
 
 def _run_locally(command: str, answer_after_s: float = 0.0):
-    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock/lock.py hands on for the
+    """A greenlet giving (exit status, output lines, stderr) of `command`: what operations/lock/run_locks.py hands on for the
     read it ran in the command that took the host's lock. The command runs at once; its answer may come later."""
     import gevent
 
@@ -555,7 +555,7 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
     32 kB, is shorter than a script), and the lab's gpu-a read set (two services) outgrew MAX_BATCH_BYTES: its python
     reads were dropped from the lock's call and made one by one (20 calls). The batch carries it once: these five
     reads took 82.7 kB before, 42 kB now."""
-    from operations.environment import venv
+    from operations.environment import venv_read
     from operations.gpu import gpu_read
     from operations.model import models
     from operations.service import readiness
@@ -565,7 +565,7 @@ def test_a_two_service_gpu_hosts_read_set_fits_one_call_with_the_shared_helpers_
         entries.append((len(entries), readiness.ServiceState(), {"unit": unit, "address": "127.0.0.1", "port": 30000 + i,
                                                                  "inputs": (f"/etc/systemd/system/{unit}", "/root/venv")}))
     entries.append((len(entries), models.StagedModel(), {"src": "/root/models/A", "dest": "/dev/shm/A"}))
-    entries.append((len(entries), venv.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
+    entries.append((len(entries), venv_read.VenvState(), {"live": "/root/venv", "wanted": "/root/venv.generations/g",
                                                      "host_cache": "/var/cache/sglang-deploy/wheels"}))
     command, python_ids = read_batch.batch_command(entries)
     assert python_ids == {0, 1, 2, 3, 4}  # nvidia-smi's read is a script of ours too

@@ -442,5 +442,5 @@ def test_a_fifo_planted_where_a_marker_should_be_never_holds_a_read(tmp_path, se
 def test_a_venv_read_through_its_link_as_a_donors_is_trusted(tmp_path):
     gen = _fake_venv(tmp_path / "venv.generations" / "g1", {"torch": ["torch/__init__.py"]})
     (tmp_path / "venv").symlink_to(gen)
-    # operations/environment/venv.py reads a donor's venv with wanted = live = its venv_path, a symlink of root's.
+    # operations/environment/venv_decide.py reads a donor's venv with wanted = live = its venv_path, a symlink of root's.
     assert venv_read(tmp_path / "venv", tmp_path / "venv", Path("/nonexistent"))["untrusted"] == []

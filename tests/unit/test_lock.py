@@ -1,4 +1,4 @@
-"""operations/lock/lock.py with the real lock script (operations/lock/on_host/lock_host.py) run on this machine.
+"""operations/lock/ (lock.py, run_locks.py, lock_record.py) with the real lock script (operations/lock/on_host/lock_host.py) run on this machine.
 
 Each fake host is a "machine" of its own: a directory holding its /run/sglang-deploy.lock
 (SGLANG_DEPLOY_LOCK) and its identity (machine-id, boot_id: SGLANG_DEPLOY_MACHINE_ID, SGLANG_DEPLOY_BOOT_ID),
@@ -23,7 +23,7 @@ import click
 import gevent
 import pytest
 
-from operations.lock import lock
+from operations.lock import lock, lock_record, run_locks
 from operations.run import private_dir
 
 
@@ -97,7 +97,7 @@ def dead_pid() -> int:
 
 def this_control(**fields) -> dict:
     """An owner record as a run of this control machine writes it (complete: it can prove its deploy gone)."""
-    return {**lock.new_owner(), "id": "other-run", "who": "root@ctl", "token": uuid.uuid4().hex, **fields}
+    return {**lock_record.new_owner(), "id": "other-run", "who": "root@ctl", "token": uuid.uuid4().hex, **fields}
 
 
 def hold(host: FakeHost, **owner) -> dict:
@@ -109,7 +109,7 @@ def hold(host: FakeHost, **owner) -> dict:
     return record
 
 
-def release_all(run: lock.RunLocks, hosts) -> None:
+def release_all(run: run_locks.RunLocks, hosts) -> None:
     for host in hosts:
         run.host_done(host, "test")
 
@@ -117,7 +117,7 @@ def release_all(run: lock.RunLocks, hosts) -> None:
 def test_locks_are_taken_in_address_order_not_inventory_or_name_order(tmp_path):
     # Names sort one way, addresses as text another, addresses as numbers a third: the numbers win.
     hosts = machines(tmp_path, ("alpha", "10.0.0.30"), ("beta", "10.0.0.9"), ("gamma", "10.0.0.10"), ("delta", "10.0.0.2"))
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcomes = run.take_all([(h, 5) for h in hosts])
     assert all(o.held for o in outcomes.values())
     assert run.events == ["take delta", "take beta", "take gamma", "take alpha"]
@@ -130,11 +130,11 @@ def test_hosts_behind_one_address_each_lock_their_own_machine(tmp_path):
     # Behind a ProxyJump bastion every host's SSH peer is the bastion: the address orders them, and each machine
     # still gets its own lock, so a second run limited to one of them cannot deploy it meanwhile.
     gpu_a, gpu_b = machines(tmp_path, ("gpu-a", "10.0.0.254", "a"), ("gpu-b", "10.0.0.254", "b"))
-    first = lock.RunLocks()
+    first = run_locks.RunLocks()
     assert all(o.held for o in first.take_all([(gpu_b, 0), (gpu_a, 0)]).values())
     assert first.events == ["take gpu-a", "take gpu-b"]  # one address: the names order them
     assert gpu_a.holder()["id"] == gpu_b.holder()["id"] == first.owner["id"]
-    limited = lock.RunLocks()  # `--limit gpu-b`
+    limited = run_locks.RunLocks()  # `--limit gpu-b`
     outcome = limited.take_all([(FakeHost("gpu-b", gpu_b.machine, "10.0.0.254"), 1)])["gpu-b"]
     assert not outcome.held and outcome.holder["id"] == first.owner["id"]
     release_all(first, [gpu_a, gpu_b])
@@ -148,7 +148,7 @@ def test_two_inventory_names_for_one_machine_are_both_refused_before_any_change(
     one, other_name, spare = machines(tmp_path, ("gpu-a.lan", "10.0.0.5", "a"), ("GPU-A.lan", "10.0.1.5", "a"), ("spare", "10.0.2.6"))
     if not reports_id:
         (one.machine / "machine-id").write_text("")
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcomes = run.take_all([(one, 30), (other_name, 30), (spare, 30)])
     assert run.events == ["take gpu-a.lan", "refuse gpu-a.lan GPU-A.lan", "release gpu-a.lan", "take spare"]
     assert outcomes["spare"].held and not outcomes["gpu-a.lan"].held and not outcomes["GPU-A.lan"].held
@@ -181,7 +181,7 @@ def test_two_machines_that_report_one_machine_id_in_other_boots_are_two(tmp_path
     # Cloned images keep one /etc/machine-id; the boot id tells them apart (containers on one kernel get their own).
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     (b.machine / "machine-id").write_text(a.machine_id())
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert all(o.held for o in run.take_all([(a, 0), (b, 0)]).values())
     release_all(run, [a, b])
 
@@ -196,7 +196,7 @@ def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(t
             time.sleep(0.01)
         a_during_wait.append(a.lock_dir.exists())
 
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     watcher = threading.Thread(target=watch)
     watcher.start()
     start = time.monotonic()
@@ -216,7 +216,7 @@ def test_a_busy_lock_is_waited_for_holding_no_other_then_that_host_alone_fails(t
 def test_the_message_names_the_holder_the_wait_and_the_fix():
     holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC",
               "machine": "0" * 32, "boot": "1" * 32, "start": 12345, "token": "2" * 32}
-    message = lock.locked_message("gpu-b", holder, 300.2)
+    message = lock_record.locked_message("gpu-b", holder, 300.2)
     assert message == (
         "gpu-b: another deploy holds the host's lock: ops@ctl-2 (pid 777) since 2026-12-01 02:00:00 UTC; "
         "waited 300 s (lock_wait_s). If no deploy is running there, remove /run/sglang-deploy.lock on the host."
@@ -225,7 +225,7 @@ def test_the_message_names_the_holder_the_wait_and_the_fix():
 
 def test_the_message_says_why_a_record_without_proof_is_not_taken_over():
     holder = {"id": "x", "who": "ops@ctl-2", "control": "ctl-2", "pid": 777, "since": "2026-12-01 02:00:00 UTC"}
-    assert lock.locked_message("gpu-b", holder, 300) == (
+    assert lock_record.locked_message("gpu-b", holder, 300) == (
         "gpu-b: another deploy holds the host's lock: ops@ctl-2 (pid 777) since 2026-12-01 02:00:00 UTC; "
         "waited 300 s (lock_wait_s). Its record cannot show whether that deploy has ended (it has no machine, boot, "
         "start, token: made by hand or by an older deploy), so it is never taken over automatically. "
@@ -237,7 +237,7 @@ def test_a_lock_freed_during_the_wait_is_taken_and_the_run_goes_on(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     hold(a, **this_control())
     threading.Timer(1.0, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcomes = run.take_all([(a, 30), (b, 30)])
     assert outcomes["a"].held and outcomes["b"].held and outcomes["a"].waited_s < 30
     assert run.events == ["wait a", "take a", "take b"]
@@ -263,7 +263,7 @@ def race(runs_hosts: list[list[FakeHost]], tries: int) -> None:
         release_all(run, hosts)
 
     for attempt in range(tries):
-        runs = [lock.RunLocks() for _ in runs_hosts]
+        runs = [run_locks.RunLocks() for _ in runs_hosts]
         threads = [threading.Thread(target=deploy, args=(run, hosts, str(i))) for i, (run, hosts) in enumerate(zip(runs, runs_hosts))]
         for t in threads:
             t.start()
@@ -305,7 +305,7 @@ def test_the_lock_of_a_killed_run_of_this_machine_is_taken_over(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     pid = dead_pid()
     hold(a, **this_control(pid=pid))
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcomes = run.take_all([(a, 0)])
     assert outcomes["a"].held and a.holder()["id"] == run.owner["id"]
     assert run.events == ["takeover a", "take a"]
@@ -314,7 +314,7 @@ def test_the_lock_of_a_killed_run_of_this_machine_is_taken_over(tmp_path):
 
 
 def never_taken_over(a: FakeHost, holder: dict) -> None:
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcome = run.take_all([(a, 1)])["a"]
     assert not outcome.held and outcome.holder == holder
     assert "takeover a" not in run.events and a.holder() == holder, run.events
@@ -342,8 +342,8 @@ def test_a_lock_of_another_pid_namespace_of_this_machine_is_never_taken_over(tmp
 def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path):
     # The pid is alive (this very process) but started at another time: the deploy that held the lock is gone.
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    hold(a, **this_control(start=lock.process_start(os.getpid()) - 1))
-    run = lock.RunLocks()
+    hold(a, **this_control(start=lock_record.process_start(os.getpid()) - 1))
+    run = run_locks.RunLocks()
     assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
     assert any(f"(pid {os.getpid()} is now another process, started at another time)" in line for line in a.logs)
     release_all(run, [a])
@@ -352,7 +352,7 @@ def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path)
 def test_a_lock_taken_before_this_control_machine_rebooted_is_taken_over(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a, **this_control(boot=str(uuid.uuid4())))  # its pid and start time are this process's: alive, but of another boot
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
     assert any(f"its control machine has restarted since (boot id {holder['boot']}" in line for line in a.logs)
     release_all(run, [a])
@@ -373,16 +373,16 @@ def test_a_lock_of_a_copy_of_this_machine_that_still_renews_it_is_not_taken_over
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a, **this_control(boot=str(uuid.uuid4())))
     renewed(a, 3)
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcome = run.take_all([(a, 0)])["a"]
     assert not outcome.held and "takeover a" not in run.events and a.holder()["id"] == holder["id"]
     assert 3 <= outcome.holder["renewed_s_ago"] < 5
-    message = lock.locked_message("a", outcome.holder, 0, run.owner)
+    message = lock_record.locked_message("a", outcome.holder, 0, run.owner)
     assert f"Its record names this control machine's /etc/machine-id ({holder['machine']}) with another boot id, " \
            "and it renewed the lock 3 s ago: a deploy is running from a copy of this machine" in message, message
     # Its renewals stopped (the copy's run ended without giving it back, or this machine rebooted): stale again.
-    renewed(a, lock.ALIVE_S + 1)
-    run = lock.RunLocks()
+    renewed(a, lock_record.ALIVE_S + 1)
+    run = run_locks.RunLocks()
     assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
     assert any(f"its control machine has restarted since (boot id {holder['boot']}" in line for line in a.logs)
     release_all(run, [a])
@@ -393,22 +393,22 @@ def test_renewal_proves_nothing_a_record_cannot(tmp_path):
     record stays never taken over, a gone pid of this boot is still gone, and the record's own word for its renewal
     is not read."""
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    me = lock.new_owner()
+    me = lock_record.new_owner()
     gone = this_control(pid=dead_pid())
-    assert lock.is_stale({**gone, "renewed_s_ago": 1.0}, me).startswith(f"its deploy (pid {gone['pid']}) is gone")
+    assert lock_record.is_stale({**gone, "renewed_s_ago": 1.0}, me).startswith(f"its deploy (pid {gone['pid']}) is gone")
     other = {**this_control(), "machine": uuid.uuid4().hex, "boot": str(uuid.uuid4())}
-    assert lock.is_stale({**other, "renewed_s_ago": 999.0}, me) is None
-    for value in (None, True, -1, "1", lock.ALIVE_S):
-        assert lock.renewed_lately({"renewed_s_ago": value}) is False, value
+    assert lock_record.is_stale({**other, "renewed_s_ago": 999.0}, me) is None
+    for value in (None, True, -1, "1", lock_record.ALIVE_S):
+        assert lock_record.renewed_lately({"renewed_s_ago": value}) is False, value
     hold(a, **this_control(boot=str(uuid.uuid4())), renewed_s_ago=1.0)  # the record says so; the host does not
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert run.take_all([(a, 0)])["a"].held and run.events == ["takeover a", "take a"]
     release_all(run, [a])
 
 
 def test_a_run_renews_each_lock_it_holds_until_it_gives_it_back(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     run.renew_s = 0.2
     assert all(o.held for o in run.take_all([(a, 0), (b, 0)]).values())
     for host in (a, b):
@@ -424,7 +424,7 @@ def test_a_run_renews_each_lock_it_holds_until_it_gives_it_back(tmp_path):
     assert run._renewing is None  # nothing held: the renewals stopped
 
 
-@pytest.mark.parametrize("missing", lock.PROOF_FIELDS)
+@pytest.mark.parametrize("missing", lock_record.PROOF_FIELDS)
 def test_a_record_missing_any_proof_is_never_taken_over(tmp_path, missing):
     # Everything else says "gone" (this machine, its pid dead): without that one field nothing is proven.
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
@@ -444,23 +444,23 @@ def test_a_lock_directory_without_its_record_is_never_broken_nor_replaced(tmp_pa
     a.lock_dir.mkdir()
     for name in contents:
         (a.lock_dir / name).write_text("{")
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     outcome = run.take_all([(a, 1)])["a"]
     assert not outcome.held and outcome.holder == {"id": "?", "who": "unknown (no owner.json)"}
     assert sorted(p.name for p in a.lock_dir.iterdir()) == contents and not list(a.machine.glob("*.new-*"))
-    message = lock.locked_message("a", outcome.holder, 1)
+    message = lock_record.locked_message("a", outcome.holder, 1)
     assert "never taken over automatically" in message and message.endswith("remove /run/sglang-deploy.lock on the host.")
 
 
 def test_a_lock_its_run_could_not_give_back_is_taken_over_while_that_run_still_lives(tmp_path):
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
-    first = lock.RunLocks()
+    first = run_locks.RunLocks()
     assert all(o.held for o in first.take_all([(a, 0), (b, 0)]).values())
     a.cut = True  # its connection died: the run drops the host and cannot give its lock back
     first.host_done(a, "the host failed")
     assert a.lock_dir.exists() and any("deploy lock not given back" in line for line in a.logs)
     a.cut = False
-    second = lock.RunLocks()  # same control machine, and the first run's pid is alive (it is ours)
+    second = run_locks.RunLocks()  # same control machine, and the first run's pid is alive (it is ours)
     outcomes = second.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])
     assert outcomes["a"].held and second.events[0] == "takeover a"
     assert b.holder()["id"] == first.owner["id"], "the first run's other lock is untouched"
@@ -472,11 +472,11 @@ def test_a_lock_taken_free_in_sh_is_the_scripts_lock_to_every_other_run(tmp_path
     # The uncontended path (free_lock_command) writes what lock_host.py writes: another run's script sees it
     # busy and names its holder, peek names it, and only its owner gives it back.
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    first = lock.RunLocks()
+    first = run_locks.RunLocks()
     assert first.take_all([(a, 0)])["a"].held
     assert stat_mode(a.lock_dir) == 0o700 and not (a.lock_dir / "owner.json.tmp").exists()
     assert {k: a.holder()[k] for k in first.owner} == first.owner and a.holder()["token"]
-    second = lock.RunLocks()
+    second = run_locks.RunLocks()
     outcome = second.take_all([(a, 0)])["a"]
     # The host adds how long ago the holder renewed it (its `alive`, made with the lock), never the record's word.
     assert not outcome.held and without_renewal(outcome.holder) == a.holder()
@@ -492,14 +492,14 @@ def test_both_ways_of_taking_mark_the_owner_and_each_lock_goes_back_only_to_its_
     a, b = machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     hold(a, **this_control())
     threading.Timer(0.5, lambda: __import__("shutil").rmtree(a.lock_dir)).start()
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert all(o.held for o in run.take_all([(a, 30), (b, 30)]).values())  # a by the script (it waited), b in sh
     for host in (a, b):
         assert sorted(p.name for p in host.lock_dir.iterdir()) == ["alive", "owner-" + run.slots[host.name].token, "owner.json"]
         assert host.holder()["token"] == run.slots[host.name].token
-    other = lock.RunLocks()
+    other = run_locks.RunLocks()
     for host in (a, b):
-        assert other._run(host, lock.release_command(uuid.uuid4().hex), timeout=10)["released"] is True
+        assert other._run(host, lock_record.release_command(uuid.uuid4().hex), timeout=10)["released"] is True
         assert host.lock_dir.exists(), "another run's release removed this run's lock"
     release_all(run, [a, b])
     assert not a.lock_dir.exists() and not b.lock_dir.exists()
@@ -507,10 +507,10 @@ def test_both_ways_of_taking_mark_the_owner_and_each_lock_goes_back_only_to_its_
 
 def test_a_lock_from_a_deploy_before_markers_is_given_back_by_the_script(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     token = uuid.uuid4().hex
     hold(a, id=run.owner["id"], token=token)  # owner.json alone, as lock_host.py wrote it before markers
-    run._run(a, lock.release_command(token), timeout=10)
+    run._run(a, lock_record.release_command(token), timeout=10)
     assert not a.lock_dir.exists() and not list(a.machine.glob("*.old-*"))
 
 
@@ -527,7 +527,7 @@ def failing(tmp_path: Path, monkeypatch, *commands: str) -> None:
 def test_a_free_lock_the_sh_path_cannot_place_leaves_nothing_and_the_script_answers(tmp_path, monkeypatch):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     failing(tmp_path, monkeypatch, "mv")
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert run.take_all([(a, 0)])["a"].held  # by the script, whole
     assert sorted(p.name for p in a.lock_dir.iterdir()) == ["alive", "owner-" + run.slots["a"].token, "owner.json"]
     assert not list(a.machine.glob("*.new-*"))
@@ -538,7 +538,7 @@ def test_a_free_lock_the_sh_path_cannot_place_leaves_nothing_and_the_script_answ
 def test_a_free_lock_whose_owner_cannot_be_written_is_never_left_and_the_host_fails(tmp_path, monkeypatch):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     failing(tmp_path, monkeypatch, "mv", "python3")
-    outcome = lock.RunLocks().take_all([(a, 0)])["a"]
+    outcome = run_locks.RunLocks().take_all([(a, 0)])["a"]
     assert not outcome.held and "the deploy lock command failed: python3: cannot write: No space left on device" in outcome.error
     assert not a.lock_dir.exists(), "a nameless lock left behind would block every later run"
     assert not list(a.machine.glob("*.new-*"))
@@ -551,8 +551,8 @@ def stat_mode(path: Path) -> int:
 def test_release_gives_back_only_its_own_lock(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a)
-    run = lock.RunLocks()
-    slot = lock._Slot(a, lock.lock_order(a), held=True, token=uuid.uuid4().hex)
+    run = run_locks.RunLocks()
+    slot = run_locks.Slot(a, run_locks.lock_order(a), held=True, token=uuid.uuid4().hex)
     run._give_back(slot, "test")
     assert a.holder() == holder
 
@@ -560,7 +560,7 @@ def test_release_gives_back_only_its_own_lock(tmp_path):
 def test_a_takeover_by_two_runs_at_once_leaves_one_winner(tmp_path):
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     hold(a, **this_control(pid=dead_pid()))
-    runs = [lock.RunLocks() for _ in range(4)]
+    runs = [run_locks.RunLocks() for _ in range(4)]
     results = {}
     threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.owner["id"], r.take_all([(FakeHost("a", a.machine, "10.0.0.1"), 0)])["a"].held)) for r in runs]
     for t in threads:
@@ -575,7 +575,7 @@ def test_dead_peer_options_are_set_on_a_real_tcp_socket():
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(server.getsockname())
     try:
-        assert lock.set_dead_peer_options(client, 10)
+        assert run_locks.set_dead_peer_options(client, 10)
         assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         idle = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
         interval = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
@@ -723,7 +723,7 @@ def test_a_lock_taken_again_after_a_wait_is_told_again(tmp_path):
     hold(b, **this_control())
     threading.Timer(1.0, lambda: __import__("shutil").rmtree(b.lock_dir)).start()
     told = []
-    run = lock.RunLocks(on_taken=lambda slot: told.append(slot.name))
+    run = run_locks.RunLocks(on_taken=lambda slot: told.append(slot.name))
     outcomes = run.take_all([(a, 30), (b, 30)])
     assert outcomes["a"].held and outcomes["b"].held
     assert run.events == ["take a", "release a", "wait b", "take b", "take a"]
@@ -787,7 +787,7 @@ def read_writing(marker_dir: Path, seconds: float = 0.0):
 def test_each_lock_and_its_hosts_read_are_one_command_and_the_pass_does_not_wait_for_the_read(tmp_path):
     a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     told = []
-    run = lock.RunLocks(on_taken=lambda slot: told.append((slot.name, slot.running)), read_for=read_writing(tmp_path, 2))
+    run = run_locks.RunLocks(on_taken=lambda slot: told.append((slot.name, slot.running)), read_for=read_writing(tmp_path, 2))
     start = time.monotonic()
     outcomes = run.take_all([(a, 5), (b, 5)])
     assert time.monotonic() - start < 1.5, "the pass waited for the reads (2 s each)"
@@ -810,7 +810,7 @@ def test_a_busy_lock_runs_no_read_and_the_pass_goes_as_before(tmp_path):
     holder = hold(b, **this_control())
     reads = tmp_path / "reads"
     reads.mkdir()
-    run = lock.RunLocks(read_for=read_writing(reads))
+    run = run_locks.RunLocks(read_for=read_writing(reads))
     outcomes = run.take_all([(a, 2), (b, 2), (c, 2)])
     assert run.events == ["take a", "release a", "wait b", "give up b", "take a", "take c"]
     assert outcomes["a"].held and outcomes["c"].held and not outcomes["b"].held and b.holder() == holder
@@ -822,7 +822,7 @@ def test_a_busy_lock_runs_no_read_and_the_pass_goes_as_before(tmp_path):
 def test_a_lock_command_with_the_read_that_answers_nothing_fails_that_host_with_its_stderr(tmp_path):
     a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     shutil.rmtree(b.machine)  # no /run: mkdir fails, and the script's guard file cannot be opened (a traceback, no answer)
-    run = lock.RunLocks(read_for=read_writing(tmp_path))
+    run = run_locks.RunLocks(read_for=read_writing(tmp_path))
     outcomes = run.take_all([(a, 0), (b, 0)])
     assert outcomes["a"].held and not outcomes["b"].held
     assert "b: the deploy lock command failed: Traceback" in outcomes["b"].error
@@ -836,7 +836,7 @@ def test_hosts_behind_one_address_take_lock_and_read_in_one_command_and_hosts_wi
     # connection of pyinfra's (another connector) takes its lock alone.
     first, second = channel_machines(tmp_path, ("gpu-a", "10.0.0.254", "a"), ("gpu-b", "10.0.0.254", "b"))
     (plain,) = machines(tmp_path, ("plain", "10.0.0.6"))
-    run = lock.RunLocks(read_for=read_writing(tmp_path))
+    run = run_locks.RunLocks(read_for=read_writing(tmp_path))
     outcomes = run.take_all([(first, 0), (second, 0), (plain, 0)])
     assert all(o.held for o in outcomes.values())
     assert (len(first.channels), len(second.channels), first.commands + second.commands) == (1, 1, 0)
@@ -850,9 +850,9 @@ def test_the_lock_commands_first_line_names_the_machine_on_both_paths(tmp_path):
     # The fast path (sh) and the script each answer in one line with the machine id and boot id.
     a, b = channel_machines(tmp_path, ("a", "10.0.0.1"), ("b", "10.0.0.2"))
     hold(b, **this_control())
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     tokens = [uuid.uuid4().hex for _ in range(2)]
-    taken, busy = (run._run(h, lock.free_lock_command(shlex.quote(json.dumps({**run.owner, "token": t})), t), timeout=10) for h, t in zip((a, b), tokens))
+    taken, busy = (run._run(h, lock_record.free_lock_command(shlex.quote(json.dumps({**run.owner, "token": t})), t), timeout=10) for h, t in zip((a, b), tokens))
     ids = {h.name: {"machine": h.machine_id(), "boot": (h.machine / "boot_id").read_text().strip()} for h in (a, b)}
     assert taken == {"acquired": True, **ids["a"]}
     assert busy == {"acquired": False, "held_by": b.holder(), **ids["b"]}
@@ -874,7 +874,7 @@ def assert_whole_or_absent(host: FakeHost) -> dict | None:
 
 def a_later_run_takes_it(host: FakeHost) -> None:
     """Whatever a killed take left, the next run takes the lock: free, or over from a deploy proven gone."""
-    run = lock.RunLocks()
+    run = run_locks.RunLocks()
     assert run.take_all([(FakeHost(host.name, host.machine, "10.0.0.1"), 0)])[host.name].held, host.logs
     assert assert_whole_or_absent(host)["id"] == run.owner["id"]
     release_all(run, [run.slots[host.name].host])
@@ -896,7 +896,7 @@ def test_the_sh_path_killed_before_any_of_its_commands_leaves_no_lock_or_a_whole
         steps += 1
         token, owner = killed_owner()
         trap = f"trap '_n=$((_n+1)); [ $_n -ge {steps} ] && kill -9 $$' DEBUG\n"
-        proc = subprocess.run(["bash", "-c", trap + lock.free_lock_command(shlex.quote(owner), token)], env=a.env(), capture_output=True, text=True)
+        proc = subprocess.run(["bash", "-c", trap + lock_record.free_lock_command(shlex.quote(owner), token)], env=a.env(), capture_output=True, text=True)
         record = assert_whole_or_absent(a)
         if proc.returncode == 0:
             assert record["token"] == token and '"acquired": true' in proc.stdout
@@ -976,7 +976,7 @@ def test_strays_of_killed_takes_are_tidied_when_old_and_left_alone_when_young(tm
     for stray in (old_new, old_aside):
         os.utime(stray, (time.time() - 3600, time.time() - 3600))
     hold(a, **this_control())  # busy: the script runs, and tidies under its guard
-    assert not lock.RunLocks().take_all([(a, 0)])["a"].held
+    assert not run_locks.RunLocks().take_all([(a, 0)])["a"].held
     assert sorted(p.name for p in a.machine.glob("sglang-deploy.lock.*-*")) == [young_new.name]
 
 
@@ -1030,20 +1030,20 @@ def test_a_dropped_lock_record_planted_where_others_could_write_takes_nothing_ov
     # Another user's planted record would let a run break a live lock: the directory is checked before it is read.
     (a,) = machines(tmp_path, ("a", "10.0.0.1"))
     holder = hold(a, **this_control())  # a live deploy of this machine
-    planted = lock.dropped_dir()
+    planted = lock_record.dropped_dir()
     planted.mkdir(parents=True)
     planted.chmod(0o777)
     (planted / holder["token"]).write_text("1")
-    outcome = lock.RunLocks().take_all([(a, 0)])["a"]
+    outcome = run_locks.RunLocks().take_all([(a, 0)])["a"]
     assert not outcome.held and a.holder() == holder
     assert f"NotPrivate: {planted}: expected a directory of root (uid 0) with mode 0700" in outcome.error
 
 
 def test_a_lock_its_run_recorded_as_dropped_is_recorded_in_a_private_dir(tmp_path):
     token = uuid.uuid4().hex
-    lock.mark_dropped(token)
-    assert stat_mode(lock.dropped_dir()) == 0o700 and (lock.dropped_dir() / token).read_text() == str(os.getpid())
-    assert lock.dropped_dir() == tmp_path / "cache" / "dropped-locks"
+    lock_record.mark_dropped(token)
+    assert stat_mode(lock_record.dropped_dir()) == 0o700 and (lock_record.dropped_dir() / token).read_text() == str(os.getpid())
+    assert lock_record.dropped_dir() == tmp_path / "cache" / "dropped-locks"
 
 
 def test_a_private_dir_under_a_parent_others_can_replace_it_in_is_refused(tmp_path):

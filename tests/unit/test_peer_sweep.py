@@ -13,10 +13,10 @@ import sys
 import time
 
 from operations import remote
-from operations.lock import lock
+from operations.lock import lock_record
 from operations.transport import peer_keys
 
-ME = lock.control_identity()
+ME = lock_record.control_identity()
 DEAD, LIVE, BARE, EXPIRED = "a" * 32, "b" * 32, "c" * 32, "d" * 32
 
 
@@ -36,9 +36,9 @@ def left() -> dict:
     later = time.time() + 3600
     return {
         "keys": {DEAD: found(owner(2 ** 22 + 12345, 1, DEAD, later))},  # a pid no process has
-        "grants": {LIVE: found(owner(os.getpid(), lock.process_start(os.getpid()), LIVE, later)),
+        "grants": {LIVE: found(owner(os.getpid(), lock_record.process_start(os.getpid()), LIVE, later)),
                    BARE: found(None),  # an entry whose record /run lost (the host restarted)
-                   EXPIRED: found(owner(os.getpid(), lock.process_start(os.getpid()), EXPIRED, 0), expired=True)},
+                   EXPIRED: found(owner(os.getpid(), lock_record.process_start(os.getpid()), EXPIRED, 0), expired=True)},
     }
 
 

@@ -15,7 +15,7 @@ import pytest
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory
 
-from operations.environment import patches, venv
+from operations.environment import patches, venv, venv_decide, venv_read
 from operations.model import transfer
 from operations.run import directory
 from operations.service import lifecycle, readiness, rollback, service_inputs, service_user
@@ -30,7 +30,7 @@ def _with(config, **data):
 
 def _env(config, stack, patch_sets):
     env = config.environments[0]
-    gen = venv.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
+    gen = venv_read.generation(env.path, stack, {name: patch_sets[name].digest for name in env.patch_sets})
     return env, gen
 
 
@@ -40,14 +40,14 @@ def _venv_key(config, gen) -> dict:
 
 def _apply_venv(config, stack, gen, state, sources=None, installer=None):
     """`venv.environment` as the deploy adds it (deciding itself: no plan value), over the same read."""
-    return run(venv.environment, {venv.VenvState: lambda **kw: state}, gen=gen, stack=stack,
+    return run(venv.environment, {venv_read.VenvState: lambda **kw: state}, gen=gen, stack=stack,
                sources=sources if sources is not None else _sources(config),
                host_cache=config.host_wheel_cache, installer=installer or config.installer,
                verify=config.verify_env)
 
 
 def _sources(config):
-    return tuple(venv.Source(*s) for s in config.stack_sources)
+    return tuple(venv_decide.Source(*s) for s in config.stack_sources)
 
 
 def _refusal(plan, step: str):
@@ -65,7 +65,7 @@ def _raises(apply) -> str:
 # Environments: the venv ------------------------------------------------------------------------------------------
 
 def _venv_state(world, config, gen) -> dict:
-    return world.read(venv.VenvState, **_venv_key(config, gen))
+    return world.read(venv_read.VenvState, **_venv_key(config, gen))
 
 
 @pytest.mark.parametrize("drift", ["untrusted", "other python"])
@@ -78,14 +78,14 @@ def test_a_venv_the_deploy_refuses_is_refused_by_the_plan_with_the_same_text(lab
         state["untrusted"] = [f"{gen.live}: owned by uid 1000"]
     else:
         state["wanted"]["python"] = "3.9.2"
-    world.set(venv.VenvState, state, **_venv_key(config, gen))
+    world.set(venv_read.VenvState, state, **_venv_key(config, gen))
     refused = _refusal(plan_of(config, stack, patch_sets, world), "Environments")
     assert refused.why == _raises(lambda: _apply_venv(config, stack, gen, state))
 
 
 @pytest.mark.parametrize("drift", ["a file no source has", "uv asked for and not shipped"])
 def test_an_install_the_deploy_cannot_make_is_refused_by_the_plan(lab, tmp_path, drift):
-    """The plan used to say `update` (its own StackDiff) where the build then failed: now both ask `venv.decide`."""
+    """The plan used to say `update` (its own StackDiff) where the build then failed: now both ask `venv_decide.decide`."""
     config, stack, patch_sets = lab
     empty = (("wheelhouse", str(tmp_path)),)  # a wheelhouse without the stack's files, or uv
     config = dataclasses.replace(_with(config, installer="uv" if drift.startswith("uv") else config.installer),
@@ -95,7 +95,7 @@ def test_an_install_the_deploy_cannot_make_is_refused_by_the_plan(lab, tmp_path,
     state = _venv_state(world, config, gen)
     del state["wanted"]["dists"][stack.packages[0].name]  # one distribution to install
     state["uv"] = False
-    world.set(venv.VenvState, state, **_venv_key(config, gen))
+    world.set(venv_read.VenvState, state, **_venv_key(config, gen))
     plan = plan_of(config, stack, patch_sets, world)
     refused = _refusal(plan, "Environments")
     assert refused.why == _raises(lambda: _apply_venv(config, stack, gen, state, installer=config.installer))
@@ -138,7 +138,7 @@ def test_a_patched_file_changed_with_no_backup_is_refused_by_plan_and_deploy_ali
     config, stack, patch_sets = lab
     world = converged_world(config, stack, patch_sets)
     env = _patched_env(config)
-    gen = venv.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
+    gen = venv_read.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
     patch_set = patch_sets[env.patch_sets[0]]
     state = world.read(patches.InstalledFiles, **_patch_key(stack, gen, patch_set))
     changed = next(f for f in patch_set.files if f.original is not None)
@@ -154,11 +154,11 @@ def test_a_patch_set_over_a_base_this_run_reinstalls_is_planned_over_the_fresh_i
     config, stack, patch_sets = lab
     world = converged_world(config, stack, patch_sets)
     env = _patched_env(config)
-    gen = venv.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
+    gen = venv_read.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
     patch_set = patch_sets[env.patch_sets[0]]
     vstate = _venv_state(world, config, gen)
     vstate["wanted"]["dists"][patch_set.distribution] = {"version": "0.0.1"}
-    world.set(venv.VenvState, vstate, **_venv_key(config, gen))
+    world.set(venv_read.VenvState, vstate, **_venv_key(config, gen))
     pstate = world.read(patches.InstalledFiles, **_patch_key(stack, gen, patch_set))
     pstate["version"] = "0.0.1"
     world.set(patches.InstalledFiles, pstate, **_patch_key(stack, gen, patch_set))

@@ -232,17 +232,17 @@ def test_a_bad_donor_entry_names_the_key_and_the_fix(entry, key, fix):
 
 
 def test_a_same_host_donor_copies_with_cp_on_the_host_and_rewrites_the_scripts(tmp_path):
-    from operations.environment import venv
+    from operations.environment import venv_copy, venv_read
 
     donor = _fake_venv(tmp_path / "donor", {"torch": ["torch/__init__.py", "torch/lib/x.so"], "numpy": ["numpy/__init__.py"]})
     (donor / "bin/torchrun").write_text(f"#!{donor}/bin/python\nimport torch\n")
-    gen = venv.Generation(str(tmp_path / "venv"), "g1")
+    gen = venv_read.Generation(str(tmp_path / "venv"), "g1")
     Path(gen.path, "lib/python3.11/site-packages").mkdir(parents=True)
     Path(gen.path, "bin").mkdir()
     for name in ("torch", "numpy"):
         info = donor / f"lib/python3.11/site-packages/{name}-1.0.dist-info/RECORD"
         info.write_text(info.read_text() + ("../../../bin/torchrun,,\n" if name == "torch" else ""))
-    result = subprocess.run(["sh", "-c", venv._copy_within_host(str(donor), gen, ["torch==1.0"])], capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", venv_copy.copy_within_host(str(donor), gen, ["torch==1.0"])], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     site = Path(gen.path, "lib/python3.11/site-packages")
     assert (site / "torch/lib/x.so").read_text() == "torch torch/lib/x.so\n"
@@ -252,12 +252,12 @@ def test_a_same_host_donor_copies_with_cp_on_the_host_and_rewrites_the_scripts(t
 
 
 def test_a_same_host_donor_copy_fails_when_the_donor_lacks_the_pin(tmp_path):
-    from operations.environment import venv
+    from operations.environment import venv_copy, venv_read
 
     donor = _fake_venv(tmp_path / "donor", {"torch": ["torch/__init__.py"]})
-    gen = venv.Generation(str(tmp_path / "venv"), "g1")
+    gen = venv_read.Generation(str(tmp_path / "venv"), "g1")
     Path(gen.path, "bin").mkdir(parents=True)
-    result = subprocess.run(["sh", "-c", venv._copy_within_host(str(donor), gen, ["torch==9.9"])], capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", venv_copy.copy_within_host(str(donor), gen, ["torch==9.9"])], capture_output=True, text=True)
     assert result.returncode != 0
 
 
@@ -294,7 +294,7 @@ def test_a_kernel_in_a_stack_without_torch_fails_the_probe_and_says_why(tmp_path
 
 def test_the_probe_is_told_whether_the_stack_has_torch():
     from configuration import stacks
-    from operations.environment import venv
+    from operations.environment import venv_probe
 
-    assert venv.probe_for(stacks.load_stack("lab-standin"), "sglang.launch_server", {})["torch"] is False
-    assert venv.probe_for(stacks.load_stack("lab-cpu-sglang"), "sglang.launch_server", {})["torch"] is True
+    assert venv_probe.probe_for(stacks.load_stack("lab-standin"), "sglang.launch_server", {})["torch"] is False
+    assert venv_probe.probe_for(stacks.load_stack("lab-cpu-sglang"), "sglang.launch_server", {})["torch"] is True

@@ -111,12 +111,12 @@ def test_the_host_paths_a_script_keeps_a_copy_of_are_the_deploys():
     """A script travels alone (stdlib only): where it cannot be given a path as an argument, it keeps a copy of
     configuration/host_paths.py's, compared here."""
     from configuration import host_paths
-    from operations.lock import lock
+    from operations.lock import lock_record
     from operations.service import rollback
 
     assert _constant("service_state", "RECORD_DIR") == rollback.RECORD_DIR == f"{host_paths.STATE_DIR}/started"
     assert _constant("wait_ready", "RECORD_DIR") == rollback.RECORD_DIR  # the gate's figures, beside the records
-    assert _constant("lock_host", "LOCK") == host_paths.LOCK_PATH == lock.LOCK_PATH  # lock.py's copy: until it imports host_paths
+    assert _constant("lock_host", "LOCK") == host_paths.LOCK_PATH == lock_record.LOCK_PATH  # lock_record.py's copy: until it imports host_paths
     assert _constant("venv_switch", "UNIT_DIR") == host_paths.UNIT_DIR  # the units whose generations stay
     # Root's runtime directory, as root runs the script (it keeps a fallback under the home of a user who runs it).
     assert '"/run/sglang-deploy" if os.geteuid() == 0' in remote.script("stage_model") and host_paths.RUN_DIR == "/run/sglang-deploy"

@@ -11,7 +11,7 @@ from configuration import group_files, settings, stacks
 from configuration.errors import DataError
 from configuration.patch_sets import load_patch_set
 from configuration.settings import REPO_ROOT
-from operations.environment import venv
+from operations.environment import venv_read
 from operations.gpu import gpu_read, gpus
 from operations.run import templates
 from operations.service import service_inputs, service_user, units
@@ -320,7 +320,7 @@ def test_a_unit_runs_its_generation_not_the_live_link():
     service = config.services[0]
     stack = stacks.load_stack(config.stack)
     patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
-    gen = venv.generation(service.environment.path, stack,
+    gen = venv_read.generation(service.environment.path, stack,
                           {name: patch_sets[name].digest for name in service.environment.patch_sets})
     text = service_inputs.unit_text(config, service, stack, patch_sets, ())
     assert f"ExecStart={gen.path}/bin/python -m " in text

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from operations import remote
-from operations.environment import venv
+from operations.environment import venv_copy, venv_read
 from operations.model import model_digests, transfer
 from operations.transport import stream_ends, streaming
 from tests.unit.hosts import ThisMachine
@@ -315,7 +315,7 @@ def donor_here(monkeypatch, this_machine):
     class Donor(ThisMachine):
         connected = True
 
-    monkeypatch.setattr(venv, "_donor_host", lambda name: Donor())
+    monkeypatch.setattr(venv_copy, "donor_host", lambda name: Donor())
     return this_machine
 
 
@@ -332,9 +332,9 @@ def test_a_donors_files_land_in_the_generation_as_root_without_setuid(tmp_path, 
     if os.geteuid() == 0:
         os.chown(helper, OTHER_UID, OTHER_UID)
     helper.chmod(0o4777)
-    gen = venv.Generation(str(tmp_path / "venv"), "g1")
+    gen = venv_read.Generation(str(tmp_path / "venv"), "g1")
     Path(gen.path, "bin").mkdir(parents=True)
-    assert venv._stream_from_donor(None, donor_here, "gpu-a", str(donor), gen, ["torch==1.0"]) is True, donor_here.logs
+    assert venv_copy.stream_from_donor(None, donor_here, "gpu-a", str(donor), gen, ["torch==1.0"]) is True, donor_here.logs
     site = Path(gen.path, "lib/python3.11/site-packages")
     assert (site / "torch/lib/libtorch.so").read_bytes() == (donor / "lib/python3.11/site-packages/torch/lib/libtorch.so").read_bytes()
     st = (site / "torch/bin/helper").lstat()
@@ -347,9 +347,9 @@ def test_a_donors_link_out_of_its_venv_is_refused(tmp_path, donor_here):
     (site / "torch/hooks").symlink_to("/etc/cron.d")
     record = site / "torch-1.0.dist-info/RECORD"
     record.write_text(record.read_text() + "torch/hooks,,\n")
-    gen = venv.Generation(str(tmp_path / "venv"), "g1")
+    gen = venv_read.Generation(str(tmp_path / "venv"), "g1")
     Path(gen.path, "bin").mkdir(parents=True)
-    assert venv._stream_from_donor(None, donor_here, "gpu-a", str(donor), gen, ["torch==1.0"]) is False
+    assert venv_copy.stream_from_donor(None, donor_here, "gpu-a", str(donor), gen, ["torch==1.0"]) is False
     refused = "untar: refused lib/python3.11/site-packages/torch/hooks: a symlink to /etc/cron.d (absolute)"
     assert any(refused in line for line in donor_here.logs), donor_here.logs
     assert not os.path.lexists(Path(gen.path, "lib/python3.11/site-packages/torch/hooks"))

@@ -16,7 +16,7 @@ from pyinfra.api import OperationError
 
 from configuration.stacks import Package, Stack
 from operations import remote
-from operations.environment import installer, venv
+from operations.environment import installer, venv, venv_copy, venv_decide, venv_probe, venv_read
 from tests.unit.test_operations import FakeFs, Result, run
 from tests.unit.test_wheel_overlap import BASE, CU13, make_wheel, pin
 
@@ -60,8 +60,8 @@ def stack(tmp_path, house) -> Stack:
     )
 
 
-def gen_of(stack) -> venv.Generation:
-    return venv.generation(LIVE, stack, {})
+def gen_of(stack) -> venv_read.Generation:
+    return venv_read.generation(LIVE, stack, {})
 
 
 def venv_facts(path, python="3.11.7", **versions) -> dict:
@@ -99,11 +99,11 @@ def run_env(fact, stack, house, installer_choice="auto", sources=None) -> Result
     gen = gen_of(stack)
     return run(
         venv.environment,
-        {venv.VenvState: lambda **kw: copy.deepcopy(fact)},
+        {venv_read.VenvState: lambda **kw: copy.deepcopy(fact)},
         FakeFs(dirs={CACHE}),
         gen=gen,
         stack=stack,
-        sources=sources or (venv.Source("wheelhouse", str(house)),),
+        sources=sources or (venv_decide.Source("wheelhouse", str(house)),),
         host_cache=CACHE,
         installer=installer_choice,
     )
@@ -130,11 +130,11 @@ def installs(result) -> list[str]:
 def test_generation_id_names_the_stack_and_changes_with_any_pin_or_patch_set(stack, house):
     gen = gen_of(stack)
     assert gen.id.startswith("demo-") and gen.path == f"{LIVE}.generations/{gen.id}"
-    assert venv.generation(LIVE, stack, {}) == gen
+    assert venv_read.generation(LIVE, stack, {}) == gen
     repinned = Stack(stack.name, stack.python, (*stack.packages[:2], Package("torch", "2.11.0+cu128")), stack.path)
-    assert venv.generation(LIVE, repinned, {}).id != gen.id
-    assert venv.generation(LIVE, stack, {"ddtree": "abc"}).id != gen.id
-    assert venv.generation(LIVE, stack, {"ddtree": "abd"}).id != venv.generation(LIVE, stack, {"ddtree": "abc"}).id
+    assert venv_read.generation(LIVE, repinned, {}).id != gen.id
+    assert venv_read.generation(LIVE, stack, {"ddtree": "abc"}).id != gen.id
+    assert venv_read.generation(LIVE, stack, {"ddtree": "abd"}).id != venv_read.generation(LIVE, stack, {"ddtree": "abc"}).id
 
 
 def test_converged_generation_yields_nothing(stack, house):
@@ -243,10 +243,10 @@ def test_a_donor_whose_files_differ_from_their_record_is_not_copied(stack, house
     donor_state = venv_facts("/root/venv_sglang.generations/d")
     donor_state["dists"]["torch"].update(damaged=["certifi/cacert.pem"], damaged_count=1)
     torch = next(p for p in stack.packages if p.name == "torch")
-    donor = venv.Source("donor", "gpu-old")
+    donor = venv_decide.Source("donor", "gpu-old")
     with pytest.raises(OperationError, match=r"donor gpu-old \(1 of its installed file\(s\) differ from their RECORD: certifi/cacert.pem\)"):
-        venv.resolve(stack, [torch], (donor,), {"gpu-old": donor_state})
-    chosen = venv.resolve(stack, [torch], (donor, venv.Source("wheelhouse", str(house))), {"gpu-old": donor_state})
+        venv_decide.resolve(stack, [torch], (donor,), {"gpu-old": donor_state})
+    chosen = venv_decide.resolve(stack, [torch], (donor, venv_decide.Source("wheelhouse", str(house))), {"gpu-old": donor_state})
     assert chosen["torch"][0].kind == "wheelhouse"
 
 
@@ -259,22 +259,22 @@ def test_verify_env_full_reads_the_fact_in_full_mode_and_says_so(stack, house):
         seen.append(kw)
         return copy.deepcopy(fact)
 
-    result = run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), verify="full",
-                 gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
+    result = run(venv.environment, {venv_read.VenvState: record}, FakeFs(dirs={CACHE}), verify="full",
+                 gen=gen, stack=stack, sources=(venv_decide.Source("wheelhouse", str(house)),), host_cache=CACHE)
     assert seen[0]["verify"] == "full"
     assert result.noops == [f"venv generation {gen.id} holds stack demo (3 distributions; checked: sha256, 812 file(s) hashed)"]
     # The data's `verify_env` is validated with the rest of it (tests/unit/bad_data/crashes/verify-env-*.yml): the host
     # never reads it, the deploy passes the validated value.
     with pytest.raises(ValueError, match="verify must be one of"):
-        run(venv.environment, {venv.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "full"}, verify="sha1",
-            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
+        run(venv.environment, {venv_read.VenvState: record}, FakeFs(dirs={CACHE}), data={"verify_env": "full"}, verify="sha1",
+            gen=gen, stack=stack, sources=(venv_decide.Source("wheelhouse", str(house)),), host_cache=CACHE)
 
 
 def test_a_fact_lost_with_the_connection_stops_the_host_with_a_message(stack, house):
     gen = gen_of(stack)
     with pytest.raises(OperationError, match="could not read the serving venv .*the connection dropped"):
-        run(venv.environment, {venv.VenvState: lambda **kw: None}, FakeFs(dirs={CACHE}),
-            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE)
+        run(venv.environment, {venv_read.VenvState: lambda **kw: None}, FakeFs(dirs={CACHE}),
+            gen=gen, stack=stack, sources=(venv_decide.Source("wheelhouse", str(house)),), host_cache=CACHE)
 
 
 def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house):
@@ -287,7 +287,7 @@ def test_two_kernels_owning_one_package_are_refused_when_both_stay(stack, house)
 
     both = Stack(stack.name, stack.python, (*stack.packages, Package("sgl-kernel", "0.3.1")), stack.path)
     with pytest.raises(OperationError, match=r"sgl_kernel/ is installed by both sgl-kernel and sglang-kernel"):
-        run_env(facts(venv.generation(LIVE, both, {}), wanted=state), both, house)
+        run_env(facts(venv_read.generation(LIVE, both, {}), wanted=state), both, house)
 
 
 def _with_cutlass(stack, house, *which) -> Stack:
@@ -329,7 +329,7 @@ def test_a_converged_venv_opens_no_wheel(stack, house, monkeypatch):
     both = _with_cutlass(stack, house, "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13")
     gen = gen_of(both)
     state = venv_facts(gen.path, **{"nvidia-cutlass-dsl-libs-base": "4.5.2", "nvidia-cutlass-dsl-libs-cu13": "4.5.2"})
-    monkeypatch.setattr(venv.wheels, "wheel_files", lambda path: pytest.fail(f"{path} opened on the converged path"))
+    monkeypatch.setattr(venv_decide.wheels, "wheel_files", lambda path: pytest.fail(f"{path} opened on the converged path"))
     result = run_env(facts(gen, wanted=state), both, house)
     assert result.commands == [] and len(result.noops) == 1
 
@@ -343,8 +343,8 @@ def test_a_donor_holding_both_is_refused_before_anything_is_copied(stack, house,
             (house / p.file).unlink()
     donor_state = venv_facts("/root/venv_sglang", **{"nvidia-cutlass-dsl-libs-base": "4.5.2", "nvidia-cutlass-dsl-libs-cu13": "4.5.2"})
     donor_state["shared"] = {"nvidia_cutlass_dsl": ["nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13"]}
-    sources = (venv.Source("wheelhouse", str(house)), venv.Source("donor", "gpu-old"))
-    monkeypatch.setattr(venv, "_donor_state", lambda source, verify="fast": donor_state)
+    sources = (venv_decide.Source("wheelhouse", str(house)), venv_decide.Source("donor", "gpu-old"))
+    monkeypatch.setattr(venv_decide, "_donor_state", lambda source, verify="fast": donor_state)
     with pytest.raises(OperationError, match=r"nvidia_cutlass_dsl/ is installed by both nvidia-cutlass-dsl-libs-base and nvidia-cutlass-dsl-libs-cu13 \(as donor gpu-old's venv holds them\)"):
         run_env(facts(gen, wanted=None, live="absent"), both, house, sources=sources)
 
@@ -352,7 +352,7 @@ def test_a_donor_holding_both_is_refused_before_anything_is_copied(stack, house,
 def test_a_file_in_no_source_fails_naming_the_file_and_every_source_tried(stack, house):
     gen = gen_of(stack)
     (house / WHEELS["torch"]).unlink()
-    sources = (venv.Source("wheelhouse", str(house)), venv.Source("index", "https://example.invalid/simple"))
+    sources = (venv_decide.Source("wheelhouse", str(house)), venv_decide.Source("index", "https://example.invalid/simple"))
     no_hash = Stack(stack.name, stack.python, (*stack.packages[:2], Package("torch", "2.11.0+cu130", WHEELS["torch"])), stack.path)
     with pytest.raises(OperationError) as caught:
         run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), no_hash, house, sources=sources)
@@ -373,7 +373,7 @@ def test_altered_wheel_fails_naming_both_hashes(stack, house):
 def test_index_source_installs_with_required_hashes(stack, house):
     gen = gen_of(stack)
     (house / WHEELS["torch"]).unlink()
-    sources = (venv.Source("wheelhouse", str(house)), venv.Source("index", "http://10.0.0.1:8080/simple"))
+    sources = (venv_decide.Source("wheelhouse", str(house)), venv_decide.Source("index", "http://10.0.0.1:8080/simple"))
     result = run_env(facts(gen, wanted=venv_facts(gen.path, torch=None)), stack, house, sources=sources)
     reqs = f"{CACHE}/requirements-{gen.id}.txt"
     assert any(f"torch==2.11.0+cu130 --hash=sha256:{stack.packages[2].sha256}" in c and reqs in c for c in result.commands if isinstance(c, str))
@@ -407,7 +407,7 @@ def test_probe_runs_the_probe_script_with_the_generation_python_as_a_throwaway_u
     import shlex
 
     gen = gen_of(stack)
-    (probe,) = run(venv.probed, {}, gen=gen, probe={"kernels": ["sglang-kernel"]}).commands
+    (probe,) = run(venv_probe.probed, {}, gen=gen, probe={"kernels": ["sglang-kernel"]}).commands
     assert probe.startswith("cd / && probe_out=$(systemd-run --wait --pipe --collect ") and "ABI probe failed" in probe
     words = shlex.split(probe.split("<<'PYEOF'")[0])
     properties = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
@@ -432,7 +432,7 @@ def test_root_compiles_what_the_probe_imported_inside_the_generation_only(tmp_pa
     writable.chmod(0o666)
     (gen / "lib" / "link.py").symlink_to(tmp_path / "elsewhere.py")
     listed = [inside, writable, gen / "lib" / "link.py", tmp_path / "elsewhere.py", gen / "lib" / "missing.py"]
-    ran = subprocess.run([sys.executable, "-I", "-S", "-c", venv.COMPILE_IMPORTED, str(gen)], capture_output=True,
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", venv_probe.COMPILE_IMPORTED, str(gen)], capture_output=True,
                          text=True, input="".join(f"{p}\n" for p in listed), timeout=60)
     assert ran.returncode == 0 and "IMPORTED" not in ran.stdout + ran.stderr, ran
     compiled = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pyc"))
@@ -443,7 +443,7 @@ def test_root_compiles_what_the_probe_imported_inside_the_generation_only(tmp_pa
     before, stat = pyc.read_bytes(), inside.stat()
     inside.write_text("raise SystemExit('EDITED')\n")
     os.utime(inside, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    subprocess.run([sys.executable, "-I", "-S", "-c", venv.COMPILE_IMPORTED, str(gen)], input=f"{inside}\n", text=True,
+    subprocess.run([sys.executable, "-I", "-S", "-c", venv_probe.COMPILE_IMPORTED, str(gen)], input=f"{inside}\n", text=True,
                    timeout=60, check=True)
     assert pyc.read_bytes() == before
 
@@ -451,7 +451,7 @@ def test_root_compiles_what_the_probe_imported_inside_the_generation_only(tmp_pa
 def test_the_probe_line_passes_its_output_on_and_compiles_only_once_it_passed(tmp_path):
     """The whole line, with systemd-run replaced by a stand-in that runs its command: the probe's JSON and failure
     line reach the caller, its list of imports goes to root's compiler, and a failed probe compiles nothing."""
-    gen = venv.Generation(live=str(tmp_path / "venv"), id="g1")
+    gen = venv_read.Generation(live=str(tmp_path / "venv"), id="g1")
     gen_dir = Path(gen.path)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(gen_dir)], check=True, timeout=120)
     site = next(gen_dir.glob("lib/python*/site-packages"))
@@ -461,14 +461,14 @@ def test_the_probe_line_passes_its_output_on_and_compiles_only_once_it_passed(tm
     (bin_dir / "systemd-run").write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n')
     (bin_dir / "systemd-run").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
-    good = subprocess.run(["sh", "-c", venv.probe_command(gen, {"torch": False, "kernels": [], "modules": ["servedmod"]})],
+    good = subprocess.run(["sh", "-c", venv_probe.probe_command(gen, {"torch": False, "kernels": [], "modules": ["servedmod"]})],
                           capture_output=True, text=True, timeout=120, env=env)
     assert good.returncode == 0, good.stderr
-    assert json.loads(good.stdout.strip())["python"] and venv.IMPORTED_MARK not in good.stdout
+    assert json.loads(good.stdout.strip())["python"] and venv_probe.IMPORTED_MARK not in good.stdout
     assert [p.name for p in site.rglob("*.pyc")] == [f"servedmod.{sys.implementation.cache_tag}.pyc"]
     for pyc in site.rglob("*.pyc"):
         pyc.unlink()
-    bad = subprocess.run(["sh", "-c", venv.probe_command(gen, {"torch": False, "kernels": [], "modules": ["nomod"]})],
+    bad = subprocess.run(["sh", "-c", venv_probe.probe_command(gen, {"torch": False, "kernels": [], "modules": ["nomod"]})],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 1 and bad.stderr.startswith("ABI probe failed: "), bad
     assert list(site.rglob("*.pyc")) == []
@@ -584,8 +584,8 @@ def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     _fake_venv(source, {"torch": ["torch/__init__.py"]})
     script = source / "bin" / "torchrun"
     script.write_text(f"#!{source}/bin/python\nimport torch\n")
-    gen = venv.Generation(str(tmp_path / "venv"), "new")
-    result = subprocess.run(["bash", "-c", venv.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
+    gen = venv_read.Generation(str(tmp_path / "venv"), "new")
+    result = subprocess.run(["bash", "-c", venv_copy.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     clone = Path(gen.path)
     assert (clone / "bin/torchrun").read_text().startswith(f"#!{clone}/bin/python\n")
@@ -595,10 +595,10 @@ def test_clone_command_rewrites_scripts_without_touching_the_source(tmp_path):
     assert (clone / site).stat().st_ino != (source / site).stat().st_ino and (clone / site).stat().st_nlink == 1
     assert not list(Path(gen.path).parent.glob("new.partial*"))
     # An attempt that finds the generation already complete (a killed run's copy finished first) leaves it.
-    again = subprocess.run(["bash", "-c", venv.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
+    again = subprocess.run(["bash", "-c", venv_copy.clone_command(str(source), gen, [str(source)])], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert not list(Path(gen.path).parent.glob("new.partial*")) and (clone / site).is_file()
-    assert shlex.split(venv.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
+    assert shlex.split(venv_copy.clone_command(str(source), gen, [str(source)]))[0] == "mkdir"
 
 
 def test_a_missing_file_stops_the_host_before_the_first_command(stack, house):
@@ -616,8 +616,8 @@ def test_a_missing_file_stops_the_host_before_the_first_command(stack, house):
 
     fact = facts(gen, live_state=venv_facts(f"{LIVE}.generations/old", torch="2.10.0+cu130"))
     with pytest.raises(OperationError, match=WHEELS["torch"].replace("+", r"\+")):
-        run(SimpleNamespace(_inner=recording), {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
-            gen=gen, stack=stack, sources=(venv.Source("wheelhouse", str(house)),), host_cache=CACHE, installer="auto")
+        run(SimpleNamespace(_inner=recording), {venv_read.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
+            gen=gen, stack=stack, sources=(venv_decide.Source("wheelhouse", str(house)),), host_cache=CACHE, installer="auto")
     assert yielded == []
 
 
@@ -907,8 +907,8 @@ def test_the_index_is_written_after_each_install_and_before_the_stamp(stack, hou
 
 
 def _record_index(fact) -> Result:
-    stack_gen = venv.Generation(LIVE, "demo-0000000000")
-    return run(venv.record_index, {venv.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
+    stack_gen = venv_read.Generation(LIVE, "demo-0000000000")
+    return run(venv.record_index, {venv_read.VenvState: lambda **kw: copy.deepcopy(fact)}, FakeFs(dirs={CACHE}),
                gen=stack_gen, host_cache=CACHE)
 
 
@@ -916,7 +916,7 @@ def _record_index(fact) -> Result:
 def test_the_index_operation_writes_an_index_only_where_the_check_found_none_it_could_use(index, writes):
     """Written where missing or stale; never where used, or where a full check did not look at it."""
     gen_path = f"{LIVE}.generations/demo-0000000000"
-    fact = facts(venv.Generation(LIVE, "demo-0000000000"), wanted={**venv_facts(gen_path), "index": index})
+    fact = facts(venv_read.Generation(LIVE, "demo-0000000000"), wanted={**venv_facts(gen_path), "index": index})
     result = _record_index(fact)
     assert bool(result.commands) is writes
     if writes:
@@ -925,7 +925,7 @@ def test_the_index_operation_writes_an_index_only_where_the_check_found_none_it_
 
 
 def test_the_index_operation_leaves_a_host_without_the_generation_alone():
-    assert _record_index(facts(venv.Generation(LIVE, "demo-0000000000"), wanted=None, live="absent")).commands == []
+    assert _record_index(facts(venv_read.Generation(LIVE, "demo-0000000000"), wanted=None, live="absent")).commands == []
 
 
 def test_a_venv_without_site_packages_asks_for_no_index(tmp_path):
@@ -939,6 +939,6 @@ def test_a_venv_without_site_packages_asks_for_no_index(tmp_path):
 
 def test_a_donor_is_read_at_its_path_else_at_its_hosts_validated_venv_path():
     """deploys/environments.py gives a donor named without `path` its host's validated `venv_path` (HostConfig.peer_venvs)."""
-    assert venv._donor_path(venv.Source("donor", "gpu-old", live_venv="/srv/venv")) == "/srv/venv"
-    assert venv._donor_path(venv.Source("donor", "gpu-old", "/opt/v", live_venv="/srv/venv")) == "/opt/v"
-    assert str(venv.Source("donor", "gpu-old", live_venv="/srv/venv")) == "donor gpu-old"
+    assert venv_decide.donor_path(venv_decide.Source("donor", "gpu-old", live_venv="/srv/venv")) == "/srv/venv"
+    assert venv_decide.donor_path(venv_decide.Source("donor", "gpu-old", "/opt/v", live_venv="/srv/venv")) == "/opt/v"
+    assert str(venv_decide.Source("donor", "gpu-old", live_venv="/srv/venv")) == "donor gpu-old"

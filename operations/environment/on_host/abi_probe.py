@@ -150,8 +150,8 @@ if torch_cuda and caps:
 
 for module in args.get("modules", []):
     load(module)
-# What root compiles into the generation once the probe passed (venv.COMPILE_IMPORTED): the sources
-# imported here, which the service user may not write bytecode beside.
+# What root compiles into the generation once the probe passed (venv_probe.COMPILE_IMPORTED): the
+# sources imported here, which the service user may not write bytecode beside.
 for module in list(sys.modules.values()):
     path = getattr(module, "__file__", None)
     if isinstance(path, str) and path.endswith(".py") and "\n" not in path:

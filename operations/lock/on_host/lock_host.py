@@ -62,8 +62,8 @@ def holder():
         return {"id": "?", "who": "unknown (no owner.json)"}
     if not isinstance(found, dict):
         return {"id": "?", "who": "unknown (owner.json is not a record)"}
-    # How long ago its run renewed it (operations/lock/lock.py: RENEW_S), on this host's clock; the
-    # record's own word never counts for it.
+    # How long ago its run renewed it (operations/lock/lock_record.py: RENEW_S), on this host's
+    # clock; the record's own word never counts for it.
     found.pop("renewed_s_ago", None)
     try:
         found["renewed_s_ago"] = round(max(0.0, time.time() - os.stat(ALIVE).st_mtime), 1)
@@ -112,8 +112,8 @@ def build(owner, token):
     new = f"{LOCK}.new-{token}"
     shutil.rmtree(new, ignore_errors=True)
     os.mkdir(new, 0o700)
-    # A marker named by the take's token: the release (operations/lock/lock.py: release_command)
-    # checks it in sh.
+    # A marker named by the take's token: the release (operations/lock/lock_record.py:
+    # release_command) checks it in sh.
     open(os.path.join(new, "owner-" + token), "w").close()
     open(os.path.join(new, "alive"), "w").close()
     with open(os.path.join(new, "owner.json"), "w") as handle:
