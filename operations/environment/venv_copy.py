@@ -127,7 +127,7 @@ def stream_from_donor(state, host, donor_name: str, donor_live: str, gen: Genera
                             stream_ends.sending_end(donor, listing(f" | {tar}"), log=host.log),
                             # as root's files
                             stream_ends.receiving_end(host, streaming.unpack_command(gen.path),
-                                                    host.log))
+                                                      host.log))
     try:
         moved = streaming.transfer([job], 1)
     finally:
