@@ -281,8 +281,7 @@ def _stream(state, host, source_name: str, src: str, dest: str,
     total = sum(sizes.values())
     label = f"streaming {name} from {source.label}{' directly' if direct else ''}"
     try:
-        moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(
-            streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+        moved = streaming.transfer_logged(jobs, streams, label, total, host.log)
     finally:
         if direct:
             direct.close()

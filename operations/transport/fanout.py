@@ -381,8 +381,7 @@ class WheelPushes(streaming.Pushes):
         total = sum(sizes.values())
         label = f"fetching {len(want)} {self.what}(s) from {holder.name} directly"
         try:
-            moved = streaming.transfer(jobs, streams, lambda sent, elapsed: host.log(
-                streaming.rate_line(label, sent, total, elapsed, len(jobs))))
+            moved = streaming.transfer_logged(jobs, streams, label, total, host.log)
         finally:
             grant.close()
         if not moved.ok:

@@ -191,6 +191,14 @@ def transfer(jobs: list[Job], streams: int,
     return Moved(not failures, sent[0], time.monotonic() - start, failures)
 
 
+def transfer_logged(jobs: list[Job], streams: int, label: str, total: int,
+                    log: Callable[[str], None]) -> Moved:
+    """`transfer`, its progress logged as `rate_line(label, ...)` of `total` bytes: the one way a
+    transfer says how it goes."""
+    return transfer(jobs, streams, lambda sent, elapsed: log(
+        rate_line(label, sent, total, elapsed, len(jobs))))
+
+
 def batches(sizes: dict[str, int], streams: int,
             together: Callable[[str], object] = lambda name: name) -> list[list[str]]:
     """The names in `sizes` as at most `streams` lists of about equal bytes (largest first, each to
