@@ -95,4 +95,4 @@ else:
             if surges[name] or left:
                 surge_removed(prepared[name], surges[name] or left, leftover=left is not None)
     gates_checked()
-    cleanup(config)
+    cleanup(config, stack, patch_sets)

@@ -13,7 +13,8 @@ from pyinfra.api import deploy
 from configuration import settings
 from deploys.planning import Reading
 from operations.model import models
-from operations.service import placement
+from operations.service import kernel_cache, placement
+from operations.service.service_inputs import cache_key
 
 STEP = "Cleanup"
 
@@ -27,11 +28,24 @@ def plan(reading: Reading) -> None:
         reading.plan.add(STEP, unit, "delete",
                          "no longer placed here (stopped once it answers where it is placed)",
                          service=placement.service_of(unit))
+    found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    for key in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
+                                                        reading.patch_sets)):
+        reading.plan.add(STEP, f"{kernel_cache.KERNELS_DIR}/{key}", "delete",
+                         "a kernel cache no unit of this host uses")
+
+
+def wanted_caches(config, stack, patch_sets: dict) -> list[str]:
+    """The kernel caches the units this run writes name."""
+    return [cache_key(s, stack, patch_sets) for s in config.services]
 
 
 @deploy(STEP)
-def cleanup(config) -> None:
+def cleanup(config, stack, patch_sets: dict) -> None:
     # Where the other hosts place each service: every host's validated configuration (validated once
     # per run).
     placement.remove_unplaced(config, settings.validate_inventory(host.state))
     models.release_unused(config)
+    kernel_cache.unused_removed(name="Kernel caches no unit uses removed",
+                                wanted=wanted_caches(config, stack, patch_sets),
+                                unit_globs=kernel_cache.UNIT_GLOBS)

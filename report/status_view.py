@@ -26,6 +26,7 @@ from pathlib import Path
 from pyinfra.api.state import BaseStateCallback
 
 from configuration import run_scope
+from report.sizes import human_bytes
 from report.terminal_text import one_line
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 2
@@ -128,6 +129,18 @@ def _generation(row: dict) -> str:
     return f"{gen.get('stack')}: live {gen.get('live') or 'none'} != wanted {gen.get('wanted')}"
 
 
+def _kernels(row: dict) -> str:
+    """Whether the service's kernel cache (its unit's key) holds compiled kernels: a restart on
+    a warm one skips the engine's compile and JIT."""
+    kernels = row.get("kernels")
+    if not kernels or kernels.get("warm") is None:
+        return "-"
+    if not kernels["warm"]:
+        return f"cold ({kernels.get('key')})"
+    return (f"warm {human_bytes(kernels.get('bytes') or 0)}, {kernels.get('files')} files "
+            f"({kernels.get('key')})")
+
+
 def _patches(row: dict) -> str:
     sets = row.get("patch_sets") or []
     if not sets:
@@ -214,6 +227,7 @@ COLUMNS: list[tuple[str, object, int]] = [
     ("ACCEPT", _accept, 2),
     ("GPU", _gpus_short, 2),
     ("GENERATION", _generation, 3),
+    ("KERNELS", _kernels, 4),
     ("PATCH SETS", _patches, 4),
     ("MODELS", _models, 4),
 ]
@@ -354,6 +368,8 @@ METRICS = {
     "sglang_deploy_service_restarts": "systemd's NRestarts of the service's unit",
     "sglang_deploy_service_accept_length": ("accepted tokens per verify step that the readiness "
                                             "gate read when the running process started"),
+    "sglang_deploy_service_kernel_cache_warm": ("1 when the kernel cache the service's unit names "
+                                                "holds compiled kernels, else 0"),
     "sglang_deploy_service_drift": "1 when a deploy would change something for the service, else 0",
     "sglang_deploy_status_exit_code": "the status command's exit code (0 ok, 2 drift, 1 unhealthy "
                                       "or unreachable)",
@@ -401,6 +417,9 @@ def prometheus(rows: list[dict]) -> str:
         accept = (row.get("gate") or {}).get("accept_length")
         if accept is not None:
             samples["sglang_deploy_service_accept_length"].append(f"{labels} {float(accept):.4f}")
+        warm = (row.get("kernels") or {}).get("warm")
+        if warm is not None:
+            samples["sglang_deploy_service_kernel_cache_warm"].append(f"{labels} {1 if warm else 0}")
         if row.get("reachable", True):
             samples["sglang_deploy_service_drift"].append(f"{labels} "
                                                           f"{1 if row.get('changes') else 0}")

@@ -36,7 +36,7 @@ from operations.environment import patches, venv_read
 from operations.gpu import gpu_read, gpus
 from operations.model import models
 from operations.run import host_reads
-from operations.service import lifecycle, readiness
+from operations.service import kernel_cache, lifecycle, readiness
 
 COVERS = (
     "DEPLOY WOULD is the deploy's own plan from this read (deploys/plan.py): every step, "
@@ -282,11 +282,23 @@ def _service_row(host, service, stack, watched, envs, staged_models, decisions, 
         "gpus": gpu_list, "host_gpus": host_gpus, "gpu_error": None,
         "generation": {"stack": stack.name, "wanted": env["gen"].id, "live": env["live"],
                        "venv": service.environment.path},
+        "kernels": kernels_of(host, service, env["gen"].path),
         "patch_sets": [p for p in env["patches"] if p["name"] in service.patch_sets],
         "models": staged + store, "changes": [c.text for c in mine],
         "plan": [c.record() for c in mine], "_changes": mine, "healthy": not problems,
         "problems": problems, "warnings": warned,
     }
+
+
+def kernels_of(host, service, generation: str) -> dict:
+    """The service's kernel cache as its unit names it (operations/service/kernel_cache.py): its
+    key, whether it holds compiled kernels (`warm`: None where it was not read), files and bytes."""
+    cache_key = kernel_cache.key(service, generation)
+    found = _fact(host, kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = found if _ok(found) else None
+    entry = ((found or {}).get("caches") or {}).get(cache_key) or {}
+    return {"key": cache_key, "warm": kernel_cache.warm(found, cache_key),
+            "files": entry.get("files", 0), "bytes": entry.get("bytes", 0)}
 
 
 def unreachable_reason(address: str, port: int, timeout_s: float = 1.5) -> str:

@@ -20,7 +20,7 @@ from lab import wheel_writer  # noqa: E402
 
 NAME = "sglang-standin"
 PKG = "sglang_standin"
-VERSION = "0.1.5"
+VERSION = "0.1.6"
 TAG = "py3-none-any"
 WHEEL_NAME = "%s-%s-%s.whl" % (PKG, VERSION, TAG)
 DIST_INFO = "%s-%s.dist-info" % (PKG, VERSION)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from operations.environment import venv_read
 from operations.model import models
-from operations.service import units
+from operations.service import kernel_cache, units
 
 
 def watched_inputs(service, unit_path: str) -> tuple[str, ...]:
@@ -23,10 +23,21 @@ def unit_text(config, service, stack, patch_sets: dict, device_groups: tuple[str
     and the plan. It runs its venv's generation of this stack and patch sets
     (`venv_read.generation`)."""
     digests = {name: patch_sets[name].digest for name in service.patch_sets}
-    env = service.environment
-    gen = venv_read.generation(env.path, stack, {n: patch_sets[n].digest for n in env.patch_sets})
     staging = (models.boot_unit_name(config)
                if any(m.location == "shm" for m in service.models) else None)
     return units.render_unit(config, service, stack, units.inputs_digest(stack, digests),
                              after_units=(staging,) if staging else (),
-                             supplementary_groups=device_groups, runs=gen.path)
+                             supplementary_groups=device_groups,
+                             runs=generation_path(service, stack, patch_sets))
+
+
+def generation_path(service, stack, patch_sets: dict) -> str:
+    """The venv generation the service's unit runs (`venv_read.generation`'s path)."""
+    env = service.environment
+    return venv_read.generation(env.path, stack,
+                                {n: patch_sets[n].digest for n in env.patch_sets}).path
+
+
+def cache_key(service, stack, patch_sets: dict) -> str:
+    """The kernel cache the service's unit names (operations/service/kernel_cache.py)."""
+    return kernel_cache.key(service, generation_path(service, stack, patch_sets))

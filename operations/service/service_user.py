@@ -44,6 +44,7 @@ from configuration.host_paths import SERVICE_STATE_DIR as STATE_DIR
 from operations.run import host_reads, read_batch
 from operations.run.host_reads import operation
 from operations.run.plan import Refusal
+from operations.service import kernel_cache
 
 # ProtectHome=tmpfs mounts an empty, read-only tmpfs on each of these.
 HOME_DIRS = ("/root", "/home", "/run/user")
@@ -55,23 +56,11 @@ def group_of(user: str) -> str:
     return user
 
 
-def runtime_environment() -> dict[str, str]:
-    """Where the engine's JIT caches and HOME point: directories systemd owns for the unit.
-
-    flashinfer keeps its JIT cache in `$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`
-    (flashinfer/jit/env.py), triton in `$TRITON_CACHE_DIR`, torch's inductor in
-    `$TORCHINDUCTOR_CACHE_DIR` (else a /tmp dir, private and lost at each restart), the CUDA
-    driver's PTX cache in `$CUDA_CACHE_PATH`; the rest (huggingface, outlines, torch
-    extensions, deep_gemm) under `$XDG_CACHE_HOME` or `$HOME`.
-    """
-    return {
-        "HOME": STATE_DIR,
-        "XDG_CACHE_HOME": CACHE_DIR,
-        "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
-        "FLASHINFER_WORKSPACE_BASE": f"{CACHE_DIR}/flashinfer",
-        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
-        "CUDA_CACHE_PATH": f"{CACHE_DIR}/nv",
-    }
+def runtime_environment(cache_dir: str = CACHE_DIR) -> dict[str, str]:
+    """HOME (the unit's StateDirectory) and where the engine's JIT caches point: `cache_dir`, the
+    service's kernel cache (operations/service/kernel_cache.py) inside the unit's CacheDirectory;
+    by default that directory itself (what a run in the service's sandbox, not the service, uses)."""
+    return {"HOME": STATE_DIR, **kernel_cache.environment(cache_dir)}
 
 
 def is_hidden(path: str) -> bool:

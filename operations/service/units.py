@@ -7,7 +7,7 @@ import hashlib
 from configuration.settings import HostConfig, Service
 from configuration.stacks import Stack, load_stack
 from operations.run.templates import systemd_quote, template
-from operations.service import service_user
+from operations.service import kernel_cache, service_user
 
 # CUDA numbers GPUs fastest first unless told otherwise; `gpu` (CUDA_VISIBLE_DEVICES) means
 # nvidia-smi's numbers, which the GPU check reads: by PCI bus. The data may not set it
@@ -117,12 +117,15 @@ def render_unit(
     path: its ExecStart and PATH name it, not the live link, so a unit kept as it was - its
     service's rollout held - restarts on what it ran); None: the live link (a sandbox's
     properties, which name neither)."""
+    # A unit's kernel cache is keyed by the generation it runs; a sandbox's run (None) gets none.
+    cache = kernel_cache.directory(service, runs) if runs else None
     runs = runs or service.environment.path
     return template("sglang.service.j2").render(
         user=config.service_user,
         group=service_user.group_of(config.service_user),
         supplementary_groups=list(supplementary_groups),
-        runtime_environment={**service_user.runtime_environment(),
+        kernel_cache=kernel_cache.unit_setting(cache) if cache else None,
+        runtime_environment={**service_user.runtime_environment(cache or service_user.CACHE_DIR),
                              "PATH": venv_bin_path(runs)},
         bind_paths=bind_paths(service),
         service=service,

@@ -23,6 +23,7 @@ from operations.gpu import fit, gpus
 from operations.model import models, transfer
 from operations.run.plan import Change, HostPlan
 from operations.service import (
+    kernel_cache,
     placement,
     readiness,
     rollback,
@@ -111,6 +112,9 @@ def converged_world(config, stack, patch_sets) -> World:
                                        "newer": [], "health": 200, "pid": 11, "uptime_s": 60},
               unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port, inputs=service_inputs.watched_inputs(s, s.unit_path))
     w.set(placement.ManagedUnits, {s.unit_name: {"path": s.unit_path, "managed": True} for s in config.services})
+    keys = sorted({service_inputs.cache_key(s, stack, patch_sets) for s in config.services})
+    w.set(kernel_cache.KernelCaches, {"caches": {k: {"files": 3, "bytes": 300} for k in keys}, "named": keys},
+          unit_globs=kernel_cache.UNIT_GLOBS)
     return w
 
 

@@ -272,3 +272,27 @@ def test_a_services_lifecycle_is_planned_as_its_operation_runs_it(lab, what, dri
     result = run(lifecycle.running, {readiness.ServiceState: lambda **kw: state}, unit=service.unit_name,
                  unit_path=service.unit_path, bind=service.bind, port=service.port, inputs=watched)
     assert planned == _lifecycle_of_commands(result.commands) == both, (what, planned, result.commands)
+
+
+@pytest.mark.parametrize("left", [[], ["f" * 16], ["f" * 16, "e" * 16]])
+def test_kernel_caches_no_unit_names_are_planned_and_removed_alike(lab, left):
+    # A cache of a key no unit names any more (an earlier generation, a service moved away): the plan's Cleanup
+    # deletes exactly what the operation removes; the caches of the units it writes and of the saved ones stay.
+    from deploys.cleanup import wanted_caches
+    from operations.service import kernel_cache
+
+    config, stack, patch_sets = lab
+    w = converged_world(*lab)
+    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found["caches"].update({k: {"files": 1, "bytes": 1} for k in left})
+    found["caches"]["d" * 16] = {"files": 1, "bytes": 1}
+    found["named"] = [*found["named"], "d" * 16]  # a unit the rollback saved names it
+    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    plan = plan_of(*lab, w)
+    planned = sorted(c.what.rsplit("/", 1)[1] for c in plan.changes if c.step == "Cleanup")
+    applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: found},
+                  wanted=wanted_caches(config, stack, patch_sets), unit_globs=kernel_cache.UNIT_GLOBS)
+    assert planned == sorted(left)
+    assert bool(applied.commands) == bool(left)
+    assert all(k in " ".join(applied.commands) for k in left) and "d" * 16 not in " ".join(applied.commands)
+    assert plan.converged == (not left)

@@ -43,10 +43,10 @@ def test_every_stack_file_loads(path: Path):
 def test_lab_standin_stack():
     stack = stacks.load_stack("lab-standin")
     assert stack.python == "3.11"
-    assert stack.wanted() == {"sglang-standin": "0.1.5"}
+    assert stack.wanted() == {"sglang-standin": "0.1.6"}
     (package,) = stack.packages
-    assert package == Package("sglang-standin", "0.1.5", "sglang_standin-0.1.5-py3-none-any.whl", package.sha256, "lab/standin/build.py")
-    assert package.spec == "sglang-standin==0.1.5"
+    assert package == Package("sglang-standin", "0.1.6", "sglang_standin-0.1.6-py3-none-any.whl", package.sha256, "lab/standin/build.py")
+    assert package.spec == "sglang-standin==0.1.6"
 
 
 def test_the_default_stack_and_the_deployments_stack_exist():

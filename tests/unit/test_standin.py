@@ -28,8 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_DIR = ROOT / "lab" / "standin"
-WHEEL_NAME = "sglang_standin-0.1.5-py3-none-any.whl"
-BANNER = "sglang-standin 0.1.5 (a stand-in for sglang.launch_server, no GPU, no model weights loaded)"
+WHEEL_NAME = "sglang_standin-0.1.6-py3-none-any.whl"
+BANNER = "sglang-standin 0.1.6 (a stand-in for sglang.launch_server, no GPU, no model weights loaded)"
 
 # Direct opener: never route loopback test traffic through an http_proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -139,27 +139,27 @@ def test_wheel_is_deterministic_and_well_formed(tmp_path, wheel):
         names = [i.filename for i in infos]
         assert "sglang_standin/__init__.py" in names
         assert "sglang_standin/launch_server.py" in names
-        assert names[-1] == "sglang_standin-0.1.5.dist-info/RECORD"
+        assert names[-1] == "sglang_standin-0.1.6.dist-info/RECORD"
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
         for i in infos:
             assert i.date_time == (1980, 1, 1, 0, 0, 0)
             assert (i.external_attr >> 16) == 0o100644
 
-        meta = zf.read("sglang_standin-0.1.5.dist-info/METADATA").decode()
+        meta = zf.read("sglang_standin-0.1.6.dist-info/METADATA").decode()
         head = meta.split("\n\n", 1)[0].splitlines()
         assert "Metadata-Version: 2.1" in head
         assert "Name: sglang-standin" in head
-        assert "Version: 0.1.5" in head
+        assert "Version: 0.1.6" in head
         summary = [line_ for line_ in head if line_.startswith("Summary: ")]
         assert summary and "stand-in" in summary[0]
 
-        wheel_meta = zf.read("sglang_standin-0.1.5.dist-info/WHEEL").decode().splitlines()
+        wheel_meta = zf.read("sglang_standin-0.1.6.dist-info/WHEEL").decode().splitlines()
         assert "Wheel-Version: 1.0" in wheel_meta
         assert "Root-Is-Purelib: true" in wheel_meta
         assert "Tag: py3-none-any" in wheel_meta
         assert any(line_.startswith("Generator: ") for line_ in wheel_meta)
 
-        rows = list(csv.reader(io.StringIO(zf.read("sglang_standin-0.1.5.dist-info/RECORD").decode())))
+        rows = list(csv.reader(io.StringIO(zf.read("sglang_standin-0.1.6.dist-info/RECORD").decode())))
         recorded = {r[0] for r in rows}
         assert recorded == set(names)
         for path, digest, size in rows:
@@ -291,7 +291,7 @@ def test_server_readiness_endpoints_and_sigterm(venv_python, model_dir, tmp_path
             assert info["speculative_algorithm"] == "DFLASH"
             assert info["attention_backend"] == "triton"
             assert info["grammar_backend"] == "none"
-            assert info["version"] == "0.1.5-standin"
+            assert info["version"] == "0.1.6-standin"
             assert info["standin"] is True
             assert info["parser"] == "standin-argparse"
             assert info["env"] == {

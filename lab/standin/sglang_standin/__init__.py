@@ -11,6 +11,6 @@ behaviour as the real server.
 Run it as ``python -m sglang_standin.launch_server <sglang flags>``.
 """
 
-__version__ = "0.1.5"
+__version__ = "0.1.6"
 DIST_NAME = "sglang-standin"
 STANDIN = True

@@ -417,6 +417,7 @@ class StandinState:
         self.draining = False  # SIGTERM: no new work, the requests in flight finish
         self.in_flight = 0
         self._lock = threading.Lock()
+        self.kernel_cache: dict = {}  # what `compiled_kernels` found at start
 
     def ready(self) -> bool:
         if self.never_ready or self.ready_at is None or self.draining:
@@ -440,6 +441,7 @@ class StandinState:
                 "parser": self.parser_label,
                 "env": collect_env(),
                 "argv": self.argv,
+                "kernel_cache": self.kernel_cache,
             }
         )
         return info
@@ -658,6 +660,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+# Flags that say only where the server listens or reads from: the same kernels whatever they are.
+NOT_KERNEL_ARGS = ("host", "port", "model_path", "speculative_draft_model_path", "config", "api_key")
+
+
+def compiled_kernels(args: dict) -> dict:
+    """The engine's compile at start, as a GPU engine does it (triton, flashinfer's JIT, CUDA
+    graphs): where `$TRITON_CACHE_DIR` already holds this configuration's kernels the start is
+    warm and skips it; else it takes STANDIN_COMPILE_S seconds (default 0) and writes them there
+    (atomically). Returns what /server_info reports as `kernel_cache`."""
+    root = os.environ.get("TRITON_CACHE_DIR", "")
+    if not root:
+        return {"state": "none", "why": "TRITON_CACHE_DIR is not set"}
+    wanted = {k: v for k, v in sorted(args.items()) if k not in NOT_KERNEL_ARGS}
+    ident = hashlib.sha256(json.dumps(wanted, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = os.path.join(root, "standin", ident + ".kernels")
+    if os.path.isfile(path):
+        log("kernel cache warm: %s" % path)
+        return {"state": "warm", "path": path, "compile_s": 0.0}
+    compile_s = _env_float("STANDIN_COMPILE_S", 0.0)
+    log("kernel cache cold (%s absent): compiling for %.2fs" % (path, compile_s))
+    time.sleep(compile_s)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w") as handle:
+            json.dump(wanted, handle, default=str)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache: compiled, not kept (the next start is cold again)
+        log("kernel cache not written: %s" % exc)
+        return {"state": "cold", "path": path, "compile_s": compile_s, "kept": False}
+    return {"state": "cold", "path": path, "compile_s": compile_s, "kept": True}
+
+
 def _main(argv: list[str]) -> int:
     try:
         args, parser_label = parse_args_with_parser(argv)
@@ -698,6 +733,7 @@ def _main(argv: list[str]) -> int:
 
     log("simulating model load for %.2fs (port %d closed)" % (load_s, port))
     time.sleep(load_s)
+    state.kernel_cache = compiled_kernels(args)
 
     try:
         srv = make_server(host, port, state)
