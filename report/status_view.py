@@ -419,7 +419,8 @@ def prometheus(rows: list[dict]) -> str:
             samples["sglang_deploy_service_accept_length"].append(f"{labels} {float(accept):.4f}")
         warm = (row.get("kernels") or {}).get("warm")
         if warm is not None:
-            samples["sglang_deploy_service_kernel_cache_warm"].append(f"{labels} {1 if warm else 0}")
+            samples["sglang_deploy_service_kernel_cache_warm"].append(
+                f"{labels} {1 if warm else 0}")
         if row.get("reachable", True):
             samples["sglang_deploy_service_drift"].append(f"{labels} "
                                                           f"{1 if row.get('changes') else 0}")

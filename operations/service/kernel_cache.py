@@ -1,4 +1,4 @@
-"""A service's kernel caches: where its engine's JIT state lives, keyed by what the kernels depend on.
+"""A service's kernel caches: its engine's JIT state, keyed by what its kernels depend on.
 
 The engine compiles kernels on its first start and at its first batches (triton, flashinfer's JIT,
 torch inductor, the CUDA driver's PTX cache, deep_gemm): on a GPU most of a cold start's time to
@@ -20,7 +20,8 @@ triton and flashinfer key their own entries by architecture inside the directory
 
 So a restart on the same inputs reuses the caches (the same key); a rollback to the previous unit
 finds the previous key's directory, kept while a unit or the rollback's saved unit names it (the
-Cleanup step removes the others: `unused`, so at most two per service stay); a surge (operations/service/surge.py: only its GPU and port differ) compiles into the directory its
+Cleanup step removes the others: `unused`, so at most two per service stay); a surge
+(operations/service/surge.py: only its GPU and port differ) compiles into the directory its
 replica then starts from, warm; two replicas of one service on a host share one directory. The
 status view says whether a service's directory holds anything (`warm`).
 """
@@ -107,7 +108,8 @@ def environment(cache_dir: str) -> dict[str, str]:
 @read_batch.batched()
 class KernelCaches(FactBase):
     """``{"caches": {key: {"files", "bytes"}}, "named": [key, ...]}``: the host's kernel caches
-    and the keys its unit files name (`unit_globs`: installed, runtime, the rollback's saved ones)."""
+    and the keys its unit files name (`unit_globs`: installed, runtime, the rollback's saved
+    ones)."""
 
     def command(self, unit_globs: tuple[str, ...] = ()) -> str:
         return remote.command("kernel_caches", shlex.quote(KERNELS_DIR),

@@ -59,7 +59,8 @@ def group_of(user: str) -> str:
 def runtime_environment(cache_dir: str = CACHE_DIR) -> dict[str, str]:
     """HOME (the unit's StateDirectory) and where the engine's JIT caches point: `cache_dir`, the
     service's kernel cache (operations/service/kernel_cache.py) inside the unit's CacheDirectory;
-    by default that directory itself (what a run in the service's sandbox, not the service, uses)."""
+    by default that directory itself (what a run in the service's sandbox, not the service,
+    uses)."""
     return {"HOME": STATE_DIR, **kernel_cache.environment(cache_dir)}
 
 

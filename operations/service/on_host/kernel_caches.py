@@ -1,5 +1,5 @@
-# Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each) and
-# the keys the host's unit files name (installed, runtime, and the rollback's saved units), as JSON.
+# Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each)
+# and the keys the host's unit files name (installed, runtime, the rollback's saved units), as JSON.
 # argv: KERNELS_DIR UNIT_FILE_GLOB...
 import glob
 import json
