@@ -61,7 +61,9 @@ else:
     # wave's restarts, then its gates.
     prepared = {placed.name: service(config, placed, stack, patch_sets,
                                      envs[placed.environment.path], copies, device_groups,
-                                     gpu_decisions.after_staging.get(placed.name, {}))
+                                     gpu_decisions.after_staging.get(placed.name, {}),
+                                     arch=gpu_decisions.arch_of(placed),
+                                     starts=plan.restarts(placed.name))
                 for placed in config.services}
     waves = rollout.host_waves(rollouts, host.name)
     for number, wave in host.loop(enumerate(waves, start=1)):

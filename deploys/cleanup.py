@@ -29,10 +29,9 @@ def plan(reading: Reading) -> None:
                          "no longer placed here (stopped once it answers where it is placed)",
                          service=placement.service_of(unit))
     found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
-    for key in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
-                                                        reading.patch_sets)):
-        reading.plan.add(STEP, f"{kernel_cache.KERNELS_DIR}/{key}", "delete",
-                         "a kernel cache no unit of this host uses")
+    for path in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
+                                                         reading.patch_sets)):
+        reading.plan.add(STEP, path, "delete", "a kernel cache no unit of this host uses")
 
 
 def wanted_caches(config, stack, patch_sets: dict) -> list[str]:

@@ -26,6 +26,8 @@ from deploys.planning import Reading, Unread
 from operations.gpu import gpus
 from operations.run import progress, this_run
 from operations.service import (
+    kernel_cache,
+    kernel_ship,
     lifecycle,
     preflight,
     readiness,
@@ -36,6 +38,7 @@ from operations.service import (
     unit_file,
     units,
 )
+from operations.service.service_inputs import cache_key
 from operations.service.service_inputs import unit_text as unit_text_of
 from operations.service.service_inputs import watched_inputs
 from operations.service.service_user import GpuDevices, device_access, group_of
@@ -192,6 +195,7 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...],
     elif steps.record:
         plan.add(STEP, f"record of what {unit} started with", "update",
                  "no record covers the running process", service=name)
+    _kernels(reading, service, steps.start or steps.restart)
     if steps.start or steps.restart:
         plan.add(STEP, f"readiness of {name}", "check",
                  "/ready (/health on an engine without it) and a smoke completion after the "
@@ -202,6 +206,43 @@ def _replica(reading: Reading, service, device_groups: tuple[str, ...],
                   or f"/health answers {state.get('health')}")
         plan.add(STEP, f"readiness of {name}", "check",
                  f"it runs but does not serve: {answer}", service=name)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What a replica's kernel cache operations are given (operations/service/kernel_ship.py): its
+    unit's key, its GPUs' architecture, whether the plan (re)starts it, the host `model_sources`
+    names for its target, and its unit's sandbox."""
+
+    key: str
+    arch: str | None
+    starts: bool
+    source: str | None
+    sandbox: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, config, service, stack, patch_sets: dict, arch: str | None, starts: bool,
+           sandbox: tuple[str, ...] = ()) -> Kernels:
+        return cls(cache_key(service, stack, patch_sets), arch, starts,
+                   config.model_sources.get(service.target.name), sandbox)
+
+
+def _kernels(reading: Reading, service, starts: bool) -> None:
+    """The replica's kernel cache: seeded before its (re)start where it is empty
+    (`kernel_ship.warm_up`), sealed by root after its gate (`kernel_ship.seal_needed`)."""
+    kernels = Kernels.of(reading.config, service, reading.stack, reading.patch_sets,
+                         reading.decisions.arch_of(service), starts)
+    found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    warmup = kernel_ship.warm_up(found, kernels.key, kernels.arch, starts, kernels.source,
+                                 reading.plan.host)
+    if warmup:
+        reading.plan.add(STEP, f"{kernel_cache.KERNELS_DIR}/{kernels.key}", "create", warmup.text,
+                         service=service.name)
+    if kernel_ship.seal_needed(found, kernels.key, kernels.arch, starts):
+        name = kernel_cache.sealed_name(kernels.key, kernels.arch)
+        reading.plan.add(STEP, f"{kernel_cache.SEALED_DIR}/{name}", "create",
+                         "root's copy of its kernel cache, once it passes its gate",
+                         service=service.name)
 
 
 @dataclass
@@ -215,6 +256,7 @@ class Prepared:
     environment: BuiltEnvironment
     # the host paths its process loads (service_inputs.watched_inputs), read with its state
     watched: tuple[str, ...]
+    kernels: Kernels | None = None
     rewritten: unit_file.Rewritten = field(default_factory=unit_file.Rewritten)
     started: lifecycle.Restarted = field(default_factory=lifecycle.Restarted)
     surged: surge.Outcome = field(default_factory=surge.Outcome)
@@ -223,11 +265,12 @@ class Prepared:
 @deploy(STEP)
 def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironment,
             model_copies: ModelCopies, device_groups: tuple[str, ...],
-            by_target: dict) -> Prepared:
+            by_target: dict, arch: str | None = None, starts: bool = False) -> Prepared:
     """Add the operations that prepare one replica before any wave restarts: its key file, and its
     exact flags through the engine's own parser in its venv (what its unit will say), with the
     engine advisories on its target's kind that the GPU check left to it (`by_target`:
-    `gpus.GpuDecisions.after_staging`)."""
+    `gpus.GpuDecisions.after_staging`); then its empty kernel cache seeded where a sealed copy
+    exists (`arch`: its GPUs' architecture; `starts`: the plan (re)starts it)."""
     unit_path = service.unit_path
     unit_text = unit_text_of(config, service, stack, patch_sets, device_groups)
     key_file = secrets.config_file(
@@ -257,8 +300,13 @@ def service(config, service, stack, patch_sets: dict, environment: BuiltEnvironm
         open_ok=bool(service.api_key) or service.allow_unauthenticated,
     )
     progress.watch(parsed, f"{service.unit_name}'s flags through the engine's own parser")
+    kernels = Kernels.of(config, service, stack, patch_sets, arch, starts,
+                         tuple(units.service_sandbox(config, service)))
+    kernel_ship.warmed(name=f"{service.unit_name}'s kernel cache warm before it starts",
+                       replica=service.name, cache_key=kernels.key, arch=kernels.arch,
+                       starts=kernels.starts, source=kernels.source, sandbox=list(kernels.sandbox))
     return Prepared(service, unit_text, inputs, environment,
-                    watched_inputs(service, unit_path))
+                    watched_inputs(service, unit_path), kernels=kernels)
 
 
 @deploy(STEP)
@@ -327,6 +375,12 @@ def gated(config, prepared: Prepared, held: Callable[..., str | None], planned: 
         soak_s=soak_s,
     )
     progress.watch(gate, f"{service.unit_name} starting", progress.journal(service.unit_name))
+    kernels = prepared.kernels
+    if kernels is not None:
+        kernel_ship.sealed(name=f"{service.unit_name}'s kernel cache sealed by root",
+                           replica=service.name, cache_key=kernels.key, arch=kernels.arch,
+                           starts=kernels.starts, sandbox=list(kernels.sandbox),
+                           started=prepared.started)
 
 
 @deploy(STEP)

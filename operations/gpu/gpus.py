@@ -64,6 +64,15 @@ class GpuDecisions:
         (its Python, its driver: every service on it)."""
         return getattr(error, "service", None)
 
+    def arch_of(self, service) -> str | None:
+        """The GPU architecture `service` runs on, as kernels are built for it (`sm90`, `sm90_sm120`
+        for a mix); None where its GPUs were not read."""
+        if self.facts is None or self.facts.error:
+            return None
+        caps = sorted({g.compute_cap for g in self.facts.gpus
+                       if g.index in service.gpus and g.compute_cap})
+        return "_".join("sm" + c.replace(".", "") for c in caps) or None
+
     def probe_args(self) -> dict:
         """What the ABI probe compares torch against: the driver's CUDA version, the GPUs' compute
         capabilities."""

@@ -384,6 +384,14 @@ def in_store(model: str, path: str, source: str | None = None, source_store: str
     yield FunctionCommand(_fanned_out, (source, source_path, path), {})
 
 
+def directory_from(state, host, source_name: str, src: str, dest: str) -> bool:
+    """Any directory of root's on the inventory host `source_name` (a model, a sealed kernel
+    cache: operations/service/kernel_ship.py) put at `dest` on `host` as a model is: host to host,
+    every file checked against the origin's sha256, fanned out, resumed; False (said) where it
+    could not be."""
+    return _fanned_out(state, host, source_name, src, dest)
+
+
 def _origin_digests(state, host, source_name: str, src: str) -> model_digests.Digests:
     """The origin's digests of the model (model_digests), taken once per run: the control
     machine's directory hashed here, or the source host's store over pyinfra's connection to it."""

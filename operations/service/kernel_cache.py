@@ -36,13 +36,16 @@ from pathlib import PurePosixPath
 from pyinfra import host
 from pyinfra.api import FactBase
 
-from configuration.host_paths import SERVICE_CACHE_DIR, UNIT_DIR
+from configuration.host_paths import SERVICE_CACHE_DIR, STATE_DIR, UNIT_DIR
 from operations import remote
 from operations.run import host_reads, read_batch
 from operations.run.host_reads import operation
 from operations.service import rollback, surge
 
 KERNELS_DIR = f"{SERVICE_CACHE_DIR}/kernels"
+# Root's copies of caches that passed a gate, one per key and GPU architecture (`sealed_name`):
+# what a cache is seeded from, here or on a host it is shipped to (kernel_ship.py).
+SEALED_DIR = f"{STATE_DIR}/kernels"
 # Where the host's units are that may name a kernel cache: installed, runtime (a surge), and the
 # units the rollback saved.
 UNIT_GLOBS = (f"{UNIT_DIR}/sglang-*.service", f"{surge.SURGE_DIR}/sglang-*.service",
@@ -107,26 +110,35 @@ def environment(cache_dir: str) -> dict[str, str]:
 
 @read_batch.batched()
 class KernelCaches(FactBase):
-    """``{"caches": {key: {"files", "bytes"}}, "named": [key, ...]}``: the host's kernel caches
-    and the keys its unit files name (`unit_globs`: installed, runtime, the rollback's saved
-    ones)."""
+    """``{"caches": {key: {"files", "bytes"}}, "sealed": {sealed_name: {...}}, "named": [key]}``:
+    the host's kernel caches, root's sealed copies, and the keys its unit files name
+    (`unit_globs`: installed, runtime, the rollback's saved ones)."""
 
     def command(self, unit_globs: tuple[str, ...] = ()) -> str:
-        return remote.command("kernel_caches", shlex.quote(KERNELS_DIR),
+        return remote.command("kernel_caches", shlex.quote(KERNELS_DIR), shlex.quote(SEALED_DIR),
                               *(shlex.quote(g) for g in unit_globs))
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
+def sealed_name(cache_key: str, arch: str) -> str:
+    """A sealed copy's name: its key and the GPU architecture it was compiled on."""
+    return f"{cache_key}.{arch}"
+
+
 def unused(found: dict | None, wanted: list[str] | tuple[str, ...]) -> list[str]:
-    """The kernel caches to remove: those no unit of the host names (installed, runtime or saved
-    for a rollback: `found["named"]`) and no unit this run writes names (`wanted`). So at most two
-    per service are kept, its unit's and the one its rollback would go back to."""
+    """The kernel caches to remove, as paths: those no unit of the host names (installed, runtime
+    or saved for a rollback: `found["named"]`) and no unit this run writes names (`wanted`), and
+    the sealed copies of such keys. So at most two keys per service are kept, its unit's and the one
+    its rollback would go back to."""
     if not found:
         return []
     keep = set(found.get("named") or ()) | set(wanted)
-    return sorted(k for k in (found.get("caches") or {}) if k not in keep)
+    live = [f"{KERNELS_DIR}/{k}" for k in (found.get("caches") or {}) if k not in keep]
+    sealed = [f"{SEALED_DIR}/{name}" for name in (found.get("sealed") or {})
+              if name.split(".", 1)[0] not in keep]
+    return sorted(live + sealed)
 
 
 def warm(found: dict | None, cache_key: str) -> bool | None:
@@ -136,10 +148,10 @@ def warm(found: dict | None, cache_key: str) -> bool | None:
     return bool(((found.get("caches") or {}).get(cache_key) or {}).get("files"))
 
 
-def remove_command(keys: list[str]) -> str:
-    """Remove these caches (each a directory of KERNELS_DIR, never a link)."""
-    paths = " ".join(shlex.quote(f"{KERNELS_DIR}/{k}") for k in keys)
-    return (f"for d in {paths}; do [ -L \"$d\" ] || rm -rf -- \"$d\"; done")
+def remove_command(paths: list[str]) -> str:
+    """Remove these caches (each a directory of KERNELS_DIR or SEALED_DIR, never a link)."""
+    words = " ".join(shlex.quote(p) for p in paths)
+    return f"for d in {words}; do [ -L \"$d\" ] || rm -rf -- \"$d\"; done"
 
 
 @operation()

@@ -113,8 +113,9 @@ def converged_world(config, stack, patch_sets) -> World:
               unit=s.unit_name, address=readiness.probe_address(s.bind), port=s.port, inputs=service_inputs.watched_inputs(s, s.unit_path))
     w.set(placement.ManagedUnits, {s.unit_name: {"path": s.unit_path, "managed": True} for s in config.services})
     keys = sorted({service_inputs.cache_key(s, stack, patch_sets) for s in config.services})
-    w.set(kernel_cache.KernelCaches, {"caches": {k: {"files": 3, "bytes": 300} for k in keys}, "named": keys},
-          unit_globs=kernel_cache.UNIT_GLOBS)
+    sealed = {kernel_cache.sealed_name(k, "sm120"): {"files": 3, "bytes": 300} for k in keys}  # LAB_GPUS: 12.0
+    w.set(kernel_cache.KernelCaches, {"caches": {k: {"files": 3, "bytes": 300} for k in keys}, "sealed": sealed,
+                                      "named": keys}, unit_globs=kernel_cache.UNIT_GLOBS)
     return w
 
 

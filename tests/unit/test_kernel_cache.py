@@ -85,10 +85,13 @@ def test_the_unit_points_every_cache_of_the_engine_into_its_key_and_has_systemd_
     assert "/kernels/" not in sandbox
 
 
-def test_only_caches_no_unit_names_are_removed():
+def test_only_caches_no_unit_names_are_removed_with_their_sealed_copies():
     found = {"caches": {"a" * 16: {"files": 3, "bytes": 9}, "b" * 16: {"files": 0, "bytes": 0},
-                        "c" * 16: {"files": 1, "bytes": 1}}, "named": ["a" * 16]}
-    assert kernel_cache.unused(found, ["b" * 16]) == ["c" * 16]
+                        "c" * 16: {"files": 1, "bytes": 1}}, "named": ["a" * 16],
+             "sealed": {f"{'a' * 16}.sm90": {"files": 3}, f"{'c' * 16}.sm90": {"files": 1}, f"{'c' * 16}.sm120": {"files": 1}}}
+    assert kernel_cache.unused(found, ["b" * 16]) == sorted([
+        f"{kernel_cache.KERNELS_DIR}/{'c' * 16}", f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm90",
+        f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm120"])
     assert kernel_cache.unused(None, []) == []
     assert kernel_cache.warm(found, "a" * 16) is True
     assert kernel_cache.warm(found, "b" * 16) is False
@@ -114,11 +117,17 @@ def test_the_host_read_counts_each_cache_and_finds_the_keys_units_name(tmp_path)
     units_dir.mkdir()
     (units_dir / "sglang-x.service").write_text(
         f"Environment=TRITON_CACHE_DIR=/var/cache/sglang/kernels/{'d' * 16}/triton\nCacheDirectory=sglang/kernels/{'e' * 16}\n")
-    found = _run_script(root, str(units_dir / "sglang-*.service"))
+    sealed = tmp_path / "sealed"
+    (sealed / f"{'a' * 16}.sm90").mkdir(parents=True)
+    (sealed / f"{'a' * 16}.sm90" / "k").write_bytes(b"1")
+    (sealed / f"{'a' * 16}.sm90" / ".sglang-deploy-manifest.json").write_bytes(b"{}")  # ours, not the cache's
+    (sealed / f".{'b' * 16}.sm90.partial").mkdir()  # a seal in progress is no sealed copy
+    found = _run_script(root, sealed, str(units_dir / "sglang-*.service"))
     assert found["caches"] == {"a" * 16: {"files": 2, "bytes": 5 + len(str(tmp_path / "elsewhere" / "big"))},
                                "b" * 16: {"files": 0, "bytes": 0}}
+    assert found["sealed"] == {f"{'a' * 16}.sm90": {"files": 1, "bytes": 1}}
     assert found["named"] == ["d" * 16, "e" * 16]
-    assert _run_script(tmp_path / "absent") == {"caches": {}, "named": []}
+    assert _run_script(tmp_path / "absent", tmp_path / "absent") == {"caches": {}, "sealed": {}, "named": []}
 
 
 def test_a_removal_never_follows_a_link(tmp_path):
@@ -127,7 +136,7 @@ def test_a_removal_never_follows_a_link(tmp_path):
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "f").write_text("x")
     os.symlink(tmp_path / "precious", kernels / ("b" * 16))
-    command = kernel_cache.remove_command(["a" * 16, "b" * 16]).replace(kernel_cache.KERNELS_DIR, str(kernels))
+    command = kernel_cache.remove_command([str(kernels / ("a" * 16)), str(kernels / ("b" * 16))])
     subprocess.run(["sh", "-c", command], check=True)
     assert not (kernels / ("a" * 16)).exists()
     assert (tmp_path / "precious" / "f").read_text() == "x"
@@ -136,3 +145,38 @@ def test_a_removal_never_follows_a_link(tmp_path):
 @pytest.mark.parametrize("cache_dir", ["/var/cache/sglang/kernels/0123456789abcdef"])
 def test_the_unit_setting_is_relative_to_systemds_cache_root(cache_dir):
     assert kernel_cache.unit_setting(cache_dir) == "sglang/kernels/0123456789abcdef"
+
+
+K = "0123456789abcdef"
+
+
+def _found(live_files=0, sealed=None):
+    return {"caches": {K: {"files": live_files, "bytes": live_files}} if live_files is not None else {},
+            "sealed": {name: {"files": 2, "bytes": 2} for name in (sealed or [])}, "named": [K]}
+
+
+def test_an_empty_cache_is_seeded_before_a_start_from_this_hosts_sealed_copy_else_from_the_models_source():
+    from operations.service import kernel_ship
+
+    sealed_here = kernel_ship.warm_up(_found(0, [f"{K}.sm90"]), K, "sm90", True, "gpu-b", "gpu-a")
+    assert sealed_here == kernel_ship.Warmup(K, f"{K}.sm90", None)
+    shipped = kernel_ship.warm_up(_found(None, [f"{K}.sm120"]), K, "sm90", True, "gpu-b", "gpu-a")
+    assert shipped == kernel_ship.Warmup(K, f"{K}.sm90", "gpu-b")  # another architecture's copy is no copy
+    # Nothing to do: a warm cache, no (re)start, no source but a directory or this host, GPUs not read.
+    assert kernel_ship.warm_up(_found(3), K, "sm90", True, "gpu-b", "gpu-a") is None
+    assert kernel_ship.warm_up(_found(0), K, "sm90", False, "gpu-b", "gpu-a") is None
+    assert kernel_ship.warm_up(_found(0), K, "sm90", True, "/data/models/M", "gpu-a") is None
+    assert kernel_ship.warm_up(_found(0), K, "sm90", True, "gpu-a", "gpu-a") is None
+    assert kernel_ship.warm_up(_found(0), K, None, True, "gpu-b", "gpu-a") is None
+    assert kernel_ship.warm_up(None, K, "sm90", True, "gpu-b", "gpu-a") is None
+
+
+def test_a_cache_is_sealed_once_per_key_and_architecture():
+    from operations.service import kernel_ship
+
+    assert kernel_ship.seal_needed(_found(3), K, "sm90", False)  # warm, never sealed
+    assert kernel_ship.seal_needed(_found(0), K, "sm90", True)  # (re)started in this run: it will hold kernels
+    assert not kernel_ship.seal_needed(_found(0), K, "sm90", False)  # nothing compiled, nothing starting
+    assert not kernel_ship.seal_needed(_found(3, [f"{K}.sm90"]), K, "sm90", True)
+    assert kernel_ship.seal_needed(_found(3, [f"{K}.sm120"]), K, "sm90", False)
+    assert not kernel_ship.seal_needed(_found(3), K, None, True)

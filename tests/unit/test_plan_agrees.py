@@ -296,3 +296,44 @@ def test_kernel_caches_no_unit_names_are_planned_and_removed_alike(lab, left):
     assert bool(applied.commands) == bool(left)
     assert all(k in " ".join(applied.commands) for k in left) and "d" * 16 not in " ".join(applied.commands)
     assert plan.converged == (not left)
+
+
+@pytest.mark.parametrize("restart", [True, False])
+@pytest.mark.parametrize("cache", ["warm", "warm, unsealed", "empty, sealed here", "empty, model from gpu-b", "empty"])
+def test_a_replicas_kernel_cache_is_seeded_and_sealed_as_planned(lab, restart, cache):
+    # The Service step's plan and its operations (kernel_ship.warmed before the restart, .sealed after the gate)
+    # decide from the same read: the plan names a seed or a seal exactly where the operation makes one.
+    from hashlib import sha1
+
+    from pyinfra.facts.files import FileContents, Sha1File
+
+    from operations.service import kernel_cache, kernel_ship
+
+    config, stack, patch_sets = lab
+    if cache == "empty, model from gpu-b":
+        config = _with(config, model_sources={config.services[0].target.name: "gpu-b"})
+    w = converged_world(config, stack, patch_sets)
+    service = config.services[0]
+    key = service_inputs.cache_key(service, stack, patch_sets)
+    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    if cache.startswith("empty"):
+        found["caches"][key] = {"files": 0, "bytes": 0}
+    if cache not in ("warm", "empty, sealed here"):
+        found["sealed"] = {}
+    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    if restart:
+        w.set(Sha1File, sha1(b"another unit").hexdigest(), path=service.unit_path)
+        w.set(FileContents, ["another unit"], path=service.unit_path)
+    plan = plan_of(config, stack, patch_sets, w)
+    starts = plan.restarts(service.name)
+    assert starts == restart
+    planned = {c.what for c in plan.of_service(service.name) if "/kernels/" in c.what}
+    arch = "sm120"
+    common = dict(replica=service.name, cache_key=key, arch=arch, starts=starts, sandbox=[])
+    seeded = run(kernel_ship.warmed, {kernel_cache.KernelCaches: found},
+                 source=config.model_sources.get(service.target.name), **common).commands
+    sealed = run(kernel_ship.sealed, {kernel_cache.KernelCaches: found}, **common).commands
+    assert (f"{kernel_cache.KERNELS_DIR}/{key}" in planned) == bool(seeded)
+    assert (f"{kernel_cache.SEALED_DIR}/{kernel_cache.sealed_name(key, arch)}" in planned) == bool(sealed)
+    assert bool(seeded) == (restart and cache in ("empty, sealed here", "empty, model from gpu-b"))
+    assert bool(sealed) == (cache == "warm, unsealed" or (restart and cache in ("empty, model from gpu-b", "empty")))

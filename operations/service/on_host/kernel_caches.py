@@ -1,33 +1,41 @@
-# Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each)
-# and the keys the host's unit files name (installed, runtime, the rollback's saved units), as JSON.
-# argv: KERNELS_DIR UNIT_FILE_GLOB...
+# Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each),
+# its sealed copies (kernel_cache.SEALED_DIR/<key>.<arch>) and the keys the host's unit files name
+# (installed, runtime, the rollback's saved units), as JSON.
+# argv: KERNELS_DIR SEALED_DIR UNIT_FILE_GLOB...
 import glob
 import json
 import os
 import re
 import sys
 
+from _common import Unwalkable, walk_files  # noqa: E402 - remote.script puts _common.py here
+
 KEY = re.compile(r"/kernels/([0-9a-f]{16})(?:/|\s|$)", re.M)
-root, patterns = sys.argv[1], sys.argv[2:]
-caches = {}
-try:
-    entries = sorted(os.listdir(root))
-except OSError:
-    entries = []
-for name in entries:
-    path = os.path.join(root, name)
-    if os.path.islink(path) or not os.path.isdir(path):
-        continue
-    files = size = 0
-    for top, dirs, names in os.walk(path):  # links are not followed
-        for each in names:
-            try:
-                st = os.lstat(os.path.join(top, each))
-            except OSError:
-                continue
-            files += 1
-            size += st.st_size
-    caches[name] = {"files": files, "bytes": size}
+root, sealed_root, patterns = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+
+def listed(where):
+    """{name: {"files", "bytes"}} of each directory in `where` (not a link, not our `.partial`)."""
+    found = {}
+    try:
+        entries = sorted(os.listdir(where))
+    except OSError:
+        entries = []
+    for name in entries:
+        path = os.path.join(where, name)
+        if name.startswith(".") or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:  # bounded, nothing followed: the service user makes these trees
+            walked = walk_files(path, skip=lambda rel, base: base.startswith(".sglang-deploy-"))
+        except Unwalkable as exc:
+            found[name] = {"files": 0, "bytes": 0, "error": str(exc)}
+            continue
+        walked = walked or {}
+        found[name] = {"files": len(walked), "bytes": sum(st.st_size for st in walked.values())}
+    return found
+
+
+caches, sealed = listed(root), listed(sealed_root)
 named = set()
 for pattern in patterns:
     for path in glob.glob(pattern):
@@ -36,4 +44,4 @@ for pattern in patterns:
                 named.update(KEY.findall(handle.read(1 << 16)))
         except OSError:
             continue
-print(json.dumps({"caches": caches, "named": sorted(named)}))
+print(json.dumps({"caches": caches, "sealed": sealed, "named": sorted(named)}))
