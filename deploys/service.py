@@ -38,9 +38,8 @@ from operations.service import (
     unit_file,
     units,
 )
-from operations.service.service_inputs import cache_key
+from operations.service.service_inputs import cache_key, watched_inputs
 from operations.service.service_inputs import unit_text as unit_text_of
-from operations.service.service_inputs import watched_inputs
 from operations.service.service_user import GpuDevices, device_access, group_of
 
 STEP = "Service"

@@ -86,7 +86,8 @@ def warm_up(found: dict | None, cache_key: str, arch: str | None, starts: bool,
 
 def seal_needed(found: dict | None, cache_key: str, arch: str | None, starts: bool) -> bool:
     """Whether root seals the replica's cache after its gate: its key and architecture have no
-    sealed copy here, and the cache holds kernels or the replica (re)starts in this run (it will)."""
+    sealed copy here, and the cache holds kernels or the replica (re)starts in this run (then it
+    will)."""
     if not isinstance(found, dict) or arch is None:
         return False
     if kernel_cache.sealed_name(cache_key, arch) in (found.get("sealed") or {}):
