@@ -13,6 +13,7 @@ from pyinfra.api import deploy
 from configuration import settings
 from deploys.planning import Reading
 from operations.model import models
+from operations.run import host_reads
 from operations.service import kernel_cache, placement
 from operations.service.service_inputs import cache_key
 
@@ -22,16 +23,25 @@ STEP = "Cleanup"
 def plan(reading: Reading) -> None:
     """The units of services no longer placed here (`placement.leftovers`, from the read
     `placement.remove_unplaced` decides from)."""
-    found = reading.ask(placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
+    units = reading.ask(placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
     placed = [s.unit_name for s in reading.config.services]
-    for unit in placement.leftovers(found or {}, placed):
+    for unit in placement.leftovers(units or {}, placed):
         reading.plan.add(STEP, unit, "delete",
                          "no longer placed here (stopped once it answers where it is placed)",
                          service=placement.service_of(unit))
     found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
     for path in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
-                                                         reading.patch_sets)):
-        reading.plan.add(STEP, path, "delete", "a kernel cache no unit of this host uses")
+                                                         reading.patch_sets),
+                                    removed_units(units, reading.config)):
+        reading.plan.add(STEP, path, "delete", "a kernel cache no unit of this host uses (a "
+                         "removed unit's: once it is removed)")
+
+
+def removed_units(units: dict | None, config) -> list[str]:
+    """The paths of the units this step removes (`placement.leftovers`)."""
+    units = units or {}
+    return [units[u].get("path") or f"{placement.UNIT_DIR}/{u}"
+            for u in placement.leftovers(units, [s.unit_name for s in config.services])]
 
 
 def wanted_caches(config, stack, patch_sets: dict) -> list[str]:
@@ -45,6 +55,8 @@ def cleanup(config, stack, patch_sets: dict) -> None:
     # per run).
     placement.remove_unplaced(config, settings.validate_inventory(host.state))
     models.release_unused(config)
+    units = host_reads.get(host, placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
     kernel_cache.unused_removed(name="Kernel caches no unit uses removed",
                                 wanted=wanted_caches(config, stack, patch_sets),
-                                unit_globs=kernel_cache.UNIT_GLOBS)
+                                unit_globs=kernel_cache.UNIT_GLOBS,
+                                removed_units=removed_units(units, config))

@@ -110,9 +110,9 @@ def environment(cache_dir: str) -> dict[str, str]:
 
 @read_batch.batched()
 class KernelCaches(FactBase):
-    """``{"caches": {key: {"files", "bytes"}}, "sealed": {sealed_name: {...}}, "named": [key]}``:
-    the host's kernel caches, root's sealed copies, and the keys its unit files name
-    (`unit_globs`: installed, runtime, the rollback's saved ones)."""
+    """``{"caches": {key: {"files", "bytes"}}, "sealed": {sealed_name: {...}}, "named": {unit
+    path: [key]}}``: the host's kernel caches, root's sealed copies, and the keys its unit files
+    name (`unit_globs`: installed, runtime, the rollback's saved ones)."""
 
     def command(self, unit_globs: tuple[str, ...] = ()) -> str:
         return remote.command("kernel_caches", shlex.quote(KERNELS_DIR), shlex.quote(SEALED_DIR),
@@ -127,14 +127,18 @@ def sealed_name(cache_key: str, arch: str) -> str:
     return f"{cache_key}.{arch}"
 
 
-def unused(found: dict | None, wanted: list[str] | tuple[str, ...]) -> list[str]:
+def unused(found: dict | None, wanted: list[str] | tuple[str, ...],
+           removed_units: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The kernel caches to remove, as paths: those no unit of the host names (installed, runtime
-    or saved for a rollback: `found["named"]`) and no unit this run writes names (`wanted`), and
-    the sealed copies of such keys. So at most two keys per service are kept, its unit's and the one
-    its rollback would go back to."""
+    or saved for a rollback: `found["named"]`, but the units this run removes, `removed_units`)
+    and no unit this run writes names (`wanted`), and the sealed copies of such keys. So at most
+    two keys per service are kept, its unit's and the one its rollback would go back to; a service
+    moved away takes its caches with it."""
     if not found:
         return []
-    keep = set(found.get("named") or ()) | set(wanted)
+    named = found.get("named") or {}
+    keep = {k for path, keys in named.items() if path not in removed_units for k in keys}
+    keep |= set(wanted)
     live = [f"{KERNELS_DIR}/{k}" for k in (found.get("caches") or {}) if k not in keep]
     sealed = [f"{SEALED_DIR}/{name}" for name in (found.get("sealed") or {})
               if name.split(".", 1)[0] not in keep]
@@ -155,14 +159,18 @@ def remove_command(paths: list[str]) -> str:
 
 
 @operation()
-def unused_removed(wanted: list[str] | tuple[str, ...], unit_globs: tuple[str, ...]):
+def unused_removed(wanted: list[str] | tuple[str, ...], unit_globs: tuple[str, ...],
+                   removed_units: list[str] | tuple[str, ...] = ()):
     """
     Remove the host's kernel caches that no unit uses (`unused`).
 
     + wanted: the keys of the units this run writes
     + unit_globs: where the host's unit files are (installed, runtime, the rollback's saved units)
+    + removed_units: the units the Cleanup step removes in this run (read after their removal,
+      they are gone; one kept because its service does not answer where it moved keeps its cache)
     """
-    remove = unused(host_reads.get(host, KernelCaches, unit_globs=unit_globs), wanted)
+    remove = unused(host_reads.get(host, KernelCaches, unit_globs=unit_globs), wanted,
+                    removed_units)
     if not remove:
         host.noop("no unused kernel caches")
         return

@@ -145,6 +145,7 @@ def clean_host(host: str, keep_venv: bool = False) -> None:
         "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
         f"rm -rf {venvs} /etc/sglang-deploy /usr/local/lib/sglang-deploy /run/sglang-deploy-test "
+        "/var/cache/sglang/kernels /var/lib/sglang-deploy/kernels "
         "/dev/shm/* /dev/shm/.[!.]*; true"
     ))
 

@@ -7,6 +7,7 @@ tests (services, units and staged models are dropped), so that each test pays fo
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -53,7 +54,7 @@ def drop_services(host: str) -> None:
     ssh(host, (
         "for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do systemctl disable --now $u >/dev/null 2>&1; done; "
         "rm -f /etc/systemd/system/sglang-*.service; systemctl daemon-reload; systemctl reset-failed 'sglang-*' 2>/dev/null; "
-        "rm -rf /etc/sglang-deploy /dev/shm/* /dev/shm/.[!.]*; true"
+        "rm -rf /etc/sglang-deploy /dev/shm/* /dev/shm/.[!.]* /var/cache/sglang/kernels /var/lib/sglang-deploy/kernels; true"
     ))
 
 
@@ -253,14 +254,29 @@ def neighbour(host: str) -> dict:
     }
 
 
+def kernel_cache_state(host: str, port: int) -> str:
+    """What the stand-in found at its start: `warm` (its kernels in its cache) or `cold` (compiled)."""
+    return json.loads(http_get(host, port, "/server_info")[1])["kernel_cache"]["state"]
+
+
+def sealed_caches(host: str) -> list[str]:
+    return ssh(host, "ls /var/lib/sglang-deploy/kernels 2>/dev/null; true").stdout.split()
+
+
 def test_migration_with_the_old_host_reachable_leaves_the_neighbour_untouched():
+    """...and the new host starts warm: the old host's kernel cache, sealed by root after its gate, is shipped with
+    the model (`model_sources`), seeded before the start; the old host's copies leave with its unit."""
     # Before: dflash on the old host's GPU 1; a temporary server on the new host's GPU 0.
     before = run("move", ["dflash"], ["tmp"])
     assert before.returncode == 0, output(before)
+    assert kernel_cache_state(OLD, 30001) == "cold"
+    sealed = sealed_caches(OLD)
+    assert len(sealed) == 1 and sealed[0].endswith(".sm120"), sealed
     kept = neighbour(NEW)
 
     start = time.monotonic()
-    moved = run("move", [], {"tmp": None, "dflash": {"gpu": 1, "port": 30001}})
+    moved = run("move", [], {"tmp": None, "dflash": {"gpu": 1, "port": 30001}},
+                **{NEW: {"model_sources": {"Qwen3.6-27B": OLD}}})
     text = output(moved)
     assert moved.returncode == 0, text
     ready_line = re.search(rf"--> {NEW}/dflash is ready ([0-9.]+) s after the deploy started", text)
@@ -271,6 +287,10 @@ def test_migration_with_the_old_host_reachable_leaves_the_neighbour_untouched():
     assert http_get(NEW, 30001, "/health")[0] == 200
     assert unit_text(OLD, "dflash") is None and unit_state(OLD, "dflash") != "active"
     assert neighbour(NEW) == kept
+    key = sealed[0].split(".")[0]
+    assert f"kernel cache {key}: seeded from {sealed[0]}" in text, text
+    assert kernel_cache_state(NEW, 30001) == "warm"
+    assert sealed_caches(NEW) == sealed and sealed_caches(OLD) == []
 
 
 def test_migration_with_the_old_host_down_converges_the_new_host():

@@ -115,7 +115,9 @@ def converged_world(config, stack, patch_sets) -> World:
     keys = sorted({service_inputs.cache_key(s, stack, patch_sets) for s in config.services})
     sealed = {kernel_cache.sealed_name(k, "sm120"): {"files": 3, "bytes": 300} for k in keys}  # LAB_GPUS: 12.0
     w.set(kernel_cache.KernelCaches, {"caches": {k: {"files": 3, "bytes": 300} for k in keys}, "sealed": sealed,
-                                      "named": keys}, unit_globs=kernel_cache.UNIT_GLOBS)
+                                      "named": {s.unit_path: [service_inputs.cache_key(s, stack, patch_sets)]
+                                                for s in config.services}},
+          unit_globs=kernel_cache.UNIT_GLOBS)
     return w
 
 

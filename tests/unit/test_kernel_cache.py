@@ -87,10 +87,15 @@ def test_the_unit_points_every_cache_of_the_engine_into_its_key_and_has_systemd_
 
 def test_only_caches_no_unit_names_are_removed_with_their_sealed_copies():
     found = {"caches": {"a" * 16: {"files": 3, "bytes": 9}, "b" * 16: {"files": 0, "bytes": 0},
-                        "c" * 16: {"files": 1, "bytes": 1}}, "named": ["a" * 16],
+                        "c" * 16: {"files": 1, "bytes": 1}}, "named": {"/etc/systemd/system/sglang-a.service": ["a" * 16]},
              "sealed": {f"{'a' * 16}.sm90": {"files": 3}, f"{'c' * 16}.sm90": {"files": 1}, f"{'c' * 16}.sm120": {"files": 1}}}
     assert kernel_cache.unused(found, ["b" * 16]) == sorted([
         f"{kernel_cache.KERNELS_DIR}/{'c' * 16}", f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm90",
+        f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm120"])
+    # A unit this run removes (its service moved away) keeps nothing.
+    assert kernel_cache.unused(found, ["b" * 16], ["/etc/systemd/system/sglang-a.service"]) == sorted([
+        f"{kernel_cache.KERNELS_DIR}/{'a' * 16}", f"{kernel_cache.KERNELS_DIR}/{'c' * 16}",
+        f"{kernel_cache.SEALED_DIR}/{'a' * 16}.sm90", f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm90",
         f"{kernel_cache.SEALED_DIR}/{'c' * 16}.sm120"])
     assert kernel_cache.unused(None, []) == []
     assert kernel_cache.warm(found, "a" * 16) is True
@@ -126,8 +131,8 @@ def test_the_host_read_counts_each_cache_and_finds_the_keys_units_name(tmp_path)
     assert found["caches"] == {"a" * 16: {"files": 2, "bytes": 5 + len(str(tmp_path / "elsewhere" / "big"))},
                                "b" * 16: {"files": 0, "bytes": 0}}
     assert found["sealed"] == {f"{'a' * 16}.sm90": {"files": 1, "bytes": 1}}
-    assert found["named"] == ["d" * 16, "e" * 16]
-    assert _run_script(tmp_path / "absent", tmp_path / "absent") == {"caches": {}, "sealed": {}, "named": []}
+    assert found["named"] == {str(units_dir / "sglang-x.service"): ["d" * 16, "e" * 16]}
+    assert _run_script(tmp_path / "absent", tmp_path / "absent") == {"caches": {}, "sealed": {}, "named": {}}
 
 
 def test_a_removal_never_follows_a_link(tmp_path):
@@ -152,7 +157,7 @@ K = "0123456789abcdef"
 
 def _found(live_files=0, sealed=None):
     return {"caches": {K: {"files": live_files, "bytes": live_files}} if live_files is not None else {},
-            "sealed": {name: {"files": 2, "bytes": 2} for name in (sealed or [])}, "named": [K]}
+            "sealed": {name: {"files": 2, "bytes": 2} for name in (sealed or [])}, "named": {"/u": [K]}}
 
 
 def test_an_empty_cache_is_seeded_before_a_start_from_this_hosts_sealed_copy_else_from_the_models_source():

@@ -286,7 +286,7 @@ def test_kernel_caches_no_unit_names_are_planned_and_removed_alike(lab, left):
     found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
     found["caches"].update({k: {"files": 1, "bytes": 1} for k in left})
     found["caches"]["d" * 16] = {"files": 1, "bytes": 1}
-    found["named"] = [*found["named"], "d" * 16]  # a unit the rollback saved names it
+    found["named"]["/var/lib/sglang-deploy/rollback/sglang-x.service"] = ["d" * 16]  # a unit the rollback saved
     w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
     plan = plan_of(*lab, w)
     planned = sorted(c.what.rsplit("/", 1)[1] for c in plan.changes if c.step == "Cleanup")
@@ -337,3 +337,29 @@ def test_a_replicas_kernel_cache_is_seeded_and_sealed_as_planned(lab, restart, c
     assert (f"{kernel_cache.SEALED_DIR}/{kernel_cache.sealed_name(key, arch)}" in planned) == bool(sealed)
     assert bool(seeded) == (restart and cache in ("empty, sealed here", "empty, model from gpu-b"))
     assert bool(sealed) == (cache == "warm, unsealed" or (restart and cache in ("empty, model from gpu-b", "empty")))
+
+
+def test_a_moved_away_services_kernel_caches_go_with_its_unit(lab):
+    # A unit the Cleanup step removes (its service placed on another host now) names its caches only until then: the
+    # plan deletes them, and so does the operation, given the units the step removes.
+    from deploys.cleanup import removed_units, wanted_caches
+    from operations.service import kernel_cache, placement
+
+    config, stack, patch_sets = lab
+    w = converged_world(*lab)
+    gone = f"{placement.UNIT_DIR}/sglang-moved.service"
+    units = w.read(placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
+    units["sglang-moved.service"] = {"path": gone, "managed": True}
+    w.set(placement.ManagedUnits, units, unit_dir=placement.UNIT_DIR)
+    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found["caches"]["9" * 16] = {"files": 1, "bytes": 1}
+    found["named"][gone] = ["9" * 16]
+    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    plan = plan_of(*lab, w)
+    assert [c.what for c in plan.changes if c.step == "Cleanup" and "/kernels/" in c.what] == [
+        f"{kernel_cache.KERNELS_DIR}/{'9' * 16}"]
+    assert removed_units(units, config) == [gone]
+    applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: found},
+                  wanted=wanted_caches(config, stack, patch_sets), unit_globs=kernel_cache.UNIT_GLOBS,
+                  removed_units=removed_units(units, config))
+    assert len(applied.commands) == 1 and "9" * 16 in applied.commands[0]

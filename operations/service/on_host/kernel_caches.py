@@ -1,6 +1,6 @@
 # Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each),
 # its sealed copies (kernel_cache.SEALED_DIR/<key>.<arch>) and the keys the host's unit files name
-# (installed, runtime, the rollback's saved units), as JSON.
+# (installed, runtime, the rollback's saved units: {path: [key]}), as JSON.
 # argv: KERNELS_DIR SEALED_DIR UNIT_FILE_GLOB...
 import glob
 import json
@@ -36,12 +36,14 @@ def listed(where):
 
 
 caches, sealed = listed(root), listed(sealed_root)
-named = set()
+named = {}
 for pattern in patterns:
-    for path in glob.glob(pattern):
+    for path in sorted(glob.glob(pattern)):
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                named.update(KEY.findall(handle.read(1 << 16)))
+                keys = sorted(set(KEY.findall(handle.read(1 << 16))))
         except OSError:
             continue
-print(json.dumps({"caches": caches, "sealed": sealed, "named": sorted(named)}))
+        if keys:
+            named[path] = keys
+print(json.dumps({"caches": caches, "sealed": sealed, "named": named}))
