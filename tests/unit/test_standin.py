@@ -554,3 +554,25 @@ def test_broken_sglang_install_fails_like_the_real_server(venv_python, model_dir
     assert r.returncode == 1
     assert "sglang.srt.server_args failed to import" in r.stderr and "flashinfer_mm_mxfp8_missing" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_cold_start_compiles_into_the_cache_and_the_next_start_is_warm(venv_python, model_dir, tmp_path):
+    """The stand-in's start as a GPU engine's: STANDIN_COMPILE_S where $TRITON_CACHE_DIR lacks its kernels, none
+    where they are there; /server_info says which."""
+    cache = tmp_path / "kernels" / "triton"
+    states = []
+    for _ in range(2):
+        started = time.monotonic()
+        proc, base, log_path = _started(venv_python, model_dir, tmp_path, TRITON_CACHE_DIR=str(cache),
+                                        STANDIN_COMPILE_S="1.0")
+        try:
+            took = time.monotonic() - started
+            info = json.loads(_http("GET", base + "/server_info")[1])
+            states.append((info["kernel_cache"]["state"], took))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    (cold, cold_s), (warm, _) = states
+    assert (cold, warm) == ("cold", "warm")
+    assert cold_s >= 1.0  # it compiled (a lower bound only: a warm start's time is the machine's)
+    assert len(list((cache / "standin").glob("*.kernels"))) == 1
