@@ -349,3 +349,17 @@ def test_the_acceptance_its_gate_read_is_shown_in_the_table_the_json_and_prometh
     lines = view.prometheus(rows).splitlines()
     assert 'sglang_deploy_service_accept_length{host="gpu-a",service="ddtree",port="30000"} 2.0000' in lines
     assert not any(line.startswith('sglang_deploy_service_accept_length{host="gpu-a",service="plain"') for line in lines)
+
+
+def test_whether_a_services_kernel_cache_is_warm_is_shown_in_the_table_the_json_and_prometheus():
+    rows = [service_row(kernels={"key": "0123456789abcdef", "warm": True, "files": 12, "bytes": 3 << 20}),
+            service_row(service="cold", port=30001, kernels={"key": "fedcba9876543210", "warm": False, "files": 0, "bytes": 0}),
+            service_row(service="unread", port=30002, kernels={"key": "0000000000000000", "warm": None})]
+    table = view.table(rows, 400)
+    assert "KERNELS" in table.splitlines()[0]
+    assert "warm 3.0 MiB, 12 files (0123456789abcdef)" in table and "cold (fedcba9876543210)" in table
+    assert view.document(rows, "x")["rows"][0]["kernels"]["warm"] is True
+    lines = view.prometheus(rows).splitlines()
+    assert 'sglang_deploy_service_kernel_cache_warm{host="gpu-a",service="ddtree",port="30000"} 1' in lines
+    assert 'sglang_deploy_service_kernel_cache_warm{host="gpu-a",service="cold",port="30001"} 0' in lines
+    assert not any('service="unread"' in line and "kernel_cache" in line for line in lines)
