@@ -10,6 +10,8 @@
 #   bash bench/ddtree/gpu_run.sh run [SERVICES]                  # default: plain,dflash,ddtree15,ddtree31,ddtree7
 #   bash bench/ddtree/gpu_run.sh run hybrid-dflash,hybrid-ddtree15,hybrid-ddtree31,hybrid-plain
 #                                                                # the operator's hybrid target (issue #36 item 3)
+#   bash bench/ddtree/gpu_run.sh caches [SERVICES]               # default: plain,dflash: what a kernel cache is worth
+#                                                                # (issue #48 item 6; no patch set needed)
 #
 # `prepare` downloads into /tmp/wh513 only the stack's files the H200 donor venv does not hold exactly
 # (bench/results/h200-donor-pip-freeze.txt: 139 of the stack's 187, 1362 MiB, sha256-checked against the stack)
@@ -33,7 +35,7 @@
 set -u
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$HERE"
-MODE=${1:?usage: gpu_run.sh prepare | receive | run [SERVICES]}
+MODE=${1:?usage: gpu_run.sh prepare | receive | run [SERVICES] | caches [SERVICES]}
 PARTS=${PARTS:-/root/wh513.parts}
 
 if [ "$MODE" = prepare ]; then
@@ -84,7 +86,12 @@ if [ "$MODE" = receive ]; then
     exit 0
 fi
 
-SERVICES=${2:-plain,dflash,ddtree15,ddtree31,ddtree7}
+if [ "$MODE" = caches ]; then
+    SERVICES=${2:-plain,dflash}
+    RESULTS=${RESULTS:-$HERE/bench/results/gpu-$(date -u +%F)-kernel-caches.txt}
+else
+    SERVICES=${2:-plain,dflash,ddtree15,ddtree31,ddtree7}
+fi
 BACKEND=${GPU_BACKEND:-triton}
 RESULTS=${RESULTS:-$HERE/bench/results/h200-ddtree-$(date -u +%F).txt}
 RUNS=${RUNS:-/root/ddtree-runs}
@@ -104,7 +111,7 @@ if [ ! -f "$GPU_WHEELHOUSE/files.list" ]; then
     mkdir -p "$GPU_WHEELHOUSE" && cat "$PARTS"/wh513.tar.part-* | tar -C "$GPU_WHEELHOUSE" -xf - || exit 1
 fi
 echo "wheelhouse: $(ls "$GPU_WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sm "$GPU_WHEELHOUSE" | cut -f1) MiB"
-[ -f files/patches/ddtree-0_5_13/patchset.yml ] || { echo "files/patches/ddtree-0_5_13 missing: carry it"; exit 1; }
+[ "$MODE" = caches ] || [ -f files/patches/ddtree-0_5_13/patchset.yml ] || { echo "files/patches/ddtree-0_5_13 missing: carry it"; exit 1; }
 if [ ! -x "$CTL/bin/pyinfra" ]; then
     uvwheel=$(ls "$GPU_WHEELHOUSE"/uv-*.whl | head -1)
     mkdir -p "$CTL.uv" && python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if n.endswith('/scripts/uv')); open(sys.argv[2], 'wb').write(z.read(n))" "$uvwheel" "$CTL.uv/uv" && chmod +x "$CTL.uv/uv"
@@ -123,6 +130,74 @@ if [[ ",$SERVICES," == *",hybrid-w-"* ]] && [ ! -d "$GPU_STORE/tiny-qwen35-hybri
 fi
 
 status=0
+if [ "$MODE" = caches ]; then
+    # What a service's kernel cache is worth (operations/service/kernel_cache.py): its unit, as the deploy writes it,
+    # started through its exact ExecStart and Environment= (all the engine's cache variables point into
+    # /var/cache/sglang/kernels/<key>), gated by the deploy's own wait_ready.py; time from the start to /health 200:
+    #   first   the very first start (also the venv's first imports: not a cache figure)
+    #   cold    its key's cache and the service's HOME emptied
+    #   warm    a restart: the same cache (what a restart, a rollback or a surge's replica finds)
+    #   shipped an empty host's start: HOME emptied, the cache seeded from a copy taken after the warm start (what
+    #           kernel_ship.py seals, ships and seeds)
+    #   cold2   cold again (the machine's drift between the first cold and now)
+    for svc in ${SERVICES//,/ }; do
+        echo "== $svc ($BACKEND): deploy"
+        GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$svc-caches.log" 2>&1 \
+            || { tail -40 "$LOGS/deploy-$svc-caches.log"; status=1; continue; }
+        unit=sglang-$svc.service
+        eval "$(python3 - "/etc/systemd/system/$unit" <<'PY'
+import shlex, sys
+sys.path.insert(0, "bench/gpu")
+from serve import parse_unit
+u = parse_unit(open(sys.argv[1]).read())
+q = lambda xs: " ".join(shlex.quote(x) for x in xs)
+print("ARGV=(" + q(u["argv"]) + ")")
+print("ENVS=(" + q(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + [f"{k}={v}" for k, v in u["env"].items()]) + ")")
+print("DIRS=(" + q(u["dirs"]) + ")")
+print("WORKDIR=" + shlex.quote(u["cwd"]))
+print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
+print("KCACHE=" + shlex.quote(u["env"]["XDG_CACHE_HOME"]))
+print("SHOME=" + shlex.quote(u["env"]["HOME"]))
+PY
+)"
+        echo "cache: $KCACHE; HOME: $SHOME"
+        declare -A took=()
+        for phase in first cold warm shipped cold2; do
+            case $phase in
+                cold|cold2) rm -rf "$KCACHE" "$SHOME" ;;
+                shipped) rm -rf /root/kernels-sealed && cp -a "$KCACHE" /root/kernels-sealed && rm -rf "$KCACHE" "$SHOME" \
+                             && mkdir -p "$(dirname "$KCACHE")" && cp -a /root/kernels-sealed "$KCACHE" ;;
+            esac
+            mkdir -p "${DIRS[@]}"
+            log=$GPU_RUN/$unit.log
+            (cd "$WORKDIR" && exec env -i "${ENVS[@]}" setsid "${ARGV[@]}") > "$log" 2>&1 &
+            pid=$!
+            echo $pid > "$GPU_RUN/$unit.pid"
+            gate=$(PATH="$HERE/bench/gpu:$PATH" python3 operations/remote/wait_ready.py "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-900}" 1 - | tail -1)
+            cp "$log" "$LOGS/serve-$svc-caches-$phase.log"
+            ready=$(python3 -c "import json, sys; g = json.loads(sys.argv[1]); print(g.get('ready_s') if g.get('ok') else 'FAILED')" "$gate" 2>/dev/null || echo FAILED)
+            took[$phase]=$ready
+            echo "$svc $phase: ready in $ready s; cache $(du -sm "$KCACHE" 2>/dev/null | cut -f1) MiB, $(find "$KCACHE" -type f 2>/dev/null | wc -l) files; HOME $(du -sm "$SHOME" 2>/dev/null | cut -f1) MiB"
+            grep -E "Capture cuda graph end|Load weight end" "$log" | sed -E 's/^\[[0-9: -]+( [A-Z]+[0-9]*)?\] //' | head -2
+            [ "$ready" = FAILED ] && { echo "gate: $gate"; grep -v "server_args=" "$log" | tail -20; status=1; }
+            kill -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+            for i in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" || break; sleep 1; done
+        done
+        python3 - "$svc" "${took[cold]}" "${took[cold2]}" "${took[warm]}" "${took[shipped]}" <<'PY'
+import sys
+svc, *values = sys.argv[1:]
+try:
+    cold1, cold2, warm, shipped = map(float, values)
+except ValueError:
+    print(f"{svc}: no figure ({values})"); sys.exit()
+cold = (cold1 + cold2) / 2
+print(f"kernel_cache.{svc}.warm_vs_cold: {warm / cold:.2f} ({warm:.1f} s against {cold:.1f} s, the mean of {cold1:.1f} and {cold2:.1f}; target at most 0.5)")
+print(f"kernel_cache.{svc}.shipped_vs_cold: {shipped / cold:.2f} ({shipped:.1f} s)")
+PY
+    done
+    echo "== done (caches, $BACKEND): exit $status"
+    exit $status
+fi
 for svc in ${SERVICES//,/ }; do
     tag=$svc-$BACKEND
     echo "== $svc ($BACKEND): deploy"
