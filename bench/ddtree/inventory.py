@@ -110,8 +110,9 @@ ALL_SERVICES = {
 # Validation reads every service of the inventory, and since the run above the hybrid DDTREE services are refused
 # (files/engine_advisories.yml: ddtree-hybrid-linear-state): only the services this run places are in it, so the
 # others still deploy, and asking for a hybrid DDTREE service shows the refusal.
-RUN_SERVICES = [s for s in os.environ.get("GPU_SERVICES", "").split(",") if s]
-SERVICES = {name: s for name, s in ALL_SERVICES.items() if not RUN_SERVICES or name in RUN_SERVICES}
+# A leading underscore: pyinfra takes every other module-level list of strings for a group of hosts.
+_RUN_SERVICES = [s for s in os.environ.get("GPU_SERVICES", "").split(",") if s]
+SERVICES = {name: s for name, s in ALL_SERVICES.items() if not _RUN_SERVICES or name in _RUN_SERVICES}
 
 hosts = [
     (
@@ -127,7 +128,7 @@ hosts = [
             "service_user": "root",
             "readiness_timeout_s": 900,
             "services": SERVICES,
-            "run_services": RUN_SERVICES,
+            "run_services": _RUN_SERVICES,
         },
     )
 ]
