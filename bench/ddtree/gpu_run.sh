@@ -23,7 +23,7 @@
 # GPU check, a generation per venv and patch-set combination from the donor and the wheelhouse, the patch set
 # applied, the ABI probe, the engine's own parser on the unit's exact flags, the unit written), starts the
 # unit's ExecStart with its Environment= (bench/gpu/serve.py's parse_unit; its State/CacheDirectory made),
-# gates it with the deploy's own operations/remote/wait_ready.py (/health 200, one chat completion; bench/gpu's
+# gates it with the deploy's own operations/service/on_host/wait_ready.py (as the deploy sends it: `_common` inlined) (/health 200, one chat completion; bench/gpu's
 # systemctl/journalctl stand-ins), records /server_info and the log lines naming DDTree/DFlash, measures it
 # (measure.py), stops it. Each service's measurement is kept in $RUNS; the runs so far combine into one table
 # (python -m views.measure combine). GPU_BACKEND=auto for sglang's default attention backend.
@@ -129,6 +129,9 @@ if [[ ",$SERVICES," == *",hybrid-w-"* ]] && [ ! -d "$GPU_STORE/tiny-qwen35-hybri
     cp -r "$GPU_STORE/tiny-qwen35-hybrid" "$GPU_STORE/tiny-qwen35-hybrid-w"
 fi
 
+# The readiness gate as the deploy sends it to a host: the script with what it shares inlined (operations/remote).
+WAIT_READY=$GPU_RUN/wait_ready.py
+"$CTL/bin/python" -c "import sys; sys.path.insert(0, '.'); from operations import remote; sys.stdout.write(remote.script('wait_ready'))" > "$WAIT_READY" || exit 1
 status=0
 if [ "$MODE" = caches ]; then
     # What a service's kernel cache is worth (operations/service/kernel_cache.py): its unit, as the deploy writes it,
@@ -173,7 +176,7 @@ PY
             (cd "$WORKDIR" && exec env -i "${ENVS[@]}" setsid "${ARGV[@]}") > "$log" 2>&1 &
             pid=$!
             echo $pid > "$GPU_RUN/$unit.pid"
-            gate=$(PATH="$HERE/bench/gpu:$PATH" python3 operations/remote/wait_ready.py "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-900}" 1 - | tail -1)
+            gate=$(PATH="$HERE/bench/gpu:$PATH" python3 "$WAIT_READY" "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-900}" 1 - | tail -1)
             cp "$log" "$LOGS/serve-$svc-caches-$phase.log"
             ready=$(python3 -c "import json, sys; g = json.loads(sys.argv[1]); print(g.get('ready_s') if g.get('ok') else 'FAILED')" "$gate" 2>/dev/null || echo FAILED)
             took[$phase]=$ready
@@ -250,7 +253,7 @@ PY
     (cd "$WORKDIR" && exec env -i "${ENVS[@]}" setsid "${ARGV[@]}") > "$log" 2>&1 &
     pid=$!
     echo $pid > "$GPU_RUN/$unit.pid"
-    gate=$(PATH="$HERE/bench/gpu:$PATH" python3 operations/remote/wait_ready.py "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-600}" 1 - | tail -1)
+    gate=$(PATH="$HERE/bench/gpu:$PATH" python3 "$WAIT_READY" "$unit" 127.0.0.1 "$PORT" "${READY_TIMEOUT:-600}" 1 - | tail -1)
     cp "$log" "$LOGS/serve-$tag.log"
     if ! python3 -c "import json, sys; sys.exit(0 if json.loads(sys.argv[1]).get('ok') else 1)" "$gate" 2>/dev/null; then
         echo "gate: $gate"

@@ -20,7 +20,7 @@ from pyinfra.operations import files
 from configuration import settings, stacks
 from operations.environment import patches, venv, venv_decide, venv_probe, venv_read
 from operations.gpu import gpus
-from operations.service import preflight, units
+from operations.service import preflight, service_inputs
 
 config = settings.host_config(host)
 stack = stacks.load_stack(config.stack)
@@ -58,7 +58,8 @@ for env in config.environments:
 
 for service in config.services:
     unit_path = f"/etc/systemd/system/{service.unit_name}"
-    unit_text = units.render_unit(config, service, stack, units.inputs_digest(stack, {name: patch_sets[name].digest for name in service.patch_sets}))
+    # The unit the deploy writes (its generation and kernel cache named), not a sandbox's rendering.
+    unit_text = service_inputs.unit_text(config, service, stack, patch_sets, ())
     preflight.passed(
         name=f"{service.unit_name} flags pass the engine's own parser",
         service=service.name, venv_path=gens[service.environment.path].path, launcher=config.launcher,
