@@ -138,9 +138,9 @@ if [ "$MODE" = caches ]; then
     # started through its exact ExecStart and Environment= (all the engine's cache variables point into
     # /var/cache/sglang/kernels/<key>), gated by the deploy's own wait_ready.py; time from the start to /health 200:
     #   first   the very first start (also the venv's first imports: not a cache figure)
-    #   cold    its key's cache and the service's HOME emptied
+    #   cold    its key's cache and the service's HOME (inside it) and state directory emptied
     #   warm    a restart: the same cache (what a restart, a rollback or a surge's replica finds)
-    #   shipped an empty host's start: HOME emptied, the cache seeded from a copy taken after the warm start (what
+    #   shipped an empty host's start: the state directory emptied, the cache (HOME in it) seeded from a copy taken after the warm start (what
     #           kernel_ship.py seals, ships and seeds)
     #   cold2   cold again (the machine's drift between the first cold and now)
     for svc in ${SERVICES//,/ }; do
@@ -167,8 +167,8 @@ PY
         declare -A took=()
         for phase in first cold warm shipped cold2; do
             case $phase in
-                cold|cold2) rm -rf "$KCACHE" "$SHOME" ;;
-                shipped) rm -rf /root/kernels-sealed && cp -a "$KCACHE" /root/kernels-sealed && rm -rf "$KCACHE" "$SHOME" \
+                cold|cold2) rm -rf "$KCACHE" "$SHOME" /var/lib/sglang ;;
+                shipped) rm -rf /root/kernels-sealed && cp -a "$KCACHE" /root/kernels-sealed && rm -rf "$KCACHE" "$SHOME" /var/lib/sglang \
                              && mkdir -p "$(dirname "$KCACHE")" && cp -a /root/kernels-sealed "$KCACHE" ;;
             esac
             mkdir -p "${DIRS[@]}"

@@ -56,12 +56,14 @@ def group_of(user: str) -> str:
     return user
 
 
-def runtime_environment(cache_dir: str = CACHE_DIR) -> dict[str, str]:
-    """HOME (the unit's StateDirectory) and where the engine's JIT caches point: `cache_dir`, the
-    service's kernel cache (operations/service/kernel_cache.py) inside the unit's CacheDirectory;
-    by default that directory itself (what a run in the service's sandbox, not the service,
-    uses)."""
-    return {"HOME": STATE_DIR, **kernel_cache.environment(cache_dir)}
+def runtime_environment(cache_dir: str | None = None) -> dict[str, str]:
+    """Where the engine's JIT caches and HOME point: into `cache_dir`, the service's kernel cache
+    inside the unit's CacheDirectory (operations/service/kernel_cache.py); without one (a run in
+    the service's sandbox, not the service), the CacheDirectory itself and HOME the unit's
+    StateDirectory."""
+    if cache_dir is not None:
+        return kernel_cache.environment(cache_dir)
+    return {**kernel_cache.environment(CACHE_DIR), "HOME": STATE_DIR}
 
 
 def is_hidden(path: str) -> bool:

@@ -125,7 +125,7 @@ def render_unit(
         group=service_user.group_of(config.service_user),
         supplementary_groups=list(supplementary_groups),
         kernel_cache=kernel_cache.unit_setting(cache) if cache else None,
-        runtime_environment={**service_user.runtime_environment(cache or service_user.CACHE_DIR),
+        runtime_environment={**service_user.runtime_environment(cache),
                              "PATH": venv_bin_path(runs)},
         bind_paths=bind_paths(service),
         service=service,

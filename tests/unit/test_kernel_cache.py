@@ -79,7 +79,8 @@ def test_the_unit_points_every_cache_of_the_engine_into_its_key_and_has_systemd_
     assert cache_vars, "the engine has cache variables"
     for name in cache_vars:
         assert env[name].startswith(f"{kernel_cache.KERNELS_DIR}/{key}"), name
-    assert f"CacheDirectory=sglang/kernels/{key}" in text.splitlines()
+    assert f"CacheDirectory=sglang/kernels/{key} sglang/kernels/{key}/home" in text.splitlines()
+    assert env["HOME"] == f"{kernel_cache.KERNELS_DIR}/{key}/home"  # what a library caches under ~ travels too
     # A run in the service's sandbox (no generation) makes no cache directory of a key.
     sandbox = units.render_unit(config, service, stack, units.inputs_digest(stack, {}))
     assert "/kernels/" not in sandbox
@@ -149,7 +150,7 @@ def test_a_removal_never_follows_a_link(tmp_path):
 
 @pytest.mark.parametrize("cache_dir", ["/var/cache/sglang/kernels/0123456789abcdef"])
 def test_the_unit_setting_is_relative_to_systemds_cache_root(cache_dir):
-    assert kernel_cache.unit_setting(cache_dir) == "sglang/kernels/0123456789abcdef"
+    assert kernel_cache.unit_setting(cache_dir) == "sglang/kernels/0123456789abcdef sglang/kernels/0123456789abcdef/home"
 
 
 K = "0123456789abcdef"
