@@ -97,10 +97,10 @@ def environment(cache_dir: str) -> dict[str, str]:
     extensions in `$TORCH_EXTENSIONS_DIR`, the CUDA driver's PTX cache in `$CUDA_CACHE_PATH`,
     sglang's deep_gemm in `$SGLANG_DG_CACHE_DIR`; the rest (outlines, torch hub) under
     `$XDG_CACHE_HOME`. And HOME, `cache_dir/home`: what a library caches under `~` whatever the
-    variables say is keyed and travels too. On an H100 (bench/results/gpu-2026-12-07-kernel-caches.txt)
-    sgl_kernel's JIT kept its compiled kernels in `~/.cache/tvm-ffi`, sglang its torch.compile cache
-    in `~/.cache/sglang`, tilelang in `~/.tilelang`: with HOME emptied a start with the rest of its
-    cache took 0.93 of a cold one.
+    variables say is keyed and travels too. On an H100
+    (bench/results/h100-2026-12-07-kernel-caches.txt) sgl_kernel's JIT kept its compiled kernels in
+    `~/.cache/tvm-ffi`, sglang its torch.compile cache in `~/.cache/sglang`, tilelang in
+    `~/.tilelang`: with HOME emptied a start with the rest of its cache took 0.93 of a cold one.
     """
     return {
         "HOME": f"{cache_dir}/home",
