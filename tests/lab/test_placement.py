@@ -290,7 +290,8 @@ def test_migration_with_the_old_host_reachable_leaves_the_neighbour_untouched():
     key = sealed[0].split(".")[0]
     assert f"kernel cache {key}: seeded from {sealed[0]}" in text, text
     assert kernel_cache_state(NEW, 30001) == "warm"
-    assert sealed_caches(NEW) == sealed and sealed_caches(OLD) == []
+    assert sealed[0] in sealed_caches(NEW)  # beside the neighbour's own
+    assert sealed_caches(OLD) == []  # gone with its unit
 
 
 def test_migration_with_the_old_host_down_converges_the_new_host():
