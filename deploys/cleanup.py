@@ -29,7 +29,7 @@ def plan(reading: Reading) -> None:
         reading.plan.add(STEP, unit, "delete",
                          "no longer placed here (stopped once it answers where it is placed)",
                          service=placement.service_of(unit))
-    found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = reading.ask(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     for path in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
                                                          reading.patch_sets),
                                     removed_units(units, reading.config)):
@@ -58,5 +58,5 @@ def cleanup(config, stack, patch_sets: dict) -> None:
     units = host_reads.get(host, placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
     kernel_cache.unused_removed(name="Kernel caches no unit uses removed",
                                 wanted=wanted_caches(config, stack, patch_sets),
-                                unit_globs=kernel_cache.UNIT_GLOBS,
+                                unit_dirs=kernel_cache.UNIT_DIRS,
                                 removed_units=removed_units(units, config))

@@ -231,7 +231,7 @@ def _kernels(reading: Reading, service, starts: bool) -> None:
     (`kernel_ship.warm_up`), sealed by root after its gate (`kernel_ship.seal_needed`)."""
     kernels = Kernels.of(reading.config, service, reading.stack, reading.patch_sets,
                          reading.decisions.arch_of(service), starts)
-    found = reading.ask(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = reading.ask(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     warmup = kernel_ship.warm_up(found, kernels.key, kernels.arch, starts, kernels.source,
                                  reading.plan.host)
     if warmup:

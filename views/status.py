@@ -294,7 +294,7 @@ def kernels_of(host, service, generation: str) -> dict:
     """The service's kernel cache as its unit names it (operations/service/kernel_cache.py): its
     key, whether it holds compiled kernels (`warm`: None where it was not read), files and bytes."""
     cache_key = kernel_cache.key(service, generation)
-    found = _fact(host, kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = _fact(host, kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     found = found if _ok(found) else None
     entry = ((found or {}).get("caches") or {}).get(cache_key) or {}
     return {"key": cache_key, "warm": kernel_cache.warm(found, cache_key),

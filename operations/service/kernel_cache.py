@@ -46,10 +46,10 @@ KERNELS_DIR = f"{SERVICE_CACHE_DIR}/kernels"
 # Root's copies of caches that passed a gate, one per key and GPU architecture (`sealed_name`):
 # what a cache is seeded from, here or on a host it is shipped to (kernel_ship.py).
 SEALED_DIR = f"{STATE_DIR}/kernels"
-# Where the host's units are that may name a kernel cache: installed, runtime (a surge), and the
-# units the rollback saved.
-UNIT_GLOBS = (f"{UNIT_DIR}/sglang-*.service", f"{surge.SURGE_DIR}/sglang-*.service",
-              f"{rollback.BACKUP_DIR}/*")
+# Where the host's units are that may name a kernel cache (their `sglang-*` files): installed,
+# runtime (a surge), and the units the rollback saved. Directories, not globs: a fact's arguments
+# are plain words, or it cannot join the host's one read (operations/run/read_batch.py).
+UNIT_DIRS = (UNIT_DIR, surge.SURGE_DIR, rollback.BACKUP_DIR)
 
 # Flags that only say where the engine listens, which files it reads its models and keys from, or
 # how it logs: they change no compiled kernel. Anything else keys the cache.
@@ -118,11 +118,11 @@ def environment(cache_dir: str) -> dict[str, str]:
 class KernelCaches(FactBase):
     """``{"caches": {key: {"files", "bytes"}}, "sealed": {sealed_name: {...}}, "named": {unit
     path: [key]}}``: the host's kernel caches, root's sealed copies, and the keys its unit files
-    name (`unit_globs`: installed, runtime, the rollback's saved ones)."""
+    name (`unit_dirs`: installed, runtime, the rollback's saved ones)."""
 
-    def command(self, unit_globs: tuple[str, ...] = ()) -> str:
+    def command(self, unit_dirs: tuple[str, ...] = ()) -> str:
         return remote.command("kernel_caches", shlex.quote(KERNELS_DIR), shlex.quote(SEALED_DIR),
-                              *(shlex.quote(g) for g in unit_globs))
+                              *(shlex.quote(g) for g in unit_dirs))
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -165,17 +165,17 @@ def remove_command(paths: list[str]) -> str:
 
 
 @operation()
-def unused_removed(wanted: list[str] | tuple[str, ...], unit_globs: tuple[str, ...],
+def unused_removed(wanted: list[str] | tuple[str, ...], unit_dirs: tuple[str, ...],
                    removed_units: list[str] | tuple[str, ...] = ()):
     """
     Remove the host's kernel caches that no unit uses (`unused`).
 
     + wanted: the keys of the units this run writes
-    + unit_globs: where the host's unit files are (installed, runtime, the rollback's saved units)
+    + unit_dirs: where the host's unit files are (installed, runtime, the rollback's saved units)
     + removed_units: the units the Cleanup step removes in this run (read after their removal,
       they are gone; one kept because its service does not answer where it moved keeps its cache)
     """
-    remove = unused(host_reads.get(host, KernelCaches, unit_globs=unit_globs), wanted,
+    remove = unused(host_reads.get(host, KernelCaches, unit_dirs=unit_dirs), wanted,
                     removed_units)
     if not remove:
         host.noop("no unused kernel caches")

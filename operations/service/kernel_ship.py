@@ -177,7 +177,7 @@ def warmed(replica: str, cache_key: str, arch: str | None, starts: bool, source:
     + source: the host `model_sources` names for its target model, or None
     + sandbox: its unit's sandbox (`units.service_sandbox`)
     """
-    found = host_reads.get(host, kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = host_reads.get(host, kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     warmup = warm_up(found, cache_key, arch, starts, source, host.name)
     if warmup is None:
         host.noop(f"{replica}: its kernel cache needs no seed")
@@ -213,7 +213,7 @@ def sealed(replica: str, cache_key: str, arch: str | None, starts: bool, sandbox
     + cache_key, arch, starts, sandbox: as for `warmed`
     + started: its restart's outcome (`lifecycle.Restarted`): a held replica seals nothing
     """
-    found = host_reads.get(host, kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = host_reads.get(host, kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     if not seal_needed(found, cache_key, arch, starts):
         host.noop(f"{replica}: its kernel cache is sealed or empty")
         return

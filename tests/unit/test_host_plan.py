@@ -117,7 +117,7 @@ def converged_world(config, stack, patch_sets) -> World:
     w.set(kernel_cache.KernelCaches, {"caches": {k: {"files": 3, "bytes": 300} for k in keys}, "sealed": sealed,
                                       "named": {s.unit_path: [service_inputs.cache_key(s, stack, patch_sets)]
                                                 for s in config.services}},
-          unit_globs=kernel_cache.UNIT_GLOBS)
+          unit_dirs=kernel_cache.UNIT_DIRS)
     return w
 
 
@@ -322,3 +322,23 @@ def test_a_change_record_is_what_the_json_and_the_status_view_carry():
     assert change.text == "update /etc/systemd/system/sglang-x.service: differs from the data"
     with pytest.raises(ValueError):
         Change("Service", "x", "frobnicate", "")
+
+
+def test_every_cheap_read_the_plan_asks_can_join_the_hosts_one_read(lab):
+    # A batched fact whose arguments are not plain words (a glob's `*`, say) is read on its own: a second call to the
+    # host on every converged run (seen: the kernel caches' unit globs). The plan asks every fact a converged run does.
+    from operations.run import read_batch
+
+    w = converged_world(*lab)
+    asked = []
+    read = w.read
+
+    def recording(fact, **kwargs):
+        asked.append((fact, kwargs))
+        return read(fact, **kwargs)
+
+    w.read = recording
+    plan_of(*lab, w)
+    unplain = [(fact.__name__, kwargs) for fact, kwargs in asked if read_batch.cheap(fact, kwargs)
+               and not read_batch.plain_arguments(read_batch.canonical(fact, kwargs))]
+    assert asked and unplain == []

@@ -128,7 +128,7 @@ def test_the_host_read_counts_each_cache_and_finds_the_keys_units_name(tmp_path)
     (sealed / f"{'a' * 16}.sm90" / "k").write_bytes(b"1")
     (sealed / f"{'a' * 16}.sm90" / ".sglang-deploy-manifest.json").write_bytes(b"{}")  # ours, not the cache's
     (sealed / f".{'b' * 16}.sm90.partial").mkdir()  # a seal in progress is no sealed copy
-    found = _run_script(root, sealed, str(units_dir / "sglang-*.service"))
+    found = _run_script(root, sealed, str(units_dir))
     assert found["caches"] == {"a" * 16: {"files": 2, "bytes": 5 + len(str(tmp_path / "elsewhere" / "big"))},
                                "b" * 16: {"files": 0, "bytes": 0}}
     assert found["sealed"] == {f"{'a' * 16}.sm90": {"files": 1, "bytes": 1}}

@@ -283,15 +283,15 @@ def test_kernel_caches_no_unit_names_are_planned_and_removed_alike(lab, left):
 
     config, stack, patch_sets = lab
     w = converged_world(*lab)
-    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = w.read(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     found["caches"].update({k: {"files": 1, "bytes": 1} for k in left})
     found["caches"]["d" * 16] = {"files": 1, "bytes": 1}
     found["named"]["/var/lib/sglang-deploy/rollback/sglang-x.service"] = ["d" * 16]  # a unit the rollback saved
-    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    w.set(kernel_cache.KernelCaches, found, unit_dirs=kernel_cache.UNIT_DIRS)
     plan = plan_of(*lab, w)
     planned = sorted(c.what.rsplit("/", 1)[1] for c in plan.changes if c.step == "Cleanup")
     applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: found},
-                  wanted=wanted_caches(config, stack, patch_sets), unit_globs=kernel_cache.UNIT_GLOBS)
+                  wanted=wanted_caches(config, stack, patch_sets), unit_dirs=kernel_cache.UNIT_DIRS)
     assert planned == sorted(left)
     assert bool(applied.commands) == bool(left)
     assert all(k in " ".join(applied.commands) for k in left) and "d" * 16 not in " ".join(applied.commands)
@@ -315,12 +315,12 @@ def test_a_replicas_kernel_cache_is_seeded_and_sealed_as_planned(lab, restart, c
     w = converged_world(config, stack, patch_sets)
     service = config.services[0]
     key = service_inputs.cache_key(service, stack, patch_sets)
-    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = w.read(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     if cache.startswith("empty"):
         found["caches"][key] = {"files": 0, "bytes": 0}
     if cache not in ("warm", "empty, sealed here"):
         found["sealed"] = {}
-    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    w.set(kernel_cache.KernelCaches, found, unit_dirs=kernel_cache.UNIT_DIRS)
     if restart:
         w.set(Sha1File, sha1(b"another unit").hexdigest(), path=service.unit_path)
         w.set(FileContents, ["another unit"], path=service.unit_path)
@@ -351,15 +351,15 @@ def test_a_moved_away_services_kernel_caches_go_with_its_unit(lab):
     units = w.read(placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
     units["sglang-moved.service"] = {"path": gone, "managed": True}
     w.set(placement.ManagedUnits, units, unit_dir=placement.UNIT_DIR)
-    found = w.read(kernel_cache.KernelCaches, unit_globs=kernel_cache.UNIT_GLOBS)
+    found = w.read(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     found["caches"]["9" * 16] = {"files": 1, "bytes": 1}
     found["named"][gone] = ["9" * 16]
-    w.set(kernel_cache.KernelCaches, found, unit_globs=kernel_cache.UNIT_GLOBS)
+    w.set(kernel_cache.KernelCaches, found, unit_dirs=kernel_cache.UNIT_DIRS)
     plan = plan_of(*lab, w)
     assert [c.what for c in plan.changes if c.step == "Cleanup" and "/kernels/" in c.what] == [
         f"{kernel_cache.KERNELS_DIR}/{'9' * 16}"]
     assert removed_units(units, config) == [gone]
     applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: found},
-                  wanted=wanted_caches(config, stack, patch_sets), unit_globs=kernel_cache.UNIT_GLOBS,
+                  wanted=wanted_caches(config, stack, patch_sets), unit_dirs=kernel_cache.UNIT_DIRS,
                   removed_units=removed_units(units, config))
     assert len(applied.commands) == 1 and "9" * 16 in applied.commands[0]

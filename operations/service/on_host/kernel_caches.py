@@ -1,7 +1,7 @@
 # Fact script: the host's kernel caches (kernel_cache.KERNELS_DIR/<key>: files and bytes in each),
 # its sealed copies (kernel_cache.SEALED_DIR/<key>.<arch>) and the keys the host's unit files name
 # (installed, runtime, the rollback's saved units: {path: [key]}), as JSON.
-# argv: KERNELS_DIR SEALED_DIR UNIT_FILE_GLOB...
+# argv: KERNELS_DIR SEALED_DIR UNIT_DIR... (the `sglang-*` files in each)
 import glob
 import json
 import os
@@ -11,7 +11,7 @@ import sys
 from _common import Unwalkable, walk_files  # noqa: E402 - remote.script puts _common.py here
 
 KEY = re.compile(r"/kernels/([0-9a-f]{16})(?:/|\s|$)", re.M)
-root, sealed_root, patterns = sys.argv[1], sys.argv[2], sys.argv[3:]
+root, sealed_root, unit_dirs = sys.argv[1], sys.argv[2], sys.argv[3:]
 
 
 def listed(where):
@@ -37,8 +37,8 @@ def listed(where):
 
 caches, sealed = listed(root), listed(sealed_root)
 named = {}
-for pattern in patterns:
-    for path in sorted(glob.glob(pattern)):
+for unit_dir in unit_dirs:
+    for path in sorted(glob.glob(os.path.join(glob.escape(unit_dir), "sglang-*"))):
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
                 keys = sorted(set(KEY.findall(handle.read(1 << 16))))
