@@ -129,6 +129,25 @@ if [[ ",$SERVICES," == *",hybrid-w-"* ]] && [ ! -d "$GPU_STORE/tiny-qwen35-hybri
     cp -r "$GPU_STORE/tiny-qwen35-hybrid" "$GPU_STORE/tiny-qwen35-hybrid-w"
 fi
 
+# What a unit file runs, as shell assignments (bench/gpu/serve.py's parse_unit): ARGV, ENVS, DIRS (its State- and
+# CacheDirectory=), WORKDIR, PORT, and KCACHE and SHOME, its kernel cache and HOME (operations/service/kernel_cache.py).
+unit_vars() {
+    python3 - "$1" <<'PY'
+import shlex, sys
+sys.path.insert(0, "bench/gpu")
+from serve import parse_unit
+u = parse_unit(open(sys.argv[1]).read())
+q = lambda xs: " ".join(shlex.quote(x) for x in xs)
+print("ARGV=(" + q(u["argv"]) + ")")
+print("ENVS=(" + q(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + [f"{k}={v}" for k, v in u["env"].items()]) + ")")
+print("DIRS=(" + q(u["dirs"]) + ")")
+print("WORKDIR=" + shlex.quote(u["cwd"]))
+print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
+print("KCACHE=" + shlex.quote(u["env"].get("XDG_CACHE_HOME", "")))
+print("SHOME=" + shlex.quote(u["env"].get("HOME", "")))
+PY
+}
+
 # The readiness gate as the deploy sends it to a host: the script with what it shares inlined (operations/remote).
 WAIT_READY=$GPU_RUN/wait_ready.py
 "$CTL/bin/python" -c "import sys; sys.path.insert(0, '.'); from operations import remote; sys.stdout.write(remote.script('wait_ready'))" > "$WAIT_READY" || exit 1
@@ -148,21 +167,7 @@ if [ "$MODE" = caches ]; then
         GPU_SERVICES=$svc "$CTL/bin/pyinfra" -y bench/ddtree/inventory.py bench/gpu/deploy_gpu.py > "$LOGS/deploy-$svc-caches.log" 2>&1 \
             || { tail -40 "$LOGS/deploy-$svc-caches.log"; status=1; continue; }
         unit=sglang-$svc.service
-        eval "$(python3 - "/etc/systemd/system/$unit" <<'PY'
-import shlex, sys
-sys.path.insert(0, "bench/gpu")
-from serve import parse_unit
-u = parse_unit(open(sys.argv[1]).read())
-q = lambda xs: " ".join(shlex.quote(x) for x in xs)
-print("ARGV=(" + q(u["argv"]) + ")")
-print("ENVS=(" + q(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + [f"{k}={v}" for k, v in u["env"].items()]) + ")")
-print("DIRS=(" + q(u["dirs"]) + ")")
-print("WORKDIR=" + shlex.quote(u["cwd"]))
-print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
-print("KCACHE=" + shlex.quote(u["env"]["XDG_CACHE_HOME"]))
-print("SHOME=" + shlex.quote(u["env"]["HOME"]))
-PY
-)"
+        eval "$(unit_vars "/etc/systemd/system/$unit")"
         echo "cache: $KCACHE; HOME: $SHOME"
         declare -A took=()
         for phase in first cold warm shipped cold2; do
@@ -229,19 +234,7 @@ PY
     echo "deploy $svc: exit $rc in $(( $(date +%s) - t0 )) s"
     [ $rc -eq 0 ] || { tail -40 "$LOGS/deploy-$tag.log"; status=1; continue; }
     unit=sglang-$svc.service
-    eval "$(python3 - "/etc/systemd/system/$unit" <<'PY'
-import shlex, sys
-sys.path.insert(0, "bench/gpu")
-from serve import parse_unit
-u = parse_unit(open(sys.argv[1]).read())
-q = lambda xs: " ".join(shlex.quote(x) for x in xs)
-print("ARGV=(" + q(u["argv"]) + ")")
-print("ENVS=(" + q(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + [f"{k}={v}" for k, v in u["env"].items()]) + ")")
-print("DIRS=(" + q(u["dirs"]) + ")")
-print("WORKDIR=" + shlex.quote(u["cwd"]))
-print("PORT=" + u["argv"][u["argv"].index("--port") + 1])
-PY
-)"
+    eval "$(unit_vars "/etc/systemd/system/$unit")"
     if [[ $svc == hybrid-w-* ]] && [ ! -f "$GPU_STORE/tiny-qwen35-hybrid-w/model.safetensors" ]; then
         "${ARGV[0]}" bench/gpu/tiny_weights.py "$GPU_STORE/tiny-qwen35-hybrid" "$GPU_STORE/tiny-qwen35-hybrid-w" 2>&1 | tail -1
     fi
