@@ -118,7 +118,7 @@ def surge_left(reading: Reading, service) -> surge.Surge | None:
         return None
     state = reading.ask(readiness.ServiceState, unit=surge.unit_name(service.name),
                         address=readiness.probe_address(service.bind), port=port, inputs=())
-    if not isinstance(state, dict) or state.get("active") not in surge.LEFT_STATES:
+    if not surge.left(state):
         return None
     left = surge.Surge(service.name, (), port)
     reading.plan.values[("surge left", service.name)] = left

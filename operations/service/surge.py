@@ -46,8 +46,17 @@ from report import rollouts, summary
 
 SURGE_DIR = "/run/systemd/system"  # runtime units: a reboot forgets them
 # A surge unit in one of these states, found by a run that did not start it, was left by an earlier
-# run (killed between the surge's start and its removal): removed once the replica serves.
+# run (killed between the surge's start and its removal): removed once the replica serves. So is
+# one whose file is there, stopped (`left`).
 LEFT_STATES = ("active", "activating", "reloading", "deactivating", "failed")
+
+
+def left(state) -> bool:
+    """Whether the read of a replica's surge unit (`readiness.ServiceState`) finds one an earlier
+    run left: running or failing (LEFT_STATES), or stopped with its file still in SURGE_DIR
+    (systemd loads it)."""
+    return isinstance(state, dict) and (state.get("active") in LEFT_STATES
+                                        or state.get("load") == "loaded")
 MAX_PORT = 65535
 STOP_MARGIN_S = 120
 
@@ -126,8 +135,8 @@ def decide(service: Service, restarts_running: bool, gpus: tuple[int, ...], no_g
     if not restarts_running:
         return Decision(None, "it does not run: it only starts")
     if leftover:
-        return Decision(None, f"{leftover}, left by an earlier run, runs: removed after this run's "
-                              "gate")
+        return Decision(None, f"{leftover}, left by an earlier run, is there: removed after this "
+                              "run's gate")
     if not gpus:
         return Decision(None, f"no free GPU: {no_gpu}")
     if port is None:

@@ -97,8 +97,20 @@ def test_a_surge_an_earlier_run_left_running_is_removed_and_this_run_rolls_in_pl
     assert "an earlier run left it active" in converged.changes[0].why
     assert converged.values[("surge left", "ddtree")] == surge.Surge("ddtree", (), 30001)
     changed = plan_of(*lab, changed_world(*lab, surge_port_state=left))
-    assert "in place (sglang-ddtree.surge.service, left by an earlier run, runs" in restart_of(changed, "ddtree").why
+    assert "in place (sglang-ddtree.surge.service, left by an earlier run, is there" in restart_of(changed, "ddtree").why
     assert ("surge", "ddtree") not in changed.values
+
+
+def test_a_stopped_surge_unit_an_earlier_run_left_is_removed_too():
+    # Its file in /run/systemd/system, the unit stopped (a run killed after it stopped the surge, before it removed
+    # the file): it names a GPU and a port no placement owns, and the next surge's unit name. Seen kept for ever.
+    lab = lab_of(max_surge=1)
+    stopped = {**FREE, "load": "loaded"}
+    plan = plan_of(*lab, surge_world(*lab, surge_port_state=stopped))
+    assert [(c.what, c.action) for c in plan.changes] == [("sglang-ddtree.surge.service", "delete")], plan.changes
+    assert "an earlier run left it inactive" in plan.changes[0].why
+    # No file: nothing left (FREE has no load state; systemd says not-found).
+    assert plan_of(*lab, surge_world(*lab, surge_port_state={**FREE, "load": "not-found"})).changes == []
 
 
 def test_the_gpu_check_rule_decides_which_gpu_is_free():
