@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 FLAGS_DIR = Path(__file__).resolve().parent.parent / "files" / "engine_flags"
@@ -61,14 +61,26 @@ class EngineFlags:
     algorithms: frozenset[str] | None
     allow_abbrev: bool = True
 
-    @property
+    @cached_property
     def by_option(self) -> dict[str, Action]:
+        """Option string -> its action; built once per engine (every flag of every service of every
+        host is resolved through it: rebuilt per lookup, it was most of a host's validation)."""
         return {option: action for action in self.actions for option in action.options}
+
+    @cached_property
+    def _resolved(self) -> dict[str, Resolved]:
+        return {}
 
     def resolve(self, flag: str) -> Resolved:
         """Resolve `--<flag>` as argparse does (Python 3.11 `_parse_optional`, long options):
         an exact option string wins; else, with `allow_abbrev`, every option it prefixes; one
-        action: that action, several: ambiguous (argparse refuses it), none: unknown."""
+        action: that action, several: ambiguous (argparse refuses it), none: unknown. Each flag
+        once per engine (every host's services ask the same ones)."""
+        if flag not in self._resolved:
+            self._resolved[flag] = self._resolve(flag)
+        return self._resolved[flag]
+
+    def _resolve(self, flag: str) -> Resolved:
         option = "--" + flag
         options = self.by_option
         if option in options:
@@ -117,9 +129,10 @@ def known_versions() -> list[str]:
                   if "+" not in p.stem)
 
 
+@lru_cache(maxsize=None)
 def for_engine(version: str | None, patch_sets: tuple[str, ...] = ()) -> EngineFlags | None:
     """The flags of engine `version` with `patch_sets` applied; None for a stack without the
-    engine."""
+    engine. One object per combination (its lookups are kept on it: every host asks the same)."""
     if version is None:
         return None
     flags = load(version)

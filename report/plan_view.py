@@ -27,7 +27,7 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from configuration import run_scope
-from report.status_view import write_atomically
+from report.atomic_file import write_atomically
 from report.terminal_text import one_line
 
 # The JSON plan's shape, named in the document (docs/plan.md): a reader checks it before reading a

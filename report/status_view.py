@@ -17,15 +17,14 @@ unhealthy GPU.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
 
 from configuration import run_scope
+from report.atomic_file import write_atomically  # noqa: F401 - the views write through it
 from report.sizes import human_bytes
 from report.terminal_text import one_line
 
@@ -432,28 +431,6 @@ def prometheus(rows: list[dict]) -> str:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
         lines += [f"{name}{sample}" for sample in samples[name]]
     return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`text` into `path` as a whole: written to a temporary file beside it, then renamed over it,
-    so a reader (node_exporter's textfile collector) never sees half a file. The temporary name does
-    not end in `.prom`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                               dir=str(path.parent or Path(".")))
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # -- options (environment variables: pyinfra's own -v and --data mean other things) --------------
