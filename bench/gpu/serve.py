@@ -7,7 +7,7 @@ lines, `WorkingDirectory=`, and `ExecStart=` (systemd's quoting undone: `"..."` 
 continuations, `$$` and `%%`), creates its `StateDirectory=`/`CacheDirectory=` as systemd would
 (`/var/lib/<name>`, `/var/cache/<name>`), and starts the process with that environment only
 (systemd passes no other). Then runs the deploy's own readiness script
-(operations/service/on_host/wait_ready.py: /health 200, then one chat completion), with bench/gpu's
+(operations/service/on_host/wait_ready.py as the deploy sends it: /health 200, then one chat completion), with bench/gpu's
 `systemctl`/`journalctl` stand-ins answering for the process, and asks /server_info which
 attention backend, speculative algorithm and grammar backend the server really runs.
 Prints one JSON line; the process is stopped at the end. Not applied: `User=` and the sandbox
@@ -78,8 +78,14 @@ def main(unit_path: str, timeout: int) -> int:
     port = unit["argv"][unit["argv"].index("--port") + 1]
     address = unit["argv"][unit["argv"].index("--host") + 1]
     gate_env = {**os.environ, "PATH": f"{HERE}:{os.environ['PATH']}", "GPU_RUN": str(RUN)}
+    # The gate as the deploy sends it to a host: the script with what the host scripts share inlined.
+    sys.path.insert(0, str(ROOT))
+    from operations import remote
+
+    gate_script = RUN / "wait_ready.py"
+    gate_script.write_text(remote.script("wait_ready"))
     gate = subprocess.run(
-        [sys.executable, str(ROOT / "operations/service/on_host/wait_ready.py"), name, address, port, str(timeout), "1", "-"],
+        [sys.executable, str(gate_script), name, address, port, str(timeout), "1", "-"],
         capture_output=True, text=True, env=gate_env,
     )
     result = {"unit": name, "argv": unit["argv"], "env": unit["env"], "wall_s": round(time.monotonic() - started, 1)}
