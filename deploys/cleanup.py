@@ -13,7 +13,6 @@ from pyinfra.api import deploy
 from configuration import settings
 from deploys.planning import Reading
 from operations.model import models
-from operations.run import host_reads
 from operations.service import kernel_cache, placement
 from operations.service.service_inputs import cache_key
 
@@ -32,16 +31,21 @@ def plan(reading: Reading) -> None:
     found = reading.ask(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     for path in kernel_cache.unused(found, wanted_caches(reading.config, reading.stack,
                                                          reading.patch_sets),
-                                    removed_units(units, reading.config)):
-        reading.plan.add(STEP, path, "delete", "a kernel cache no unit of this host uses (a "
-                         "removed unit's: once it is removed)")
+                                    replaced_units(units, reading.config)):
+        reading.plan.add(STEP, path, "delete", "a kernel cache no unit of this host will name (a "
+                         "replaced or removed unit's: once its replacement passed its gate, or "
+                         "it is removed)")
 
 
-def removed_units(units: dict | None, config) -> list[str]:
-    """The paths of the units this step removes (`placement.leftovers`)."""
+def replaced_units(units: dict | None, config) -> list[str]:
+    """The paths of the units this run writes (each names a key of `wanted_caches`) or removes
+    (`placement.leftovers`): the keys they name now are not kept for them. The operation reads
+    the host again after the gates and removals, so a unit kept as it was (its rollout held, its
+    removal deferred) keeps its cache."""
     units = units or {}
-    return [units[u].get("path") or f"{placement.UNIT_DIR}/{u}"
-            for u in placement.leftovers(units, [s.unit_name for s in config.services])]
+    return ([s.unit_path for s in config.services]
+            + [units[u].get("path") or f"{placement.UNIT_DIR}/{u}"
+               for u in placement.leftovers(units, [s.unit_name for s in config.services])])
 
 
 def wanted_caches(config, stack, patch_sets: dict) -> list[str]:
@@ -55,8 +59,7 @@ def cleanup(config, stack, patch_sets: dict) -> None:
     # per run).
     placement.remove_unplaced(config, settings.validate_inventory(host.state))
     models.release_unused(config)
-    units = host_reads.get(host, placement.ManagedUnits, unit_dir=placement.UNIT_DIR)
+    # Read after the gates and removals: the units in place then name what is kept.
     kernel_cache.unused_removed(name="Kernel caches no unit uses removed",
                                 wanted=wanted_caches(config, stack, patch_sets),
-                                unit_dirs=kernel_cache.UNIT_DIRS,
-                                removed_units=removed_units(units, config))
+                                unit_dirs=kernel_cache.UNIT_DIRS)

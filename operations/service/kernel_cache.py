@@ -19,8 +19,8 @@ The GPU architecture is not in the key: a host's caches are read by the GPUs of 
 triton and flashinfer key their own entries by architecture inside the directory.
 
 So a restart on the same inputs reuses the caches (the same key); a rollback to the previous unit
-finds the previous key's directory, kept while a unit or the rollback's saved unit names it (the
-Cleanup step removes the others: `unused`, so at most two per service stay); a surge
+(within the run, before the Cleanup step) finds the previous key's directory; the Cleanup step
+removes the caches no unit in place names (`unused`): a service keeps its unit's cache; a surge
 (operations/service/surge.py: only its GPU and port differ) compiles into the directory its
 replica then starts from, warm; two replicas of one service on a host share one directory. The
 status view says whether a service's directory holds anything (`warm`).
@@ -40,16 +40,18 @@ from configuration.host_paths import SERVICE_CACHE_DIR, STATE_DIR, UNIT_DIR
 from operations import remote
 from operations.run import host_reads, read_batch
 from operations.run.host_reads import operation
-from operations.service import rollback, surge
+from operations.service import surge
 
 KERNELS_DIR = f"{SERVICE_CACHE_DIR}/kernels"
 # Root's copies of caches that passed a gate, one per key and GPU architecture (`sealed_name`):
 # what a cache is seeded from, here or on a host it is shipped to (kernel_ship.py).
 SEALED_DIR = f"{STATE_DIR}/kernels"
-# Where the host's units are that may name a kernel cache (their `sglang-*` files): installed,
-# runtime (a surge), and the units the rollback saved. Directories, not globs: a fact's arguments
-# are plain words, or it cannot join the host's one read (operations/run/read_batch.py).
-UNIT_DIRS = (UNIT_DIR, surge.SURGE_DIR, rollback.BACKUP_DIR)
+# Where the host's units are that may name a kernel cache (their `sglang-*` files): installed and
+# runtime (a surge). Not the units the rollback saved: it puts one back only within the run that
+# saved it, before the Cleanup step, and a saved unit changes whenever a preflight runs, so a cache
+# it alone named would go in a later run that changes nothing else. Directories, not globs: a fact's
+# arguments are plain words, or it cannot join the host's one read (operations/run/read_batch.py).
+UNIT_DIRS = (UNIT_DIR, surge.SURGE_DIR)
 
 # Flags that only say where the engine listens, which files it reads its models and keys from, or
 # how it logs: they change no compiled kernel. Anything else keys the cache.
@@ -118,7 +120,7 @@ def environment(cache_dir: str) -> dict[str, str]:
 class KernelCaches(FactBase):
     """``{"caches": {key: {"files", "bytes"}}, "sealed": {sealed_name: {...}}, "named": {unit
     path: [key]}}``: the host's kernel caches, root's sealed copies, and the keys its unit files
-    name (`unit_dirs`: installed, runtime, the rollback's saved ones)."""
+    name (`unit_dirs`: installed, runtime)."""
 
     def command(self, unit_dirs: tuple[str, ...] = ()) -> str:
         return remote.command("kernel_caches", shlex.quote(KERNELS_DIR), shlex.quote(SEALED_DIR),
@@ -135,11 +137,12 @@ def sealed_name(cache_key: str, arch: str) -> str:
 
 def unused(found: dict | None, wanted: list[str] | tuple[str, ...],
            removed_units: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """The kernel caches to remove, as paths: those no unit of the host names (installed, runtime
-    or saved for a rollback: `found["named"]`, but the units this run removes, `removed_units`)
-    and no unit this run writes names (`wanted`), and the sealed copies of such keys. So at most
-    two keys per service are kept, its unit's and the one its rollback would go back to; a service
-    moved away takes its caches with it."""
+    """The kernel caches to remove, as paths: those no unit of the host names (installed or
+    runtime: `found["named"]`, but the units this run rewrites or removes, `removed_units`) and no
+    unit this run writes names (`wanted`), and the sealed copies of such keys. So a service keeps
+    the cache of the unit it runs; the one a new unit replaces goes in the same run, after the
+    gates (a rollback within the run, before them, finds it); a service moved away takes its caches
+    with it."""
     if not found:
         return []
     named = found.get("named") or {}
@@ -165,18 +168,16 @@ def remove_command(paths: list[str]) -> str:
 
 
 @operation()
-def unused_removed(wanted: list[str] | tuple[str, ...], unit_dirs: tuple[str, ...],
-                   removed_units: list[str] | tuple[str, ...] = ()):
+def unused_removed(wanted: list[str] | tuple[str, ...], unit_dirs: tuple[str, ...]):
     """
-    Remove the host's kernel caches that no unit uses (`unused`).
+    Remove the host's kernel caches that no unit uses (`unused`), as the host is after the run's
+    gates and removals: a replaced unit's old key, a removed unit's, go; a unit kept as it was (its
+    rollout held, its removal deferred) keeps its cache.
 
     + wanted: the keys of the units this run writes
-    + unit_dirs: where the host's unit files are (installed, runtime, the rollback's saved units)
-    + removed_units: the units the Cleanup step removes in this run (read after their removal,
-      they are gone; one kept because its service does not answer where it moved keeps its cache)
+    + unit_dirs: where the host's unit files are (installed, runtime)
     """
-    remove = unused(host_reads.get(host, KernelCaches, unit_dirs=unit_dirs), wanted,
-                    removed_units)
+    remove = unused(host_reads.get(host, KernelCaches, unit_dirs=unit_dirs), wanted)
     if not remove:
         host.noop("no unused kernel caches")
         return

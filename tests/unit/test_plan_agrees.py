@@ -286,7 +286,7 @@ def test_kernel_caches_no_unit_names_are_planned_and_removed_alike(lab, left):
     found = w.read(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
     found["caches"].update({k: {"files": 1, "bytes": 1} for k in left})
     found["caches"]["d" * 16] = {"files": 1, "bytes": 1}
-    found["named"]["/var/lib/sglang-deploy/rollback/sglang-x.service"] = ["d" * 16]  # a unit the rollback saved
+    found["named"]["/run/systemd/system/sglang-x.surge.service"] = ["d" * 16]  # a unit in place that this run keeps
     w.set(kernel_cache.KernelCaches, found, unit_dirs=kernel_cache.UNIT_DIRS)
     plan = plan_of(*lab, w)
     planned = sorted(c.what.rsplit("/", 1)[1] for c in plan.changes if c.step == "Cleanup")
@@ -342,7 +342,7 @@ def test_a_replicas_kernel_cache_is_seeded_and_sealed_as_planned(lab, restart, c
 def test_a_moved_away_services_kernel_caches_go_with_its_unit(lab):
     # A unit the Cleanup step removes (its service placed on another host now) names its caches only until then: the
     # plan deletes them, and so does the operation, given the units the step removes.
-    from deploys.cleanup import removed_units, wanted_caches
+    from deploys.cleanup import replaced_units, wanted_caches
     from operations.service import kernel_cache, placement
 
     config, stack, patch_sets = lab
@@ -358,8 +358,34 @@ def test_a_moved_away_services_kernel_caches_go_with_its_unit(lab):
     plan = plan_of(*lab, w)
     assert [c.what for c in plan.changes if c.step == "Cleanup" and "/kernels/" in c.what] == [
         f"{kernel_cache.KERNELS_DIR}/{'9' * 16}"]
-    assert removed_units(units, config) == [gone]
-    applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: found},
-                  wanted=wanted_caches(config, stack, patch_sets), unit_dirs=kernel_cache.UNIT_DIRS,
-                  removed_units=removed_units(units, config))
+    assert gone in replaced_units(units, config)
+    # The operation reads the host after the removal: the unit is gone.
+    after = {**found, "named": {p: k for p, k in found["named"].items() if p != gone}}
+    applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: after},
+                  wanted=wanted_caches(config, stack, patch_sets), unit_dirs=kernel_cache.UNIT_DIRS)
     assert len(applied.commands) == 1 and "9" * 16 in applied.commands[0]
+
+
+def test_a_replaced_units_old_cache_goes_in_the_run_that_replaces_it_and_a_failed_preflight_changes_nothing(lab):
+    # The unit in place names an older key (its flags changed in the data): the plan deletes that key's cache with this
+    # run, and the operation, reading the host after the gate (the new unit in place), removes the same. Before, the
+    # rollback's saved unit kept such a cache, and since a preflight replaces the saved unit, a run after a failed
+    # preflight that changed nothing else removed it (test_patches' failed-preflight test saw a change).
+    from deploys.cleanup import wanted_caches
+    from operations.service import kernel_cache
+
+    config, stack, patch_sets = lab
+    service = config.services[0]
+    w = converged_world(*lab)
+    found = w.read(kernel_cache.KernelCaches, unit_dirs=kernel_cache.UNIT_DIRS)
+    new = service_inputs.cache_key(service, stack, patch_sets)
+    found["caches"]["7" * 16] = {"files": 1, "bytes": 1}
+    found["named"][service.unit_path] = ["7" * 16]
+    w.set(kernel_cache.KernelCaches, found, unit_dirs=kernel_cache.UNIT_DIRS)
+    planned = [c.what for c in plan_of(*lab, w).changes if c.step == "Cleanup"]
+    assert planned == [f"{kernel_cache.KERNELS_DIR}/{'7' * 16}"]
+    after = {**found, "named": {**found["named"], service.unit_path: [new]}}
+    applied = run(kernel_cache.unused_removed, {kernel_cache.KernelCaches: after},
+                  wanted=wanted_caches(config, stack, patch_sets), unit_dirs=kernel_cache.UNIT_DIRS)
+    assert len(applied.commands) == 1 and "7" * 16 in applied.commands[0] and new not in applied.commands[0]
+    assert kernel_cache.UNIT_DIRS == (kernel_cache.UNIT_DIR, kernel_cache.surge.SURGE_DIR)  # no saved units
