@@ -89,11 +89,22 @@ def sandbox_properties(unit_text: str) -> list[str]:
             logical = line
         if logical.endswith("\\"):
             continue
-        name, _, _ = logical.partition("=")
-        if section == "[Service]" and name not in NOT_SANDBOX:
+        name, _, value = logical.partition("=")
+        if name == "CacheDirectory":
+            logical = _without_kernel_caches(value)
+        if section == "[Service]" and name not in NOT_SANDBOX and logical:
             out.append(logical)
         logical = ""
     return out
+
+
+def _without_kernel_caches(value: str) -> str:
+    """A `CacheDirectory=` line without the service's kernel cache (kernel_cache.py): a run in the
+    service's sandbox (its preflight, a benchmark client) compiles nothing for it, and the cache of
+    flags its preflight refused would be made and left for the Cleanup step to remove."""
+    root = kernel_cache.unit_setting(kernel_cache.KERNELS_DIR).split()[0]
+    kept = [w for w in value.split() if w != root and not w.startswith(root + "/")]
+    return f"CacheDirectory={' '.join(kept)}" if kept else ""
 
 
 def service_sandbox(config: HostConfig, service: Service) -> list[str]:

@@ -186,3 +186,16 @@ def test_a_cache_is_sealed_once_per_key_and_architecture():
     assert not kernel_ship.seal_needed(_found(3, [f"{K}.sm90"]), K, "sm90", True)
     assert kernel_ship.seal_needed(_found(3, [f"{K}.sm120"]), K, "sm90", False)
     assert not kernel_ship.seal_needed(_found(3), K, None, True)
+
+
+def test_a_run_in_the_services_sandbox_makes_no_kernel_cache():
+    # The preflight runs the engine's parser with the sandbox of the unit it would write (units.sandbox_properties of
+    # that text): its CacheDirectory= made the key's directory of flags the preflight then refused, left for the next
+    # run's Cleanup to remove (a change in a run that changed nothing else: test_patches' failed-preflight test).
+    config = lab_config()
+    service = config.services[0]
+    stack = stacks.load_stack(config.stack)
+    patch_sets = {name: load_patch_set(name) for name in config.patch_sets}
+    sandbox = units.sandbox_properties(service_inputs.unit_text(config, service, stack, patch_sets, ()))
+    assert "CacheDirectory=sglang" in sandbox
+    assert not any("/kernels" in prop or "sglang/kernels" in prop for prop in sandbox), sandbox
