@@ -136,9 +136,9 @@ def sealed_name(cache_key: str, arch: str) -> str:
 
 
 def unused(found: dict | None, wanted: list[str] | tuple[str, ...],
-           removed_units: list[str] | tuple[str, ...] = ()) -> list[str]:
+           replaced_units: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The kernel caches to remove, as paths: those no unit of the host names (installed or
-    runtime: `found["named"]`, but the units this run rewrites or removes, `removed_units`) and no
+    runtime: `found["named"]`, but the units this run rewrites or removes, `replaced_units`) and no
     unit this run writes names (`wanted`), and the sealed copies of such keys. So a service keeps
     the cache of the unit it runs; the one a new unit replaces goes in the same run, after the
     gates (a rollback within the run, before them, finds it); a service moved away takes its caches
@@ -146,7 +146,7 @@ def unused(found: dict | None, wanted: list[str] | tuple[str, ...],
     if not found:
         return []
     named = found.get("named") or {}
-    keep = {k for path, keys in named.items() if path not in removed_units for k in keys}
+    keep = {k for path, keys in named.items() if path not in replaced_units for k in keys}
     keep |= set(wanted)
     live = [f"{KERNELS_DIR}/{k}" for k in (found.get("caches") or {}) if k not in keep]
     sealed = [f"{SEALED_DIR}/{name}" for name in (found.get("sealed") or {})
